@@ -1,0 +1,165 @@
+"""The ``nmt`` command line: train, translate, evaluate."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .checkpoint import CheckpointError
+from .config import ConfigError, load_config
+from .data import DataError, read_lines
+from .evaluate import EvaluationError, score
+from .tokenizer import TokenizerError
+from .translate import best_strings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="nmt: train Transformer translation models, translate with them, score the output.")
+
+USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError, EvaluationError)
+
+
+def _fail(exc: Exception) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (sections model, data, tokenizer, train, decode)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config value: section.key=value, e.g. train.max_steps=2000 (repeatable)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory for checkpoints, tokenizer and logs (same as --set train.run_dir=...)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in the run directory from its last.pt (config comes from the checkpoint; --set may override)."),
+) -> None:
+    """Train a SentencePiece tokenizer and a Transformer, validating and checkpointing as it goes."""
+    from .train import train as run_training
+
+    _setup_logging()
+    overrides = list(set_) + ([f"train.run_dir={run_dir}"] if run_dir else [])
+    try:
+        cfg = load_config(config, overrides)
+        result = run_training(cfg, resume=resume, overrides=overrides)
+    except USER_ERRORS as exc:
+        _fail(exc)
+    typer.echo(json.dumps({k: v for k, v in result.items() if k != "example"}))
+
+
+def _translate(checkpoint: Path, lines: list[str], beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads):
+    import torch
+
+    from .translate import load_model, resolve_device, translate_lines
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dev = resolve_device(device)
+    model, tokenizer, cfg = load_model(checkpoint, dev)
+    changes = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, n_best=n_best, max_tokens=max_tokens)
+    decode = replace(cfg.decode, **{k: v for k, v in changes.items() if v is not None})
+    if not 1 <= decode.n_best <= decode.beam_size:
+        raise ConfigError(f"--n-best must be between 1 and --beam-size ({decode.beam_size})")
+    return translate_lines(model, tokenizer, lines, decode, dev), tokenizer
+
+
+BEAM = typer.Option(None, "--beam-size", "-b", help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's decode.beam_size.")
+ALPHA = typer.Option(None, "--length-penalty", "-a", help="GNMT length-penalty exponent α in ((5+|Y|)/6)^α; 0 = raw log-probability.")
+MAXA = typer.Option(None, "--max-len-a", help="Output limit = a · source tokens + b (pieces).")
+MAXB = typer.Option(None, "--max-len-b", help="Output limit = a · source tokens + b (pieces).")
+NBEST = typer.Option(None, "--n-best", help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines).")
+MAXTOK = typer.Option(None, "--max-tokens", help="Source tokens per batch, padding included.")
+DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto.")
+THREADS = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
+
+
+@app.command()
+def translate(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt)."),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="Source text, one sentence a line (plain or .gz). Default: standard input."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write translations. Default: standard output."),
+    beam_size: Optional[int] = BEAM,
+    length_penalty: Optional[float] = ALPHA,
+    max_len_a: Optional[float] = MAXA,
+    max_len_b: Optional[int] = MAXB,
+    n_best: Optional[int] = NBEST,
+    max_tokens: Optional[int] = MAXTOK,
+    device: str = DEVICE,
+    threads: int = THREADS,
+) -> None:
+    """Translate text with beam search: exactly one output line per input line, in input order."""
+    try:
+        if input is not None:
+            lines = read_lines(input)
+        else:
+            lines = sys.stdin.buffer.read().decode("utf-8", errors="strict").lstrip("\ufeff").split("\n")
+            if lines and lines[-1] == "":
+                lines.pop()
+            lines = [line.rstrip("\r") for line in lines]
+        results, tokenizer = _translate(checkpoint, lines, beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads)
+    except UnicodeDecodeError as exc:
+        _fail(DataError(f"standard input is not valid UTF-8 (byte {exc.start}); convert it to UTF-8"))
+    except USER_ERRORS as exc:
+        _fail(exc)
+    if n_best and n_best > 1:
+        out = [f"{i} ||| {tokenizer.decode_tgt([h.tokens])[0]} ||| {h.score:.4f}" for i, hyps in enumerate(results) for h in hyps]
+    else:
+        out = best_strings(tokenizer, results)
+    text = "".join(line + "\n" for line in out)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        _write_atomic(output, text)
+
+
+@app.command()
+def evaluate(
+    ref: list[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeat for several references)."),
+    hyp: Optional[Path] = typer.Option(None, "--hyp", help="Detokenized hypotheses, one a line."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Translate --src with this checkpoint first, then score."),
+    src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also write the translations here."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+    beam_size: Optional[int] = BEAM,
+    length_penalty: Optional[float] = ALPHA,
+    max_tokens: Optional[int] = MAXTOK,
+    device: str = DEVICE,
+    threads: int = THREADS,
+) -> None:
+    """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
+    try:
+        references = [read_lines(r) for r in ref]
+        if checkpoint is not None:
+            if src is None:
+                raise ConfigError("--checkpoint needs --src (the text to translate)")
+            results, tokenizer = _translate(checkpoint, read_lines(src), beam_size, length_penalty, None, None, 1, max_tokens, device, threads)
+            hyps = best_strings(tokenizer, results)
+            if output is not None:
+                _write_atomic(output, "".join(h + "\n" for h in hyps))
+        elif hyp is not None:
+            hyps = read_lines(hyp)
+        else:
+            raise ConfigError("give --hyp FILE, or --checkpoint CKPT with --src FILE")
+        result = score(hyps, references, tuple(str(r) for r in ref))
+    except USER_ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(f"BLEU = {result['bleu']:.2f}  ({result['bleu_signature']})\n{result['bleu_detail']}\nchrF = {result['chrf']:.2f}  ({result['chrf_signature']})")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,343 @@
+"""The Transformer encoder-decoder of Vaswani et al. 2017 ("Attention Is All You Need").
+
+Read top to bottom: positions, attention, feed-forward, encoder layer, decoder layer,
+the decoder cache, the model.
+
+Notation for tensor shapes, used in every docstring and comment::
+
+    batch     sentences in a batch          beam      hypotheses per sentence
+    src_len   source tokens (incl. EOS)     tgt_len   target tokens so far
+    d_model   model width                   n_heads   attention heads
+    head_dim  d_model // n_heads            vocab     target vocabulary size
+
+Masks are boolean and **True means "may attend"** (the convention of
+``torch.nn.functional.scaled_dot_product_attention``). Every source row keeps its EOS, so
+no query row is ever fully masked and attention never produces NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .tokenizer import PAD
+
+
+def sinusoidal_positions(length: int, d_model: int, device=None) -> Tensor:
+    """Sinusoidal position encodings, ``(length, d_model)`` (Vaswani et al. 2017, §3.5).
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))`` and ``PE[pos, 2i+1] = cos(...)``:
+    sine on even dimensions, cosine on odd ones, interleaved.
+    """
+    position = torch.arange(length, dtype=torch.float64, device=device).unsqueeze(1)
+    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64, device=device) / d_model)
+    angles = position * inv_freq  # (length, d_model / 2)
+    table = torch.empty(length, d_model, dtype=torch.float64, device=device)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
+    return table.float()
+
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    batch, length, d_model = x.shape
+    return x.view(batch, length, n_heads, d_model // n_heads).transpose(1, 2)  # (batch, n_heads, len, head_dim)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    batch, n_heads, length, head_dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, n_heads * head_dim)  # (batch, len, d_model)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused Q/K/V projection (Vaswani et al. 2017, §3.2.2)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.dropout = n_heads, dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Attend ``x`` ``(batch, len, d_model)`` to itself, after ``past`` keys/values if given.
+
+        Args:
+            mask: ``(batch, 1, 1, len)`` key mask, True = may attend; None for no padding.
+            causal: each position attends only to itself and earlier ones.
+            past: cached ``(keys, values)``, each ``(batch, n_heads, past_len, head_dim)``.
+
+        Returns:
+            ``(batch, len, d_model)`` and the keys/values including ``x``'s, each
+            ``(batch, n_heads, past_len + len, head_dim)``.
+        """
+        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        return self.out(merge_heads(y)), (k, v)
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from decoder states to the encoder output (§3.2.3).
+
+    Keys and values come from :meth:`memory_kv`, computed once per sentence. With
+    ``beam > 1`` the queries of a sentence's beams are folded into the query-length axis,
+    so all beams attend to one shared copy of the source side instead of ``beam`` copies.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.dropout = n_heads, dropout
+        self.q = nn.Linear(d_model, d_model)
+        self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of ``memory`` ``(batch, src_len, d_model)``, each ``(batch, n_heads, src_len, head_dim)``."""
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor, beam: int = 1) -> Tensor:
+        """``x`` ``(batch*beam, tgt_len, d_model)`` attends to ``k``/``v`` ``(batch, n_heads, src_len, head_dim)``
+        under ``src_mask`` ``(batch, 1, 1, src_len)``; returns ``(batch*beam, tgt_len, d_model)``."""
+        q = split_heads(self.q(x), self.n_heads)  # (batch*beam, n_heads, tgt_len, head_dim)
+        n, h, t, hd = q.shape
+        if beam > 1:
+            q = q.view(n // beam, beam, h, t, hd).transpose(1, 2).reshape(n // beam, h, beam * t, hd)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=src_mask, dropout_p=p)
+        if beam > 1:
+            y = y.view(n // beam, h, beam, t, hd).transpose(1, 2).reshape(n, h, t, hd)
+        return self.out(merge_heads(y))
+
+
+class FeedForward(nn.Module):
+    """``Linear(d_ff) → ReLU (or GELU) → Dropout → Linear(d_model)`` (§3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.activation = F.relu if activation == "relu" else F.gelu
+        self.dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.activation(self.fc1(x))))
+
+
+class Residual(nn.Module):
+    """One sublayer's residual connection and LayerNorm.
+
+    Post-LN (the paper, §3.1/§5.4): ``LayerNorm(x + Dropout(sublayer(x)))``.
+    Pre-LN (Xiong et al. 2020): ``x + Dropout(sublayer(LayerNorm(x)))``.
+    """
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
+
+    def before(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def after(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
+        y = x + self.dropout(sublayer_out)
+        return y if self.pre_norm else self.norm(y)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm_position == "pre"
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
+        self.res_attn, self.res_ffn = Residual(cfg.d_model, cfg.dropout, pre), Residual(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """``x`` ``(batch, src_len, d_model)``, ``mask`` ``(batch, 1, 1, src_len)``."""
+        x = self.res_attn.after(x, self.self_attn(self.res_attn.before(x), mask)[0])
+        return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm_position == "pre"
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
+        self.res_self, self.res_cross, self.res_ffn = (Residual(cfg.d_model, cfg.dropout, pre) for _ in range(3))
+
+    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, past: tuple[Tensor, Tensor] | None, beam: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """``x`` ``(batch*beam, tgt_len, d_model)``; without ``past`` attention is causal over ``x``,
+        with it ``x`` is one new position attending to all cached ones. Returns the output
+        and the self-attention keys/values ``(batch*beam, n_heads, tgt_len_total, head_dim)``."""
+        h, kv = self.self_attn(self.res_self.before(x), causal=past is None, past=past)
+        x = self.res_self.after(x, h)
+        x = self.res_cross.after(x, self.cross_attn(self.res_cross.before(x), cross_k, cross_v, src_mask, beam))
+        return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x))), kv
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One decoder layer's cached attention inputs.
+
+    ``self_k``/``self_v``: ``(batch*beam, n_heads, tgt_len, head_dim)``, one hypothesis per
+    row, growing by one position a step. ``cross_k``/``cross_v``: ``(batch, n_heads,
+    src_len, head_dim)``, computed once from the encoder output and shared by the beams.
+    """
+
+    self_k: Tensor
+    self_v: Tensor
+    cross_k: Tensor
+    cross_v: Tensor
+
+
+@dataclass(frozen=True)
+class DecoderCache:
+    """Everything a decode step needs besides the new tokens; an immutable value.
+
+    ``src_mask`` is ``(batch, 1, 1, src_len)``, True on real source tokens.
+    """
+
+    layers: tuple[LayerCache, ...]
+    src_mask: Tensor
+    beam: int
+
+    @property
+    def length(self) -> int:
+        """Target positions decoded so far."""
+        return self.layers[0].self_k.size(2)
+
+    def reorder(self, index: Tensor) -> "DecoderCache":
+        """Keep hypothesis rows ``index`` ``(batch*beam,)`` (flat back-pointers).
+
+        Only the per-hypothesis self-attention keys/values move; the source side is
+        shared by a sentence's beams and stays where it is.
+        """
+        layers = tuple(LayerCache(c.self_k.index_select(0, index), c.self_v.index_select(0, index), c.cross_k, c.cross_v) for c in self.layers)
+        return DecoderCache(layers, self.src_mask, self.beam)
+
+    def select_sentences(self, keep: Tensor) -> "DecoderCache":
+        """Keep sentences ``keep`` ``(new_batch,)`` (dropping finished ones), all their beams."""
+        rows = (keep.unsqueeze(1) * self.beam + torch.arange(self.beam, device=keep.device)).view(-1)
+        layers = tuple(
+            LayerCache(c.self_k.index_select(0, rows), c.self_v.index_select(0, rows), c.cross_k.index_select(0, keep), c.cross_v.index_select(0, keep))
+            for c in self.layers
+        )
+        return DecoderCache(layers, self.src_mask.index_select(0, keep), self.beam)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (Vaswani et al. 2017, §3).
+
+    Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions
+    (§3.4-3.5), then dropped out. The output projection is tied to the target embedding;
+    with ``share_embeddings`` and equal vocabularies the source embedding is the same
+    matrix too (§3.4, after Press and Wolf 2017).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.src_vocab_size <= 0 or cfg.tgt_vocab_size <= 0:
+            raise ValueError("ModelConfig needs src_vocab_size and tgt_vocab_size (set from the tokenizer)")
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=PAD)
+        shared = cfg.share_embeddings and cfg.src_vocab_size == cfg.tgt_vocab_size
+        self.tgt_embed = self.src_embed if shared else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        pre = cfg.norm_position == "pre"
+        # Pre-LN leaves the residual stream unnormalised: a final LayerNorm per stack.
+        self.encoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.register_buffer("positions", sinusoidal_positions(256, d), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD].zero_()
+
+    def _embed(self, tokens: Tensor, embedding: nn.Embedding, start: int = 0) -> Tensor:
+        """``tokens`` ``(batch, len)`` at positions ``start..start+len-1`` → ``(batch, len, d_model)``."""
+        end = start + tokens.size(1)
+        if end > self.positions.size(0):
+            self.positions = sinusoidal_positions(max(end, 2 * self.positions.size(0)), self.cfg.d_model, tokens.device)
+        x = embedding(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start:end].to(embedding.weight.dtype)
+        return self.dropout(x)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Encode ``src`` ``(batch, src_len)``.
+
+        Returns:
+            memory ``(batch, src_len, d_model)`` and src_mask ``(batch, 1, 1, src_len)``
+            (True on real tokens).
+        """
+        src_mask = (src != PAD)[:, None, None, :]
+        x = self._embed(src, self.src_embed)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x), src_mask
+
+    def project(self, h: Tensor) -> Tensor:
+        """Decoder states ``(..., d_model)`` → logits ``(..., vocab)`` through the tied embedding."""
+        return F.linear(h, self.tgt_embed.weight)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoding of the whole prefix ``tgt_in`` ``(batch, tgt_len)``.
+
+        Returns logits ``(batch, tgt_len, vocab)``; position ``t`` sees ``tgt_in[:, :t+1]`` only.
+        """
+        x = self._embed(tgt_in, self.tgt_embed)
+        for layer in self.decoder:
+            k, v = layer.cross_attn.memory_kv(memory)
+            x, _ = layer(x, k, v, src_mask, past=None, beam=1)
+        return self.project(self.decoder_norm(x))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Logits ``(batch, tgt_len, vocab)`` for ``src`` ``(batch, src_len)`` and ``tgt_in`` ``(batch, tgt_len)``."""
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
+
+    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int) -> DecoderCache:
+        """An empty cache for ``beam`` hypotheses per sentence, with every layer's
+        cross-attention keys/values computed once from ``memory`` ``(batch, src_len, d_model)``."""
+        rows, h, hd = memory.size(0) * beam, self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
+        empty = memory.new_zeros(rows, h, 0, hd)
+        layers = tuple(LayerCache(empty, empty, *layer.cross_attn.memory_kv(memory)) for layer in self.decoder)
+        return DecoderCache(layers, src_mask, beam)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+        """One decoding step for every hypothesis.
+
+        Args:
+            tokens: the latest token of each hypothesis, ``(batch*beam,)``.
+            cache: the state after the previous steps (positions ``0..cache.length-1``).
+
+        Returns:
+            log-probabilities ``(batch*beam, vocab)`` in float32 for the next token, and the
+            cache extended by this position.
+        """
+        x = self._embed(tokens.unsqueeze(1), self.tgt_embed, start=cache.length)  # (batch*beam, 1, d_model)
+        layers = []
+        for layer, c in zip(self.decoder, cache.layers):
+            x, (k, v) = layer(x, c.cross_k, c.cross_v, cache.src_mask, past=(c.self_k, c.self_v), beam=cache.beam)
+            layers.append(LayerCache(k, v, c.cross_k, c.cross_v))
+        logits = self.project(self.decoder_norm(x[:, 0]))
+        return F.log_softmax(logits.float(), dim=-1), DecoderCache(tuple(layers), cache.src_mask, cache.beam)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct trainable parameters (tied matrices counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

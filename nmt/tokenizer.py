@@ -1,0 +1,152 @@
+"""SentencePiece subword models (Kudo and Richardson 2018) and the special-token ids.
+
+Every model nmt trains reserves the same four ids, so that a model and any code that
+builds batches agree without looking them up:
+
+=====  ===  ==============================================
+PAD     0   padding; never predicted, ignored by the loss
+UNK     1   unknown piece
+BOS     2   begins every decoder input
+EOS     3   ends every source and every target
+=====  ===  ==============================================
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class TokenizerError(ValueError):
+    """A SentencePiece model is missing, unreadable or has other special-token ids."""
+
+
+@dataclass
+class Tokenizer:
+    """Source and target SentencePiece processors (the same object when joint)."""
+
+    src: spm.SentencePieceProcessor
+    tgt: spm.SentencePieceProcessor
+
+    @property
+    def joint(self) -> bool:
+        return self.src is self.tgt
+
+    def encode_src(self, lines: list[str]) -> list[list[int]]:
+        return self.src.encode(lines)
+
+    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
+        return self.tgt.encode(lines)
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        return self.tgt.decode(ids)
+
+    def protos(self) -> dict[str, bytes]:
+        """Serialized models, for storing inside a checkpoint."""
+        if self.joint:
+            return {"joint": self.src.serialized_model_proto()}
+        return {"src": self.src.serialized_model_proto(), "tgt": self.tgt.serialized_model_proto()}
+
+    @classmethod
+    def from_protos(cls, protos: dict[str, bytes]) -> "Tokenizer":
+        if "joint" in protos:
+            sp = _load(model_proto=protos["joint"], what="checkpoint tokenizer")
+            return cls(sp, sp)
+        return cls(_load(model_proto=protos["src"], what="checkpoint src tokenizer"), _load(model_proto=protos["tgt"], what="checkpoint tgt tokenizer"))
+
+    def save(self, directory: Path) -> None:
+        """Write ``spm.model`` (joint) or ``spm.src.model`` and ``spm.tgt.model``."""
+        for name, proto in self.protos().items():
+            filename = "spm.model" if name == "joint" else f"spm.{name}.model"
+            (directory / filename).write_bytes(proto)
+
+    @classmethod
+    def load_dir(cls, directory: Path) -> "Tokenizer | None":
+        if (directory / "spm.model").is_file():
+            return cls.from_protos({"joint": (directory / "spm.model").read_bytes()})
+        if (directory / "spm.src.model").is_file():
+            return cls.from_protos({k: (directory / f"spm.{k}.model").read_bytes() for k in ("src", "tgt")})
+        return None
+
+
+def _load(*, model_file: str | None = None, model_proto: bytes | None = None, what: str) -> spm.SentencePieceProcessor:
+    sp = spm.SentencePieceProcessor()
+    try:
+        if model_file is not None:
+            sp.load(model_file)
+        else:
+            sp.load_from_serialized_proto(model_proto)
+    except (OSError, RuntimeError) as exc:
+        raise TokenizerError(f"{what}: cannot load SentencePiece model: {exc}") from None
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    if ids != (PAD, UNK, BOS, EOS):
+        raise TokenizerError(
+            f"{what}: special ids (pad, unk, bos, eos) are {ids}, nmt needs {(PAD, UNK, BOS, EOS)}; "
+            "retrain it with pad_id=0 unk_id=1 bos_id=2 eos_id=3 or let nmt train train one"
+        )
+    return sp
+
+
+def load_model_file(path: str) -> spm.SentencePieceProcessor:
+    if not Path(path).is_file():
+        raise TokenizerError(f"SentencePiece model {path} does not exist")
+    return _load(model_file=path, what=path)
+
+
+def train_sentencepiece(
+    sentences: Iterable[str], vocab_size: int, model_type: str = "bpe", character_coverage: float = 1.0, input_sentence_size: int = 2_000_000
+) -> spm.SentencePieceProcessor:
+    """Train a SentencePiece model in memory on ``sentences``.
+
+    ``vocab_size`` counts the four special pieces. If the text is too small for the
+    requested size, SentencePiece's own error is raised as :class:`TokenizerError`
+    with the largest size it allows.
+    """
+    buffer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=buffer,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            num_threads=2,
+            minloglevel=2,
+        )
+    except RuntimeError as exc:
+        raise TokenizerError(f"SentencePiece training failed: {exc}; lower tokenizer.vocab_size") from None
+    return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
+
+
+def train_tokenizer(src: list[str], tgt: list[str], cfg) -> Tokenizer:
+    """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes."""
+
+    def train(sentences: Iterator[str]) -> spm.SentencePieceProcessor:
+        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, cfg.character_coverage, cfg.input_sentence_size)
+
+    if cfg.joint:
+        sp = train(iter([*src, *tgt]))
+        return Tokenizer(sp, sp)
+    return Tokenizer(train(iter(src)), train(iter(tgt)))
+
+
+def tokenizer_from_config(cfg) -> Tokenizer | None:
+    """Load the models named in ``cfg``, or None when the config asks for training."""
+    if cfg.joint and cfg.model:
+        sp = load_model_file(cfg.model)
+        return Tokenizer(sp, sp)
+    if not cfg.joint and cfg.src_model and cfg.tgt_model:
+        return Tokenizer(load_model_file(cfg.src_model), load_model_file(cfg.tgt_model))
+    return None
