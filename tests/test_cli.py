@@ -1,0 +1,115 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt.cli import app
+
+from conftest import ROOT, TOY
+
+runner = CliRunner()
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A few steps on the shipped corpus with the shipped config, shrunk for speed."""
+    run = tmp_path_factory.mktemp("cli") / "run"
+    result = invoke(
+        "train", "--config", ROOT / "configs" / "toy.yaml", "--run-dir", run,
+        "--set", f"data.dir={TOY}", "--set", "train.max_steps=4", "--set", "train.log_every=2",
+        "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "tokenizer.vocab_size=200",
+        "--set", "data.valid_max_sentences=10", "--set", "train.valid_beam_size=1", "--set", "train.threads=1",
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["step"] == 4
+    return run
+
+
+def test_run_directory_contents(trained_run):
+    names = {p.name for p in trained_run.iterdir()}
+    assert {"best.pt", "last.pt", "config.yaml", "spm.model", "metrics.jsonl", "cache"} <= names
+
+
+def test_translate_keeps_one_line_per_input_line(trained_run, tmp_path):
+    src = tmp_path / "in.en"
+    src.write_text("the dog sees a cat .\n\n   \nthe big man likes the small house .\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    result = invoke("translate", "--checkpoint", trained_run / "best.pt", "-i", src, "-o", out, "--beam-size", "3", "--max-len-b", "5")
+    assert result.exit_code == 0, result.output
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 5 and lines[-1] == ""  # 4 lines, each newline-terminated
+    assert lines[1] == "" and lines[2] == ""
+    piped = invoke("translate", "--checkpoint", trained_run, "--beam-size", "3", "--max-len-b", "5", input=src.read_text())
+    assert piped.exit_code == 0
+    assert piped.stdout == out.read_text(encoding="utf-8")
+
+
+def test_translate_n_best_format(trained_run):
+    result = invoke("translate", "--checkpoint", trained_run / "last.pt", "--beam-size", "3", "--n-best", "2", "--max-len-b", "4", input="a dog .\nthe cat .\n")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1", "1"]
+    scores = [float(line.split(" ||| ")[2]) for line in lines[:2]]
+    assert scores[0] >= scores[1]
+
+
+def test_evaluate_hyp_and_checkpoint(trained_run, tmp_path):
+    ref = tmp_path / "ref.de"
+    ref.write_text("der Hund sieht eine Katze .\ndie Frau mag das Haus .\n", encoding="utf-8")
+    result = invoke("evaluate", "--hyp", ref, "--ref", ref, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["bleu"] == 100.0
+    src = tmp_path / "src.en"
+    src.write_text("the dog sees a cat .\nthe woman likes the house .\n", encoding="utf-8")
+    hyp = tmp_path / "hyp.de"
+    result = invoke("evaluate", "--checkpoint", trained_run, "--src", src, "--ref", ref, "--json", "--output", hyp, "--beam-size", "2")
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.stdout)
+    rescored = json.loads(invoke("evaluate", "--hyp", hyp, "--ref", ref, "--json").stdout)
+    assert scored["bleu"] == rescored["bleu"] and scored["sentences"] == 2
+
+
+def test_bad_inputs_give_clear_errors_not_tracebacks(trained_run, tmp_path):
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"ok\n\xff\xfe broken\n")
+    result = invoke("translate", "--checkpoint", trained_run, "-i", bad)
+    assert result.exit_code == 2 and "bad.en:2: invalid UTF-8" in result.output
+    short = tmp_path / "short.de"
+    short.write_text("one line\n")
+    two = tmp_path / "two.de"
+    two.write_text("a\nb\n")
+    result = invoke("evaluate", "--hyp", two, "--ref", short)
+    assert result.exit_code == 2 and "short.de has 1 lines but there are 2 hypotheses" in result.output
+    result = invoke("translate", "--checkpoint", tmp_path / "missing.pt", input="x\n")
+    assert result.exit_code == 2 and "missing.pt not found" in result.output
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    result = invoke("translate", "--checkpoint", garbage, input="x\n")
+    assert result.exit_code == 2 and "not a readable nmt checkpoint" in result.output
+
+
+def test_train_rejects_misaligned_corpus(tmp_path):
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "train.en").write_text("a\nb\nc\n")
+    (data / "train.de").write_text("a\nb\n")
+    result = invoke("train", "--run-dir", tmp_path / "r", "--set", f"data.dir={data}")
+    assert result.exit_code == 2
+    assert "train.en has 3 lines but" in result.output and "train.de has 2" in result.output
+    result = invoke("train", "--run-dir", tmp_path / "r", "--set", "train.max_stepz=3")
+    assert result.exit_code == 2 and "unknown key(s) in [train]: max_stepz" in result.output
+
+
+def test_module_entry_point_help():
+    env = {**os.environ, "COLUMNS": "300", "NO_COLOR": "1"}
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "--help"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert result.returncode == 0
+    assert "--beam-size" in result.stdout and "padding included" in result.stdout

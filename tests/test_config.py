@@ -1,0 +1,53 @@
+import pytest
+
+from nmt.config import ConfigError, config_from_dict, config_to_dict, load_config
+
+
+def test_defaults_follow_the_paper():
+    cfg = config_from_dict({})
+    assert (cfg.model.d_model, cfg.model.d_ff, cfg.model.n_heads, cfg.model.n_encoder_layers) == (512, 2048, 8, 6)
+    assert (cfg.model.norm_position, cfg.model.activation, cfg.model.dropout) == ("post", "relu", 0.1)
+    assert (cfg.train.adam_betas, cfg.train.adam_eps, cfg.train.label_smoothing, cfg.train.schedule) == ((0.9, 0.98), 1e-9, 0.1, "noam")
+
+
+def test_preset_then_explicit_keys():
+    cfg = config_from_dict({"model": {"preset": "big", "dropout": 0.2}})
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.dropout) == (1024, 16, 0.2)
+
+
+def test_unknown_keys_are_errors():
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) in \[train\]: max_step"):
+        config_from_dict({"train": {"max_step": 10}})
+    with pytest.raises(ConfigError, match="unknown section"):
+        config_from_dict({"trian": {}})
+    with pytest.raises(ConfigError, match="unknown preset"):
+        config_from_dict({"model": {"preset": "huge"}})
+
+
+def test_typed_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  max_steps: 5\n")
+    cfg = load_config(path, ["train.max_steps=70", "train.adam_betas=[0.9, 0.997]", "model.norm_position=pre", "data.dir=some/where", "tokenizer.joint=false"])
+    assert cfg.train.max_steps == 70 and cfg.train.adam_betas == (0.9, 0.997)
+    assert cfg.model.norm_position == "pre" and cfg.data.dir == "some/where" and cfg.tokenizer.joint is False
+    with pytest.raises(ConfigError, match="train.max_steps: expected int"):
+        load_config(path, ["train.max_steps=lots"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(path, ["max_steps=3"])
+
+
+def test_inconsistent_values_rejected():
+    with pytest.raises(ConfigError, match="divisible"):
+        config_from_dict({"model": {"d_model": 100, "n_heads": 8}})
+    with pytest.raises(ConfigError, match="activation"):
+        config_from_dict({"model": {"activation": "swish"}})
+
+
+def test_round_trip_through_dict():
+    cfg = config_from_dict({"model": {"preset": "small"}, "train": {"adam_betas": [0.9, 0.99]}})
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "none.yaml")

@@ -1,0 +1,137 @@
+import gzip
+import os
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nmt.config import DataConfig, TokenizerConfig
+from nmt.data import DataError, EncodedCorpus, TokenBatchSampler, collate, encode_corpus, load_split, read_lines, read_parallel, strip_pairs, token_batches
+from nmt.tokenizer import BOS, EOS, PAD, train_tokenizer
+
+from conftest import ROOT, TOY
+
+
+def test_read_lines_handles_crlf_bom_gzip_and_unicode_separators(tmp_path):
+    plain = tmp_path / "a.txt"
+    plain.write_bytes("\ufeffone\r\ntwo\u2028still two\r\n\r\nfour".encode())
+    assert read_lines(plain) == ["one", "two\u2028still two", "", "four"]
+    packed = tmp_path / "a.txt.gz"
+    with gzip.open(packed, "wb") as f:
+        f.write("eins\nzwei\n".encode())
+    assert read_lines(packed) == ["eins", "zwei"]
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"fine\nalso fine\ncaf\xe9\n")
+    with pytest.raises(DataError, match=r"bad\.en:3: invalid UTF-8.*iconv"):
+        read_lines(bad)
+
+
+def test_mismatched_line_counts_name_both_files(tmp_path):
+    (tmp_path / "x.en").write_text("a\nb\nc\n")
+    (tmp_path / "x.de").write_text("a\nb\n")
+    with pytest.raises(DataError, match=r"x\.en has 3 lines but .*x\.de has 2"):
+        read_parallel(tmp_path / "x.en", tmp_path / "x.de")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="file not found"):
+        read_lines(tmp_path / "nope.en")
+    with pytest.raises(DataError, match=r"neither train\.fr nor train\.fr\.gz"):
+        load_split(DataConfig(dir=str(tmp_path), src_lang="fr"), "train")
+
+
+def test_strip_drops_pairs_with_an_empty_side_and_keeps_alignment():
+    src, tgt, report = strip_pairs(["  a ", "", "c", "   ", "e"], ["A", "B", "  ", "D", " E\t"])
+    assert (src, tgt) == (["a", "e"], ["A", "E"])
+    assert (report.total, report.empty, report.kept) == (5, 3, 2)
+
+
+def test_token_batches_respect_budget_including_padding():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 60, size=500)
+    sampler = TokenBatchSampler(lengths, rng.integers(1, 60, size=500), max_tokens=300, seed=3)
+    for epoch in range(3):
+        batches = sampler.epoch_batches(epoch)
+        seen = Counter(int(i) for b in batches for i in b)
+        assert sorted(seen) == list(range(500)) and set(seen.values()) == {1}
+        for b in batches:
+            assert len(b) * sampler.lengths[b].max() <= 300
+    assert [list(b) for b in sampler.epoch_batches(1)] != [list(b) for b in sampler.epoch_batches(2)]
+    assert [list(b) for b in sampler.epoch_batches(1)] == [list(b) for b in TokenBatchSampler(lengths, sampler.tgt_lengths, 300, seed=3).epoch_batches(1)]
+
+
+def test_over_budget_example_gets_its_own_batch():
+    lengths = np.array([5, 500, 6, 4])
+    batches = token_batches(lengths, 20, np.argsort(lengths))
+    assert [sorted(b.tolist()) for b in batches] == [[0, 2, 3], [1]]
+
+
+def test_bucketing_keeps_padding_small():
+    rng = np.random.default_rng(1)
+    src = rng.integers(2, 40, size=2000)
+    sampler = TokenBatchSampler(src, src + rng.integers(0, 3, size=2000), max_tokens=1000, seed=0)
+    assert sampler.padding_fraction() < 0.08
+
+
+def test_ranks_get_distinct_batches_and_equal_counts():
+    lengths = np.arange(1, 101)
+    parts = [TokenBatchSampler(lengths, lengths, 120, seed=0, rank=r, world_size=3).epoch_batches(0) for r in range(3)]
+    assert len({len(p) for p in parts}) == 1
+    ids = [int(i) for p in parts for b in p for i in b]
+    assert len(ids) == len(set(ids))
+
+
+def test_collate_adds_eos_bos_and_padding():
+    corpus = EncodedCorpus.from_lists([[5, 6], [7]], [[8], [9, 10, 11]])
+    batch = collate(corpus, np.array([0, 1]))
+    assert batch.src.tolist() == [[5, 6, EOS], [7, EOS, PAD]]
+    assert batch.tgt_in.tolist() == [[BOS, 8, PAD, PAD], [BOS, 9, 10, 11]]
+    assert batch.tgt_out.tolist() == [[8, EOS, PAD, PAD], [9, 10, 11, EOS]]
+    assert batch.n_tgt_tokens == 6
+
+
+@pytest.fixture(scope="module")
+def toy_tokenizer():
+    src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
+    return train_tokenizer(src[:3000], tgt[:3000], TokenizerConfig(vocab_size=300))
+
+
+def test_encoding_is_cached_and_filters_are_counted(tmp_path, toy_tokenizer, monkeypatch):
+    src = ["the dog sees a cat .", "a b", "the big red house is old ."]
+    tgt = ["der Hund sieht eine Katze .", "x " * 40, "das große rote Haus ist alt ."]
+    corpus, report = encode_corpus(src, tgt, toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
+    assert len(corpus) == 2 and report.bad_ratio == 1
+    assert toy_tokenizer.tgt.decode(corpus.tgt(1).tolist()) == "das große rote Haus ist alt ."
+
+    def fail(*args):
+        raise AssertionError("tokenized again despite the cache")
+
+    monkeypatch.setattr(type(toy_tokenizer), "encode_src", fail)
+    again, _ = encode_corpus(src, tgt, toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
+    assert np.array_equal(again.tgt_ids, corpus.tgt_ids) and np.array_equal(again.src_offsets, corpus.src_offsets)
+
+
+def test_hugging_face_datasets_from_local_json(tmp_path):
+    rows = [{"translation": {"en": f"sentence {i}", "de": f"Satz {i}"}} for i in range(5)]
+    for split in ("train", "validation"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DataConfig(hf_dataset="json", hf_data_files={"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "validation.jsonl")}, valid_split="validation")
+    src, tgt = load_split(cfg, "valid")
+    assert src[3] == "sentence 3" and tgt[3] == "Satz 3" and len(src) == 5
+
+
+MULTI30K = Path(os.environ.get("NMT_MULTI30K", ROOT.parent / "shared" / "data" / "multi30k"))
+
+
+@pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason="Multi30k not found; set NMT_MULTI30K")
+def test_real_multi30k_reads_aligned():
+    src, tgt = load_split(DataConfig(dir=str(MULTI30K), valid_split="val"), "valid")
+    assert len(src) == len(tgt) == 1014
+    assert all(s.strip() for s in src) and all(t.strip() for t in tgt)
+    assert src[0] == "A group of men are loading cotton onto a truck"
+    assert tgt[0] == "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen"

@@ -1,0 +1,135 @@
+import math
+
+import pytest
+import torch
+
+from nmt.model import Transformer, sinusoidal_positions
+from nmt.tokenizer import BOS
+
+from conftest import random_sources, tiny_config
+
+
+def test_sinusoidal_positions_hand_values():
+    pe = sinusoidal_positions(3, 4)
+    # d_model 4: frequencies 1 and 1/100; sin on even, cos on odd dimensions.
+    expected = torch.tensor([[math.sin(p), math.cos(p), math.sin(p / 100), math.cos(p / 100)] for p in range(3)])
+    torch.testing.assert_close(pe, expected, atol=1e-7, rtol=0)
+
+
+def test_embedding_is_scaled_and_positioned(model):
+    tokens = torch.tensor([[5, 6, 7]])
+    x = model._embed(tokens, model.src_embed)
+    expected = model.src_embed.weight[tokens] * math.sqrt(32) + sinusoidal_positions(3, 32)
+    torch.testing.assert_close(x, expected)
+
+
+def test_positions_extend_beyond_initial_table(model):
+    src = random_sources([700])
+    memory, _ = model.encode(src)
+    assert memory.shape == (1, 701, 32)
+    assert torch.isfinite(memory).all()
+
+
+def test_post_ln_normalises_every_sublayer_output(model):
+    # Post-LN ends each layer in LayerNorm (weight 1, bias 0 at init): per-position mean 0, variance 1.
+    memory, _ = model.encode(random_sources([9, 4]))
+    torch.testing.assert_close(memory.mean(-1), torch.zeros(2, 10), atol=1e-5, rtol=0)
+    torch.testing.assert_close(memory.var(-1, unbiased=False), torch.ones(2, 10), atol=1e-3, rtol=0)
+
+
+def test_pre_ln_is_explicit_and_adds_final_norms():
+    pre = Transformer(tiny_config(norm_position="pre"))
+    post = Transformer(tiny_config())
+    assert isinstance(pre.encoder_norm, torch.nn.LayerNorm)
+    assert isinstance(post.encoder_norm, torch.nn.Identity)
+
+
+def test_embeddings_tied_when_joint(model):
+    assert model.src_embed is model.tgt_embed
+    separate = Transformer(tiny_config(tgt_vocab_size=50))
+    assert separate.src_embed is not separate.tgt_embed
+    h = torch.randn(2, 32)
+    torch.testing.assert_close(separate.project(h), h @ separate.tgt_embed.weight.T)
+
+
+def _prefixes(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    tgt = torch.randint(4, 40, (batch, length), generator=g)
+    tgt[:, 0] = BOS
+    return tgt
+
+
+def test_cached_decoding_equals_full_recompute_at_every_step(model):
+    src = random_sources([7, 3, 11])
+    tgt = _prefixes(3, 12)
+    memory, mask = model.encode(src)
+    full = torch.log_softmax(model.decode(tgt, memory, mask), -1)  # (3, 12, vocab)
+    cache = model.start_decoding(memory, mask, beam=1)
+    for t in range(12):
+        lprobs, cache = model.decode_step(tgt[:, t], cache)
+        assert cache.length == t + 1
+        torch.testing.assert_close(lprobs, full[:, t], atol=1e-5, rtol=0)
+
+
+def test_beams_share_one_source_copy_and_match_tiled_recompute(model):
+    beam = 3
+    src = random_sources([7, 3])
+    tgt = _prefixes(2 * beam, 6)
+    memory, mask = model.encode(src)
+    cache = model.start_decoding(memory, mask, beam=beam)
+    assert cache.layers[0].cross_k.size(0) == 2  # one copy per sentence, not per beam
+    tiled_memory, tiled_mask = memory.repeat_interleave(beam, 0), mask.repeat_interleave(beam, 0)
+    full = torch.log_softmax(model.decode(tgt, tiled_memory, tiled_mask), -1)
+    for t in range(6):
+        lprobs, cache = model.decode_step(tgt[:, t], cache)
+        torch.testing.assert_close(lprobs, full[:, t], atol=1e-5, rtol=0)
+
+
+def test_cache_reorder_follows_back_pointers(model):
+    beam = 2
+    src = random_sources([5, 8])
+    tgt = _prefixes(4, 4)
+    memory, mask = model.encode(src)
+    cache = model.start_decoding(memory, mask, beam)
+    for t in range(3):
+        _, cache = model.decode_step(tgt[:, t], cache)
+    back = torch.tensor([1, 1, 3, 2])  # rows chosen as parents of the new rows
+    lprobs, _ = model.decode_step(tgt[back, 3], cache.reorder(back))
+    expected = torch.log_softmax(model.decode(tgt[back], memory.repeat_interleave(beam, 0), mask.repeat_interleave(beam, 0)), -1)[:, 3]
+    torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=0)
+
+
+def test_causality_later_tokens_do_not_change_earlier_logits(model):
+    src = random_sources([6])
+    tgt = _prefixes(1, 8)
+    changed = tgt.clone()
+    changed[0, 5] = (tgt[0, 5] + 1 - 4) % 36 + 4
+    a, b = model(src, tgt), model(src, changed)
+    torch.testing.assert_close(a[:, :5], b[:, :5], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+def test_sentence_alone_equals_sentence_in_padded_batch(model):
+    batch = random_sources([4, 30, 17])
+    alone = batch[:1, :5]
+    tgt = _prefixes(3, 6)
+    torch.testing.assert_close(model(alone, tgt[:1]), model(batch, tgt)[:1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("norm_position,activation", [("post", "relu"), ("pre", "gelu")])
+def test_training_step_reduces_loss(norm_position, activation):
+    from nmt.loss import label_smoothed_loss
+
+    torch.manual_seed(0)
+    m = Transformer(tiny_config(norm_position=norm_position, activation=activation, dropout=0.0))
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+    src, tgt = random_sources([5, 6]), _prefixes(2, 7)
+    out_tgt = torch.cat([tgt[:, 1:], torch.full((2, 1), 3)], 1)
+    losses = []
+    for _ in range(30):
+        out = label_smoothed_loss(m(src, tgt), out_tgt, 0.0)
+        (out.loss / out.n_tokens).backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(out.loss.item() / out.n_tokens)
+    assert losses[-1] < 0.2 * losses[0]

@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+from nmt.config import TrainConfig
+from nmt.schedule import build_scheduler, inverse_sqrt_lr, noam_lr
+
+
+def test_noam_hand_values():
+    # d_model 512, warmup 4000 (Vaswani et al. 2017, §5.3).
+    assert noam_lr(1, 512, 4000) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert noam_lr(4000, 512, 4000) == pytest.approx(6.987712429686844e-04)
+    assert noam_lr(16000, 512, 4000) == pytest.approx(6.987712429686844e-04 / 2)
+    assert noam_lr(2000, 512, 4000) == pytest.approx(6.987712429686844e-04 / 2)
+
+
+def test_inverse_sqrt_peak_and_decay():
+    assert inverse_sqrt_lr(500, 1e-3, 1000) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(1000, 1e-3, 1000) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(4000, 1e-3, 1000) == pytest.approx(5e-4)
+
+
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt"])
+def test_scheduler_sets_the_rate_of_each_step(schedule):
+    cfg = TrainConfig(schedule=schedule, warmup_steps=10, lr=1e-3)
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    sched = build_scheduler(opt, cfg, d_model=64)
+    fn = (lambda s: noam_lr(s, 64, 10)) if schedule == "noam" else (lambda s: inverse_sqrt_lr(s, 1e-3, 10))
+    for step in range(1, 30):
+        assert opt.param_groups[0]["lr"] == pytest.approx(fn(step))  # the rate used by update `step`
+        opt.step()
+        sched.step()

@@ -1,0 +1,151 @@
+import math
+
+import pytest
+import torch
+
+from nmt.model import CrossAttention
+from nmt.search import beam_search, length_penalty, translate_batch
+from nmt.tokenizer import BOS, EOS, PAD
+
+from conftest import random_sources
+
+A, B, C = 4, 5, 6
+VOCAB = 7
+
+
+class ScriptedScorer:
+    """Next-token probabilities fixed per prefix (tokens after BOS); unknown prefixes end."""
+
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]]):
+        self.table = table
+
+    def step(self, prefix, state):
+        rows = []
+        for row in prefix.tolist():
+            assert row[0] == BOS
+            probs = torch.zeros(VOCAB)
+            for token, p in self.table.get(tuple(row[1:]), {EOS: 1.0}).items():
+                probs[token] = p
+            rows.append(probs.log())
+        return torch.stack(rows), state
+
+    def reorder(self, state, index):
+        return state
+
+    def select_sentences(self, state, keep):
+        return state
+
+
+def search(table, beam, alpha=0.0, max_len=10, n_best=1, batch=1):
+    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), beam, alpha, n_best)
+
+
+def test_best_hypothesis_found_after_a_worse_one_finished():
+    table = {
+        (): {EOS: 0.3, A: 0.6, B: 0.1},
+        (A,): {EOS: 0.8, A: 0.1, B: 0.1},
+        (B,): {EOS: 0.5, A: 0.5},
+    }
+    # Step 1: "" ends with 0.3 (finished first); A (0.6) and B (0.1) continue.
+    # Step 2: "A" ends with 0.6·0.8 = 0.48, the best; the beam then holds 2 finished.
+    (hyps,) = search(table, beam=2, n_best=2)
+    assert [h.tokens for h in hyps] == [[A], []]
+    assert hyps[0].log_prob == pytest.approx(math.log(0.48), abs=1e-6)
+    assert hyps[1].log_prob == pytest.approx(math.log(0.3), abs=1e-6)
+
+
+def test_length_penalty_ranks_finished_hypotheses():
+    table = {
+        (): {EOS: 0.45, A: 0.55},
+        (A,): {A: 1.0},
+        (A, A): {EOS: 0.7, B: 0.3},
+    }
+    # "" : log 0.45 = -0.799 ; "A A": log(0.55·0.7) = -0.954.
+    (plain,) = search(table, beam=2, alpha=0.0)
+    assert plain[0].tokens == []
+    # With alpha 1: -0.799 / (6/6) vs -0.954 / (8/6) = -0.716, so the longer one wins.
+    (penalised,) = search(table, beam=2, alpha=1.0)
+    assert penalised[0].tokens == [A, A]
+    assert penalised[0].score == pytest.approx(math.log(0.55 * 0.7) / length_penalty(3, 1.0), abs=1e-6)
+
+
+def test_beam_beats_greedy_on_garden_path():
+    table = {
+        (): {A: 0.5, B: 0.4, EOS: 0.1},
+        (A,): {A: 0.4, B: 0.3, EOS: 0.3},
+        (B,): {EOS: 0.9, A: 0.1},
+        (A, A): {EOS: 1.0},
+        (A, B): {EOS: 1.0},
+    }
+    (greedy,) = search(table, beam=1)
+    assert greedy[0].tokens == [A, A]  # 0.5 · 0.4 · 1.0 = 0.2
+    (beam,) = search(table, beam=3)
+    assert beam[0].tokens == [B]  # 0.4 · 0.9 = 0.36
+    assert beam[0].log_prob == pytest.approx(math.log(0.36), abs=1e-6)
+
+
+def test_length_limit_forces_eos():
+    table = {(): {A: 0.9, EOS: 0.1}, (A,): {A: 0.9, EOS: 0.1}, (A, A): {A: 0.9, EOS: 0.1}}
+    (hyps,) = search(table, beam=1, max_len=2)
+    assert hyps[0].tokens == [A, A]
+
+
+def test_pad_and_bos_never_generated():
+    table = {(): {PAD: 0.5, BOS: 0.3, A: 0.2}, (A,): {EOS: 1.0}}
+    (hyps,) = search(table, beam=2)
+    assert hyps[0].tokens == [A]
+
+
+def greedy_by_recompute(model, src, max_len):
+    """Reference greedy search: argmax over the full-prefix decoder at every step."""
+    memory, mask = model.encode(src)
+    prefix = torch.tensor([[BOS]])
+    for _ in range(max_len):
+        lprobs = torch.log_softmax(model.decode(prefix, memory, mask)[:, -1], -1)
+        lprobs[:, [PAD, BOS]] = float("-inf")
+        token = int(lprobs.argmax())
+        if token == EOS:
+            break
+        prefix = torch.cat([prefix, torch.tensor([[token]])], 1)
+    return prefix[0, 1:].tolist()
+
+
+def test_beam_one_equals_greedy(model):
+    for i, n in enumerate([3, 8, 13]):
+        src = random_sources([n], seed=i)
+        (hyps,) = translate_batch(model, src, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5)
+        assert hyps[0].tokens == greedy_by_recompute(model, src, n + 1 + 5)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_sentence_alone_equals_in_padded_batch(model, beam):
+    batch = random_sources([3, 25, 40, 9], seed=3)
+    together = translate_batch(model, batch, beam, alpha=0.6, max_len_a=1.2, max_len_b=4, n_best=beam)
+    for i in range(4):
+        n = int((batch[i] != PAD).sum())
+        alone = translate_batch(model, batch[i : i + 1, :n], beam, alpha=0.6, max_len_a=1.2, max_len_b=4, n_best=beam)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
+        for a, t in zip(alone, together[i]):
+            assert a.score == pytest.approx(t.score, abs=1e-4)
+
+
+def test_cross_attention_keys_values_computed_once_per_layer(model, monkeypatch):
+    calls = []
+    original = CrossAttention.memory_kv
+
+    def counting(self, memory):
+        calls.append(memory.shape)
+        return original(self, memory)
+
+    monkeypatch.setattr(CrossAttention, "memory_kv", counting)
+    translate_batch(model, random_sources([5, 9, 2]), beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=8)
+    assert len(calls) == model.cfg.n_decoder_layers
+    assert all(shape[0] == 3 for shape in calls)  # per sentence, not per beam
+
+
+def test_n_best_sorted_and_distinct(model):
+    (hyps,) = translate_batch(model, random_sources([6]), beam_size=5, alpha=0.6, max_len_a=1.0, max_len_b=3, n_best=5)
+    assert len(hyps) == 5
+    scores = [h.score for h in hyps]
+    assert scores == sorted(scores, reverse=True)
+    assert len({tuple(h.tokens) for h in hyps}) == 5
