@@ -19,7 +19,7 @@ from .evaluate import EvaluationError, score
 from .tokenizer import TokenizerError
 from .translate import best_strings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="nmt: train Transformer translation models, translate with them, score the output.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="nmt: train Transformer translation models, translate with them, score the output, export them.")
 
 USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError, EvaluationError)
 
@@ -159,6 +159,34 @@ def evaluate(
         typer.echo(json.dumps(result))
     else:
         typer.echo(f"BLEU = {result['bleu']:.2f}  ({result['bleu_signature']})\n{result['bleu_detail']}\nchrF = {result['chrf']:.2f}  ({result['chrf_signature']})")
+
+
+@app.command()
+def export(
+    out_dir: Path = typer.Argument(..., help="Directory to write (created if missing)."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt)."),
+    format: str = typer.Option("huggingface", "--format", help="Only 'huggingface' (a MarianMTModel directory) for now."),
+) -> None:
+    """Write a checkpoint as a Hugging Face MarianMTModel directory (model, config, tokenizer).
+
+    The result loads with transformers' from_pretrained and converts with CTranslate2's
+    ct2-transformers-converter. Needs `pip install transformers`.
+    """
+    import torch
+
+    from .export import ExportError, export_huggingface
+    from .translate import load_model
+
+    try:
+        if format != "huggingface":
+            raise ConfigError(f"--format {format!r} is not supported; use huggingface")
+        model, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
+        export_huggingface(model, tokenizer, out_dir)
+    except (*USER_ERRORS, ExportError) as exc:
+        _fail(exc)
+    except ImportError:
+        _fail(RuntimeError("exporting needs transformers: pip install transformers"))
+    typer.echo(f"wrote {out_dir}")
 
 
 def main() -> None:

@@ -43,10 +43,15 @@ class Scorer(Protocol):
 
 
 class TransformerScorer:
-    """Adapts :meth:`nmt.model.Transformer.decode_step` and its :class:`~nmt.model.DecoderCache`."""
+    """The production path: :meth:`nmt.model.Transformer.decode_step` over a
+    :class:`~nmt.model.DecoderCache` whose source side is shared by each sentence's beams."""
 
     def __init__(self, model):
         self.model = model
+
+    @classmethod
+    def start(cls, model, memory: Tensor, src_mask: Tensor, beam: int):
+        return cls(model), model.start_decoding(memory, src_mask, beam)
 
     def step(self, prefix, cache):
         return self.model.decode_step(prefix[:, -1], cache)
@@ -56,6 +61,47 @@ class TransformerScorer:
 
     def select_sentences(self, cache, keep):
         return cache.select_sentences(keep)
+
+
+class TiledScorer(TransformerScorer):
+    """Reference: the source side copied ``beam`` times, one copy per hypothesis (what most
+    toolkits do). Kept to prove, and to measure, what sharing it saves."""
+
+    @classmethod
+    def start(cls, model, memory, src_mask, beam):
+        scorer = cls(model)
+        scorer.beam = beam
+        return scorer, model.start_decoding(memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0), beam=1)
+
+    def select_sentences(self, cache, keep):
+        rows = (keep.unsqueeze(1) * self.beam + torch.arange(self.beam, device=keep.device)).view(-1)
+        return cache.select_sentences(rows)
+
+
+class RecomputeScorer:
+    """Reference: no cache; the whole decoder reruns over the full prefix at every step
+    (against a tiled source). Kept to prove the cache exact and to measure what it saves."""
+
+    def __init__(self, model, beam: int):
+        self.model, self.beam = model, beam
+
+    @classmethod
+    def start(cls, model, memory, src_mask, beam):
+        return cls(model, beam), (memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0))
+
+    def step(self, prefix, state):
+        logits = self.model.decode(prefix, *state)[:, -1]
+        return torch.log_softmax(logits.float(), dim=-1), state
+
+    def reorder(self, state, index):
+        return state[0].index_select(0, index), state[1].index_select(0, index)
+
+    def select_sentences(self, state, keep):
+        rows = (keep.unsqueeze(1) * self.beam + torch.arange(self.beam, device=keep.device)).view(-1)
+        return self.reorder(state, rows)
+
+
+SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -156,14 +202,17 @@ def beam_search(
 
 
 @torch.inference_mode()
-def translate_batch(model, src: Tensor, beam_size: int, alpha: float, max_len_a: float, max_len_b: int, n_best: int = 1, min_len: int = 0) -> list[list[Hypothesis]]:
+def translate_batch(
+    model, src: Tensor, beam_size: int, alpha: float, max_len_a: float, max_len_b: int, n_best: int = 1, min_len: int = 0, scorer: str = "cached"
+) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
     The length limit is ``max_len_a · src_len + max_len_b`` pieces, ``src_len`` counting
-    the sentence's non-pad source tokens (EOS included).
+    the sentence's non-pad source tokens (EOS included). ``scorer`` picks the production
+    path (``"cached"``) or a reference (``"tiled"``, ``"recompute"``; see :data:`SCORERS`).
     """
     memory, src_mask = model.encode(src)
-    cache = model.start_decoding(memory, src_mask, beam_size)
+    step_scorer, state = SCORERS[scorer].start(model, memory, src_mask, beam_size)
     src_lens = (src != PAD).sum(1)
     max_lens = (max_len_a * src_lens.double() + max_len_b).long()
-    return beam_search(TransformerScorer(model), cache, max_lens, beam_size, alpha, n_best, min_len)
+    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len)

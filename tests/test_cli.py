@@ -113,3 +113,12 @@ def test_module_entry_point_help():
     result = subprocess.run([sys.executable, "-m", "nmt", "translate", "--help"], capture_output=True, text=True, cwd=ROOT, env=env)
     assert result.returncode == 0
     assert "--beam-size" in result.stdout and "padding included" in result.stdout
+
+
+def test_export_command(trained_run, tmp_path):
+    pytest.importorskip("transformers")
+    result = invoke("export", tmp_path / "hf", "--checkpoint", trained_run)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "hf" / "config.json").is_file() and (tmp_path / "hf" / "source.spm").is_file()
+    result = invoke("export", tmp_path / "x", "--checkpoint", trained_run, "--format", "onnx")
+    assert result.exit_code == 2 and "not supported" in result.output

@@ -149,3 +149,16 @@ def test_n_best_sorted_and_distinct(model):
     scores = [h.score for h in hyps]
     assert scores == sorted(scores, reverse=True)
     assert len({tuple(h.tokens) for h in hyps}) == 5
+
+
+@pytest.mark.parametrize("beam,n_best,alpha", [(1, 1, 0.0), (4, 1, 0.6), (4, 4, 0.0), (8, 4, 1.0)])
+def test_production_search_equals_recompute_and_tiled_references(model, beam, n_best, alpha):
+    src = random_sources([1, 2, 7, 19, 33, 60], seed=beam)
+    runs = {name: translate_batch(model, src, beam, alpha, max_len_a=0.25, max_len_b=6, n_best=n_best, scorer=name) for name in ("cached", "tiled", "recompute")}
+    for name in ("tiled", "recompute"):
+        for ref_hyps, hyps in zip(runs[name], runs["cached"]):
+            assert [h.tokens for h in hyps] == [h.tokens for h in ref_hyps], name
+            for h, r in zip(hyps, ref_hyps):
+                assert h.score == pytest.approx(r.score, abs=1e-5) and h.log_prob == pytest.approx(r.log_prob, abs=1e-5)
+    lengths = {len(h.tokens) for hyps in runs["cached"] for h in hyps}
+    assert len(lengths) > 2  # some hypotheses ended early, others ran to the limit

@@ -1,0 +1,147 @@
+"""Export to a Hugging Face ``MarianMTModel`` directory (weights, config, tokenizer).
+
+Marian in ``transformers`` is the same Post-LN architecture with one difference: its
+sinusoidal table puts all sines in the first half of the vector and all cosines in the
+second, where nmt interleaves them (sine on even dimensions, cosine on odd, as in
+Vaswani et al. 2017, §3.5). Every operation of the model commutes with a fixed
+permutation of the model dimension (LayerNorm statistics are order-free, and each linear
+map's rows or columns can be permuted with it), so the export permutes the whole
+residual stream: ``marian[k] = ours[PERM[k]]`` with ``PERM = [0, 2, 4, …, 1, 3, 5, …]``.
+The exported model computes exactly the same function. The directory also loads in
+CTranslate2's ``ct2-transformers-converter``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .model import Transformer
+from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+
+
+class ExportError(ValueError):
+    """The model uses a feature the target format cannot express."""
+
+
+def marian_permutation(d_model: int) -> torch.Tensor:
+    """``PERM`` such that ``marian_vector = our_vector[PERM]``."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """Our weights under Marian's names, with the model dimension permuted (see module doc)."""
+    perm = marian_permutation(model.cfg.d_model)
+    out: dict[str, torch.Tensor] = {}
+
+    def reads(w):  # a linear map reading the residual stream: permute its input columns
+        return w[:, perm].clone()
+
+    def writes(prefix, linear):  # a linear map writing to the residual stream: permute its outputs
+        out[f"{prefix}.weight"] = linear.weight[perm].clone()
+        out[f"{prefix}.bias"] = linear.bias[perm].clone()
+
+    def norm(prefix, ln):
+        out[f"{prefix}.weight"], out[f"{prefix}.bias"] = ln.weight[perm].clone(), ln.bias[perm].clone()
+
+    def projections(prefix, weights, biases):
+        for name, w, b in zip(("q_proj", "k_proj", "v_proj"), weights, biases):
+            out[f"{prefix}.{name}.weight"], out[f"{prefix}.{name}.bias"] = reads(w), b.clone()
+
+    def ffn(prefix, layer):
+        out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = reads(layer.ffn.fc1.weight), layer.ffn.fc1.bias.clone()
+        writes(f"{prefix}.fc2", layer.ffn.fc2)
+
+    for i, layer in enumerate(model.encoder):
+        p = f"model.encoder.layers.{i}"
+        sa = layer.self_attn
+        projections(f"{p}.self_attn", sa.qkv.weight.chunk(3), sa.qkv.bias.chunk(3))
+        writes(f"{p}.self_attn.out_proj", sa.out)
+        norm(f"{p}.self_attn_layer_norm", layer.res_attn.norm)
+        ffn(p, layer)
+        norm(f"{p}.final_layer_norm", layer.res_ffn.norm)
+    for i, layer in enumerate(model.decoder):
+        p = f"model.decoder.layers.{i}"
+        sa, ca = layer.self_attn, layer.cross_attn
+        projections(f"{p}.self_attn", sa.qkv.weight.chunk(3), sa.qkv.bias.chunk(3))
+        writes(f"{p}.self_attn.out_proj", sa.out)
+        norm(f"{p}.self_attn_layer_norm", layer.res_self.norm)
+        projections(f"{p}.encoder_attn", (ca.q.weight, *ca.kv.weight.chunk(2)), (ca.q.bias, *ca.kv.bias.chunk(2)))
+        writes(f"{p}.encoder_attn.out_proj", ca.out)
+        norm(f"{p}.encoder_attn_layer_norm", layer.res_cross.norm)
+        ffn(p, layer)
+        norm(f"{p}.final_layer_norm", layer.res_ffn.norm)
+    embedding = reads(model.tgt_embed.weight)
+    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
+        out[name] = embedding
+    out["final_logits_bias"] = torch.zeros(1, model.cfg.tgt_vocab_size)
+    return out
+
+
+def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024) -> None:
+    """Write ``out_dir`` so that ``MarianMTModel.from_pretrained(out_dir)`` and
+    ``MarianTokenizer.from_pretrained(out_dir)`` load it.
+
+    Generation starts from BOS (``decoder_start_token_id``), stops at EOS, and never emits
+    PAD or BOS (``suppress_tokens``), as nmt's own search does.
+
+    Raises:
+        ExportError: the model is Pre-LN or has separate vocabularies (Marian in
+            ``transformers`` is Post-LN; separate vocabularies are not exported yet).
+        ImportError: ``transformers`` is not installed (``pip install transformers``).
+    """
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+
+    cfg = model.cfg
+    if cfg.norm_position != "post":
+        raise ExportError("Marian is a Post-LN model; a Pre-LN model cannot be exported to it")
+    if not tokenizer.joint or model.src_embed is not model.tgt_embed:
+        raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
+    config = MarianConfig(
+        vocab_size=cfg.tgt_vocab_size,
+        decoder_vocab_size=cfg.tgt_vocab_size,
+        max_position_embeddings=max_positions,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.n_encoder_layers,
+        decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function=cfg.activation,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        scale_embedding=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=EOS,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )
+    hf = MarianMTModel(config)
+    missing, unexpected = hf.load_state_dict(marian_state_dict(model), strict=False)
+    missing = [k for k in missing if "embed_positions" not in k]
+    if missing or unexpected:
+        raise ExportError(f"weight mapping incomplete: missing {missing}, unexpected {unexpected}")
+    hf.generation_config = GenerationConfig(
+        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS, suppress_tokens=[PAD, BOS], max_length=max_positions
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(out_dir)
+    proto = tokenizer.protos()["joint"]
+    (out_dir / "source.spm").write_bytes(proto)
+    (out_dir / "target.spm").write_bytes(proto)
+    sp = tokenizer.tgt
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    hf_tok = MarianTokenizer(
+        source_spm=str(out_dir / "source.spm"), target_spm=str(out_dir / "target.spm"), vocab=str(out_dir / "vocab.json"),
+        eos_token=sp.id_to_piece(EOS), unk_token=sp.id_to_piece(UNK), pad_token=sp.id_to_piece(PAD), model_max_length=max_positions,
+    )
+    hf_tok.save_pretrained(out_dir)

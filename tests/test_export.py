@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+from nmt.config import TokenizerConfig
+from nmt.data import pad_sources, read_parallel
+from nmt.export import ExportError, export_huggingface, marian_permutation
+from nmt.model import Transformer, sinusoidal_positions
+from nmt.search import translate_batch
+from nmt.tokenizer import BOS, EOS, PAD, train_tokenizer
+
+from conftest import TOY, tiny_config
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
+    tokenizer = train_tokenizer(src[:2000], tgt[:2000], TokenizerConfig(vocab_size=200))
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200)).eval()
+    out = tmp_path_factory.mktemp("hf")
+    export_huggingface(model, tokenizer, out)
+    hf = transformers.MarianMTModel.from_pretrained(out).eval()
+    return model, tokenizer, hf, out
+
+
+def test_permutation_maps_interleaved_to_half_split_positions():
+    ours = sinusoidal_positions(5, 8)
+    marian = torch.cat([torch.sin(torch.arange(5.0)[:, None] / 10000 ** (torch.arange(0, 8, 2) / 8)), torch.cos(torch.arange(5.0)[:, None] / 10000 ** (torch.arange(0, 8, 2) / 8))], 1)
+    torch.testing.assert_close(ours[:, marian_permutation(8)], marian, atol=1e-6, rtol=0)
+
+
+def test_teacher_forced_logits_match(exported):
+    model, tokenizer, hf, _ = exported
+    src = pad_sources(tokenizer.encode_src(["the big dog sees a small cat .", "a woman ."]))
+    tgt = torch.tensor([[BOS, 10, 11, 12, 13], [BOS, 20, 21, 22, 23]])
+    with torch.no_grad():
+        ours = model(src, tgt)
+        theirs = hf(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt).logits
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+
+
+def test_greedy_output_identical(exported):
+    model, tokenizer, hf, _ = exported
+    for sentence in ["the big dog sees a small cat .", "because the man likes the house , the child sees two dogs ."]:
+        src = pad_sources(tokenizer.encode_src([sentence]))
+        (hyps,) = translate_batch(model, src, beam_size=1, alpha=0.0, max_len_a=0.0, max_len_b=12)
+        with torch.no_grad():
+            generated = hf.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=1, do_sample=False, max_new_tokens=13)
+        theirs = [t for t in generated[0, 1:].tolist() if t not in (EOS, PAD)]
+        assert generated[0, 0].item() == BOS
+        assert theirs == hyps[0].tokens
+
+
+def test_tokenizer_matches(exported):
+    _, tokenizer, _, out = exported
+    hf_tok = transformers.MarianTokenizer.from_pretrained(out)
+    sentence = "the big dog sees a small cat ."
+    assert hf_tok(sentence)["input_ids"] == tokenizer.encode_src([sentence])[0] + [EOS]
+
+
+def test_pre_ln_refused(exported, tmp_path):
+    _, tokenizer, _, _ = exported
+    with pytest.raises(ExportError, match="Post-LN"):
+        export_huggingface(Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200, norm_position="pre")), tokenizer, tmp_path)
