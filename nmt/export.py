@@ -145,3 +145,41 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
         eos_token=sp.id_to_piece(EOS), unk_token=sp.id_to_piece(UNK), pad_token=sp.id_to_piece(PAD), model_max_length=max_positions,
     )
     hf_tok.save_pretrained(out_dir)
+
+
+def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = None) -> None:
+    """Convert an exported Marian directory to a CTranslate2 model (C++ inference).
+
+    CTranslate2's stock Marian loader assumes Marian's own conventions: the decoder starts
+    from a zero embedding and the last vocabulary row is an extra PAD that it deletes.
+    nmt models start from BOS and have no extra row, so this conversion uses the stock
+    loader with those two conventions switched off; the result computes what nmt does.
+
+    Args:
+        quantization: None (float32), ``"int8"``, ``"float16"``, ``"bfloat16"``, ...
+
+    Raises:
+        ImportError: ``ctranslate2`` (and ``transformers``) are not installed.
+    """
+    import ctranslate2.converters.transformers as ct2t
+
+    class NmtMarianLoader(ct2t.MarianMTLoader):
+        def get_model_spec(self, model):
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return ct2t.BartLoader.get_model_spec(self, model)
+
+        def set_config(self, config, model, tokenizer):
+            config.eos_token = tokenizer.eos_token
+            config.unk_token = tokenizer.unk_token
+            config.decoder_start_token = tokenizer.convert_ids_to_tokens(BOS)
+
+        def set_decoder(self, spec, decoder):
+            ct2t.BartLoader.set_decoder(self, spec, decoder)
+
+    stock = ct2t._MODEL_LOADERS["MarianConfig"]
+    ct2t._MODEL_LOADERS["MarianConfig"] = NmtMarianLoader()
+    try:
+        ct2t.TransformersConverter(str(hf_dir)).convert(str(out_dir), quantization=quantization, force=True)
+    finally:
+        ct2t._MODEL_LOADERS["MarianConfig"] = stock

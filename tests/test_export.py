@@ -64,3 +64,20 @@ def test_pre_ln_refused(exported, tmp_path):
     _, tokenizer, _, _ = exported
     with pytest.raises(ExportError, match="Post-LN"):
         export_huggingface(Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200, norm_position="pre")), tokenizer, tmp_path)
+
+
+def test_ctranslate2_conversion_translates_like_nmt(exported, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from nmt.export import export_ctranslate2
+
+    model, tokenizer, _, hf_dir = exported
+    export_ctranslate2(hf_dir, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    sp = tokenizer.src
+    for sentence in ["the big dog sees a small cat .", "a woman ."]:
+        ids = tokenizer.encode_src([sentence])[0]
+        (hyps,) = translate_batch(model, pad_sources([ids]), beam_size=1, alpha=0.0, max_len_a=0.0, max_len_b=12)
+        pieces = [sp.id_to_piece(i) for i in ids] + [sp.id_to_piece(EOS)]
+        result = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12)  # pieces, EOS not counted
+        theirs = [sp.piece_to_id(p) for p in result[0].hypotheses[0]]
+        assert theirs == hyps[0].tokens

@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Decoding benchmark: nmt's beam search against its references, Hugging Face and CTranslate2.
+
+Prints one JSON object per line per engine. Each engine runs in its own process, so peak
+resident memory is that engine's alone. For speed comparisons every engine generates
+exactly ``--forced-len`` pieces per sentence (EOS banned before, forced after), so random
+or undertrained weights compare fairly; ``--forced-len 0`` decodes freely and reports BLEU
+(use a trained ``--checkpoint`` for that).
+
+Example (CPU, 2 threads, random `small` model, Multi30k test_2016_flickr):
+
+    python scripts/bench_decode.py --preset small --lines 256 --beam 5 --batch 32 --forced-len 25
+
+Engines: nmt (production: cached, shared source), nmt-tiled (source copied per beam),
+nmt-recompute (no cache), hf (transformers MarianMTModel.generate on the exported model),
+ct2-float32, ct2-int8, ct2-float16, ct2-bfloat16 (CTranslate2 on the converted model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def prepare(args, work: Path) -> None:
+    """Write the model (checkpoint, HF export, CTranslate2 conversions) and the inputs into ``work``."""
+    import torch
+
+    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
+    from nmt.config import TokenizerConfig, config_from_dict, config_to_dict, with_vocab
+    from nmt.data import read_lines, read_parallel
+    from nmt.export import export_ctranslate2, export_huggingface
+    from nmt.model import Transformer
+    from nmt.translate import load_model
+
+    data = Path(args.data)
+    src = read_lines(data / f"{args.split}.en.gz")[: args.lines]
+    ref = read_lines(data / f"{args.split}.de.gz")[: args.lines]
+    (work / "src.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (work / "ref.txt").write_text("\n".join(ref) + "\n", encoding="utf-8")
+    if args.checkpoint:
+        model, tokenizer, _ = load_model(args.checkpoint, torch.device("cpu"))
+        path = Path(args.checkpoint)
+    else:
+        from nmt.tokenizer import train_tokenizer
+
+        train_src, train_tgt = read_parallel(data / "train.en.gz", data / "train.de.gz")
+        tokenizer = train_tokenizer(train_src, train_tgt, TokenizerConfig(vocab_size=8000))
+        cfg = config_from_dict({"model": {"preset": args.preset}})
+        cfg = with_vocab(cfg, tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
+        torch.manual_seed(0)
+        model = Transformer(cfg.model).eval()
+        path = work / "model.pt"
+        save_checkpoint({"model": model.state_dict(), "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(tokenizer.protos())}, path)
+    (work / "checkpoint").write_text(str(path))
+    engines = args.engines.split(",")
+    if any(e == "hf" or e.startswith("ct2") for e in engines):
+        export_huggingface(model, tokenizer, work / "hf")
+    for e in engines:
+        if e.startswith("ct2-"):
+            quant = e.split("-", 1)[1]
+            export_ctranslate2(work / "hf", work / e, None if quant == "float32" else quant)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM; unlike ru_maxrss, not inherited across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return -1
+
+
+def batches(n_items: int, lengths: list[int], size: int) -> list[list[int]]:
+    order = sorted(range(n_items), key=lambda i: lengths[i])
+    return [order[i : i + size] for i in range(0, n_items, size)]
+
+
+def worker(args, work: Path) -> dict:
+    """Measure one engine; returns its JSON record."""
+    import torch
+
+    from nmt.data import pad_sources
+    from nmt.search import translate_batch
+    from nmt.translate import load_model
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    engine = args.worker
+    model, tokenizer, cfg = load_model((work / "checkpoint").read_text(), device)
+    lines = (work / "src.txt").read_text(encoding="utf-8").splitlines()
+    ids = tokenizer.encode_src(lines)
+    forced = args.forced_len
+    beam = args.beam
+    sp = tokenizer.src
+
+    if engine.startswith("nmt"):
+        model.to(dtype)
+        scorer = {"nmt": "cached", "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
+
+        def run(idx):
+            src = pad_sources([ids[i] for i in idx]).to(device)
+            if forced:
+                hyps = translate_batch(model, src, beam, 0.0, 0.0, forced, min_len=forced, scorer=scorer)
+            else:
+                hyps = translate_batch(model, src, beam, args.alpha, cfg.decode.max_len_a, cfg.decode.max_len_b, scorer=scorer)
+            return [h[0].tokens for h in hyps]
+
+    elif engine == "hf":
+        from transformers import MarianMTModel
+
+        hf = MarianMTModel.from_pretrained(work / "hf", dtype=dtype).to(device).eval()
+
+        def run(idx):
+            src = pad_sources([ids[i] for i in idx]).to(device)
+            kw = dict(min_new_tokens=forced, max_new_tokens=forced + 1) if forced else dict(max_new_tokens=int(cfg.decode.max_len_a * src.size(1) + cfg.decode.max_len_b) + 1, length_penalty=args.alpha)
+            with torch.inference_mode():
+                out = hf.generate(input_ids=src, attention_mask=(src != 0).long(), num_beams=beam, do_sample=False, **kw)
+            return [[t for t in row[1:] if t > 3] for row in out.tolist()]
+
+    else:
+        import ctranslate2
+
+        compute = engine.split("-", 1)[1]
+        translator = ctranslate2.Translator(str(work / engine), device="cuda" if device.type == "cuda" else "cpu", compute_type=compute, intra_threads=args.threads)
+
+        def run(idx):
+            pieces = [[sp.id_to_piece(t) for t in ids[i]] + ["</s>"] for i in idx]
+            kw = dict(min_decoding_length=forced, max_decoding_length=forced) if forced else dict(max_decoding_length=int(cfg.decode.max_len_a * 60 + cfg.decode.max_len_b), length_penalty=args.alpha)
+            results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=len(idx), **kw)
+            return [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    lengths = [len(s) for s in ids]
+    plan = batches(len(ids), lengths, args.batch)
+    run(plan[0])  # warm-up
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    start = time.perf_counter()
+    outputs: dict[int, list[int]] = {}
+    for idx in plan:
+        for i, toks in zip(idx, run(idx)):
+            outputs[i] = toks
+    sync()
+    seconds = time.perf_counter() - start
+    n_tokens = sum(len(outputs[i]) for i in outputs)
+
+    single = list(range(min(args.latency_sentences, len(ids))))
+    sync()
+    t0 = time.perf_counter()
+    for i in single:
+        run([i])
+    sync()
+    latency = (time.perf_counter() - t0) / max(1, len(single))
+
+    record = {
+        "engine": engine, "device": args.device, "dtype": args.dtype if not engine.startswith("ct2") else engine.split("-", 1)[1],
+        "threads": args.threads, "beam": beam, "batch_sentences": args.batch, "sentences": len(ids), "forced_len": forced,
+        "sentences_per_s": round(len(ids) / seconds, 2), "tgt_tokens_per_s": round(n_tokens / seconds, 1), "seconds": round(seconds, 3),
+        "latency_s_batch1": round(latency, 4), "peak_rss_bytes": peak_rss_bytes(),
+    }
+    if device.type == "cuda":
+        record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    if engine.startswith("nmt"):
+        m = cfg.model
+        length = forced or 25
+        bytes_per = torch.finfo(dtype).bits // 8
+        record["self_cache_bytes_formula"] = 2 * m.n_decoder_layers * args.batch * beam * m.n_heads * length * (m.d_model // m.n_heads) * bytes_per
+        src_len = max(lengths) + 1
+        shared = 2 * m.n_decoder_layers * args.batch * m.n_heads * src_len * (m.d_model // m.n_heads) * bytes_per
+        record["cross_cache_bytes"] = shared * (beam if engine != "nmt" else 1)
+    if not forced:
+        from nmt.evaluate import score
+
+        hyps = tokenizer.decode_tgt([outputs[i] for i in range(len(ids))])
+        refs = (work / "ref.txt").read_text(encoding="utf-8").splitlines()
+        record.update({k: score(hyps, [refs])[k] for k in ("bleu", "chrf", "bleu_signature")})
+    return record
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")), help="Multi30k directory")
+    p.add_argument("--split", default="test_2016_flickr")
+    p.add_argument("--lines", type=int, default=256, help="first N sentences of the split")
+    p.add_argument("--checkpoint", help="trained nmt checkpoint; default: a random model of --preset")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--engines", default="nmt,nmt-tiled,nmt-recompute,hf,ct2-float32,ct2-int8")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--batch", type=int, default=32, help="sentences per batch")
+    p.add_argument("--forced-len", type=int, default=25, help="pieces generated per sentence (0 = free decoding + BLEU)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty for free decoding")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency")
+    p.add_argument("--workdir", help="reuse a prepared directory (internal)")
+    p.add_argument("--worker", help="measure this engine only (internal)")
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args, Path(args.workdir))), flush=True)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        prepare(args, work)
+        for engine in args.engines.split(","):
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--workdir", str(work), "--worker", engine]
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+            result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if result.returncode != 0:
+                print(json.dumps({"engine": engine, "error": result.stderr.strip().splitlines()[-1:]}), flush=True)
+            else:
+                print(result.stdout.strip().splitlines()[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()
