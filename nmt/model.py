@@ -18,7 +18,7 @@ no query row is ever fully masked and attention never produces NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -62,24 +62,28 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Attend ``x`` ``(batch, len, d_model)`` to itself, after ``past`` keys/values if given.
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False, cache: Tensor | None = None, position: int = 0) -> Tensor:
+        """Attend ``x`` ``(batch, len, d_model)`` to itself, after the cached positions if given.
 
         Args:
             mask: ``(batch, 1, 1, len)`` key mask, True = may attend; None for no padding.
             causal: each position attends only to itself and earlier ones.
-            past: cached ``(keys, values)``, each ``(batch, n_heads, past_len, head_dim)``.
+            cache: keys and values of earlier positions, ``(2, batch, n_heads, capacity,
+                head_dim)`` filled below ``position``; ``x``'s keys and values are written
+                at ``position..position+len-1`` (in place) and attended to with them.
 
         Returns:
-            ``(batch, len, d_model)`` and the keys/values including ``x``'s, each
-            ``(batch, n_heads, past_len + len, head_dim)``.
+            ``(batch, len, d_model)``.
         """
         q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if cache is not None:
+            end = position + x.size(1)
+            cache[0, :, :, position:end] = k
+            cache[1, :, :, position:end] = v
+            k, v = cache[0, :, :, :end], cache[1, :, :, :end]
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
-        return self.out(merge_heads(y)), (k, v)
+        return self.out(merge_heads(y))
 
 
 class CrossAttention(nn.Module):
@@ -158,7 +162,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """``x`` ``(batch, src_len, d_model)``, ``mask`` ``(batch, 1, 1, src_len)``."""
-        x = self.res_attn.after(x, self.self_attn(self.res_attn.before(x), mask)[0])
+        x = self.res_attn.after(x, self.self_attn(self.res_attn.before(x), mask))
         return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
 
 
@@ -171,46 +175,39 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
         self.res_self, self.res_cross, self.res_ffn = (Residual(cfg.d_model, cfg.dropout, pre) for _ in range(3))
 
-    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, past: tuple[Tensor, Tensor] | None, beam: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """``x`` ``(batch*beam, tgt_len, d_model)``; without ``past`` attention is causal over ``x``,
-        with it ``x`` is one new position attending to all cached ones. Returns the output
-        and the self-attention keys/values ``(batch*beam, n_heads, tgt_len_total, head_dim)``."""
-        h, kv = self.self_attn(self.res_self.before(x), causal=past is None, past=past)
+    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, cache: Tensor | None = None, position: int = 0, beam: int = 1) -> Tensor:
+        """``x`` ``(batch*beam, tgt_len, d_model)`` → same shape. Without ``cache``, self-attention is
+        causal over ``x``; with it (``(2, batch*beam, n_heads, capacity, head_dim)``, see
+        :class:`SelfAttention`) ``x`` holds positions from ``position`` on and attends to all
+        cached ones. ``cross_k``/``cross_v``: ``(batch, n_heads, src_len, head_dim)``."""
+        h = self.self_attn(self.res_self.before(x), causal=cache is None, cache=cache, position=position)
         x = self.res_self.after(x, h)
         x = self.res_cross.after(x, self.cross_attn(self.res_cross.before(x), cross_k, cross_v, src_mask, beam))
-        return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x))), kv
-
-
-@dataclass(frozen=True)
-class LayerCache:
-    """One decoder layer's cached attention inputs.
-
-    ``self_k``/``self_v``: ``(batch*beam, n_heads, tgt_len, head_dim)``, one hypothesis per
-    row, growing by one position a step. ``cross_k``/``cross_v``: ``(batch, n_heads,
-    src_len, head_dim)``, computed once from the encoder output and shared by the beams.
-    """
-
-    self_k: Tensor
-    self_v: Tensor
-    cross_k: Tensor
-    cross_v: Tensor
+        return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
 
 
 @dataclass(frozen=True)
 class DecoderCache:
-    """Everything a decode step needs besides the new tokens; an immutable value.
+    """Everything a decode step needs besides the new tokens.
 
-    ``src_mask`` is ``(batch, 1, 1, src_len)``, True on real source tokens.
+    ``self_kv``: ``(n_layers, 2, batch*beam, n_heads, capacity, head_dim)``, every layer's
+    self-attention keys (``[:, 0]``) and values (``[:, 1]``), one row per hypothesis; positions
+    below ``length`` are filled. One tensor, so that following the beams' back-pointers is a
+    single ``index_select``. ``capacity`` grows by doubling when a step needs more.
+
+    ``cross_kv``: ``(n_layers, 2, batch, n_heads, src_len, head_dim)``, computed once from the
+    encoder output and shared by each sentence's beams. ``src_mask``: ``(batch, 1, 1,
+    src_len)``, True on real source tokens.
+
+    A step writes its position into ``self_kv`` in place and returns a cache one longer;
+    positions below the old ``length`` never change, so earlier values stay valid to read.
     """
 
-    layers: tuple[LayerCache, ...]
+    self_kv: Tensor
+    cross_kv: Tensor
     src_mask: Tensor
     beam: int
-
-    @property
-    def length(self) -> int:
-        """Target positions decoded so far."""
-        return self.layers[0].self_k.size(2)
+    length: int = 0
 
     def reorder(self, index: Tensor) -> "DecoderCache":
         """Keep hypothesis rows ``index`` ``(batch*beam,)`` (flat back-pointers).
@@ -218,17 +215,27 @@ class DecoderCache:
         Only the per-hypothesis self-attention keys/values move; the source side is
         shared by a sentence's beams and stays where it is.
         """
-        layers = tuple(LayerCache(c.self_k.index_select(0, index), c.self_v.index_select(0, index), c.cross_k, c.cross_v) for c in self.layers)
-        return DecoderCache(layers, self.src_mask, self.beam)
+        if self.self_kv.requires_grad:  # out= cannot record autograd; decoding normally runs without it
+            return replace(self, self_kv=self.self_kv.index_select(2, index))
+        out = torch.empty_like(self.self_kv)
+        torch.index_select(self.self_kv[..., : self.length, :], 2, index, out=out[..., : self.length, :])
+        return replace(self, self_kv=out)
 
     def select_sentences(self, keep: Tensor) -> "DecoderCache":
         """Keep sentences ``keep`` ``(new_batch,)`` (dropping finished ones), all their beams."""
         rows = (keep.unsqueeze(1) * self.beam + torch.arange(self.beam, device=keep.device)).view(-1)
-        layers = tuple(
-            LayerCache(c.self_k.index_select(0, rows), c.self_v.index_select(0, rows), c.cross_k.index_select(0, keep), c.cross_v.index_select(0, keep))
-            for c in self.layers
-        )
-        return DecoderCache(layers, self.src_mask.index_select(0, keep), self.beam)
+        return replace(self, self_kv=self.self_kv.index_select(2, rows), cross_kv=self.cross_kv.index_select(2, keep), src_mask=self.src_mask.index_select(0, keep))
+
+    def with_capacity(self, needed: int) -> "DecoderCache":
+        """This cache with room for at least ``needed`` positions (doubling)."""
+        capacity = self.self_kv.size(4)
+        if needed <= capacity:
+            return self
+        shape = list(self.self_kv.shape)
+        shape[4] = max(needed, 2 * capacity)
+        grown = self.self_kv.new_empty(shape)
+        grown[..., : self.length, :] = self.self_kv[..., : self.length, :]
+        return replace(self, self_kv=grown)
 
 
 class Transformer(nn.Module):
@@ -301,8 +308,7 @@ class Transformer(nn.Module):
         """
         x = self._embed(tgt_in, self.tgt_embed)
         for layer in self.decoder:
-            k, v = layer.cross_attn.memory_kv(memory)
-            x, _ = layer(x, k, v, src_mask, past=None, beam=1)
+            x = layer(x, *layer.cross_attn.memory_kv(memory), src_mask)
         return self.project(self.decoder_norm(x))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -310,13 +316,15 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask)
 
-    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int) -> DecoderCache:
-        """An empty cache for ``beam`` hypotheses per sentence, with every layer's
-        cross-attention keys/values computed once from ``memory`` ``(batch, src_len, d_model)``."""
-        rows, h, hd = memory.size(0) * beam, self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        empty = memory.new_zeros(rows, h, 0, hd)
-        layers = tuple(LayerCache(empty, empty, *layer.cross_attn.memory_kv(memory)) for layer in self.decoder)
-        return DecoderCache(layers, src_mask, beam)
+    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32) -> DecoderCache:
+        """An empty cache for ``beam`` hypotheses per sentence and ``capacity`` target positions
+        (it grows if needed), with every layer's cross-attention keys/values computed once
+        from ``memory`` ``(batch, src_len, d_model)``."""
+        cfg = self.cfg
+        rows, head_dim = memory.size(0) * beam, cfg.d_model // cfg.n_heads
+        self_kv = memory.new_empty(cfg.n_decoder_layers, 2, rows, cfg.n_heads, capacity, head_dim)
+        cross_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
+        return DecoderCache(self_kv, cross_kv, src_mask, beam)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         """One decoding step for every hypothesis.
@@ -329,13 +337,13 @@ class Transformer(nn.Module):
             log-probabilities ``(batch*beam, vocab)`` in float32 for the next token, and the
             cache extended by this position.
         """
-        x = self._embed(tokens.unsqueeze(1), self.tgt_embed, start=cache.length)  # (batch*beam, 1, d_model)
-        layers = []
-        for layer, c in zip(self.decoder, cache.layers):
-            x, (k, v) = layer(x, c.cross_k, c.cross_v, cache.src_mask, past=(c.self_k, c.self_v), beam=cache.beam)
-            layers.append(LayerCache(k, v, c.cross_k, c.cross_v))
+        t = cache.length
+        cache = cache.with_capacity(t + 1)
+        x = self._embed(tokens.unsqueeze(1), self.tgt_embed, start=t)  # (batch*beam, 1, d_model)
+        for i, layer in enumerate(self.decoder):
+            x = layer(x, cache.cross_kv[i, 0], cache.cross_kv[i, 1], cache.src_mask, cache=cache.self_kv[i], position=t, beam=cache.beam)
         logits = self.project(self.decoder_norm(x[:, 0]))
-        return F.log_softmax(logits.float(), dim=-1), DecoderCache(tuple(layers), cache.src_mask, cache.beam)
+        return F.log_softmax(logits.float(), dim=-1), replace(cache, length=t + 1)
 
 
 def count_parameters(model: nn.Module) -> int:

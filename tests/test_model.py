@@ -77,7 +77,7 @@ def test_beams_share_one_source_copy_and_match_tiled_recompute(model):
     tgt = _prefixes(2 * beam, 6)
     memory, mask = model.encode(src)
     cache = model.start_decoding(memory, mask, beam=beam)
-    assert cache.layers[0].cross_k.size(0) == 2  # one copy per sentence, not per beam
+    assert cache.cross_kv.size(2) == 2  # one copy per sentence, not per beam
     tiled_memory, tiled_mask = memory.repeat_interleave(beam, 0), mask.repeat_interleave(beam, 0)
     full = torch.log_softmax(model.decode(tgt, tiled_memory, tiled_mask), -1)
     for t in range(6):
