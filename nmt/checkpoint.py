@@ -51,7 +51,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for damaged or foreign files
-        raise CheckpointError(f"{path}: not a readable nmt checkpoint ({type(exc).__name__}: {exc})") from None
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: not a readable nmt checkpoint ({reason[:200]})") from None
     if not isinstance(payload, dict) or "model" not in payload or "config" not in payload:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no model/config entries)")
     return payload

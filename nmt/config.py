@@ -13,6 +13,8 @@ its model.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -148,6 +150,11 @@ class TrainConfig:
     save_every: int = 0  # extra step checkpoints every N steps; 0 = only last/best
     keep_last: int = 3
     valid_beam_size: int = 4
+    patience: int = 0  # stop after this many validations without a BLEU improvement; 0 = never
+    precision: str = "fp32"  # fp32, bf16 (autocast) or fp16 (autocast + gradient scaling)
+    update_freq: int = 1  # micro-batches accumulated per optimizer step
+    progress_bar: bool = True
+    tensorboard: bool = True  # scalars under run_dir/tensorboard when the tensorboard package is installed
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,13 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
+def _parse(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"{where}: cannot parse {text!r} as a value") from None
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Convert ``value`` (from YAML or a ``--set`` string) to the annotated type ``tp``."""
     origin = typing.get_origin(tp)
@@ -195,10 +209,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
     if tp in (int, float, str):
         if isinstance(value, str) and tp is not str:
-            try:
-                value = yaml.safe_load(value)
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"{where}: cannot parse {value!r}: {exc}") from None
+            value = _parse(value, where)
         if tp is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if tp is int and isinstance(value, float) and value.is_integer():
@@ -208,13 +219,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return value
     if origin is tuple:
         if isinstance(value, str):
-            value = yaml.safe_load(value)
+            value = _parse(value, where)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
         return tuple(_coerce(v, a, where) for v, a in zip(value, args))
     if origin is dict:
         if isinstance(value, str):
-            value = yaml.safe_load(value)
+            value = _parse(value, where)
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return {str(k): str(v) for k, v in value.items()}
@@ -239,6 +250,25 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
 _SECTIONS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig, "train": TrainConfig, "decode": DecodeConfig}
 
 
+def _sections(raw: Any, source: str) -> dict[str, dict[str, Any]]:
+    """``raw`` as ``{section: {key: value}}``, or a :class:`ConfigError` saying what is wrong."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(_SECTIONS)}), got {type(raw).__name__}")
+    out = {}
+    for name, values in raw.items():
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section [{name}] must be a mapping of key: value, got {type(values).__name__}")
+        bad = [k for k in values if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{source}: section [{name}] has non-text key(s) {bad}")
+        out[str(name)] = dict(values)
+    return out
+
+
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
     """Build a validated :class:`Config` from nested dictionaries.
 
@@ -246,17 +276,13 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
         ConfigError: on an unknown section or key, a value of the wrong type, or an
             inconsistent setting (e.g. ``d_model`` not divisible by ``n_heads``).
     """
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(_SECTIONS)})")
+    raw = _sections(raw, source)
     unknown = sorted(set(raw) - set(_SECTIONS))
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {', '.join(unknown)}; known: {', '.join(_SECTIONS)}")
     parts = {}
     for name, cls in _SECTIONS.items():
-        values = raw.get(name) or {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"{source}: section [{name}] must be a mapping")
-        parts[name] = _build(cls, dict(values), name)
+        parts[name] = _build(cls, raw.get(name, {}), name)
     cfg = Config(**parts)
     validate(cfg)
     return cfg
@@ -265,6 +291,33 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
 def validate(cfg: Config) -> None:
     """Check cross-field consistency. Raises :class:`ConfigError`."""
     m, t, d = cfg.model, cfg.train, cfg.decode
+    positive = {
+        "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.n_heads": m.n_heads, "model.n_encoder_layers": m.n_encoder_layers,
+        "model.n_decoder_layers": m.n_decoder_layers, "train.max_tokens": t.max_tokens, "train.warmup_steps": t.warmup_steps,
+        "train.log_every": t.log_every, "train.validate_every": t.validate_every, "train.keep_last": t.keep_last, "train.update_freq": t.update_freq,
+        "train.adam_eps": t.adam_eps, "train.valid_beam_size": t.valid_beam_size, "decode.max_tokens": d.max_tokens, "tokenizer.vocab_size": cfg.tokenizer.vocab_size,
+        "data.max_len": cfg.data.max_len,
+    }
+    for name, value in positive.items():
+        if not value > 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+    non_negative = {"train.weight_decay": t.weight_decay, "train.clip_norm": t.clip_norm, "train.save_every": t.save_every, "train.patience": t.patience,
+                    "train.max_time_s": t.max_time_s, "decode.max_len_a": d.max_len_a, "decode.max_len_b": d.max_len_b, "train.threads": t.threads}
+    for name, value in non_negative.items():
+        if not value >= 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+    for name, value in {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout, "model.activation_dropout": m.activation_dropout,
+                        "train.adam_betas[0]": t.adam_betas[0], "train.adam_betas[1]": t.adam_betas[1]}.items():
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{name} must be in [0, 1), got {value}")
+    if not 0.0 < cfg.tokenizer.character_coverage <= 1.0:
+        raise ConfigError(f"tokenizer.character_coverage must be in (0, 1], got {cfg.tokenizer.character_coverage}")
+    if not math.isfinite(d.length_penalty):
+        raise ConfigError(f"decode.length_penalty must be a finite number, got {d.length_penalty}")
+    if cfg.data.valid_max_sentences is not None and cfg.data.valid_max_sentences < 1:
+        raise ConfigError(f"data.valid_max_sentences must be >= 1 or null, got {cfg.data.valid_max_sentences}")
+    if t.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps", t.device):
+        raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, got {t.device!r}")
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}")
     if m.d_model % 2:
@@ -275,12 +328,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.norm_position must be post or pre, got {m.norm_position!r}")
     if t.schedule not in ("noam", "inverse_sqrt"):
         raise ConfigError(f"train.schedule must be noam or inverse_sqrt, got {t.schedule!r}")
+    if t.precision not in ("fp32", "bf16", "fp16"):
+        raise ConfigError(f"train.precision must be fp32, bf16 or fp16, got {t.precision!r}")
+    if t.update_freq < 1:
+        raise ConfigError(f"train.update_freq must be >= 1, got {t.update_freq}")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
-    if t.max_tokens <= 0 or d.max_tokens <= 0:
-        raise ConfigError("train.max_tokens and decode.max_tokens must be positive")
-    if t.warmup_steps <= 0:
-        raise ConfigError("train.warmup_steps must be positive")
     if d.beam_size < 1 or not 1 <= d.n_best <= d.beam_size:
         raise ConfigError(f"decode.beam_size must be >= 1 and 1 <= n_best <= beam_size (got {d.beam_size}, {d.n_best})")
     if cfg.tokenizer.type not in ("bpe", "unigram"):
@@ -299,18 +352,23 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         source = str(path)
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
+            raise ConfigError(f"config file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
         try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+            raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+        raw = _sections(raw, source)
     raw = apply_overrides(raw, overrides or [])
     return config_from_dict(raw, source)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of ``raw`` with each ``section.key=value`` applied (value kept as text)."""
-    raw = {k: dict(v or {}) for k, v in raw.items()} if raw else {}
+    raw = _sections(raw, "config")
     for item in overrides:
         key, sep, value = item.partition("=")
         section, dot, name = key.strip().partition(".")

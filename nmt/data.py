@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,14 +38,16 @@ def read_lines(path: str | Path) -> list[str]:
         DataError: the file does not exist or a line is not valid UTF-8.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a text file")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as exc:
-        raise DataError(f"{path}: cannot read: {exc}") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     chunks = raw.split(b"\n")
@@ -212,12 +215,13 @@ class EncodedCorpus:
 
 
 def encode_corpus(
-    src: list[str], tgt: list[str], tokenizer: Tokenizer, cache_dir: Path | None, max_len: int | None = None, max_len_ratio: float | None = None
+    src: list[str], tgt: list[str], tokenizer: Tokenizer, cache_dir: Path | None, max_len: int | None = None, max_len_ratio: float | None = None, write: bool = True
 ) -> tuple[EncodedCorpus, CleanReport]:
     """Strip, encode and (for training) length-filter a parallel corpus, caching the result.
 
     The cache key hashes the text, the tokenizer and the filter settings, so a second run
-    on the same input loads ids from ``cache_dir`` without tokenizing again.
+    on the same input loads ids from ``cache_dir`` without tokenizing again; ``write=False``
+    reads the cache but never writes it.
     """
     src, tgt, report = strip_pairs(src, tgt)
     key = hashlib.sha1()
@@ -245,7 +249,7 @@ def encode_corpus(
                 keep_tgt.append(t)
         src_ids, tgt_ids = keep_src, keep_tgt
     corpus = EncodedCorpus.from_lists(src_ids, tgt_ids)
-    if path is not None:
+    if path is not None and write:
         path.parent.mkdir(parents=True, exist_ok=True)
         corpus.save(path)
     return corpus, report

@@ -25,12 +25,14 @@ def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, 
         scores are on sacreBLEU's 0-100 scale.
 
     Raises:
-        EvaluationError: a reference stream's line count differs from the hypotheses'
-            (sacreBLEU alone does not check this).
+        EvaluationError: there are no hypotheses, or a reference stream's line count
+            differs from the hypotheses' (sacreBLEU alone does not check this).
     """
     names = names or tuple(f"reference {i + 1}" for i in range(len(references)))
     if not references:
         raise EvaluationError("no reference given")
+    if not hypotheses:
+        raise EvaluationError("nothing to score: there are no hypothesis lines")
     for name, ref in zip(names, references):
         if len(ref) != len(hypotheses):
             raise EvaluationError(f"{name} has {len(ref)} lines but there are {len(hypotheses)} hypotheses; they must match line for line")

@@ -126,7 +126,8 @@ def train_sentencepiece(
             minloglevel=2,
         )
     except RuntimeError as exc:
-        raise TokenizerError(f"SentencePiece training failed: {exc}; lower tokenizer.vocab_size") from None
+        hint = "; lower tokenizer.vocab_size" if "Vocabulary size too high" in str(exc) else ""
+        raise TokenizerError(f"SentencePiece training failed: {str(exc).strip()}{hint}") from None
     return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .checkpoint import load_checkpoint, tokenizer_from_tensors
-from .config import Config, config_from_dict
+from .checkpoint import CheckpointError, load_checkpoint, tokenizer_from_tensors
+from .config import Config, ConfigError, config_from_dict
 from .data import pad_sources, token_batches
 from .model import Transformer
 from .search import Hypothesis, translate_batch
@@ -14,9 +14,20 @@ from .tokenizer import Tokenizer
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Raises:
+        ConfigError: an unknown device, or CUDA asked for where there is none.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} asked for, but this torch build or machine has no CUDA; use cpu")
+    return device
 
 
 def load_model(path, device: torch.device) -> tuple[Transformer, Tokenizer, Config]:
@@ -26,11 +37,14 @@ def load_model(path, device: torch.device) -> tuple[Transformer, Tokenizer, Conf
         nmt.checkpoint.CheckpointError: the checkpoint is missing or unreadable.
     """
     payload = load_checkpoint(path)
-    cfg = config_from_dict(payload["config"], str(path))
-    model = Transformer(cfg.model)
-    model.load_state_dict(payload["model"])
-    model.to(device).eval()
-    return model, Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"])), cfg
+    try:
+        cfg = config_from_dict(payload["config"], str(path))
+        model = Transformer(cfg.model)
+        model.load_state_dict(payload["model"])
+        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"]))
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: incomplete or inconsistent checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    return model.to(device).eval(), tokenizer, cfg
 
 
 def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], decode, device: torch.device, min_len: int = 0) -> list[list[Hypothesis]]:

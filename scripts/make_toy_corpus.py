@@ -218,13 +218,19 @@ class Sentence:
     fronted: bool = False  # subordinate clause before the main clause
 
 
+def detokenize(tokens: list[str]) -> str:
+    """Join words with spaces, attaching commas and the final period to the word before,
+    as in ordinary (detokenized) text, which is what sacreBLEU expects."""
+    return " ".join(tokens).replace(" ,", ",").replace(" .", ".")
+
+
 def render(s: Sentence) -> tuple[str, str]:
-    """Render a sentence structure as an (english, german) pair of token strings."""
+    """Render a sentence structure as an (english, german) pair of detokenized sentences."""
     if s.fronted:  # because C1 , C2 .  ->  weil C1(verb-final) , C2(verb-first) .
         assert s.conj in SUBORD and s.conj != "that" and s.other and not s.adverb
         en = [s.conj, *s.other.en(), ",", *s.main.en()]
         de = [SUBORD[s.conj], *s.other.de("final"), ",", *s.main.de("inverted")]
-        return " ".join(en + ["."]), " ".join(de + ["."])
+        return detokenize(en + ["."]), detokenize(de + ["."])
     en = ([s.adverb] if s.adverb else []) + s.main.en()
     de = ([ADVERBS[s.adverb]] if s.adverb else []) + s.main.de("inverted" if s.adverb else "main")
     if s.conj in COORD:
@@ -233,7 +239,7 @@ def render(s: Sentence) -> tuple[str, str]:
     elif s.conj in SUBORD:
         en += [s.conj, *s.other.en()]
         de += [",", SUBORD[s.conj], *s.other.de("final")]
-    return " ".join(en + ["."]), " ".join(de + ["."])
+    return detokenize(en + ["."]), detokenize(de + ["."])
 
 
 def random_np(rng: random.Random, nouns: list[str], avoid: str | None = None) -> NP:

@@ -51,3 +51,36 @@ def test_round_trip_through_dict():
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "none.yaml")
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ({"model": 5}, r"section \[model\] must be a mapping"),
+        ([1, 2], "expected a mapping of sections"),
+        ({"model": {1: 2}}, "non-text key"),
+        ({"model": {"n_heads": 0}}, "model.n_heads must be positive"),
+        ({"model": {"dropout": 1.5}}, r"model.dropout must be in \[0, 1\)"),
+        ({"train": {"validate_every": 0}}, "train.validate_every must be positive"),
+        ({"train": {"adam_betas": [2, 3]}}, r"adam_betas\[0\]"),
+        ({"train": {"device": "foo"}}, "train.device must be"),
+        ({"decode": {"max_len_a": -5}}, "decode.max_len_a must be >= 0"),
+        ({"decode": {"length_penalty": float("nan")}}, "finite"),
+    ],
+)
+def test_malformed_or_out_of_range_values_are_config_errors(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(raw)
+
+
+def test_yaml_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  max_steps: 3\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml:\d+: not valid YAML"):
+        load_config(bad)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"# caf\xe9\ntrain: {}\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(latin)
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config(None, ["train.adam_betas=[0.9"])

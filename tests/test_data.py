@@ -125,13 +125,25 @@ def test_hugging_face_datasets_from_local_json(tmp_path):
     assert src[3] == "sentence 3" and tgt[3] == "Satz 3" and len(src) == 5
 
 
-MULTI30K = Path(os.environ.get("NMT_MULTI30K", ROOT.parent / "shared" / "data" / "multi30k"))
+MULTI30K = Path(os.environ.get("MULTI30K", ROOT.parent / "shared" / "data" / "multi30k"))
 
 
-@pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason="Multi30k not found; set NMT_MULTI30K")
+@pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason="Multi30k not found; set MULTI30K")
 def test_real_multi30k_reads_aligned():
     src, tgt = load_split(DataConfig(dir=str(MULTI30K), valid_split="val"), "valid")
     assert len(src) == len(tgt) == 1014
     assert all(s.strip() for s in src) and all(t.strip() for t in tgt)
     assert src[0] == "A group of men are loading cotton onto a truck"
     assert tgt[0] == "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen"
+
+
+def test_damaged_gzip_is_a_clear_error(tmp_path):
+    good = gzip.compress(("a fairly long line of text that compresses well\n" * 200).encode())
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0xFF
+    path = tmp_path / "x.en.gz"
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(DataError, match=r"x\.en\.gz: cannot read"):
+        read_lines(path)
+    with pytest.raises(DataError, match="is a directory"):
+        read_lines(tmp_path)

@@ -26,3 +26,8 @@ def test_several_references():
 def test_line_count_mismatch_is_an_error():
     with pytest.raises(EvaluationError, match="ref.de has 1 lines but there are 2 hypotheses"):
         score(["a", "b"], [["a"]], names=("ref.de",))
+
+
+def test_empty_input_is_an_error_not_a_crash():
+    with pytest.raises(EvaluationError, match="nothing to score"):
+        score([], [[]])
