@@ -13,10 +13,11 @@ from typing import Optional
 import typer
 
 from .checkpoint import CheckpointError
-from .config import ConfigError, load_config
+from .config import ConfigError, load_config, validate
 from .data import DataError, read_lines
 from .evaluate import EvaluationError, score
 from .tokenizer import TokenizerError
+from .search import Hypothesis
 from .translate import best_strings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="nmt: train Transformer translation models, translate with them, score the output, export them.")
@@ -31,6 +32,32 @@ def _fail(exc: Exception) -> None:
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def _check_output(path: Optional[Path]) -> None:
+    """Fail before any work if ``path`` cannot be written (so no translation is thrown away)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ConfigError(f"--output {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--output {path}: directory {path.parent} does not exist; create it first")
+
+
+def _read_stdin() -> list[str]:
+    """Standard input as lines, with the same rules as :func:`nmt.data.read_lines`."""
+    raw = sys.stdin.buffer.read()
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"<stdin>:{line}: invalid UTF-8; convert the input to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -57,6 +84,8 @@ def train(
     except USER_ERRORS as exc:
         _fail(exc)
     typer.echo(json.dumps({k: v for k, v in result.items() if k != "example"}))
+    if result["interrupted"]:
+        raise typer.Exit(code=130)
 
 
 def _translate(checkpoint: Path, lines: list[str], beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads):
@@ -70,8 +99,9 @@ def _translate(checkpoint: Path, lines: list[str], beam_size, length_penalty, ma
     model, tokenizer, cfg = load_model(checkpoint, dev)
     changes = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, n_best=n_best, max_tokens=max_tokens)
     decode = replace(cfg.decode, **{k: v for k, v in changes.items() if v is not None})
-    if not 1 <= decode.n_best <= decode.beam_size:
-        raise ConfigError(f"--n-best must be between 1 and --beam-size ({decode.beam_size})")
+    if decode.beam_size < 1:
+        raise ConfigError(f"--beam-size must be at least 1, got {decode.beam_size}")
+    validate(replace(cfg, decode=decode))
     return translate_lines(model, tokenizer, lines, decode, dev), tokenizer
 
 
@@ -79,7 +109,7 @@ BEAM = typer.Option(None, "--beam-size", "-b", help="Hypotheses kept per sentenc
 ALPHA = typer.Option(None, "--length-penalty", "-a", help="GNMT length-penalty exponent α in ((5+|Y|)/6)^α; 0 = raw log-probability.")
 MAXA = typer.Option(None, "--max-len-a", help="Output limit = a · source tokens + b (pieces).")
 MAXB = typer.Option(None, "--max-len-b", help="Output limit = a · source tokens + b (pieces).")
-NBEST = typer.Option(None, "--n-best", help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines).")
+NBEST = typer.Option(None, "--n-best", help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a blank input line gets one empty entry).")
 MAXTOK = typer.Option(None, "--max-tokens", help="Source tokens per batch, padding included.")
 DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto.")
 THREADS = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
@@ -101,20 +131,14 @@ def translate(
 ) -> None:
     """Translate text with beam search: exactly one output line per input line, in input order."""
     try:
-        if input is not None:
-            lines = read_lines(input)
-        else:
-            lines = sys.stdin.buffer.read().decode("utf-8", errors="strict").lstrip("\ufeff").split("\n")
-            if lines and lines[-1] == "":
-                lines.pop()
-            lines = [line.rstrip("\r") for line in lines]
+        _check_output(output)
+        lines = read_lines(input) if input is not None else _read_stdin()
         results, tokenizer = _translate(checkpoint, lines, beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads)
-    except UnicodeDecodeError as exc:
-        _fail(DataError(f"standard input is not valid UTF-8 (byte {exc.start}); convert it to UTF-8"))
     except USER_ERRORS as exc:
         _fail(exc)
     if n_best and n_best > 1:
-        out = [f"{i} ||| {tokenizer.decode_tgt([h.tokens])[0]} ||| {h.score:.4f}" for i, hyps in enumerate(results) for h in hyps]
+        # A blank input line has no hypotheses: it still gets one (empty) entry, so every index appears.
+        out = [f"{i} ||| {tokenizer.decode_tgt([h.tokens])[0]} ||| {h.score:.4f}" for i, hyps in enumerate(results) for h in hyps or [Hypothesis([], 0.0, 0.0)]]
     else:
         out = best_strings(tokenizer, results)
     text = "".join(line + "\n" for line in out)
@@ -140,6 +164,7 @@ def evaluate(
 ) -> None:
     """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
     try:
+        _check_output(output)
         references = [read_lines(r) for r in ref]
         if checkpoint is not None:
             if src is None:
@@ -159,6 +184,41 @@ def evaluate(
         typer.echo(json.dumps(result))
     else:
         typer.echo(f"BLEU = {result['bleu']:.2f}  ({result['bleu_signature']})\n{result['bleu_detail']}\nchrF = {result['chrf']:.2f}  ({result['chrf_signature']})")
+
+
+@app.command()
+def average(
+    checkpoints: list[Path] = typer.Argument(None, help="Checkpoints to average (or give --run-dir)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write the averaged checkpoint (must not be an input)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Average this run's newest step_N.pt checkpoints."),
+    last: int = typer.Option(5, "--last", help="With --run-dir: how many of the newest step checkpoints."),
+) -> None:
+    """Average model weights of several checkpoints (the paper averages the last 5)."""
+    from .average import average_checkpoints, step_checkpoints
+
+    try:
+        paths = list(checkpoints or [])
+        if run_dir is not None:
+            paths += step_checkpoints(run_dir)[-last:]
+        payload = average_checkpoints(paths, out)
+    except USER_ERRORS as exc:
+        _fail(exc)
+    typer.echo(f"averaged {len(payload['averaged_from'])} checkpoints into {out}")
+
+
+@app.command()
+def plot(
+    run_dir: Path = typer.Argument(..., help="A run directory with metrics.jsonl."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG to write (default RUN_DIR/metrics.png)."),
+) -> None:
+    """Plot training/validation loss, validation BLEU and the learning rate over steps."""
+    from .plot import plot_metrics
+
+    try:
+        path = plot_metrics(run_dir, out)
+    except USER_ERRORS as exc:
+        _fail(exc)
+    typer.echo(f"wrote {path}")
 
 
 @app.command()

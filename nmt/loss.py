@@ -17,7 +17,7 @@ class LossOutput:
 
     loss: Tensor  # label-smoothed cross entropy, summed (nats)
     nll: Tensor  # negative log-likelihood of the references, summed (nats)
-    n_tokens: int  # non-pad target tokens
+    n_tokens: Tensor  # non-pad target tokens (a 0-dim tensor: reading it would sync a GPU)
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int = PAD) -> LossOutput:
@@ -44,4 +44,4 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id
     others = -lprobs.sum(-1) - nll + lprobs[..., pad_id]
     loss = (1.0 - smoothing) * nll + smoothing / (vocab - 2) * others
     zero = torch.zeros((), device=logits.device)
-    return LossOutput(torch.where(keep, loss, zero).sum(), torch.where(keep, nll, zero).sum(), int(keep.sum()))
+    return LossOutput(torch.where(keep, loss, zero).sum(), torch.where(keep, nll, zero).sum(), keep.sum())

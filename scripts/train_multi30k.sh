@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train En→De on Multi30k and score test_2016_flickr with beam search.
-# Usage: scripts/train_multi30k.sh [RUN_DIR] [extra nmt train args, e.g. --set train.max_time_s=600]
+# Usage: scripts/train_multi30k.sh [RUN_DIR] [extra nmt train args, e.g. --set train.threads=1 --set train.max_time_s=3600]
 # Data: $MULTI30K (default ../shared/data/multi30k beside the checkout).
 set -euo pipefail
 cd "$(dirname "$0")/.."

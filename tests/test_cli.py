@@ -35,7 +35,9 @@ def trained_run(tmp_path_factory):
 
 def test_run_directory_contents(trained_run):
     names = {p.name for p in trained_run.iterdir()}
-    assert {"best.pt", "last.pt", "config.yaml", "spm.model", "metrics.jsonl", "cache"} <= names
+    assert {"best.pt", "last.pt", "config.yaml", "spm.model", "metrics.jsonl", "cache", "tensorboard"} <= names
+    records = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [2, 4] and [r["step"] for r in records if "bleu" in r] == [4]
 
 
 def test_translate_keeps_one_line_per_input_line(trained_run, tmp_path):
@@ -57,6 +59,8 @@ def test_translate_n_best_format(trained_run):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1", "1"]
+    blank = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--n-best", "2", "--max-len-b", "3", input="a dog .\n\nthe cat .\n")
+    assert [line.split(" ||| ")[0] for line in blank.stdout.splitlines()] == ["0", "0", "1", "2", "2"]
     scores = [float(line.split(" ||| ")[2]) for line in lines[:2]]
     assert scores[0] >= scores[1]
 
@@ -88,6 +92,12 @@ def test_bad_inputs_give_clear_errors_not_tracebacks(trained_run, tmp_path):
     two.write_text("a\nb\n")
     result = invoke("evaluate", "--hyp", two, "--ref", short)
     assert result.exit_code == 2 and "short.de has 1 lines but there are 2 hypotheses" in result.output
+    result = invoke("translate", "--checkpoint", trained_run, input="fine\nsecond\ncaf\xe9\n".encode("latin-1"))
+    assert result.exit_code == 2 and "<stdin>:3: invalid UTF-8" in result.output
+    result = invoke("translate", "--checkpoint", trained_run, "-o", tmp_path / "no" / "such" / "dir.de", input="x\n")
+    assert result.exit_code == 2 and "does not exist; create it first" in result.output
+    result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "0", input="x\n")
+    assert result.exit_code == 2 and "--beam-size must be at least 1" in result.output
     result = invoke("translate", "--checkpoint", tmp_path / "missing.pt", input="x\n")
     assert result.exit_code == 2 and "missing.pt not found" in result.output
     garbage = tmp_path / "garbage.pt"
@@ -122,3 +132,19 @@ def test_export_command(trained_run, tmp_path):
     assert (tmp_path / "hf" / "config.json").is_file() and (tmp_path / "hf" / "source.spm").is_file()
     result = invoke("export", tmp_path / "x", "--checkpoint", trained_run, "--format", "onnx")
     assert result.exit_code == 2 and "not supported" in result.output
+
+
+def test_plot_writes_a_png(trained_run, tmp_path):
+    result = invoke("plot", trained_run, "--out", tmp_path / "m.png")
+    assert result.exit_code == 0, result.output
+    data = (tmp_path / "m.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    result = invoke("plot", tmp_path)
+    assert result.exit_code == 2 and "metrics.jsonl: not found" in result.output
+
+
+def test_average_command(trained_run, tmp_path):
+    result = invoke("average", trained_run / "last.pt", trained_run / "best.pt", "--out", tmp_path / "avg.pt")
+    assert result.exit_code == 0, result.output
+    result = invoke("translate", "--checkpoint", tmp_path / "avg.pt", "--beam-size", "2", "--max-len-b", "3", input="a dog .\n")
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 1

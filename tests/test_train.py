@@ -1,11 +1,16 @@
 import json
+import math
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, config_from_dict
-from nmt.data import read_lines
+from nmt.data import DataError, read_lines
 from nmt.train import train
 
 from conftest import TOY
@@ -47,7 +52,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     assert resumed["step"] == whole["step"] == 14
     a, b = load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "split" / "last.pt")
     assert a["progress"]["epoch"] >= 1  # the run crossed an epoch boundary
-    assert a["progress"] == b["progress"]
+    position = ("step", "epoch", "batch_in_epoch")
+    assert [a["progress"][k] for k in position] == [b["progress"][k] for k in position]
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
     assert step_losses(tmp_path / "whole") == step_losses(tmp_path / "split")
@@ -71,3 +77,67 @@ def test_step_checkpoints_keep_last_k(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").glob("step_*.pt")) == ["step_5.pt", "step_6.pt"]
     ckpt = load_checkpoint(tmp_path / "run" / "step_6.pt")
     assert ckpt["progress"]["step"] == 6 and "joint" in ckpt["tokenizer"]
+
+
+def test_unusable_validation_set_fails_before_training(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    (data / "valid.en").write_text("\n  \n")
+    (data / "valid.de").write_text("\n\n")
+    with pytest.raises(DataError, match="validation set has no pair"):
+        train(tiny_run_config(data, tmp_path / "run", 2))
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_existing_run_artifacts_are_never_overwritten(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"an earlier run's best model")
+    with pytest.raises(ConfigError, match=r"already holds a run \(best\.pt\)"):
+        train(tiny_run_config(data, run, 1))
+    assert (run / "best.pt").read_bytes() == b"an earlier run's best model"
+
+
+def test_resume_cannot_change_the_model(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "run", 1))
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match="cannot change the model"):
+        train(tiny_run_config(data, tmp_path / "run", 1), resume=True, overrides=["model.d_model=64"])
+    assert (tmp_path / "run" / "config.yaml").read_text() == config
+
+
+def test_early_stopping_on_validation_bleu(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    # lr 0: BLEU cannot change, so after the first validation every one is "no improvement".
+    result = train(tiny_run_config(data, tmp_path / "run", 50, lr_scale=0.0, validate_every=1, patience=2))
+    assert result["step"] == 3
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["bad_validations"] == 2
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_with_finite_loss(tmp_path, precision):
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "run", 4, precision=precision))
+    losses = step_losses(tmp_path / "run")
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses.values())
+    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert "scale" in ckpt["scaler"] if precision == "fp16" else ckpt["scaler"] == {}
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    data = small_corpus(tmp_path, n=100)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "nmt", "train", "--run-dir", str(run), "--set", f"data.dir={data}", "--set", "tokenizer.vocab_size=120",
+           "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.n_encoder_layers=1", "--set", "model.n_decoder_layers=1",
+           "--set", "train.max_steps=100000", "--set", "train.log_every=1", "--set", "train.threads=1", "--set", "train.max_tokens=300"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    ckpt = load_checkpoint(run / "last.pt")
+    assert ckpt["progress"]["step"] >= 3
+    assert ckpt["progress"]["step"] == max(step_losses(run))  # saved exactly where it stopped

@@ -1,0 +1,49 @@
+"""``nmt plot``: a run's metrics over training steps, as one PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .data import DataError
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Records of ``run_dir/metrics.jsonl``. Raises :class:`~nmt.data.DataError` if absent or malformed."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path}: not found; is {run_dir} a run directory?")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise DataError(f"{path}:{number}: not a JSON object") from None
+    return records
+
+
+def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
+    """Write loss (training and validation, nats per target token), validation BLEU and
+    learning rate against optimizer steps to ``out`` (default ``run_dir/metrics.png``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    train = [r for r in records if "loss" in r]
+    valid = [r for r in records if "bleu" in r]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train (label-smoothed)")
+    axes[0].plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="validation (label-smoothed)")
+    axes[0].set(xlabel="step", ylabel="loss (nats/token)", title="loss")
+    axes[0].legend()
+    axes[1].plot([r["step"] for r in valid], [r["bleu"] for r in valid], "o-")
+    axes[1].set(xlabel="step", ylabel="BLEU", title="validation BLEU")
+    axes[2].plot([r["step"] for r in train], [r["lr"] for r in train])
+    axes[2].set(xlabel="step", ylabel="learning rate", title="learning rate")
+    fig.tight_layout()
+    out = Path(out) if out else Path(run_dir) / "metrics.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
