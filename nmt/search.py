@@ -50,8 +50,9 @@ class TransformerScorer:
         self.model = model
 
     @classmethod
-    def start(cls, model, memory: Tensor, src_mask: Tensor, beam: int):
-        return cls(model), model.start_decoding(memory, src_mask, beam)
+    def start(cls, model, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32):
+        """The scorer and its first state; ``capacity``: target positions to allocate for."""
+        return cls(model), model.start_decoding(memory, src_mask, beam, capacity)
 
     def step(self, prefix, cache):
         return self.model.decode_step(prefix[:, -1], cache)
@@ -68,10 +69,10 @@ class TiledScorer(TransformerScorer):
     toolkits do). Kept to prove, and to measure, what sharing it saves."""
 
     @classmethod
-    def start(cls, model, memory, src_mask, beam):
+    def start(cls, model, memory, src_mask, beam, capacity=32):
         scorer = cls(model)
         scorer.beam = beam
-        return scorer, model.start_decoding(memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0), beam=1)
+        return scorer, model.start_decoding(memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0), 1, capacity)
 
     def select_sentences(self, cache, keep):
         rows = (keep.unsqueeze(1) * self.beam + torch.arange(self.beam, device=keep.device)).view(-1)
@@ -86,7 +87,7 @@ class RecomputeScorer:
         self.model, self.beam = model, beam
 
     @classmethod
-    def start(cls, model, memory, src_mask, beam):
+    def start(cls, model, memory, src_mask, beam, capacity=0):
         return cls(model, beam), (memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0))
 
     def step(self, prefix, state):
@@ -212,7 +213,8 @@ def translate_batch(
     path (``"cached"``) or a reference (``"tiled"``, ``"recompute"``; see :data:`SCORERS`).
     """
     memory, src_mask = model.encode(src)
-    step_scorer, state = SCORERS[scorer].start(model, memory, src_mask, beam_size)
     src_lens = (src != PAD).sum(1)
     max_lens = (max_len_a * src_lens.double() + max_len_b).long()
+    # Room for the longest possible output (pieces + EOS): the cache never has to grow.
+    step_scorer, state = SCORERS[scorer].start(model, memory, src_mask, beam_size, capacity=int(max_lens.max()) + 1)
     return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len)

@@ -174,14 +174,25 @@ def worker(args, work: Path) -> dict:
     }
     if device.type == "cuda":
         record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    if engine.startswith("nmt"):
+    if engine == "nmt":
+        # The cache of one full batch after `length` steps, measured, beside the formula
+        # 2 · layers · batch · beam · heads · len · head_dim · bytes.
         m = cfg.model
         length = forced or 25
         bytes_per = torch.finfo(dtype).bits // 8
-        record["self_cache_bytes_formula"] = 2 * m.n_decoder_layers * args.batch * beam * m.n_heads * length * (m.d_model // m.n_heads) * bytes_per
-        src_len = max(lengths) + 1
-        shared = 2 * m.n_decoder_layers * args.batch * m.n_heads * src_len * (m.d_model // m.n_heads) * bytes_per
-        record["cross_cache_bytes"] = shared * (beam if engine != "nmt" else 1)
+        idx = plan[-1][: args.batch]
+        with torch.inference_mode():
+            src = pad_sources([ids[i] for i in idx]).to(device)
+            memory, mask = model.encode(src)
+            cache = model.start_decoding(memory, mask, beam)
+            tokens = torch.full((len(idx) * beam,), 5, device=device)
+            for _ in range(length):
+                _, cache = model.decode_step(tokens, cache)
+        record["self_cache_bytes_measured"] = cache.self_kv[..., : cache.length, :].numel() * cache.self_kv.element_size()
+        record["self_cache_bytes_allocated"] = cache.self_kv.numel() * cache.self_kv.element_size()
+        record["self_cache_bytes_formula"] = 2 * m.n_decoder_layers * len(idx) * beam * m.n_heads * length * (m.d_model // m.n_heads) * bytes_per
+        record["cross_cache_bytes_shared"] = cache.cross_kv.numel() * cache.cross_kv.element_size()
+        record["cross_cache_bytes_if_tiled"] = record["cross_cache_bytes_shared"] * beam
     if not forced:
         from nmt.evaluate import score
 
