@@ -110,6 +110,24 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def _settled(done: list[Hypothesis], best_running: float, beam: int, n_best: int, alpha: float, step: int, max_len: int) -> bool:
+    """Whether a sentence's result can no longer change.
+
+    Either ``beam`` hypotheses have finished (the usual rule), or the ``n_best`` best
+    finished ones all score at least what the best running hypothesis could still reach:
+    its log-probability can only fall, so its score is at most ``best_running / lp(L)``
+    for the most favourable final length ``L`` (EOS counted). This bound is exact: stopping
+    then returns the same n-best list as searching on, in fewer steps.
+    """
+    if len(done) >= beam:
+        return True
+    if len(done) < n_best:
+        return False
+    lp = max(length_penalty(step + 2, alpha), length_penalty(max_len + 1, alpha))
+    bound = best_running / lp if best_running < 0 else best_running
+    return min(h.score for h in sorted(done, key=lambda h: -h.score)[:n_best]) >= bound
+
+
 def beam_search(
     scorer: Scorer,
     state: Any,
@@ -125,7 +143,8 @@ def beam_search(
     the ``2·beam`` best extensions. Those ending in EOS among the first ``beam`` are set
     aside as finished, and the best ``beam`` that do not end in EOS continue, so finished
     hypotheses never starve the beam. A sentence stops once it has ``beam`` finished
-    hypotheses or reaches its length limit (then EOS is forced); it then leaves the batch.
+    hypotheses, once no running hypothesis can still enter its n-best list (see
+    :func:`_settled`), or at its length limit (then EOS is forced); it then leaves the batch.
 
     Args:
         scorer: see :class:`Scorer`; ``state`` must already hold ``beam_size`` rows per sentence.
@@ -187,7 +206,8 @@ def beam_search(
         if beam > 1:
             state = scorer.reorder(state, back)
 
-        keep = [r for r, s in enumerate(sentence_ids) if len(finished[s]) < beam and step < max_lens_cpu[r]]
+        best_running = scores[:, 0].tolist()
+        keep = [r for r, s in enumerate(sentence_ids) if step < max_lens_cpu[r] and not _settled(finished[s], best_running[r], beam, n_best, alpha, step, max_lens_cpu[r])]
         if len(keep) < n:
             sentence_ids = [sentence_ids[r] for r in keep]
             max_lens_cpu = [max_lens_cpu[r] for r in keep]

@@ -135,7 +135,8 @@ def worker(args, work: Path) -> dict:
 
         def run(idx):
             pieces = [[sp.id_to_piece(t) for t in ids[i]] + ["</s>"] for i in idx]
-            kw = dict(min_decoding_length=forced, max_decoding_length=forced) if forced else dict(max_decoding_length=int(cfg.decode.max_len_a * 60 + cfg.decode.max_len_b), length_penalty=args.alpha)
+            longest = max(len(p) for p in pieces)
+            kw = dict(min_decoding_length=forced, max_decoding_length=forced) if forced else dict(max_decoding_length=int(cfg.decode.max_len_a * longest + cfg.decode.max_len_b), length_penalty=args.alpha)
             results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=len(idx), **kw)
             return [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
 

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+import nmt.search as search_module
 from nmt.model import CrossAttention
 from nmt.search import beam_search, length_penalty, translate_batch
 from nmt.tokenizer import BOS, EOS, PAD
@@ -162,3 +163,27 @@ def test_production_search_equals_recompute_and_tiled_references(model, beam, n_
                 assert h.score == pytest.approx(r.score, abs=1e-5) and h.log_prob == pytest.approx(r.log_prob, abs=1e-5)
     lengths = {len(h.tokens) for hyps in runs["cached"] for h in hyps}
     assert len(lengths) > 2  # some hypotheses ended early, others ran to the limit
+
+
+def test_search_stops_once_no_running_hypothesis_can_win():
+    class Counting(ScriptedScorer):
+        calls = 0
+
+        def step(self, prefix, state):
+            Counting.calls += 1
+            return super().step(prefix, state)
+
+    table = {(): {EOS: 0.9, A: 0.1}, (A,): {A: 1.0}, (A, A): {A: 1.0}}
+    (hyps,) = beam_search(Counting(table), None, torch.tensor([10]), beam_size=2)
+    assert hyps[0].tokens == [] and Counting.calls == 1  # "A…" can score at most log 0.1 < log 0.9
+
+
+@pytest.mark.parametrize("alpha,n_best", [(0.0, 1), (0.6, 1), (1.0, 3)])
+def test_early_stop_bound_changes_no_result(model, monkeypatch, alpha, n_best):
+    src = random_sources([3, 9, 14, 22], seed=7)
+    fast = translate_batch(model, src, 4, alpha, max_len_a=1.0, max_len_b=6, n_best=n_best)
+    monkeypatch.setattr(search_module, "_settled", lambda done, best, beam, *rest: len(done) >= beam)
+    slow = translate_batch(model, src, 4, alpha, max_len_a=1.0, max_len_b=6, n_best=n_best)
+    for f, s in zip(fast, slow):
+        assert [h.tokens for h in f] == [h.tokens for h in s]
+        assert [h.score for h in f] == pytest.approx([h.score for h in s], abs=1e-6)
