@@ -88,7 +88,7 @@ def train(
         raise typer.Exit(code=130)
 
 
-def _translate(checkpoint: Path, lines: list[str], beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads):
+def _translate(checkpoint: Path, lines: list[str], beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads, dtype="float32"):
     import torch
 
     from .translate import load_model, resolve_device, translate_lines
@@ -96,7 +96,10 @@ def _translate(checkpoint: Path, lines: list[str], beam_size, length_penalty, ma
     if threads > 0:
         torch.set_num_threads(threads)
     dev = resolve_device(device)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
     model, tokenizer, cfg = load_model(checkpoint, dev)
+    model.to(getattr(torch, dtype))
     changes = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, n_best=n_best, max_tokens=max_tokens)
     decode = replace(cfg.decode, **{k: v for k, v in changes.items() if v is not None})
     if decode.beam_size < 1:
@@ -113,6 +116,7 @@ NBEST = typer.Option(None, "--n-best", help="Hypotheses written per input (> 1 s
 MAXTOK = typer.Option(None, "--max-tokens", help="Source tokens per batch, padding included.")
 DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto.")
 THREADS = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
+DTYPE = typer.Option("float32", "--dtype", help="Weights and activations: float32, bfloat16 (faster on CPUs with AMX and on GPUs) or float16 (GPU). Scores stay float32.")
 
 
 @app.command()
@@ -128,12 +132,13 @@ def translate(
     max_tokens: Optional[int] = MAXTOK,
     device: str = DEVICE,
     threads: int = THREADS,
+    dtype: str = DTYPE,
 ) -> None:
     """Translate text with beam search: exactly one output line per input line, in input order."""
     try:
         _check_output(output)
         lines = read_lines(input) if input is not None else _read_stdin()
-        results, tokenizer = _translate(checkpoint, lines, beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads)
+        results, tokenizer = _translate(checkpoint, lines, beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads, dtype)
     except USER_ERRORS as exc:
         _fail(exc)
     if n_best and n_best > 1:
@@ -161,6 +166,7 @@ def evaluate(
     max_tokens: Optional[int] = MAXTOK,
     device: str = DEVICE,
     threads: int = THREADS,
+    dtype: str = DTYPE,
 ) -> None:
     """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
     try:
@@ -169,7 +175,7 @@ def evaluate(
         if checkpoint is not None:
             if src is None:
                 raise ConfigError("--checkpoint needs --src (the text to translate)")
-            results, tokenizer = _translate(checkpoint, read_lines(src), beam_size, length_penalty, None, None, 1, max_tokens, device, threads)
+            results, tokenizer = _translate(checkpoint, read_lines(src), beam_size, length_penalty, None, None, 1, max_tokens, device, threads, dtype)
             hyps = best_strings(tokenizer, results)
             if output is not None:
                 _write_atomic(output, "".join(h + "\n" for h in hyps))

@@ -148,3 +148,13 @@ def test_average_command(trained_run, tmp_path):
     assert result.exit_code == 0, result.output
     result = invoke("translate", "--checkpoint", tmp_path / "avg.pt", "--beam-size", "2", "--max-len-b", "3", input="a dog .\n")
     assert result.exit_code == 0 and len(result.stdout.splitlines()) == 1
+
+
+def test_translate_in_bfloat16(trained_run):
+    text = "the dog sees a cat .\n\nthe big man likes the small house .\n"
+    fp32 = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "4", input=text)
+    bf16 = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "4", "--dtype", "bfloat16", input=text)
+    assert bf16.exit_code == 0, bf16.output
+    assert len(bf16.stdout.split("\n")) == len(fp32.stdout.split("\n")) == 4 and bf16.stdout.split("\n")[1] == ""
+    bad = invoke("translate", "--checkpoint", trained_run, "--dtype", "int3", input=text)
+    assert bad.exit_code == 2 and "--dtype must be" in bad.output
