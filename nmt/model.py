@@ -186,6 +186,11 @@ class DecoderLayer(nn.Module):
         return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
 
 
+def beam_rows(keep: Tensor, beam: int) -> Tensor:
+    """Flat ``(len(keep)*beam,)`` row indices of every beam of sentences ``keep`` ``(n,)``."""
+    return (keep.unsqueeze(1) * beam + torch.arange(beam, device=keep.device)).view(-1)
+
+
 @dataclass(frozen=True)
 class DecoderCache:
     """Everything a decode step needs besides the new tokens.
@@ -223,7 +228,7 @@ class DecoderCache:
 
     def select_sentences(self, keep: Tensor) -> "DecoderCache":
         """Keep sentences ``keep`` ``(new_batch,)`` (dropping finished ones), all their beams."""
-        rows = (keep.unsqueeze(1) * self.beam + torch.arange(self.beam, device=keep.device)).view(-1)
+        rows = beam_rows(keep, self.beam)
         return replace(self, self_kv=self.self_kv.index_select(2, rows), cross_kv=self.cross_kv.index_select(2, keep), src_mask=self.src_mask.index_select(0, keep))
 
     def with_capacity(self, needed: int) -> "DecoderCache":

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from .model import beam_rows
 from .tokenizer import BOS, EOS, PAD
 
 
@@ -75,8 +76,7 @@ class TiledScorer(TransformerScorer):
         return scorer, model.start_decoding(memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0), 1, capacity)
 
     def select_sentences(self, cache, keep):
-        rows = (keep.unsqueeze(1) * self.beam + torch.arange(self.beam, device=keep.device)).view(-1)
-        return cache.select_sentences(rows)
+        return cache.select_sentences(beam_rows(keep, self.beam))
 
 
 class RecomputeScorer:
@@ -98,8 +98,7 @@ class RecomputeScorer:
         return state[0].index_select(0, index), state[1].index_select(0, index)
 
     def select_sentences(self, state, keep):
-        rows = (keep.unsqueeze(1) * self.beam + torch.arange(self.beam, device=keep.device)).view(-1)
-        return self.reorder(state, rows)
+        return self.reorder(state, beam_rows(keep, self.beam))
 
 
 SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}

@@ -382,9 +382,10 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
                 progress.epoch += 1
                 progress.batch_in_epoch = 0
         bar.close()
-        if not metrics and not interrupted:
-            metrics = run_validation()
-        checkpoint("last.pt")
+        if not metrics:  # a validation step has just saved last.pt already
+            if not interrupted:
+                metrics = run_validation()
+            checkpoint("last.pt")
     if writer is not None:
         writer.close()
     seconds = time.perf_counter() - start
