@@ -14,7 +14,7 @@ import typer
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config, validate
-from .data import DataError, read_lines
+from .corpus import DataError, read_lines
 from .evaluate import EvaluationError, score
 from .tokenizer import TokenizerError
 from .search import Hypothesis
@@ -45,7 +45,7 @@ def _check_output(path: Optional[Path]) -> None:
 
 
 def _read_stdin() -> list[str]:
-    """Standard input as lines, with the same rules as :func:`nmt.data.read_lines`."""
+    """Standard input as lines, with the same rules as :func:`nmt.corpus.read_lines`."""
     raw = sys.stdin.buffer.read()
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]

@@ -80,7 +80,8 @@ class DataConfig:
     * ``dir``: a directory of ``{split}.{lang}`` or ``{split}.{lang}.gz`` files.
 
     ``max_len`` (pieces, without BOS/EOS) and ``max_len_ratio`` filter training pairs
-    only; validation and test text is never dropped.
+    only; validation and test text is never dropped. ``workers`` processes encode the
+    training text in blocks into a memory-mapped cache (0: one per usable CPU, at most 16).
     """
 
     src_lang: str = "en"
@@ -98,6 +99,7 @@ class DataConfig:
     max_len: int = 128
     max_len_ratio: float = 3.0
     valid_max_sentences: int | None = None  # cap on validation sentences decoded for BLEU
+    workers: int = 0  # processes encoding the training text; 0: one per usable CPU, at most 16
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class TrainConfig:
     patience: int = 0  # stop after this many validations without a BLEU improvement; 0 = never
     precision: str = "fp32"  # fp32, bf16 (autocast) or fp16 (autocast + gradient scaling)
     update_freq: int = 1  # micro-batches accumulated per optimizer step
+    compile: bool = False  # torch.compile the training forward/backward (dynamic shapes)
     progress_bar: bool = True
     tensorboard: bool = True  # scalars under run_dir/tensorboard when the tensorboard package is installed
 
@@ -302,7 +305,7 @@ def validate(cfg: Config) -> None:
         if not value > 0:
             raise ConfigError(f"{name} must be positive, got {value}")
     non_negative = {"train.weight_decay": t.weight_decay, "train.clip_norm": t.clip_norm, "train.save_every": t.save_every, "train.patience": t.patience,
-                    "train.max_time_s": t.max_time_s, "decode.max_len_a": d.max_len_a, "decode.max_len_b": d.max_len_b, "train.threads": t.threads}
+                    "train.max_time_s": t.max_time_s, "data.workers": cfg.data.workers, "decode.max_len_a": d.max_len_a, "decode.max_len_b": d.max_len_b, "train.threads": t.threads}
     for name, value in non_negative.items():
         if not value >= 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")

@@ -80,24 +80,21 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024) -> None:
-    """Write ``out_dir`` so that ``MarianMTModel.from_pretrained(out_dir)`` and
-    ``MarianTokenizer.from_pretrained(out_dir)`` load it.
-
-    Generation starts from BOS (``decoder_start_token_id``), stops at EOS, and never emits
-    PAD or BOS (``suppress_tokens``), as nmt's own search does.
+def marian_model(model: Transformer, max_positions: int = 1024):
+    """A ``transformers.MarianMTModel`` computing the same function as ``model`` (its weights
+    permuted as the module doc says).
 
     Raises:
         ExportError: the model is Pre-LN or has separate vocabularies (Marian in
             ``transformers`` is Post-LN; separate vocabularies are not exported yet).
         ImportError: ``transformers`` is not installed (``pip install transformers``).
     """
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+    from transformers import MarianConfig, MarianMTModel
 
     cfg = model.cfg
     if cfg.norm_position != "post":
         raise ExportError("Marian is a Post-LN model; a Pre-LN model cannot be exported to it")
-    if not tokenizer.joint or model.src_embed is not model.tgt_embed:
+    if model.src_embed is not model.tgt_embed:
         raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
     config = MarianConfig(
         vocab_size=cfg.tgt_vocab_size,
@@ -128,6 +125,25 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
     missing = [k for k in missing if "embed_positions" not in k]
     if missing or unexpected:
         raise ExportError(f"weight mapping incomplete: missing {missing}, unexpected {unexpected}")
+    return hf
+
+
+def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024) -> None:
+    """Write ``out_dir`` so that ``MarianMTModel.from_pretrained(out_dir)`` and
+    ``MarianTokenizer.from_pretrained(out_dir)`` load it.
+
+    Generation starts from BOS (``decoder_start_token_id``), stops at EOS, and never emits
+    PAD or BOS (``suppress_tokens``), as nmt's own search does.
+
+    Raises:
+        ExportError: as :func:`marian_model`, or the tokenizer is not joint.
+        ImportError: ``transformers`` is not installed (``pip install transformers``).
+    """
+    from transformers import GenerationConfig, MarianTokenizer
+
+    if not tokenizer.joint:
+        raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
+    hf = marian_model(model, max_positions)
     hf.generation_config = GenerationConfig(
         decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS, suppress_tokens=[PAD, BOS], max_length=max_positions
     )

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .data import DataError
+from .corpus import DataError
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Records of ``run_dir/metrics.jsonl``. Raises :class:`~nmt.data.DataError` if absent or malformed."""
+    """Records of ``run_dir/metrics.jsonl``. Raises :class:`~nmt.corpus.DataError` if absent or malformed."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: not found; is {run_dir} a run directory?")

@@ -14,6 +14,7 @@ EOS     3   ends every source and every target
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +39,12 @@ class Tokenizer:
     def joint(self) -> bool:
         return self.src is self.tgt
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        return self.src.encode(lines)
+    def encode_src(self, lines: list[str], threads: int = -1) -> list[list[int]]:
+        """Piece ids of each line; ``threads`` -1 lets SentencePiece use every core."""
+        return self.src.encode(lines, num_threads=threads)
 
-    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
-        return self.tgt.encode(lines)
+    def encode_tgt(self, lines: list[str], threads: int = -1) -> list[list[int]]:
+        return self.tgt.encode(lines, num_threads=threads)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         return self.tgt.decode(ids)
@@ -102,16 +104,27 @@ def load_model_file(path: str) -> spm.SentencePieceProcessor:
 def train_sentencepiece(
     sentences: Iterable[str], vocab_size: int, model_type: str = "bpe", character_coverage: float = 1.0, input_sentence_size: int = 2_000_000
 ) -> spm.SentencePieceProcessor:
-    """Train a SentencePiece model in memory on ``sentences``.
+    """Train a SentencePiece model in memory on ``sentences`` (streamed; SentencePiece
+    samples ``input_sentence_size`` of them when there are more).
 
     ``vocab_size`` counts the four special pieces. If the text is too small for the
     requested size, SentencePiece's own error is raised as :class:`TokenizerError`
-    with the largest size it allows.
+    with the largest size it allows; an error raised while reading ``sentences``
+    (a :class:`~nmt.corpus.DataError`, say) is raised as it is.
     """
     buffer = io.BytesIO()
+    failed: list[BaseException] = []
+
+    def guarded() -> Iterator[str]:
+        try:
+            yield from sentences
+        except Exception as exc:  # SentencePiece would turn it into a RuntimeError
+            failed.append(exc)
+            raise
+
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            sentence_iterator=guarded(),
             model_writer=buffer,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -126,21 +139,26 @@ def train_sentencepiece(
             minloglevel=2,
         )
     except RuntimeError as exc:
+        if failed:
+            raise failed[0] from None
         hint = "; lower tokenizer.vocab_size" if "Vocabulary size too high" in str(exc) else ""
         raise TokenizerError(f"SentencePiece training failed: {str(exc).strip()}{hint}") from None
     return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
 
 
-def train_tokenizer(src: list[str], tgt: list[str], cfg) -> Tokenizer:
-    """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes."""
+def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg) -> Tokenizer:
+    """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes.
 
-    def train(sentences: Iterator[str]) -> spm.SentencePieceProcessor:
+    ``src`` and ``tgt`` may be streams; a joint model reads all of ``src``, then ``tgt``.
+    """
+
+    def train(sentences: Iterable[str]) -> spm.SentencePieceProcessor:
         return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, cfg.character_coverage, cfg.input_sentence_size)
 
     if cfg.joint:
-        sp = train(iter([*src, *tgt]))
+        sp = train(itertools.chain(src, tgt))
         return Tokenizer(sp, sp)
-    return Tokenizer(train(iter(src)), train(iter(tgt)))
+    return Tokenizer(train(src), train(tgt))
 
 
 def tokenizer_from_config(cfg) -> Tokenizer | None:

@@ -40,8 +40,9 @@ from .checkpoint import (
     tokenizer_to_tensors,
 )
 from .config import Config, ConfigError, apply_overrides, config_from_dict, config_to_dict, with_vocab
-from .data import DataError, EncodedCorpus, TokenBatchSampler, collate, encode_corpus, load_split, strip_pairs
-from .loss import label_smoothed_loss
+from .corpus import DataError, EncodedCorpus, ParallelText, default_workers, encode_corpus, load_split, strip_pairs, stripped_side
+from .data import Batch, TokenBatchSampler, collate
+from .loss import LossOutput, label_smoothed_loss
 from .model import Transformer, count_parameters
 from .schedule import build_scheduler
 from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
@@ -71,33 +72,37 @@ class ValidationSet:
 def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> tuple[Tokenizer, EncodedCorpus, ValidationSet]:
     """Read and clean the data, train (or reuse) the tokenizer and encode both splits.
 
-    With ``write`` the tokenizer is saved in ``run_dir`` and encodings cached under
-    ``run_dir/cache`` (rank 0 does this; other ranks then read them back).
+    Training text is streamed: the tokenizer trains on a stream (SentencePiece samples
+    ``tokenizer.input_sentence_size`` sentences) and ``data.workers`` processes encode it
+    into a memory-mapped cache, so memory does not grow with the corpus. With ``write``
+    the tokenizer is saved in ``run_dir`` and encodings cached under ``run_dir/cache``
+    (rank 0 does this; other ranks then read them back).
     """
-    train_src, train_tgt = load_split(cfg.data, "train")
-    valid_src, valid_tgt = load_split(cfg.data, "valid")
+    started = time.perf_counter()
+    train_text = load_split(cfg.data, "train")
+    valid_text = load_split(cfg.data, "valid")
     if tokenizer is None:
         tokenizer = tokenizer_from_config(cfg.tokenizer)
     if tokenizer is None:
-        src, tgt, report = strip_pairs(train_src, train_tgt)
-        if not src:
-            raise DataError(f"the training data has no pair with text on both sides ({report}); check the training files")
-        log.info("training SentencePiece %s tokenizer (vocab %d, %s) on %d pairs", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate", len(src))
-        tokenizer = train_tokenizer(src, tgt, cfg.tokenizer)
+        log.info("training SentencePiece %s tokenizer (vocab %d, %s)", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate")
+        tokenizer = train_tokenizer(stripped_side(train_text, 0), stripped_side(train_text, 1), cfg.tokenizer)
+        log.info("tokenizer trained in %.1f s", time.perf_counter() - started)
     if write:
         tokenizer.save(run_dir)
     cache = run_dir / "cache"
-    corpus, report = encode_corpus(train_src, train_tgt, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write)
+    workers = cfg.data.workers or default_workers()
+    encoding = time.perf_counter()
+    corpus, report = encode_corpus(train_text, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write, workers=workers)
     if write:
-        log.info("train: %s", report)
+        log.info("train: %s; encoded or loaded in %.1f s (%d worker processes)", report, time.perf_counter() - encoding, workers)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({report}); check the training files, data.max_len and data.max_len_ratio")
-    vsrc, vtgt, vreport = strip_pairs(valid_src, valid_tgt)
+    vsrc, vtgt, vreport = strip_pairs(*valid_text.read())
     if not vsrc:
         raise DataError(f"the validation set has no pair with text on both sides ({vreport}); check the validation files")
     if cfg.data.valid_max_sentences:
         vsrc, vtgt = vsrc[: cfg.data.valid_max_sentences], vtgt[: cfg.data.valid_max_sentences]
-    valid, _ = encode_corpus(vsrc, vtgt, tokenizer, cache, write=write)
+    valid, _ = encode_corpus(ParallelText.lists(vsrc, vtgt), tokenizer, cache, write=write)
     if write:
         log.info("valid: %s", vreport)
     return tokenizer, corpus, ValidationSet(valid, vsrc, vtgt)
@@ -210,7 +215,7 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
     Raises:
         ConfigError: a fresh run would overwrite an existing run's checkpoints, or
             ``resume`` finds none.
-        nmt.data.DataError, nmt.tokenizer.TokenizerError: unusable input.
+        nmt.corpus.DataError, nmt.tokenizer.TokenizerError: unusable input.
     """
     run_dir = Path(cfg.train.run_dir)
     payload = None
@@ -247,11 +252,8 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
 
     model = Transformer(cfg.model).to(device)
-    # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU step).
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=True)
-    scheduler = build_scheduler(optimizer, tc, cfg.model.d_model)
-    scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
+    updater = Updater(model, tc, device, ddp)
+    optimizer, scheduler, scaler = updater.optimizer, updater.scheduler, updater.scaler
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, tc.max_tokens, tc.seed, ddp.rank, ddp.world_size)
     progress = Progress()
     if payload:
@@ -263,8 +265,6 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
         progress = Progress(**payload["progress"])
         set_rng_state(payload["rng"])
         log.info("resumed %s at step %d (epoch %d, batch %d)", run_dir, progress.step, progress.epoch, progress.batch_in_epoch)
-    # Buffers (the position table) are deterministic: no need to broadcast them every step.
-    trained = DistributedDataParallel(model, broadcast_buffers=False) if ddp.enabled else model
     log.info(
         "model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d process(es) × update_freq %d × max_tokens %d",
         f"{count_parameters(model):,}", len(corpus), 100 * sampler.padding_fraction(progress.epoch), ddp.world_size, tc.update_freq, tc.max_tokens,
@@ -321,33 +321,13 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
         while not stop and progress.step < tc.max_steps and progress.epoch < tc.max_epochs:
             batches = sampler.epoch_batches(progress.epoch)
             while progress.batch_in_epoch < len(batches):
-                group = [collate(corpus, b) for b in batches[progress.batch_in_epoch : progress.batch_in_epoch + tc.update_freq]]
+                pin = device.type == "cuda"  # page-locked host batches: the copies to the GPU run asynchronously
+                group = [collate(corpus, b, pin_memory=pin) for b in batches[progress.batch_in_epoch : progress.batch_in_epoch + tc.update_freq]]
                 progress.batch_in_epoch += len(group)
-                n_local = sum(b.n_tgt_tokens for b in group)  # counted on the host: no device sync
-                # Normalise by the target tokens of the whole update on all processes; DDP
-                # averages gradients over processes, hence the world_size factor.
-                n_update = torch.tensor(float(n_local), device=device)
-                if ddp.enabled:
-                    dist.all_reduce(n_update)
-                trained.train()
-                for k, batch in enumerate(group):
-                    batch = batch.to(device)
-                    sync = contextlib.nullcontext() if not ddp.enabled or k == len(group) - 1 else trained.no_sync()
-                    with sync:
-                        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-                            logits = trained(batch.src, batch.tgt_in)
-                        out = label_smoothed_loss(logits, batch.tgt_out, tc.label_smoothing)
-                        scaler.scale(out.loss * (ddp.world_size / n_update)).backward()
+                for out in updater.step(group):
                     window.add(out)
-                if tc.clip_norm > 0:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                window.tokens += sum(b.n_tgt_tokens for b in group)
                 progress.step += 1
-                window.tokens += n_local
                 bar.update(1)
                 metrics = {}
                 if progress.step % tc.log_every == 0:
@@ -391,6 +371,60 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
     seconds = time.perf_counter() - start
     log.info("done: at step %d after %.0f s of training in this invocation; best validation BLEU %.2f", progress.step, seconds, progress.best_bleu)
     return {**metrics, "step": progress.step, "train_seconds": seconds, "best_bleu": progress.best_bleu, "interrupted": interrupted}
+
+
+class Updater:
+    """One optimizer update: forward and backward over ``update_freq`` micro-batches, then
+    clipping, the Adam step and the schedule (Vaswani et al. 2017, §5.3-5.4).
+
+    :func:`train` and ``scripts/bench_train.py`` both run it. The loss of an update is
+    normalised by the non-pad target tokens of all its micro-batches on all processes
+    (not averaged per micro-batch), so ``update_freq`` k on one process and k processes
+    compute the same gradient. Nothing here reads a device value on the host.
+    """
+
+    def __init__(self, model: Transformer, tc, device: torch.device, ddp: "Distributed | None" = None, d_model: int | None = None):
+        self.model, self.tc, self.device, self.ddp = model, tc, device, ddp
+        # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU step).
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=True)
+        self.scheduler = build_scheduler(self.optimizer, tc, d_model or model.cfg.d_model)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
+        distributed = ddp is not None and ddp.enabled
+        # Buffers (the position table) are deterministic: no need to broadcast them every step.
+        trained = DistributedDataParallel(model, broadcast_buffers=False) if distributed else model
+        self.trained = torch.compile(trained, dynamic=True) if tc.compile else trained
+        self.ddp_model = trained if distributed else None
+        self.world_size = ddp.world_size if distributed else 1
+
+    def step(self, group: list[Batch]) -> list[LossOutput]:
+        """Train on ``group`` (host tensors, up to ``update_freq`` batches) and update once."""
+        n_update = float(sum(b.n_tgt_tokens for b in group))  # counted on the host: no device sync
+        if self.ddp_model is not None:  # DDP averages gradients over processes, hence world_size
+            total = torch.tensor(n_update, device=self.device)
+            dist.all_reduce(total)
+            scale = self.world_size / total
+        else:
+            scale = 1.0 / n_update
+        self.trained.train()
+        outs = []
+        for k, batch in enumerate(group):
+            batch = batch.to(self.device)
+            last = self.ddp_model is None or k == len(group) - 1
+            with contextlib.nullcontext() if last else self.ddp_model.no_sync():
+                with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
+                    logits = self.trained(batch.src, batch.tgt_in)
+                out = label_smoothed_loss(logits, batch.tgt_out, self.tc.label_smoothing)
+                self.scaler.scale(out.loss * scale).backward()
+            outs.append(out)
+        if self.tc.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return outs
 
 
 class Window:

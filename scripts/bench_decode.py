@@ -37,7 +37,7 @@ def prepare(args, work: Path) -> None:
 
     from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import TokenizerConfig, config_from_dict, config_to_dict, with_vocab
-    from nmt.data import read_lines, read_parallel
+    from nmt.corpus import read_lines, read_parallel
     from nmt.export import export_ctranslate2, export_huggingface
     from nmt.model import Transformer
     from nmt.translate import load_model

@@ -111,6 +111,8 @@ def test_train_rejects_misaligned_corpus(tmp_path):
     data.mkdir()
     (data / "train.en").write_text("a\nb\nc\n")
     (data / "train.de").write_text("a\nb\n")
+    (data / "valid.en").write_text("a\n")
+    (data / "valid.de").write_text("a\n")
     result = invoke("train", "--run-dir", tmp_path / "r", "--set", f"data.dir={data}")
     assert result.exit_code == 2
     assert "train.en has 3 lines but" in result.output and "train.de has 2" in result.output

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from nmt.config import DataConfig, TokenizerConfig
-from nmt.data import DataError, EncodedCorpus, TokenBatchSampler, collate, encode_corpus, load_split, read_lines, read_parallel, strip_pairs, token_batches
+from nmt.corpus import DataError, EncodedCorpus, ParallelText, encode_corpus, load_split, read_lines, read_parallel, strip_pairs
+from nmt.data import TokenBatchSampler, collate, token_batches
 from nmt.tokenizer import BOS, EOS, PAD, train_tokenizer
 
 from conftest import ROOT, TOY
@@ -104,7 +105,7 @@ def toy_tokenizer():
 def test_encoding_is_cached_and_filters_are_counted(tmp_path, toy_tokenizer, monkeypatch):
     src = ["the dog sees a cat .", "a b", "the big red house is old ."]
     tgt = ["der Hund sieht eine Katze .", "x " * 40, "das große rote Haus ist alt ."]
-    corpus, report = encode_corpus(src, tgt, toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
+    corpus, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
     assert len(corpus) == 2 and report.bad_ratio == 1
     assert toy_tokenizer.tgt.decode(corpus.tgt(1).tolist()) == "das große rote Haus ist alt ."
 
@@ -112,8 +113,9 @@ def test_encoding_is_cached_and_filters_are_counted(tmp_path, toy_tokenizer, mon
         raise AssertionError("tokenized again despite the cache")
 
     monkeypatch.setattr(type(toy_tokenizer), "encode_src", fail)
-    again, _ = encode_corpus(src, tgt, toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
+    again, report_again = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
     assert np.array_equal(again.tgt_ids, corpus.tgt_ids) and np.array_equal(again.src_offsets, corpus.src_offsets)
+    assert isinstance(again.src_ids, np.memmap) and report_again == report
 
 
 def test_hugging_face_datasets_from_local_json(tmp_path):
@@ -121,7 +123,7 @@ def test_hugging_face_datasets_from_local_json(tmp_path):
     for split in ("train", "validation"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = DataConfig(hf_dataset="json", hf_data_files={"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "validation.jsonl")}, valid_split="validation")
-    src, tgt = load_split(cfg, "valid")
+    src, tgt = load_split(cfg, "valid").read()
     assert src[3] == "sentence 3" and tgt[3] == "Satz 3" and len(src) == 5
 
 
@@ -130,7 +132,7 @@ MULTI30K = Path(os.environ.get("MULTI30K", ROOT.parent / "shared" / "data" / "mu
 
 @pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason="Multi30k not found; set MULTI30K")
 def test_real_multi30k_reads_aligned():
-    src, tgt = load_split(DataConfig(dir=str(MULTI30K), valid_split="val"), "valid")
+    src, tgt = load_split(DataConfig(dir=str(MULTI30K), valid_split="val"), "valid").read()
     assert len(src) == len(tgt) == 1014
     assert all(s.strip() for s in src) and all(t.strip() for t in tgt)
     assert src[0] == "A group of men are loading cotton onto a truck"
@@ -147,3 +149,36 @@ def test_damaged_gzip_is_a_clear_error(tmp_path):
         read_lines(path)
     with pytest.raises(DataError, match="is a directory"):
         read_lines(tmp_path)
+
+
+def _corpus_arrays(corpus):
+    return [np.asarray(getattr(corpus, name)) for name in EncodedCorpus.FILES]
+
+
+def test_worker_processes_and_blocks_give_the_same_cache_as_one_pass(tmp_path, toy_tokenizer):
+    """Streaming in blocks through 2 spawned processes == encoding the lists at once."""
+    src, tgt = read_parallel(TOY / "valid.en", TOY / "valid.de")
+    src[7], tgt[11] = "   ", "x " * 25  # one empty side, one over the length ratio
+    (tmp_path / "t.en").write_text("\n".join(src) + "\n")
+    with gzip.open(tmp_path / "t.de.gz", "wt") as f:
+        f.write("\n".join(tgt) + "\n")
+    one, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=50, max_len_ratio=3.0)
+    many, report_many = encode_corpus(ParallelText.files(tmp_path / "t.en", tmp_path / "t.de.gz"), toy_tokenizer, tmp_path / "cache", max_len=50, max_len_ratio=3.0, workers=2, chunk_lines=64)
+    assert (report.total, report.empty, report.bad_ratio, report.kept) == (500, 1, 1, 498) and report_many == report
+    for a, b in zip(_corpus_arrays(one), _corpus_arrays(many)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert toy_tokenizer.src.decode(many.src(0).tolist()) == src[0]
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [next((tmp_path / "cache").iterdir()).name]  # no temporary left
+
+
+def test_a_bad_line_found_while_encoding_leaves_no_cache(tmp_path, toy_tokenizer):
+    (tmp_path / "a.en").write_bytes(b"one\ntwo\nthree\n" * 50 + b"caf\xe9\n")
+    (tmp_path / "a.de").write_bytes(b"eins\nzwei\ndrei\n" * 50 + b"Cafe\n")
+    with pytest.raises(DataError, match=r"a\.en:151: invalid UTF-8"):
+        encode_corpus(ParallelText.files(tmp_path / "a.en", tmp_path / "a.de"), toy_tokenizer, tmp_path / "cache", workers=2, chunk_lines=40)
+    assert list((tmp_path / "cache").iterdir()) == []
+    (tmp_path / "b.en").write_bytes(b"one\n" * 151)
+    (tmp_path / "b.de").write_bytes(b"eins\n" * 150)
+    with pytest.raises(DataError, match=r"b\.en has 151 lines but .*b\.de has 150"):
+        encode_corpus(ParallelText.files(tmp_path / "b.en", tmp_path / "b.de"), toy_tokenizer, tmp_path / "cache", chunk_lines=40)
+    assert list((tmp_path / "cache").iterdir()) == []

@@ -6,7 +6,7 @@ import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import TokenizerConfig
-from nmt.data import read_parallel
+from nmt.corpus import read_parallel
 from nmt.tokenizer import train_tokenizer
 
 from test_train import small_corpus

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from nmt.config import TokenizerConfig
-from nmt.data import pad_sources, read_parallel
+from nmt.corpus import read_parallel
+from nmt.data import pad_sources
 from nmt.export import ExportError, export_huggingface, marian_permutation
 from nmt.model import Transformer, sinusoidal_positions
 from nmt.search import translate_batch

@@ -1,0 +1,499 @@
+"""Parallel text on disk: reading, cleaning, and encoding into a memory-mapped id cache.
+
+Text files are streamed line by line and encoded in chunks by several processes, so
+memory does not grow with the corpus: a 4.5-million-pair corpus is encoded into flat
+``.npy`` arrays that training then reads through ``numpy.memmap`` (see
+``docs/performance.md``, "Data at scale"). This module needs no torch; batching lives in
+:mod:`nmt.data`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import zlib
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("nmt.corpus")
+
+CHUNK_LINES = 50_000  # pairs a worker encodes at a time
+
+
+class DataError(ValueError):
+    """Input text cannot be used; the message names the file, the line and what to do."""
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """Stream a plain or gzipped UTF-8 text file, one sentence a line.
+
+    Lines are split on ``\\n`` only (never on the Unicode separators that
+    ``str.splitlines`` also honours, which would shift the alignment of a parallel
+    corpus); a trailing ``\\r`` (CRLF files) and a UTF-8 byte-order mark on the first
+    line are removed. Blank lines are kept, so line numbers stay aligned.
+
+    Raises:
+        DataError: the file does not exist, cannot be read or decompressed, or a line is
+            not valid UTF-8 (the message gives ``file:line``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a text file")
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+                if raw.endswith(b"\n"):
+                    raw = raw[:-1]
+                if raw.endswith(b"\r"):
+                    raw = raw[:-1]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(
+                        f"{path}:{number}: invalid UTF-8 at byte {exc.start} of the line; "
+                        "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                    ) from None
+                yield line
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of ``path`` (rules and errors of :func:`iter_lines`)."""
+    return list(iter_lines(path))
+
+
+@dataclass(frozen=True)
+class ParallelText:
+    """A parallel corpus that can be read more than once.
+
+    Either two aligned files, streamed (memory independent of their size), or two
+    in-memory lists (a Hugging Face dataset, a validation set).
+    """
+
+    src_path: Path | None = None
+    tgt_path: Path | None = None
+    src_lines: list[str] | None = None
+    tgt_lines: list[str] | None = None
+
+    @classmethod
+    def files(cls, src_path: str | Path, tgt_path: str | Path) -> "ParallelText":
+        return cls(src_path=Path(src_path), tgt_path=Path(tgt_path))
+
+    @classmethod
+    def lists(cls, src: list[str], tgt: list[str]) -> "ParallelText":
+        if len(src) != len(tgt):
+            raise DataError(f"{len(src)} source lines but {len(tgt)} target lines: a parallel corpus needs one target line per source line")
+        return cls(src_lines=src, tgt_lines=tgt)
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        """(source, target) lines in order.
+
+        Raises:
+            DataError: as :func:`iter_lines`, or the files' line counts differ.
+        """
+        if self.src_path is None:
+            yield from zip(self.src_lines, self.tgt_lines)
+            return
+        src, tgt = iter_lines(self.src_path), iter_lines(self.tgt_path)
+        n = 0
+        for s, t in itertools.zip_longest(src, tgt):
+            if s is None or t is None:
+                n_src = n + (s is not None) + sum(1 for _ in src)
+                n_tgt = n + (t is not None) + sum(1 for _ in tgt)
+                raise DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: a parallel corpus needs one target line per source line")
+            n += 1
+            yield s, t
+
+    def chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
+        """Consecutive blocks of at most ``size`` pairs, as (source lines, target lines)."""
+        pairs = self.pairs()
+        while block := list(itertools.islice(pairs, size)):
+            src, tgt = zip(*block)
+            yield list(src), list(tgt)
+
+    def read(self) -> tuple[list[str], list[str]]:
+        """All source and target lines (for small sets: validation, tests)."""
+        if self.src_path is None:
+            return self.src_lines, self.tgt_lines
+        src, tgt = [], []
+        for s, t in self.pairs():
+            src.append(s)
+            tgt.append(t)
+        return src, tgt
+
+    def fingerprint(self, digest) -> None:
+        """Feed the corpus's content into ``digest`` (a hashlib object): file bytes, or lines."""
+        if self.src_path is None:
+            for line in (*self.src_lines, "\0", *self.tgt_lines):
+                digest.update(line.encode())
+                digest.update(b"\n")
+            return
+        for path in (self.src_path, self.tgt_path):
+            with open(path, "rb") as f:
+                while block := f.read(1 << 20):
+                    digest.update(block)
+            digest.update(b"\0")
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
+    """Read two aligned files. Raises :class:`DataError` if their line counts differ."""
+    return ParallelText.files(src_path, tgt_path).read()
+
+
+def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
+    """``{directory}/{split}.{lang}`` or its ``.gz``. Raises :class:`DataError` if neither exists."""
+    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
+        path = Path(directory) / name
+        if path.is_file():
+            return path
+    raise DataError(f"{directory}: neither {split}.{lang} nor {split}.{lang}.gz exists")
+
+
+def load_hf_split(name: str, config: str | None, data_files: dict[str, str] | None, split: str, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
+    """Read a split through ``datasets.load_dataset``; rows carry ``translation[lang]``.
+
+    Raises:
+        DataError: the dataset has no such split or no ``translation`` column for the languages.
+    """
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, config, data_files=data_files, split=split)
+    except (FileNotFoundError, ValueError) as exc:
+        raise DataError(f"dataset {name!r} split {split!r}: {exc}") from None
+    if "translation" not in ds.column_names:
+        raise DataError(f"dataset {name!r} split {split!r}: no 'translation' column (columns: {ds.column_names})")
+    rows = ds["translation"]
+    try:
+        return [r[src_lang] or "" for r in rows], [r[tgt_lang] or "" for r in rows]
+    except (KeyError, TypeError):
+        raise DataError(f"dataset {name!r} split {split!r}: translation entries need keys {src_lang!r} and {tgt_lang!r}") from None
+
+
+def load_split(cfg, split: str) -> ParallelText:
+    """The ``split`` ("train" or "valid") that ``cfg`` (a DataConfig) names. Files are not read yet.
+
+    Raises:
+        DataError: no source is configured, a file is missing, a dataset cannot be loaded.
+    """
+    explicit = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+    if explicit[0] and explicit[1]:
+        for path in explicit:
+            if not Path(path).is_file():
+                raise DataError(f"{path}: file not found")
+        return ParallelText.files(*explicit)
+    if cfg.hf_dataset:
+        name = cfg.train_split if split == "train" else cfg.valid_split
+        return ParallelText.lists(*load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang))
+    if cfg.dir:
+        name = cfg.train_split if split == "train" else cfg.valid_split
+        return ParallelText.files(find_split_file(cfg.dir, name, cfg.src_lang), find_split_file(cfg.dir, name, cfg.tgt_lang))
+    raise DataError(f"no {split} data configured: set data.dir, data.{split}_src/{split}_tgt or data.hf_dataset")
+
+
+# --------------------------------------------------------------------------- cleaning
+
+
+@dataclass
+class CleanReport:
+    total: int = 0
+    empty: int = 0
+    too_long: int = 0
+    bad_ratio: int = 0
+
+    @property
+    def kept(self) -> int:
+        return self.total - self.empty - self.too_long - self.bad_ratio
+
+    def add(self, other: "CleanReport") -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    def __str__(self) -> str:
+        return f"{self.kept}/{self.total} pairs kept ({self.empty} with an empty side, {self.too_long} over max_len, {self.bad_ratio} over max_len_ratio)"
+
+
+def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], CleanReport]:
+    """Strip whitespace and drop pairs with an empty side."""
+    report = CleanReport(total=len(src))
+    out_src, out_tgt = [], []
+    for s, t in zip(src, tgt):
+        s, t = s.strip(), t.strip()
+        if not s or not t:
+            report.empty += 1
+            continue
+        out_src.append(s)
+        out_tgt.append(t)
+    return out_src, out_tgt, report
+
+
+def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
+    """The stripped source (``side`` 0) or target (1) line of every pair with text on both sides.
+
+    Raises:
+        DataError: as :meth:`ParallelText.pairs`, or no pair has text on both sides.
+    """
+    kept = 0
+    for pair in text.pairs():
+        s, t = pair[0].strip(), pair[1].strip()
+        if s and t:
+            kept += 1
+            yield (s, t)[side]
+    if kept == 0:
+        raise DataError("the training data has no pair with text on both sides; check the training files")
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+@dataclass
+class EncodedCorpus:
+    """Token ids of a parallel corpus in two flat arrays with offsets (memory-mappable).
+
+    Example ``i`` is ``src_ids[src_offsets[i]:src_offsets[i+1]]`` (no EOS yet). Ids are
+    int32, offsets int64: 4 bytes a piece plus 16 bytes a pair on disk.
+    """
+
+    src_ids: np.ndarray
+    src_offsets: np.ndarray
+    tgt_ids: np.ndarray
+    tgt_offsets: np.ndarray
+
+    FILES = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def src(self, i: int) -> np.ndarray:
+        return self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]]
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        """Pieces per source sentence plus EOS, shape ``(n,)``."""
+        return np.diff(self.src_offsets) + 1
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        """Pieces per target sentence plus BOS (input) or EOS (output), shape ``(n,)``."""
+        return np.diff(self.tgt_offsets) + 1
+
+    @classmethod
+    def from_lists(cls, src: list[list[int]], tgt: list[list[int]]) -> "EncodedCorpus":
+        (src_ids, src_lengths), (tgt_ids, tgt_lengths) = _flatten(src), _flatten(tgt)
+        return cls(src_ids, _offsets([src_lengths]), tgt_ids, _offsets([tgt_lengths]))
+
+    @classmethod
+    def load(cls, directory: Path, mmap: bool = True) -> "EncodedCorpus":
+        """Open a cache directory; ``mmap`` maps the files instead of reading them into memory."""
+        return cls(*(np.load(directory / f"{n}.npy", mmap_mode="r" if mmap else None) for n in cls.FILES))
+
+
+def _flatten(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
+    return ids, lengths
+
+
+def _offsets(lengths: list[np.ndarray]) -> np.ndarray:
+    total = sum(len(x) for x in lengths)
+    offsets = np.zeros(total + 1, dtype=np.int64)
+    if total:
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    return offsets
+
+
+@dataclass
+class _Chunk:
+    """One encoded block: flat ids and per-pair lengths of the kept pairs, and its cleaning counts."""
+
+    src_ids: np.ndarray
+    src_lengths: np.ndarray
+    tgt_ids: np.ndarray
+    tgt_lengths: np.ndarray
+    report: CleanReport
+
+
+def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], max_len: int | None, max_len_ratio: float | None, threads: int = -1) -> _Chunk:
+    """Strip, encode and length-filter one block of pairs.
+
+    A pair is dropped when a side has more than ``max_len`` pieces, or when the longer
+    side exceeds ``max_len_ratio`` times the shorter (both only if ``max_len`` is set).
+    """
+    src, tgt, report = strip_pairs(src, tgt)
+    src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
+    s = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))
+    t = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))
+    if max_len is not None and len(s):
+        too_long = (s > max_len) | (t > max_len)
+        bad_ratio = ~too_long & (np.maximum(s, t) > max_len_ratio * np.maximum(1, np.minimum(s, t))) if max_len_ratio else np.zeros_like(too_long)
+        report.too_long, report.bad_ratio = int(too_long.sum()), int(bad_ratio.sum())
+        keep = ~(too_long | bad_ratio)
+        if not keep.all():
+            src_ids = list(itertools.compress(src_ids, keep))
+            tgt_ids = list(itertools.compress(tgt_ids, keep))
+    (si, sl), (ti, tl) = _flatten(src_ids), _flatten(tgt_ids)
+    return _Chunk(si, sl, ti, tl, report)
+
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _start_worker(protos: dict[str, bytes]) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = Tokenizer.from_protos(protos)
+
+
+def _encode_in_worker(src: list[str], tgt: list[str], max_len: int | None, max_len_ratio: float | None) -> _Chunk:
+    return encode_chunk(_worker_tokenizer, src, tgt, max_len, max_len_ratio, threads=1)
+
+
+class _ArrayFile:
+    """A 1-D ``.npy`` file written by appending, its length set in the header at the end."""
+
+    def __init__(self, path: Path, dtype: np.dtype):
+        self.path, self.dtype, self.length = path, np.dtype(dtype), 0
+        self.file = open(path, "wb")
+        self.header_bytes = self._header()
+
+    def _header(self) -> int:
+        self.file.seek(0)
+        np.lib.format.write_array_header_1_0(self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (self.length,)})
+        return self.file.tell()
+
+    def append(self, values: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.length += len(values)
+
+    def close(self) -> None:
+        # numpy pads the header to a fixed size (room for growth), so rewriting it in place is safe
+        if self._header() != self.header_bytes:
+            raise RuntimeError(f"{self.path}: .npy header changed size; cannot finalise in place")
+        self.file.close()
+
+
+def encode_corpus(
+    text: ParallelText,
+    tokenizer: Tokenizer,
+    cache_dir: Path | None,
+    max_len: int | None = None,
+    max_len_ratio: float | None = None,
+    write: bool = True,
+    workers: int = 1,
+    chunk_lines: int = CHUNK_LINES,
+) -> tuple[EncodedCorpus, CleanReport]:
+    """Strip, encode and (with ``max_len``) length-filter a parallel corpus into a cache.
+
+    The text is read in blocks of ``chunk_lines`` pairs; with ``workers > 1`` and more
+    than one block, ``workers`` processes encode blocks in parallel (at most two blocks
+    a worker in flight, so memory stays flat) and the main process appends their ids, in
+    order, to ``.npy`` files. The result does not depend on ``workers``.
+
+    The cache key hashes the text (file bytes or lines), the tokenizer and the filter
+    settings; a later run on the same input maps ``cache_dir/KEY`` read-only without
+    tokenizing. A cache directory appears only when complete (written under a temporary
+    name, then renamed). ``write=False`` reads the cache but never writes it; without a
+    cache (or with ``write=False`` on a miss) the ids are held in memory.
+
+    Raises:
+        DataError: unreadable text or line counts that differ (nothing is left behind).
+    """
+    key = hashlib.sha1()
+    for proto in tokenizer.protos().values():
+        key.update(proto)
+    key.update(repr((max_len, max_len_ratio)).encode())
+    text.fingerprint(key)
+    path = cache_dir / key.hexdigest()[:16] if cache_dir is not None else None
+    if path is not None and (path / "report.json").is_file():
+        return EncodedCorpus.load(path), CleanReport(**json.loads((path / "report.json").read_text()))
+    keep = path is not None and write
+    if keep:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp", dir=path.parent))
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="nmt-encode-"))
+    try:
+        report = _encode_into(tmp, text, tokenizer, max_len, max_len_ratio, workers, chunk_lines)
+        if not keep:
+            return EncodedCorpus.load(tmp, mmap=False), report
+        try:
+            os.replace(tmp, path)
+        except OSError:  # another process finished the same cache first; theirs is identical
+            pass
+        return EncodedCorpus.load(path), report
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _encode_into(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, workers: int, chunk_lines: int) -> CleanReport:
+    files = {"src_ids": _ArrayFile(directory / "src_ids.npy", np.int32), "tgt_ids": _ArrayFile(directory / "tgt_ids.npy", np.int32)}
+    lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
+    report = CleanReport()
+
+    def add(chunk: _Chunk) -> None:
+        files["src_ids"].append(chunk.src_ids)
+        files["tgt_ids"].append(chunk.tgt_ids)
+        lengths["src"].append(chunk.src_lengths)
+        lengths["tgt"].append(chunk.tgt_lengths)
+        report.add(chunk.report)
+
+    try:
+        blocks = text.chunks(chunk_lines)
+        first = next(blocks, None)
+        second = next(blocks, None) if first is not None else None
+        blocks = itertools.chain([b for b in (first, second) if b is not None], blocks)
+        if workers > 1 and second is not None:
+            # spawn, not fork: the parent may already run threads (OpenMP, NCCL, CUDA)
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(tokenizer.protos(),)) as pool:
+                pending = deque()
+                for src, tgt in blocks:
+                    pending.append(pool.submit(_encode_in_worker, src, tgt, max_len, max_len_ratio))
+                    if len(pending) >= 2 * workers:
+                        add(pending.popleft().result())
+                while pending:
+                    add(pending.popleft().result())
+        else:
+            for src, tgt in blocks:  # one process; SentencePiece's own threads, as many as workers
+                add(encode_chunk(tokenizer, src, tgt, max_len, max_len_ratio, threads=max(1, workers)))
+    finally:
+        for f in files.values():
+            f.close()
+    for side in ("src", "tgt"):
+        np.save(directory / f"{side}_offsets.npy", _offsets(lengths[side]))
+    (directory / "report.json").write_text(json.dumps(asdict(report)))
+    return report
+
+
+def default_workers() -> int:
+    """Processes for encoding when ``data.workers`` is 0: the usable CPUs, at most 16."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(16, cpus))

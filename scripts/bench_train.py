@@ -1,0 +1,193 @@
+#!/usr/bin/env python
+"""Training throughput: nmt's update step against Hugging Face's MarianMTModel, with MFU.
+
+Each engine runs in its own process on the same batches: Multi30k train encoded with a
+joint 8,000-piece BPE model, cut by nmt's token-budget sampler (``--max-tokens``, padding
+included), epoch 0's first ``--warmup + --steps`` batches. Both engines start from the
+same weights (the Marian model is nmt's export, which computes the same function), use
+the same label-smoothed loss, fused Adam and noam schedule; only the model code differs.
+Prints one JSON line per engine, then one with the ratios.
+
+FLOPs of a step count the matrix products of the batch's padded shapes: with ``B``
+sentences, ``S`` source and ``T`` target positions, width ``d``, ``d_ff``, vocabulary
+``V``, ``L_e``/``L_d`` layers, the forward pass is
+
+    L_e · (2BS(4d² + 2d·d_ff) + 4BS²d)                       encoder
+  + L_d · (2BT(6d² + 2d·d_ff) + 4BSd² + 4BT²d + 4BTSd)       decoder (self, cross, FFN)
+  + 2BTdV                                                      output projection
+
+and a training step is 3× that (backward = 2× forward). Causal self-attention is counted
+in full, as the CPU kernels compute it. MFU is achieved FLOP/s over the rate of a large
+square matrix product in the training dtype measured in the same process.
+
+Example (CPU, 2 threads)::
+
+    python scripts/bench_train.py --preset small --max-tokens 2500 --steps 20 --engines nmt,hf
+
+Data: ``--data`` or $MULTI30K (default ``../shared/data/multi30k`` beside the checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def step_flops(m, batch_size: int, src_len: int, tgt_len: int) -> int:
+    """Training FLOPs of one batch (module doc formula); ``m`` is a ModelConfig."""
+    B, S, T, d, f, V = batch_size, src_len, tgt_len, m.d_model, m.d_ff, m.tgt_vocab_size
+    enc = m.n_encoder_layers * (2 * B * S * (4 * d * d + 2 * d * f) + 4 * B * S * S * d)
+    dec = m.n_decoder_layers * (2 * B * T * (6 * d * d + 2 * d * f) + 4 * B * S * d * d + 4 * B * T * T * d + 4 * B * T * S * d)
+    return 3 * (enc + dec + 2 * B * T * d * V)
+
+
+def matmul_ceiling(device, dtype, size: int, repeats: int = 5) -> float:
+    """Best FLOP/s of ``(size × size) @ (size × size)`` in ``dtype`` on ``device``."""
+    import torch
+
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def child(args) -> None:
+    import torch
+
+    from nmt.config import config_from_dict, with_vocab
+    from nmt.corpus import ParallelText, encode_corpus
+    from nmt.data import TokenBatchSampler, collate
+    from nmt.model import Transformer, count_parameters
+    from nmt.tokenizer import Tokenizer
+    from nmt.train import Updater
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    tokenizer = Tokenizer.load_dir(Path(args.work))
+    data = Path(args.data)
+    corpus, _ = encode_corpus(ParallelText.files(data / "train.en.gz", data / "train.de.gz"), tokenizer, Path(args.work) / "cache", max_len=100, max_len_ratio=3.0, workers=1)
+    sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens, seed=1)
+    indices = sampler.epoch_batches(0)[: args.warmup + args.steps]
+    pin = device.type == "cuda"
+    batches = [collate(corpus, b, pin_memory=pin) for b in indices]
+    overrides = {"model": {"preset": args.preset, "dropout": 0.1}, "train": {"precision": args.precision, "compile": args.engine == "nmt-compile", "warmup_steps": 4000}}
+    cfg = with_vocab(config_from_dict(overrides), tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
+    torch.manual_seed(0)
+    model = Transformer(cfg.model).to(device)
+    if args.engine == "hf":
+        from nmt.export import marian_model
+
+        hf = marian_model(model).to(device)
+        hf.config._attn_implementation = "sdpa"
+
+        class Marian(torch.nn.Module):  # nmt's (src, tgt_in) -> logits interface around MarianMTModel
+            def __init__(self):
+                super().__init__()
+                self.hf, self.cfg = hf, model.cfg
+
+            def forward(self, src, tgt_in):
+                return self.hf(input_ids=src, attention_mask=src.ne(0), decoder_input_ids=tgt_in).logits
+
+        model = Marian()
+    updater = Updater(model, cfg.train, device, d_model=cfg.model.d_model)
+    times, first_loss = [], None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for i, batch in enumerate(batches):
+        sync(device)
+        t = time.perf_counter()
+        out = updater.step([batch])[0]
+        sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t)
+        if first_loss is None:
+            first_loss = float(out.loss) / float(out.n_tokens)
+    timed = batches[args.warmup :]
+    tgt_tokens = sum(b.n_tgt_tokens for b in timed)
+    src_tokens = sum(int(b.src.ne(0).sum()) for b in timed)
+    padded = sum(b.src.numel() + b.tgt_out.numel() for b in timed)
+    flops = sum(step_flops(cfg.model, b.src.size(0), b.src.size(1), b.tgt_out.size(1)) for b in timed)
+    seconds = sum(times)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+    ceiling = matmul_ceiling(device, dtype, args.matmul_size)
+    record = {
+        "engine": args.engine, "device": str(device), "precision": args.precision, "threads": args.threads, "preset": args.preset,
+        "parameters": count_parameters(model), "max_tokens": args.max_tokens, "steps": len(times),
+        "step_time_s": round(statistics.median(times), 4), "tgt_tokens_per_s": round(tgt_tokens / seconds, 1),
+        "tgt_tokens_per_step": round(tgt_tokens / len(times), 1), "src_tokens_per_step": round(src_tokens / len(times), 1),
+        "padding_fraction": round(1 - (src_tokens + tgt_tokens) / padded, 4),
+        "first_step_loss": round(first_loss, 5), "tflops_per_s": round(flops / seconds / 1e12, 4),
+        "matmul_ceiling_tflops": round(ceiling / 1e12, 4), "mfu": round(flops / seconds / ceiling, 4),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    if device.type == "cuda":
+        record["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    print(json.dumps(record), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")))
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--max-tokens", type=int, default=2500)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--matmul-size", type=int, default=2048, help="side of the square product that measures the ceiling")
+    parser.add_argument("--engines", default="nmt,hf", help="nmt, nmt-compile (torch.compile), hf (MarianMTModel)")
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.engine:
+        child(args)
+        return
+    from nmt.config import TokenizerConfig
+    from nmt.corpus import read_parallel
+    from nmt.tokenizer import train_tokenizer
+
+    with tempfile.TemporaryDirectory() as work:
+        src, tgt = read_parallel(Path(args.data) / "train.en.gz", Path(args.data) / "train.de.gz")
+        train_tokenizer(src, tgt, TokenizerConfig(vocab_size=8000)).save(Path(work))
+        records = {}
+        for engine in args.engines.split(","):
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--engine", engine, "--work", work]
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if out.returncode != 0:
+                sys.exit(f"{engine} failed:\n{out.stderr[-3000:]}")
+            line = out.stdout.strip().splitlines()[-1]
+            print(line, flush=True)
+            records[engine] = json.loads(line)
+        if "hf" in records:
+            ratios = {f"{e}/hf tokens_per_s": round(r["tgt_tokens_per_s"] / records["hf"]["tgt_tokens_per_s"], 3) for e, r in records.items() if e != "hf"}
+            print(json.dumps({"ratios": ratios}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
