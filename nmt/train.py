@@ -383,8 +383,10 @@ class Updater:
     compute the same gradient. Nothing here reads a device value on the host.
     """
 
-    def __init__(self, model: Transformer, tc, device: torch.device, ddp: "Distributed | None" = None, d_model: int | None = None):
-        self.model, self.tc, self.device, self.ddp = model, tc, device, ddp
+    def __init__(self, model: Transformer, tc, device: torch.device, ddp: "Distributed | None" = None, d_model: int | None = None, loss_fn=label_smoothed_loss):
+        """``loss_fn(logits, target, smoothing) -> LossOutput`` (sums); benchmarks swap in
+        other implementations. ``d_model`` sets the noam scale when ``model`` has no ``cfg``."""
+        self.model, self.tc, self.device, self.ddp, self.loss_fn = model, tc, device, ddp, loss_fn
         # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU step).
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=True)
         self.scheduler = build_scheduler(self.optimizer, tc, d_model or model.cfg.d_model)
@@ -414,7 +416,7 @@ class Updater:
             with contextlib.nullcontext() if last else self.ddp_model.no_sync():
                 with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
                     logits = self.trained(batch.src, batch.tgt_in)
-                out = label_smoothed_loss(logits, batch.tgt_out, self.tc.label_smoothing)
+                out = self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing)
                 self.scaler.scale(out.loss * scale).backward()
             outs.append(out)
         if self.tc.clip_norm > 0:

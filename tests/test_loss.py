@@ -49,3 +49,42 @@ def test_low_precision_logits_are_scored_in_float32():
     target = torch.randint(4, 50000, (2, 4))
     out = label_smoothed_loss(logits, target, 0.1)
     assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+
+
+def autograd_reference(logits, target, smoothing, pad_id=0):
+    """The same loss written plainly, differentiated by autograd."""
+    lprobs = F.log_softmax(logits.float(), dim=-1)
+    vocab = lprobs.size(-1)
+    q = torch.full_like(lprobs, smoothing / (vocab - 2))
+    q[..., pad_id] = 0.0
+    q.scatter_(-1, target.unsqueeze(-1), 1.0 - smoothing)
+    per_token = -(q * lprobs).sum(-1)
+    return (per_token * (target != pad_id)).sum()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_gradient_equals_autograd_of_the_plain_formula(smoothing):
+    torch.manual_seed(2)
+    logits = torch.randn(3, 7, 30, requires_grad=True)
+    target = torch.randint(1, 30, (3, 7))
+    target[1, 4:] = 0
+    target[2, 0] = 3
+    weight = torch.rand(())  # a non-unit upstream gradient
+    (weight * label_smoothed_loss(logits, target, smoothing).loss).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    reference = autograd_reference(logits, target, smoothing)
+    (weight * reference).backward()
+    torch.testing.assert_close(ours, logits.grad, atol=1e-6, rtol=1e-5)
+    assert ours[1, 4:].abs().max() == 0  # padded positions get no gradient
+    torch.testing.assert_close(label_smoothed_loss(logits, target, smoothing).loss, reference)
+
+
+def test_bf16_logits_get_a_bf16_gradient():
+    logits = (torch.randn(2, 3, 40) * 5).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(1, 40, (2, 3))
+    label_smoothed_loss(logits, target, 0.1).loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
+    reference = logits.detach().float().requires_grad_()
+    autograd_reference(reference, target, 0.1).backward()
+    torch.testing.assert_close(logits.grad.float(), reference.grad, atol=1e-2, rtol=1e-2)
