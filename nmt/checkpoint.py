@@ -45,6 +45,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """
     path = Path(path)
     if path.is_dir():
+        if not (path / "best.pt").is_file() and (path / "last.pt").is_file():
+            raise CheckpointError(f"{path} has no best.pt (no validation has run yet); pass --checkpoint {path / 'last.pt'} or --resume the run")
         path = path / "best.pt"
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found")
@@ -52,6 +54,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for damaged or foreign files
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "weights_only" in str(exc):  # torch's advice (weights_only=False) would run arbitrary code
+            reason = "it holds objects other than tensors and plain values"
         raise CheckpointError(f"{path}: not a readable nmt checkpoint ({reason[:200]})") from None
     if not isinstance(payload, dict) or "model" not in payload or "config" not in payload:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no model/config entries)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -12,17 +13,22 @@ from typing import Optional
 
 import typer
 
-from .checkpoint import CheckpointError
 from .config import ConfigError, load_config, validate
 from .corpus import DataError, read_lines
 from .evaluate import EvaluationError, score
 from .tokenizer import TokenizerError
-from .search import Hypothesis
-from .translate import best_strings
+
+# torch is imported inside the commands, not here: encoding workers are spawned processes
+# that re-import this module (the `nmt` script's), and need only SentencePiece and NumPy.
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="nmt: train Transformer translation models, translate with them, score the output, export them.")
 
-USER_ERRORS = (ConfigError, DataError, TokenizerError, CheckpointError, EvaluationError)
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors reported as one line and exit code 2 (evaluated only when one is raised)."""
+    from .checkpoint import CheckpointError
+
+    return (ConfigError, DataError, TokenizerError, CheckpointError, EvaluationError)
 
 
 def _fail(exc: Exception) -> None:
@@ -78,12 +84,21 @@ def train(
 
     _setup_logging()
     overrides = list(set_) + ([f"train.run_dir={run_dir}"] if run_dir else [])
+    # SIGTERM (kill, timeout, schedulers) stops the data preparation as Ctrl-C does; the
+    # training loop installs its own handler, which saves last.pt first.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         cfg = load_config(config, overrides)
         result = run_training(cfg, resume=resume, overrides=overrides)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         _fail(exc)
-    typer.echo(json.dumps({k: v for k, v in result.items() if k != "example"}))
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted before training started; no checkpoint was written or changed", err=True)
+        raise typer.Exit(code=130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one result line
+        typer.echo(json.dumps({k: v for k, v in result.items() if k != "example"}))
     if result["interrupted"]:
         raise typer.Exit(code=130)
 
@@ -139,12 +154,16 @@ def translate(
         _check_output(output)
         lines = read_lines(input) if input is not None else _read_stdin()
         results, tokenizer = _translate(checkpoint, lines, beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads, dtype)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         _fail(exc)
     if n_best and n_best > 1:
         # A blank input line has no hypotheses: it still gets one (empty) entry, so every index appears.
+        from .search import Hypothesis
+
         out = [f"{i} ||| {tokenizer.decode_tgt([h.tokens])[0]} ||| {h.score:.4f}" for i, hyps in enumerate(results) for h in hyps or [Hypothesis([], 0.0, 0.0)]]
     else:
+        from .translate import best_strings
+
         out = best_strings(tokenizer, results)
     text = "".join(line + "\n" for line in out)
     if output is None:
@@ -176,6 +195,8 @@ def evaluate(
             if src is None:
                 raise ConfigError("--checkpoint needs --src (the text to translate)")
             results, tokenizer = _translate(checkpoint, read_lines(src), beam_size, length_penalty, None, None, 1, max_tokens, device, threads, dtype)
+            from .translate import best_strings
+
             hyps = best_strings(tokenizer, results)
             if output is not None:
                 _write_atomic(output, "".join(h + "\n" for h in hyps))
@@ -184,7 +205,7 @@ def evaluate(
         else:
             raise ConfigError("give --hyp FILE, or --checkpoint CKPT with --src FILE")
         result = score(hyps, references, tuple(str(r) for r in ref))
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         _fail(exc)
     if as_json:
         typer.echo(json.dumps(result))
@@ -207,7 +228,7 @@ def average(
         if run_dir is not None:
             paths += step_checkpoints(run_dir)[-last:]
         payload = average_checkpoints(paths, out)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         _fail(exc)
     typer.echo(f"averaged {len(payload['averaged_from'])} checkpoints into {out}")
 
@@ -222,7 +243,7 @@ def plot(
 
     try:
         path = plot_metrics(run_dir, out)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         _fail(exc)
     typer.echo(f"wrote {path}")
 
@@ -235,8 +256,10 @@ def export(
 ) -> None:
     """Write a checkpoint as a Hugging Face MarianMTModel directory (model, config, tokenizer).
 
-    The result loads with transformers' from_pretrained and converts with CTranslate2's
-    ct2-transformers-converter. Needs `pip install transformers`.
+    The result loads with transformers' from_pretrained. For CTranslate2 use
+    nmt.export.export_ctranslate2 (pip install ctranslate2): the stock
+    ct2-transformers-converter assumes Marian's zero-embedding decoder start, which nmt
+    models do not use. Needs `pip install transformers`.
     """
     import torch
 
@@ -248,7 +271,7 @@ def export(
             raise ConfigError(f"--format {format!r} is not supported; use huggingface")
         model, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
         export_huggingface(model, tokenizer, out_dir)
-    except (*USER_ERRORS, ExportError) as exc:
+    except (*user_errors(), ExportError) as exc:
         _fail(exc)
     except ImportError:
         _fail(RuntimeError("exporting needs transformers: pip install transformers"))

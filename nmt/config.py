@@ -100,6 +100,7 @@ class DataConfig:
     max_len_ratio: float = 3.0
     valid_max_sentences: int | None = None  # cap on validation sentences decoded for BLEU
     workers: int = 0  # processes encoding the training text; 0: one per usable CPU, at most 16
+    cache_dir: str | None = None  # encoded corpora; None: RUN_DIR/cache. Share one across runs to encode once
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"tokenizer.character_coverage must be in (0, 1], got {cfg.tokenizer.character_coverage}")
     if not math.isfinite(d.length_penalty):
         raise ConfigError(f"decode.length_penalty must be a finite number, got {d.length_penalty}")
+    for a, b in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
+        if bool(getattr(cfg.data, a)) != bool(getattr(cfg.data, b)):
+            raise ConfigError(f"data.{a} and data.{b} go together: set both (or neither, to use data.dir or data.hf_dataset)")
+    tk = cfg.tokenizer
+    if tk.joint and (tk.src_model or tk.tgt_model):
+        raise ConfigError("tokenizer.src_model/tgt_model need tokenizer.joint=false; a joint model is tokenizer.model")
+    if not tk.joint and tk.model:
+        raise ConfigError("tokenizer.model is a joint model; with tokenizer.joint=false give src_model and tgt_model")
+    if not tk.joint and bool(tk.src_model) != bool(tk.tgt_model):
+        raise ConfigError("tokenizer.src_model and tokenizer.tgt_model go together: set both (or neither, to train them)")
     if cfg.data.valid_max_sentences is not None and cfg.data.valid_max_sentences < 1:
         raise ConfigError(f"data.valid_max_sentences must be >= 1 or null, got {cfg.data.valid_max_sentences}")
     if t.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps", t.device):
@@ -366,7 +377,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
         raw = _sections(raw, source)
     raw = apply_overrides(raw, overrides or [])
-    return config_from_dict(raw, source)
+    return config_from_dict(raw, source + (" with --set overrides" if overrides else ""))
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -16,12 +16,17 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
+import signal
 import tempfile
+import threading
+import time
 import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,12 +58,12 @@ def iter_lines(path: str | Path) -> Iterator[str]:
         DataError: the file does not exist, cannot be read or decompressed, or a line is
             not valid UTF-8 (the message gives ``file:line``).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, not a text file")
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    opener = gzip.open if path.suffix == ".gz" else open
+    path = check_file(path)
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic in (b"\xff\xfe", b"\xfe\xff"):
+        raise DataError(f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
+    opener = gzip.open if magic == b"\x1f\x8b" else open  # gzip by content, whatever the name
     try:
         with opener(path, "rb") as f:
             for number, raw in enumerate(f, start=1):
@@ -78,6 +83,18 @@ def iter_lines(path: str | Path) -> Iterator[str]:
                 yield line
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
+
+
+def check_file(path: str | Path) -> Path:
+    """``path`` as a Path if it is a regular file. Raises :class:`DataError` naming what it is instead."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a text file")
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if not path.is_file():
+        raise DataError(f"{path}: not a regular file (a pipe?); nmt reads training text more than once, so give a file")
+    return path
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -152,6 +169,7 @@ class ParallelText:
                 digest.update(b"\n")
             return
         for path in (self.src_path, self.tgt_path):
+            digest.update(f"{path.stat().st_size}\0".encode())  # sizes first: no two file pairs hash alike
             with open(path, "rb") as f:
                 while block := f.read(1 << 20):
                     digest.update(block)
@@ -201,10 +219,7 @@ def load_split(cfg, split: str) -> ParallelText:
     """
     explicit = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
     if explicit[0] and explicit[1]:
-        for path in explicit:
-            if not Path(path).is_file():
-                raise DataError(f"{path}: file not found")
-        return ParallelText.files(*explicit)
+        return ParallelText.files(*(check_file(path) for path in explicit))
     if cfg.hf_dataset:
         name = cfg.train_split if split == "train" else cfg.valid_split
         return ParallelText.lists(*load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang))
@@ -281,6 +296,7 @@ class EncodedCorpus:
     src_offsets: np.ndarray
     tgt_ids: np.ndarray
     tgt_offsets: np.ndarray
+    key: str = ""  # cache key: a hash of the text, tokenizer and filters
 
     FILES = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
 
@@ -367,6 +383,15 @@ _worker_tokenizer: Tokenizer | None = None
 def _start_worker(protos: dict[str, bytes]) -> None:
     global _worker_tokenizer
     _worker_tokenizer = Tokenizer.from_protos(protos)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops the pool
+    parent = os.getppid()
+
+    def exit_with_parent() -> None:  # a parent killed with SIGKILL cannot stop its pool
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
 def _encode_in_worker(src: list[str], tgt: list[str], max_len: int | None, max_len_ratio: float | None) -> _Chunk:
@@ -394,6 +419,8 @@ class _ArrayFile:
         # numpy pads the header to a fixed size (room for growth), so rewriting it in place is safe
         if self._header() != self.header_bytes:
             raise RuntimeError(f"{self.path}: .npy header changed size; cannot finalise in place")
+        self.file.flush()
+        os.fsync(self.file.fileno())  # on disk before the directory is renamed into place
         self.file.close()
 
 
@@ -428,26 +455,74 @@ def encode_corpus(
         key.update(proto)
     key.update(repr((max_len, max_len_ratio)).encode())
     text.fingerprint(key)
-    path = cache_dir / key.hexdigest()[:16] if cache_dir is not None else None
-    if path is not None and (path / "report.json").is_file():
-        return EncodedCorpus.load(path), CleanReport(**json.loads((path / "report.json").read_text()))
+    name = key.hexdigest()[:16]
+    path = cache_dir / name if cache_dir is not None else None
+    if cache_dir is not None and cache_dir.is_dir():
+        _remove_stale_temporaries(cache_dir)
+    if path is not None and path.is_dir():
+        cached = _load_cache(path)
+        if cached is not None:
+            return cached
     keep = path is not None and write
     if keep:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp{os.getpid()}-", dir=path.parent))
     else:
         tmp = Path(tempfile.mkdtemp(prefix="nmt-encode-"))
     try:
-        report = _encode_into(tmp, text, tokenizer, max_len, max_len_ratio, workers, chunk_lines)
+        try:
+            report = _encode_into(tmp, text, tokenizer, max_len, max_len_ratio, workers, chunk_lines)
+        except OSError as exc:
+            raise DataError(f"cannot write the encoded corpus under {tmp.parent} ({exc.strerror or exc}); free some space or set data.cache_dir elsewhere") from None
+        except BrokenProcessPool:
+            raise DataError("an encoding worker process died (out of memory?); lower data.workers") from None
         if not keep:
-            return EncodedCorpus.load(tmp, mmap=False), report
+            corpus = EncodedCorpus.load(tmp, mmap=False)
+            corpus.key = name
+            return corpus, report
         try:
             os.replace(tmp, path)
         except OSError:  # another process finished the same cache first; theirs is identical
             pass
-        return EncodedCorpus.load(path), report
+        corpus = EncodedCorpus.load(path)
+        corpus.key = name
+        return corpus, report
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
+    """The cache at ``path``, or None (after moving it out of the way) if it is incomplete or damaged."""
+    try:
+        report = CleanReport(**json.loads((path / "report.json").read_text()))
+        corpus = EncodedCorpus.load(path)
+        if corpus.src_offsets[-1] != len(corpus.src_ids) or corpus.tgt_offsets[-1] != len(corpus.tgt_ids) or len(corpus.src_offsets) != len(corpus.tgt_offsets):
+            raise ValueError("offsets and ids disagree")
+    except (OSError, ValueError, TypeError, IndexError, json.JSONDecodeError) as exc:
+        log.warning("cache %s is damaged (%s); encoding again", path, exc)
+        trash = path.with_name(f"{path.name}.tmp{os.getpid()}-damaged")
+        try:
+            os.replace(path, trash)
+        except OSError:
+            pass
+        shutil.rmtree(trash, ignore_errors=True)
+        return None
+    corpus.key = path.name
+    return corpus, report
+
+
+def _remove_stale_temporaries(cache_dir: Path) -> None:
+    """Delete ``KEY.tmpPID-*`` directories whose writing process no longer exists (killed runs)."""
+    for tmp in cache_dir.glob("*.tmp*-*"):
+        match = re.search(r"\.tmp(\d+)-", tmp.name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def _encode_into(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, workers: int, chunk_lines: int) -> CleanReport:
@@ -470,7 +545,8 @@ def _encode_into(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_
         if workers > 1 and second is not None:
             # spawn, not fork: the parent may already run threads (OpenMP, NCCL, CUDA)
             context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(tokenizer.protos(),)) as pool:
+            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(tokenizer.protos(),))
+            try:
                 pending = deque()
                 for src, tgt in blocks:
                     pending.append(pool.submit(_encode_in_worker, src, tgt, max_len, max_len_ratio))
@@ -478,6 +554,10 @@ def _encode_into(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_
                         add(pending.popleft().result())
                 while pending:
                     add(pending.popleft().result())
+            except BaseException:  # an error or an interrupt: drop queued blocks, let running ones end (about a second)
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+            pool.shutdown()
         else:
             for src, tgt in blocks:  # one process; SentencePiece's own threads, as many as workers
                 add(encode_chunk(tokenizer, src, tgt, max_len, max_len_ratio, threads=max(1, workers)))
@@ -485,15 +565,19 @@ def _encode_into(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_
         for f in files.values():
             f.close()
     for side in ("src", "tgt"):
-        np.save(directory / f"{side}_offsets.npy", _offsets(lengths[side]))
-    (directory / "report.json").write_text(json.dumps(asdict(report)))
+        with open(directory / f"{side}_offsets.npy", "wb") as f:
+            np.save(f, _offsets(lengths[side]))
+            f.flush()
+            os.fsync(f.fileno())
+    (directory / "report.json").write_text(json.dumps(asdict(report)))  # written last: marks a complete cache
     return report
 
 
-def default_workers() -> int:
-    """Processes for encoding when ``data.workers`` is 0: the usable CPUs, at most 16."""
+def encoding_workers(requested: int = 0) -> int:
+    """Processes for encoding: ``requested`` (``data.workers``) up to the usable CPUs, or for
+    0 the usable CPUs, at most 16. More processes than CPUs would only hold more blocks in memory."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(16, cpus))
+    return max(1, min(requested, cpus) if requested else min(16, cpus))

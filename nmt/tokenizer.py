@@ -118,7 +118,7 @@ def train_sentencepiece(
     def guarded() -> Iterator[str]:
         try:
             yield from sentences
-        except Exception as exc:  # SentencePiece would turn it into a RuntimeError
+        except BaseException as exc:  # SentencePiece would turn it (even Ctrl-C) into a RuntimeError
             failed.append(exc)
             raise
 

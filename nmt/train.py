@@ -40,7 +40,7 @@ from .checkpoint import (
     tokenizer_to_tensors,
 )
 from .config import Config, ConfigError, apply_overrides, config_from_dict, config_to_dict, with_vocab
-from .corpus import DataError, EncodedCorpus, ParallelText, default_workers, encode_corpus, load_split, strip_pairs, stripped_side
+from .corpus import DataError, EncodedCorpus, ParallelText, encode_corpus, encoding_workers, load_split, strip_pairs, stripped_side
 from .data import Batch, TokenBatchSampler, collate
 from .loss import LossOutput, label_smoothed_loss
 from .model import Transformer, count_parameters
@@ -87,14 +87,15 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
         log.info("training SentencePiece %s tokenizer (vocab %d, %s)", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate")
         tokenizer = train_tokenizer(stripped_side(train_text, 0), stripped_side(train_text, 1), cfg.tokenizer)
         log.info("tokenizer trained in %.1f s", time.perf_counter() - started)
-    if write:
+    if write:  # created only now: a missing input leaves no empty run directory behind
+        run_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(run_dir)
-    cache = run_dir / "cache"
-    workers = cfg.data.workers or default_workers()
+    cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
+    workers = encoding_workers(cfg.data.workers)
     encoding = time.perf_counter()
     corpus, report = encode_corpus(train_text, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write, workers=workers)
     if write:
-        log.info("train: %s; encoded or loaded in %.1f s (%d worker processes)", report, time.perf_counter() - encoding, workers)
+        log.info("train: %s; encoded or loaded from %s in %.1f s (workers: %d)", report, cache, time.perf_counter() - encoding, workers)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({report}); check the training files, data.max_len and data.max_len_ratio")
     vsrc, vtgt, vreport = strip_pairs(*valid_text.read())
@@ -104,7 +105,8 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
         vsrc, vtgt = vsrc[: cfg.data.valid_max_sentences], vtgt[: cfg.data.valid_max_sentences]
     valid, _ = encode_corpus(ParallelText.lists(vsrc, vtgt), tokenizer, cache, write=write)
     if write:
-        log.info("valid: %s", vreport)
+        capped = f"; the first {len(vsrc)} used (data.valid_max_sentences)" if len(vsrc) < vreport.kept else ""
+        log.info("valid: %s%s", vreport, capped)
     return tokenizer, corpus, ValidationSet(valid, vsrc, vtgt)
 
 
@@ -242,7 +244,6 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
 
     tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"])) if payload else None
     if ddp.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
         tokenizer, corpus, valid = prepare(cfg, run_dir, tokenizer)
     ddp.barrier()
     if not ddp.main:  # the tokenizer and encoded corpora are rank 0's, read back from run_dir
@@ -265,6 +266,8 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
         progress = Progress(**payload["progress"])
         set_rng_state(payload["rng"])
         log.info("resumed %s at step %d (epoch %d, batch %d)", run_dir, progress.step, progress.epoch, progress.batch_in_epoch)
+        if payload.get("data_key") not in (None, corpus.key):
+            log.warning("the training text changed since %s was written: resuming, but not exactly (the sampler position now points into other batches)", run_dir / "last.pt")
     log.info(
         "model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d process(es) × update_freq %d × max_tokens %d",
         f"{count_parameters(model):,}", len(corpus), 100 * sampler.padding_fraction(progress.epoch), ddp.world_size, tc.update_freq, tc.max_tokens,
@@ -291,6 +294,7 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
                 "rng": rng_state(),
                 "config": config_to_dict(cfg),
                 "tokenizer": tokenizer_to_tensors(tokenizer.protos()),
+                "data_key": corpus.key,
             },
             run_dir / name,
         )
@@ -369,7 +373,9 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
     if writer is not None:
         writer.close()
     seconds = time.perf_counter() - start
-    log.info("done: at step %d after %.0f s of training in this invocation; best validation BLEU %.2f", progress.step, seconds, progress.best_bleu)
+    if ddp.main:
+        best = f"{progress.best_bleu:.2f}" if progress.best_bleu >= 0 else "none (no validation ran)"
+        log.info("done: at step %d after %.0f s of training in this invocation; best validation BLEU %s", progress.step, seconds, best)
     return {**metrics, "step": progress.step, "train_seconds": seconds, "best_bleu": progress.best_bleu, "interrupted": interrupted}
 
 
@@ -395,6 +401,8 @@ class Updater:
         distributed = ddp is not None and ddp.enabled
         # Buffers (the position table) are deterministic: no need to broadcast them every step.
         trained = DistributedDataParallel(model, broadcast_buffers=False) if distributed else model
+        if tc.compile:
+            log.info("train.compile: compiling the training step; the first steps take a minute or more")
         self.trained = torch.compile(trained, dynamic=True) if tc.compile else trained
         self.ddp_model = trained if distributed else None
         self.world_size = ddp.world_size if distributed else 1

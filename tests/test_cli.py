@@ -116,6 +116,9 @@ def test_train_rejects_misaligned_corpus(tmp_path):
     result = invoke("train", "--run-dir", tmp_path / "r", "--set", f"data.dir={data}")
     assert result.exit_code == 2
     assert "train.en has 3 lines but" in result.output and "train.de has 2" in result.output
+    assert not (tmp_path / "r").exists()  # a refused run leaves no directory behind
+    result = invoke("train", "--run-dir", tmp_path / "r2", "--set", f"data.dir={tmp_path / 'nowhere'}")
+    assert result.exit_code == 2 and "neither train.en nor train.en.gz" in result.output and not (tmp_path / "r2").exists()
     result = invoke("train", "--run-dir", tmp_path / "r", "--set", "train.max_stepz=3")
     assert result.exit_code == 2 and "unknown key(s) in [train]: max_stepz" in result.output
 

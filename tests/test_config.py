@@ -66,6 +66,12 @@ def test_missing_config_file(tmp_path):
         ({"train": {"device": "foo"}}, "train.device must be"),
         ({"decode": {"max_len_a": -5}}, "decode.max_len_a must be >= 0"),
         ({"decode": {"length_penalty": float("nan")}}, "finite"),
+        ({"data": {"train_src": "a.en"}}, "data.train_src and data.train_tgt go together"),
+        ({"data": {"valid_tgt": "b.de"}}, "data.valid_src and data.valid_tgt go together"),
+        ({"tokenizer": {"src_model": "s.model", "tgt_model": "t.model"}}, "need tokenizer.joint=false"),
+        ({"tokenizer": {"joint": False, "src_model": "s.model"}}, "go together"),
+        ({"tokenizer": {"joint": False, "model": "j.model"}}, "tokenizer.model is a joint model"),
+        ({"data": {"workers": -1}}, "data.workers must be >= 0"),
     ],
 )
 def test_malformed_or_out_of_range_values_are_config_errors(raw, message):

@@ -182,3 +182,40 @@ def test_a_bad_line_found_while_encoding_leaves_no_cache(tmp_path, toy_tokenizer
     with pytest.raises(DataError, match=r"b\.en has 151 lines but .*b\.de has 150"):
         encode_corpus(ParallelText.files(tmp_path / "b.en", tmp_path / "b.de"), toy_tokenizer, tmp_path / "cache", chunk_lines=40)
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_damaged_cache_is_encoded_again_and_stale_temporaries_go(tmp_path, toy_tokenizer):
+    src, tgt = read_parallel(TOY / "valid.en", TOY / "valid.de")
+    text = ParallelText.lists(src, tgt)
+    first, report = encode_corpus(text, toy_tokenizer, tmp_path)
+    (entry,) = list(tmp_path.iterdir())
+    expected = [np.array(a) for a in _corpus_arrays(first)]
+    del first
+    with open(entry / "src_ids.npy", "r+b") as f:  # cut the file short, as an interrupted copy would
+        f.truncate(200)
+    stale = tmp_path / f"{entry.name}.tmp999999999-x"  # left by a killed run (no such process)
+    stale.mkdir()
+    again, report_again = encode_corpus(text, toy_tokenizer, tmp_path)
+    for a, b in zip(expected, _corpus_arrays(again)):
+        assert np.array_equal(a, b)
+    assert report_again == report and sorted(p.name for p in tmp_path.iterdir()) == [entry.name]
+
+
+def test_gzip_is_recognised_by_content_and_other_files_are_named(tmp_path):
+    (tmp_path / "packed.txt").write_bytes(gzip.compress("eins\nzwei\n".encode()))
+    assert read_lines(tmp_path / "packed.txt") == ["eins", "zwei"]
+    (tmp_path / "wide.txt").write_bytes("hallo\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"wide\.txt: UTF-16 text.*iconv -f utf-16"):
+        read_lines(tmp_path / "wide.txt")
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(DataError, match=r"pipe: not a regular file"):
+        read_lines(tmp_path / "pipe")
+    with pytest.raises(DataError, match=r"is a directory"):
+        load_split(DataConfig(train_src=str(tmp_path), train_tgt=str(tmp_path / "packed.txt")), "train")
+
+
+def test_worker_count_never_exceeds_the_cpus():
+    from nmt.corpus import encoding_workers
+
+    cpus = len(os.sched_getaffinity(0))
+    assert encoding_workers(100_000) == cpus and encoding_workers(1) == 1 and 1 <= encoding_workers(0) <= min(16, cpus)
