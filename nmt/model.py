@@ -206,6 +206,12 @@ class DecoderCache:
 
     A step writes its position into ``self_kv`` in place and returns a cache one longer;
     positions below the old ``length`` never change, so earlier values stay valid to read.
+
+    ``spare``: a buffer shaped like ``self_kv`` that :meth:`reorder` writes into, so that
+    reordering every step alternates between two buffers instead of allocating (and, on
+    a CPU, page-faulting in) a new one each time. Hence reordering consumes a cache: after
+    ``new = cache.reorder(i)``, use ``new`` and no longer ``cache``, whose buffer ``new``
+    will overwrite when it is reordered in turn.
     """
 
     self_kv: Tensor
@@ -213,6 +219,7 @@ class DecoderCache:
     src_mask: Tensor
     beam: int
     length: int = 0
+    spare: Tensor | None = None
 
     def reorder(self, index: Tensor) -> "DecoderCache":
         """Keep hypothesis rows ``index`` ``(batch*beam,)`` (flat back-pointers).
@@ -222,14 +229,16 @@ class DecoderCache:
         """
         if self.self_kv.requires_grad:  # out= cannot record autograd; decoding normally runs without it
             return replace(self, self_kv=self.self_kv.index_select(2, index))
-        out = torch.empty_like(self.self_kv)
+        out = self.spare if self.spare is not None and self.spare.shape == self.self_kv.shape else torch.empty_like(self.self_kv)
         torch.index_select(self.self_kv[..., : self.length, :], 2, index, out=out[..., : self.length, :])
-        return replace(self, self_kv=out)
+        return replace(self, self_kv=out, spare=self.self_kv)
 
     def select_sentences(self, keep: Tensor) -> "DecoderCache":
         """Keep sentences ``keep`` ``(new_batch,)`` (dropping finished ones), all their beams."""
         rows = beam_rows(keep, self.beam)
-        return replace(self, self_kv=self.self_kv.index_select(2, rows), cross_kv=self.cross_kv.index_select(2, keep), src_mask=self.src_mask.index_select(0, keep))
+        return replace(
+            self, self_kv=self.self_kv.index_select(2, rows), cross_kv=self.cross_kv.index_select(2, keep), src_mask=self.src_mask.index_select(0, keep), spare=None
+        )
 
     def with_capacity(self, needed: int) -> "DecoderCache":
         """This cache with room for at least ``needed`` positions (doubling)."""
@@ -240,7 +249,7 @@ class DecoderCache:
         shape[4] = max(needed, 2 * capacity)
         grown = self.self_kv.new_empty(shape)
         grown[..., : self.length, :] = self.self_kv[..., : self.length, :]
-        return replace(self, self_kv=grown)
+        return replace(self, self_kv=grown, spare=None)
 
 
 class Transformer(nn.Module):
