@@ -318,6 +318,7 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
 
     start = time.perf_counter()
     window = Window(device)
+    pin = device.type == "cuda"  # page-locked host batches: copies to the GPU run asynchronously
     metrics: dict = {}
     stop = interrupted = False
     bar = tqdm(total=tc.max_steps, initial=progress.step, unit="step", disable=not (tc.progress_bar and ddp.main) or None, dynamic_ncols=True)
@@ -325,12 +326,11 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None)
         while not stop and progress.step < tc.max_steps and progress.epoch < tc.max_epochs:
             batches = sampler.epoch_batches(progress.epoch)
             while progress.batch_in_epoch < len(batches):
-                pin = device.type == "cuda"  # page-locked host batches: the copies to the GPU run asynchronously
                 group = [collate(corpus, b, pin_memory=pin) for b in batches[progress.batch_in_epoch : progress.batch_in_epoch + tc.update_freq]]
                 progress.batch_in_epoch += len(group)
                 for out in updater.step(group):
                     window.add(out)
-                window.tokens += sum(b.n_tgt_tokens for b in group)
+                window.tokens += updater.last_tokens
                 progress.step += 1
                 bar.update(1)
                 metrics = {}
@@ -389,13 +389,13 @@ class Updater:
     compute the same gradient. Nothing here reads a device value on the host.
     """
 
-    def __init__(self, model: Transformer, tc, device: torch.device, ddp: "Distributed | None" = None, d_model: int | None = None, loss_fn=label_smoothed_loss):
+    def __init__(self, model: Transformer, tc, device: torch.device, ddp: "Distributed | None" = None, loss_fn=label_smoothed_loss):
         """``loss_fn(logits, target, smoothing) -> LossOutput`` (sums); benchmarks swap in
-        other implementations. ``d_model`` sets the noam scale when ``model`` has no ``cfg``."""
+        other implementations. ``model.cfg.d_model`` sets the noam scale."""
         self.model, self.tc, self.device, self.ddp, self.loss_fn = model, tc, device, ddp, loss_fn
         # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU step).
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=True)
-        self.scheduler = build_scheduler(self.optimizer, tc, d_model or model.cfg.d_model)
+        self.scheduler = build_scheduler(self.optimizer, tc, model.cfg.d_model)
         self.scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
         distributed = ddp is not None and ddp.enabled
@@ -406,10 +406,12 @@ class Updater:
         self.trained = torch.compile(trained, dynamic=True) if tc.compile else trained
         self.ddp_model = trained if distributed else None
         self.world_size = ddp.world_size if distributed else 1
+        self.last_tokens = 0  # non-pad target tokens of the last update on this process
 
     def step(self, group: list[Batch]) -> list[LossOutput]:
         """Train on ``group`` (host tensors, up to ``update_freq`` batches) and update once."""
-        n_update = float(sum(b.n_tgt_tokens for b in group))  # counted on the host: no device sync
+        self.last_tokens = sum(b.n_tgt_tokens for b in group)  # counted on the host: no device sync
+        n_update = float(self.last_tokens)
         if self.ddp_model is not None:  # DDP averages gradients over processes, hence world_size
             total = torch.tensor(n_update, device=self.device)
             dist.all_reduce(total)

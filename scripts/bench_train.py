@@ -127,7 +127,7 @@ def child(args) -> None:
             return LossOutput(loss, loss.detach(), (target != 0).sum())
 
         loss_fn = hf_loss
-    updater = Updater(model, cfg.train, device, d_model=cfg.model.d_model, loss_fn=loss_fn)
+    updater = Updater(model, cfg.train, device, loss_fn=loss_fn)
     times, first_loss = [], None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -163,3 +163,12 @@ def test_translate_in_bfloat16(trained_run):
     assert len(bf16.stdout.split("\n")) == len(fp32.stdout.split("\n")) == 4 and bf16.stdout.split("\n")[1] == ""
     bad = invoke("translate", "--checkpoint", trained_run, "--dtype", "int3", input=text)
     assert bad.exit_code == 2 and "--dtype must be" in bad.output
+
+
+def test_the_cli_module_loads_without_torch():
+    """Encoding workers are spawned and re-import the `nmt` script's module: it must not pull in torch (200 MB each)."""
+    import subprocess
+    import sys
+
+    code = "import sys, nmt.cli, nmt.corpus; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
