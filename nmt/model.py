@@ -207,11 +207,12 @@ class DecoderCache:
     A step writes its position into ``self_kv`` in place and returns a cache one longer;
     positions below the old ``length`` never change, so earlier values stay valid to read.
 
-    ``spare``: a buffer shaped like ``self_kv`` that :meth:`reorder` writes into, so that
-    reordering every step alternates between two buffers instead of allocating (and, on
-    a CPU, page-faulting in) a new one each time. Hence reordering consumes a cache: after
+    ``spare``: a buffer like ``self_kv``, with at least as many rows, that :meth:`reorder`
+    and :meth:`select_sentences` write into (its first rows), so that following the beams
+    every step alternates between two buffers instead of allocating (and, on a CPU,
+    page-faulting in) a new one each time. Hence those two consume a cache: after
     ``new = cache.reorder(i)``, use ``new`` and no longer ``cache``, whose buffer ``new``
-    will overwrite when it is reordered in turn.
+    will overwrite in its turn.
     """
 
     self_kv: Tensor
@@ -221,24 +222,29 @@ class DecoderCache:
     length: int = 0
     spare: Tensor | None = None
 
+    def _gather_rows(self, index: Tensor) -> Tensor:
+        """``self_kv``'s rows ``index`` (positions below ``length``), in the spare buffer when it fits."""
+        if self.self_kv.requires_grad:  # out= cannot record autograd; decoding normally runs without it
+            return self.self_kv.index_select(2, index)
+        n, shape, spare = index.numel(), self.self_kv.shape, self.spare
+        if spare is None or spare.size(2) < n or spare.shape[:2] != shape[:2] or spare.shape[3:] != shape[3:]:
+            spare = self.self_kv.new_empty((*shape[:2], n, *shape[3:]))
+        out = spare[:, :, :n]
+        torch.index_select(self.self_kv[..., : self.length, :], 2, index, out=out[..., : self.length, :])
+        return out
+
     def reorder(self, index: Tensor) -> "DecoderCache":
         """Keep hypothesis rows ``index`` ``(batch*beam,)`` (flat back-pointers).
 
         Only the per-hypothesis self-attention keys/values move; the source side is
         shared by a sentence's beams and stays where it is.
         """
-        if self.self_kv.requires_grad:  # out= cannot record autograd; decoding normally runs without it
-            return replace(self, self_kv=self.self_kv.index_select(2, index))
-        out = self.spare if self.spare is not None and self.spare.shape == self.self_kv.shape else torch.empty_like(self.self_kv)
-        torch.index_select(self.self_kv[..., : self.length, :], 2, index, out=out[..., : self.length, :])
-        return replace(self, self_kv=out, spare=self.self_kv)
+        return replace(self, self_kv=self._gather_rows(index), spare=self.self_kv)
 
     def select_sentences(self, keep: Tensor) -> "DecoderCache":
         """Keep sentences ``keep`` ``(new_batch,)`` (dropping finished ones), all their beams."""
-        rows = beam_rows(keep, self.beam)
-        return replace(
-            self, self_kv=self.self_kv.index_select(2, rows), cross_kv=self.cross_kv.index_select(2, keep), src_mask=self.src_mask.index_select(0, keep), spare=None
-        )
+        self_kv = self._gather_rows(beam_rows(keep, self.beam))
+        return replace(self, self_kv=self_kv, cross_kv=self.cross_kv.index_select(2, keep), src_mask=self.src_mask.index_select(0, keep), spare=self.self_kv)
 
     def with_capacity(self, needed: int) -> "DecoderCache":
         """This cache with room for at least ``needed`` positions (doubling)."""
