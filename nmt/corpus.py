@@ -272,11 +272,10 @@ def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
         DataError: as :meth:`ParallelText.pairs`, or no pair has text on both sides.
     """
     kept = 0
-    for pair in text.pairs():
-        s, t = pair[0].strip(), pair[1].strip()
-        if s and t:
-            kept += 1
-            yield (s, t)[side]
+    for block in text.chunks(CHUNK_LINES):  # the same rule as encoding: strip_pairs decides what is kept
+        lines = strip_pairs(*block)[side]
+        kept += len(lines)
+        yield from lines
     if kept == 0:
         raise DataError("the training data has no pair with text on both sides; check the training files")
 
@@ -325,9 +324,9 @@ class EncodedCorpus:
         return cls(src_ids, _offsets([src_lengths]), tgt_ids, _offsets([tgt_lengths]))
 
     @classmethod
-    def load(cls, directory: Path, mmap: bool = True) -> "EncodedCorpus":
+    def load(cls, directory: Path, key: str, mmap: bool = True) -> "EncodedCorpus":
         """Open a cache directory; ``mmap`` maps the files instead of reading them into memory."""
-        return cls(*(np.load(directory / f"{n}.npy", mmap_mode="r" if mmap else None) for n in cls.FILES))
+        return cls(*(np.load(directory / f"{n}.npy", mmap_mode="r" if mmap else None) for n in cls.FILES), key=key)
 
 
 def _flatten(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -477,16 +476,12 @@ def encode_corpus(
         except BrokenProcessPool:
             raise DataError("an encoding worker process died (out of memory?); lower data.workers") from None
         if not keep:
-            corpus = EncodedCorpus.load(tmp, mmap=False)
-            corpus.key = name
-            return corpus, report
+            return EncodedCorpus.load(tmp, name, mmap=False), report
         try:
             os.replace(tmp, path)
         except OSError:  # another process finished the same cache first; theirs is identical
             pass
-        corpus = EncodedCorpus.load(path)
-        corpus.key = name
-        return corpus, report
+        return EncodedCorpus.load(path, name), report
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -495,7 +490,7 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
     """The cache at ``path``, or None (after moving it out of the way) if it is incomplete or damaged."""
     try:
         report = CleanReport(**json.loads((path / "report.json").read_text()))
-        corpus = EncodedCorpus.load(path)
+        corpus = EncodedCorpus.load(path, path.name)
         if corpus.src_offsets[-1] != len(corpus.src_ids) or corpus.tgt_offsets[-1] != len(corpus.tgt_ids) or len(corpus.src_offsets) != len(corpus.tgt_offsets):
             raise ValueError("offsets and ids disagree")
     except (OSError, ValueError, TypeError, IndexError, json.JSONDecodeError) as exc:
@@ -507,7 +502,6 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
             pass
         shutil.rmtree(trash, ignore_errors=True)
         return None
-    corpus.key = path.name
     return corpus, report
 
 

@@ -392,7 +392,7 @@ class Updater:
     def __init__(self, model: Transformer, tc, device: torch.device, ddp: "Distributed | None" = None, loss_fn=label_smoothed_loss):
         """``loss_fn(logits, target, smoothing) -> LossOutput`` (sums); benchmarks swap in
         other implementations. ``model.cfg.d_model`` sets the noam scale."""
-        self.model, self.tc, self.device, self.ddp, self.loss_fn = model, tc, device, ddp, loss_fn
+        self.model, self.tc, self.device, self.loss_fn = model, tc, device, loss_fn
         # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU step).
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=True)
         self.scheduler = build_scheduler(self.optimizer, tc, model.cfg.d_model)
