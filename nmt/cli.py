@@ -21,7 +21,15 @@ from .tokenizer import TokenizerError
 # torch is imported inside the commands, not here: encoding workers are spawned processes
 # that re-import this module (the `nmt` script's), and need only SentencePiece and NumPy.
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="nmt: train Transformer translation models, translate with them, score the output, export them.")
+# Plain help, not Rich panels: typer 0.29's Rich panel prints a `<bool>` type after every flag
+# (`--resume <bool>`, as if it took a value), while its plain formatter leaves flags bare.
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
+    help="nmt: train Transformer translation models, translate with them, score the output, export them.",
+)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -75,7 +83,7 @@ def _write_atomic(path: Path, text: str) -> None:
 @app.command()
 def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (sections model, data, tokenizer, train, decode)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config value: section.key=value, e.g. train.max_steps=2000 (repeatable)."),
+    set_: list[str] = typer.Option([], "--set", metavar="SECTION.KEY=VALUE", help="Override a config value: section.key=value, e.g. train.max_steps=2000 (repeatable)."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory for checkpoints, tokenizer and logs (same as --set train.run_dir=...)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the run directory from its last.pt (config comes from the checkpoint; --set may override)."),
 ) -> None:

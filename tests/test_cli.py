@@ -172,3 +172,14 @@ def test_the_cli_module_loads_without_torch():
 
     code = "import sys, nmt.cli, nmt.corpus; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_help_shows_flags_as_flags():
+    """A flag takes no value, so help must not print a type after it (`--resume <bool>` invites `--resume true`)."""
+    for command in ["train", "translate", "evaluate", "average", "plot", "export"]:
+        result = invoke(command, "--help")
+        assert result.exit_code == 0, result.output
+        assert "<bool>" not in result.output and "BOOLEAN" not in result.output
+    lines = invoke("train", "--help").output.splitlines()
+    assert any(line.split() == ["--resume", "Continue", *line.split()[2:]] for line in lines)
+    assert "--beam-size <int>" in invoke("translate", "--help").output  # options that take values keep their type
