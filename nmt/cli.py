@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import os
+import re
 import signal
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -28,7 +31,6 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     context_settings={"max_content_width": 120},
-    help="nmt: train Transformer translation models, translate with them, score the output, export them.",
 )
 
 
@@ -44,18 +46,21 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(code=2)
 
 
-def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+QUIET = typer.Option(False, "--quiet", "-q", help="For scripts: no progress bar and no info messages on stderr (warnings and errors still print).")
 
 
-def _check_output(path: Optional[Path]) -> None:
+def _setup_logging(quiet: bool = False) -> None:
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def _check_output(path: Optional[Path], flag: str = "--output") -> None:
     """Fail before any work if ``path`` cannot be written (so no translation is thrown away)."""
     if path is None:
         return
     if path.is_dir():
-        raise ConfigError(f"--output {path} is a directory; give a file name")
+        raise ConfigError(f"{flag} {path} is a directory; give a file name")
     if not path.parent.is_dir():
-        raise ConfigError(f"--output {path}: directory {path.parent} does not exist; create it first")
+        raise ConfigError(f"{flag} {path}: directory {path.parent} does not exist; create it first")
 
 
 def _read_stdin() -> list[str]:
@@ -86,20 +91,23 @@ def train(
     set_: list[str] = typer.Option([], "--set", metavar="SECTION.KEY=VALUE", help="Override a config value: section.key=value, e.g. train.max_steps=2000 (repeatable)."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory for checkpoints, tokenizer and logs (same as --set train.run_dir=...)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the run directory from its last.pt (config comes from the checkpoint; --set may override)."),
+    quiet: bool = QUIET,
 ) -> None:
     """Train a SentencePiece tokenizer and a Transformer, validating and checkpointing as it goes."""
     from .train import train as run_training
+    from .translate import resolve_device
 
-    _setup_logging()
-    overrides = list(set_) + ([f"train.run_dir={run_dir}"] if run_dir else [])
+    _setup_logging(quiet)
+    overrides = list(set_) + ([f"train.run_dir={run_dir}"] if run_dir else []) + (["train.progress_bar=false"] if quiet else [])
     # SIGTERM (kill, timeout, schedulers) stops the data preparation as Ctrl-C does; the
     # training loop installs its own handler, which saves last.pt first.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         cfg = load_config(config, overrides)
+        resolve_device(cfg.train.device, "train.device")  # now, not after the tokenizer is trained
         result = run_training(cfg, resume=resume, overrides=overrides)
     except user_errors() as exc:
-        _fail(exc)
+        _fail(in_flags(exc, {"train.run_dir": "--run-dir"}) if run_dir and isinstance(exc, ConfigError) else exc)
     except KeyboardInterrupt:
         typer.echo("error: interrupted before training started; no checkpoint was written or changed", err=True)
         raise typer.Exit(code=130) from None
@@ -111,60 +119,137 @@ def train(
         raise typer.Exit(code=130)
 
 
-def _translate(checkpoint: Path, lines: list[str], beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads, dtype="float32"):
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How ``translate`` and ``evaluate`` run a checkpoint: search settings that override its
+    ``decode`` section (None: keep the checkpoint's), and the device, threads and dtype."""
+
+    beam_size: Optional[int] = None
+    length_penalty: Optional[float] = None
+    max_len_a: Optional[float] = None
+    max_len_b: Optional[int] = None
+    n_best: Optional[int] = None
+    max_tokens: Optional[int] = None
+    device: str = "auto"
+    threads: int = 0
+    dtype: str = "float32"
+
+    def overrides(self) -> dict[str, Any]:
+        """The ``decode`` keys given on the command line, with their values."""
+        return {k: getattr(self, k) for k in DECODE_KEYS if getattr(self, k) is not None}
+
+
+# The one definition of the options `translate` and `evaluate` share, by DecodeOptions field.
+# Where a field is a `decode` config key, the option's flag is what errors about that key say.
+_DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "beam_size": (Optional[int], typer.Option(None, "--beam-size", "-b", help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's decode.beam_size.")),
+    "length_penalty": (Optional[float], typer.Option(None, "--length-penalty", "-a", help="GNMT length-penalty exponent α in ((5+|Y|)/6)^α; 0 = raw log-probability.")),
+    "max_len_a": (Optional[float], typer.Option(None, "--max-len-a", help="Output limit = a · source tokens + b (pieces).")),
+    "max_len_b": (Optional[int], typer.Option(None, "--max-len-b", help="Output limit = a · source tokens + b (pieces).")),
+    "n_best": (
+        Optional[int],
+        typer.Option(
+            None,
+            "--n-best",
+            help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a blank input line gets one empty entry). "
+            "score = log P(text|source) in nats (EOS included) divided by the GNMT length penalty ((5+|Y|)/6)^α, |Y| pieces with EOS: "
+            "the value beam search ranks by, higher is better.",
+        ),
+    ),
+    "max_tokens": (Optional[int], typer.Option(None, "--max-tokens", help="Source tokens per batch, padding included.")),
+    "device": (str, typer.Option("auto", "--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")),
+    "threads": (int, typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")),
+    "dtype": (
+        str,
+        typer.Option(
+            "float32",
+            "--dtype",
+            help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or AVX512-BF16; about 2x slower on others), "
+            "float16 (GPU), or auto (bfloat16 where it is fast, else float32). Scores stay float32.",
+        ),
+    ),
+}
+DECODE_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "n_best", "max_tokens")
+
+
+def decode_options(*skip: str):
+    """Give a command the shared decode options (all but ``skip``); they arrive as one
+    :class:`DecodeOptions` in its ``decode`` parameter. Typer reads the command's signature,
+    so the wrapper's signature lists the options in place of ``decode``."""
+
+    def wrap(command):
+        names = [name for name in _DECODE_OPTIONS if name not in skip]
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != "decode"]
+        shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_DECODE_OPTIONS[name][1], annotation=_DECODE_OPTIONS[name][0]) for name in names]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            decode = DecodeOptions(**{name: kwargs.pop(name) for name in names})
+            return command(decode=decode, **kwargs)
+
+        wrapper.__signature__ = inspect.signature(command).replace(parameters=own + shared)
+        return wrapper
+
+    return wrap
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a :class:`DecodeOptions` field."""
+    return _DECODE_OPTIONS[name][1].param_decls[0]
+
+
+def in_flags(exc: ConfigError, flags: dict[str, str]) -> ConfigError:
+    """``exc`` reworded so that each config key the user set through a flag is named by that
+    flag (``decode.max_tokens must be positive`` -> ``--max-tokens must be positive``).
+
+    Args:
+        flags: ``{"section.key": "--flag"}`` for the keys the command line set.
+    """
+    message = str(exc)
+    for key, flag in flags.items():
+        section, name = key.split(".")
+        message = re.sub(rf"(?<![\w.-])(?:{section}\.)?{name}\b", flag, message)
+    return ConfigError(message)
+
+
+def _translate(checkpoint: Path, lines: list[str], options: DecodeOptions):
     import torch
 
-    from .translate import load_model, resolve_device, translate_lines
+    from .translate import load_model, resolve_device, resolve_dtype, translate_lines
 
-    if threads > 0:
-        torch.set_num_threads(threads)
-    dev = resolve_device(device)
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if options.threads > 0:
+        torch.set_num_threads(options.threads)
+    dev = resolve_device(options.device, "--device")
+    dtype = resolve_dtype(options.dtype, dev, "--dtype")
     model, tokenizer, cfg = load_model(checkpoint, dev)
-    model.to(getattr(torch, dtype))
-    changes = dict(beam_size=beam_size, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, n_best=n_best, max_tokens=max_tokens)
-    decode = replace(cfg.decode, **{k: v for k, v in changes.items() if v is not None})
-    if decode.beam_size < 1:
-        raise ConfigError(f"--beam-size must be at least 1, got {decode.beam_size}")
-    validate(replace(cfg, decode=decode))
+    model.to(dtype)
+    changes = options.overrides()
+    decode = replace(cfg.decode, **changes)
+    try:
+        validate(replace(cfg, decode=decode))
+    except ConfigError as exc:
+        raise in_flags(exc, {f"decode.{k}": _flag(k) for k in changes}) from None
     return translate_lines(model, tokenizer, lines, decode, dev), tokenizer
 
 
-BEAM = typer.Option(None, "--beam-size", "-b", help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's decode.beam_size.")
-ALPHA = typer.Option(None, "--length-penalty", "-a", help="GNMT length-penalty exponent α in ((5+|Y|)/6)^α; 0 = raw log-probability.")
-MAXA = typer.Option(None, "--max-len-a", help="Output limit = a · source tokens + b (pieces).")
-MAXB = typer.Option(None, "--max-len-b", help="Output limit = a · source tokens + b (pieces).")
-NBEST = typer.Option(None, "--n-best", help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a blank input line gets one empty entry).")
-MAXTOK = typer.Option(None, "--max-tokens", help="Source tokens per batch, padding included.")
-DEVICE = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto.")
-THREADS = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")
-DTYPE = typer.Option("float32", "--dtype", help="Weights and activations: float32, bfloat16 (faster on CPUs with AMX and on GPUs) or float16 (GPU). Scores stay float32.")
-
-
 @app.command()
+@decode_options()
 def translate(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt)."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Source text, one sentence a line (plain or .gz). Default: standard input."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write translations. Default: standard output."),
-    beam_size: Optional[int] = BEAM,
-    length_penalty: Optional[float] = ALPHA,
-    max_len_a: Optional[float] = MAXA,
-    max_len_b: Optional[int] = MAXB,
-    n_best: Optional[int] = NBEST,
-    max_tokens: Optional[int] = MAXTOK,
-    device: str = DEVICE,
-    threads: int = THREADS,
-    dtype: str = DTYPE,
+    quiet: bool = QUIET,
+    decode: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Translate text with beam search: exactly one output line per input line, in input order."""
+    _setup_logging(quiet)
     try:
         _check_output(output)
         lines = read_lines(input) if input is not None else _read_stdin()
-        results, tokenizer = _translate(checkpoint, lines, beam_size, length_penalty, max_len_a, max_len_b, n_best, max_tokens, device, threads, dtype)
+        results, tokenizer = _translate(checkpoint, lines, decode)
     except user_errors() as exc:
         _fail(exc)
-    if n_best and n_best > 1:
+    if decode.n_best and decode.n_best > 1:
         # A blank input line has no hypotheses: it still gets one (empty) entry, so every index appears.
         from .search import Hypothesis
 
@@ -180,7 +265,29 @@ def translate(
         _write_atomic(output, text)
 
 
+def _check_evaluate_options(hyp, checkpoint, src, output, decode: DecodeOptions) -> None:
+    """Refuse option combinations where one option would be silently ignored.
+
+    Raises:
+        ConfigError: naming the options that conflict.
+    """
+    if hyp is not None and (checkpoint is not None or src is not None):
+        given = " and ".join(flag for flag, value in (("--checkpoint", checkpoint), ("--src", src)) if value is not None)
+        raise ConfigError(f"--hyp scores a file of translations; {given} translate a source instead: give one or the other, not both")
+    if hyp is None and checkpoint is None:
+        raise ConfigError("nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE" + (" (--src needs --checkpoint to translate it)" if src else ""))
+    if checkpoint is not None and src is None:
+        raise ConfigError("--checkpoint needs --src (the text to translate)")
+    if hyp is not None:
+        if output is not None:
+            raise ConfigError("--output writes the translations made with --checkpoint; with --hyp there is nothing to write")
+        given = [_flag(name) for name, value in vars(decode).items() if value != getattr(DecodeOptions, name)]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: these set how --checkpoint translates; with --hyp nothing is translated")
+
+
 @app.command()
+@decode_options("n_best")
 def evaluate(
     ref: list[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeat for several references)."),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Detokenized hypotheses, one a line."),
@@ -188,37 +295,32 @@ def evaluate(
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also write the translations here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
-    beam_size: Optional[int] = BEAM,
-    length_penalty: Optional[float] = ALPHA,
-    max_tokens: Optional[int] = MAXTOK,
-    device: str = DEVICE,
-    threads: int = THREADS,
-    dtype: str = DTYPE,
+    quiet: bool = QUIET,
+    decode: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
+    _setup_logging(quiet)
     try:
+        _check_evaluate_options(hyp, checkpoint, src, output, decode)
         _check_output(output)
         references = [read_lines(r) for r in ref]
         if checkpoint is not None:
-            if src is None:
-                raise ConfigError("--checkpoint needs --src (the text to translate)")
-            results, tokenizer = _translate(checkpoint, read_lines(src), beam_size, length_penalty, None, None, 1, max_tokens, device, threads, dtype)
+            results, tokenizer = _translate(checkpoint, read_lines(src), replace(decode, n_best=1))
             from .translate import best_strings
 
             hyps = best_strings(tokenizer, results)
             if output is not None:
                 _write_atomic(output, "".join(h + "\n" for h in hyps))
-        elif hyp is not None:
-            hyps = read_lines(hyp)
         else:
-            raise ConfigError("give --hyp FILE, or --checkpoint CKPT with --src FILE")
+            hyps = read_lines(hyp)
         result = score(hyps, references, tuple(str(r) for r in ref))
     except user_errors() as exc:
         _fail(exc)
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        typer.echo(f"BLEU = {result['bleu']:.2f}  ({result['bleu_signature']})\n{result['bleu_detail']}\nchrF = {result['chrf']:.2f}  ({result['chrf_signature']})")
+        # sacreBLEU's BLEU line already starts with "BLEU = score": print it, not a second score line.
+        typer.echo(f"{result['bleu_detail']}\n  signature: {result['bleu_signature']}\nchrF = {result['chrf']:.2f}\n  signature: {result['chrf_signature']}")
 
 
 @app.command()
@@ -244,12 +346,13 @@ def average(
 @app.command()
 def plot(
     run_dir: Path = typer.Argument(..., help="A run directory with metrics.jsonl."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG to write (default RUN_DIR/metrics.png)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg. Default: RUN_DIR/metrics.png."),
 ) -> None:
     """Plot training/validation loss, validation BLEU and the learning rate over steps."""
     from .plot import plot_metrics
 
     try:
+        _check_output(out, "--out")
         path = plot_metrics(run_dir, out)
     except user_errors() as exc:
         _fail(exc)
@@ -257,33 +360,101 @@ def plot(
 
 
 @app.command()
-def export(
-    out_dir: Path = typer.Argument(..., help="Directory to write (created if missing)."),
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt)."),
-    format: str = typer.Option("huggingface", "--format", help="Only 'huggingface' (a MarianMTModel directory) for now."),
+def info(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint file, or a run directory (its best.pt)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (with the whole config) instead of text."),
 ) -> None:
-    """Write a checkpoint as a Hugging Face MarianMTModel directory (model, config, tokenizer).
-
-    The result loads with transformers' from_pretrained. For CTranslate2 use
-    nmt.export.export_ctranslate2 (pip install ctranslate2): the stock
-    ct2-transformers-converter assumes Marian's zero-embedding decoder start, which nmt
-    models do not use. Needs `pip install transformers`.
-    """
-    import torch
-
-    from .export import ExportError, export_huggingface
-    from .translate import load_model
+    """Describe a checkpoint: step, epoch, best validation BLEU, parameters, tokenizer, file size, optimizer state, config."""
+    from .info import checkpoint_info, format_info
 
     try:
-        if format != "huggingface":
-            raise ConfigError(f"--format {format!r} is not supported; use huggingface")
-        model, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
-        export_huggingface(model, tokenizer, out_dir)
+        result = checkpoint_info(checkpoint)
+    except user_errors() as exc:
+        _fail(exc)
+    typer.echo(json.dumps(result) if as_json else format_info(result))
+
+
+EXPORT_FORMATS = ("huggingface", "ctranslate2", "nmt")
+
+
+@app.command()
+def export(
+    out: Path = typer.Argument(..., help="Where to write: a directory (huggingface, ctranslate2; created if missing) or a file (nmt, e.g. model.pt)."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt)."),
+    format: str = typer.Option("huggingface", "--format", help="huggingface (a MarianMTModel directory), ctranslate2 (a CTranslate2 model directory), "
+                               "or nmt (a slim checkpoint: weights, config and tokenizer, no optimizer state; for translate and evaluate)."),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="With --format ctranslate2: int8, int8_float32, float16, bfloat16, ... (CTranslate2's names). Default: float32."),
+) -> None:
+    """Write a checkpoint for deployment: a Hugging Face MarianMTModel directory, a CTranslate2
+    model directory, or a slim nmt checkpoint without optimizer state.
+
+    huggingface loads with transformers' from_pretrained; ctranslate2 converts that directory
+    with CTranslate2's converter (the stock ct2-transformers-converter assumes Marian's
+    zero-embedding decoder start, which nmt models do not use). Both need
+    `pip install -e ".[export]"`.
+    """
+    import tempfile
+
+    from .export import ExportError, export_ctranslate2, export_huggingface, export_slim
+
+    try:
+        if format not in EXPORT_FORMATS:
+            raise ConfigError(f"--format {format!r} is not supported; use {', '.join(EXPORT_FORMATS)}")
+        if quantization is not None and format != "ctranslate2":
+            raise ConfigError(f"--quantization applies to --format ctranslate2 only, not {format}")
+        if format == "nmt":
+            _check_output(out, "OUT")
+            source = checkpoint / "best.pt" if checkpoint.is_dir() else checkpoint
+            if out.exists() and source.exists() and out.samefile(source):
+                raise ConfigError(f"OUT {out} is the checkpoint being exported; give another file name")
+            export_slim(checkpoint, out)
+        else:
+            import torch
+
+            from .translate import load_model
+
+            model, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
+            if format == "huggingface":
+                export_huggingface(model, tokenizer, out)
+            else:
+                with tempfile.TemporaryDirectory() as hf_dir:
+                    export_huggingface(model, tokenizer, Path(hf_dir))
+                    export_ctranslate2(Path(hf_dir), out, quantization)
     except (*user_errors(), ExportError) as exc:
         _fail(exc)
-    except ImportError:
-        _fail(RuntimeError("exporting needs transformers: pip install transformers"))
-    typer.echo(f"wrote {out_dir}")
+    except ImportError as exc:
+        _fail(RuntimeError(f"exporting to {format} needs {exc.name or 'transformers and ctranslate2'}: pip install -e \".[export]\""))
+    except ValueError as exc:  # CTranslate2 rejects an unknown quantization with a ValueError
+        if quantization is None:
+            raise
+        _fail(ConfigError(f"--quantization {quantization!r}: {exc}"))
+    typer.echo(f"wrote {out}")
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nmt")
+    except PackageNotFoundError:  # running from a source tree that pip has not installed
+        from . import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"nmt {_package_version()} (torch {version('torch')}, Python {sys.version.split()[0]})")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print nmt's version (and torch's, Python's) and exit."),
+) -> None:
+    """nmt: train Transformer translation models, translate with them, score the output, export them."""
 
 
 def main() -> None:

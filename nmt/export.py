@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint import load_checkpoint, save_checkpoint
 from .model import Transformer
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
@@ -161,6 +162,24 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
         eos_token=sp.id_to_piece(EOS), unk_token=sp.id_to_piece(UNK), pad_token=sp.id_to_piece(PAD), model_max_length=max_positions,
     )
     hf_tok.save_pretrained(out_dir)
+
+
+def export_slim(path: str | Path, out: str | Path) -> dict:
+    """Write a checkpoint with only what ``nmt translate`` and ``nmt evaluate`` need: the
+    model weights, config and tokenizer (plus the progress record and ``averaged_from``, a few
+    bytes, for ``nmt info``). Without the optimizer's two moment estimates per weight and the
+    RNG states it is about a third of the size; it cannot be resumed.
+
+    Returns:
+        The payload written.
+
+    Raises:
+        nmt.checkpoint.CheckpointError: ``path`` is not a readable checkpoint.
+    """
+    payload = load_checkpoint(path)
+    slim = {key: payload[key] for key in ("model", "config", "tokenizer", "progress", "averaged_from") if key in payload}
+    save_checkpoint(slim, Path(out))
+    return slim
 
 
 def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = None) -> None:

@@ -24,12 +24,26 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     """Write loss (training and validation, nats per target token), validation BLEU and
-    learning rate against optimizer steps to ``out`` (default ``run_dir/metrics.png``)."""
+    learning rate against optimizer steps to ``out`` (default ``run_dir/metrics.png``).
+
+    The format follows ``out``'s suffix (PNG when it has none); the file is written at
+    exactly ``out``, and that path is returned.
+
+    Raises:
+        nmt.corpus.DataError: no or malformed ``metrics.jsonl``, or a suffix matplotlib
+            cannot write.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out = Path(out) if out else Path(run_dir) / "metrics.png"
+    image_format = out.suffix[1:].lower() or "png"
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if image_format not in formats:
+        raise DataError(f"{out}: cannot write .{image_format} images; use .png, .pdf or .svg")
     records = read_metrics(run_dir)
     train = [r for r in records if "loss" in r]
     valid = [r for r in records if "bleu" in r]
@@ -43,7 +57,6 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     axes[2].plot([r["step"] for r in train], [r["lr"] for r in train])
     axes[2].set(xlabel="step", ylabel="learning rate", title="learning rate")
     fig.tight_layout()
-    out = Path(out) if out else Path(run_dir) / "metrics.png"
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=100, format=image_format)
     plt.close(fig)
     return out

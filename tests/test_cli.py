@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -97,7 +98,7 @@ def test_bad_inputs_give_clear_errors_not_tracebacks(trained_run, tmp_path):
     result = invoke("translate", "--checkpoint", trained_run, "-o", tmp_path / "no" / "such" / "dir.de", input="x\n")
     assert result.exit_code == 2 and "does not exist; create it first" in result.output
     result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "0", input="x\n")
-    assert result.exit_code == 2 and "--beam-size must be at least 1" in result.output
+    assert result.exit_code == 2 and "--beam-size must be" in result.output and "decode." not in result.output, result.output
     result = invoke("translate", "--checkpoint", tmp_path / "missing.pt", input="x\n")
     assert result.exit_code == 2 and "missing.pt not found" in result.output
     garbage = tmp_path / "garbage.pt"
@@ -183,3 +184,232 @@ def test_help_shows_flags_as_flags():
     lines = invoke("train", "--help").output.splitlines()
     assert any(line.split() == ["--resume", "Continue", *line.split()[2:]] for line in lines)
     assert "--beam-size <int>" in invoke("translate", "--help").output  # options that take values keep their type
+
+
+def _one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def test_errors_name_the_flags_given(trained_run, tmp_path):
+    line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "3", "--beam-size", "2", input="a dog .\n"))
+    assert "--n-best" in line and "--beam-size" in line and "decode." not in line and "(got 2, 3)" in line
+    line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--max-tokens", "0", input="a dog .\n"))
+    assert line == "error: --max-tokens must be positive, got 0"
+    # A key the command line did not set keeps its config name: it comes from the checkpoint.
+    line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "7", input="a dog .\n"))
+    assert "--n-best" in line and "beam_size" in line and "--beam-size" not in line
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x\n")
+    assert "--run-dir" in _one_line_error(invoke("train", "--run-dir", not_a_dir, "--set", f"data.dir={TOY}"))
+
+
+def test_in_flags_rewords_only_whole_keys():
+    from nmt.cli import in_flags
+    from nmt.config import ConfigError
+
+    exc = ConfigError("decode.beam_size must be >= 1 and 1 <= n_best <= beam_size (got 2, 3); train.valid_beam_size is 4")
+    reworded = in_flags(exc, {"decode.beam_size": "--beam-size", "decode.n_best": "--n-best"})
+    assert str(reworded) == "--beam-size must be >= 1 and 1 <= --n-best <= --beam-size (got 2, 3); train.valid_beam_size is 4"
+
+
+@pytest.mark.parametrize("device", ["mps", "cuda", "cuda:3"])
+def test_train_checks_the_device_before_any_work(tmp_path, device):
+    import torch
+
+    if (device == "mps" and torch.backends.mps.is_available()) or (device.startswith("cuda") and torch.cuda.device_count() > 3):
+        pytest.skip(f"this machine has {device}")
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    run = tmp_path / "run"
+    line = _one_line_error(invoke("train", "--run-dir", run, "--set", f"data.dir={TOY}", "--set", f"train.device={device}"))
+    assert f"train.device '{device}' asked for" in line
+    assert not run.exists()  # refused before the tokenizer was trained or anything written
+
+
+def test_evaluate_refuses_conflicting_options(trained_run, tmp_path):
+    ref = tmp_path / "ref.de"
+    ref.write_text("der Hund .\n", encoding="utf-8")
+    src = tmp_path / "src.en"
+    src.write_text("the dog .\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    line = _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "--checkpoint", trained_run, "--src", src))
+    assert "--hyp" in line and "--checkpoint and --src" in line
+    line = _one_line_error(invoke("evaluate", "--src", src, "--ref", ref))
+    assert "--src needs --checkpoint" in line
+    line = _one_line_error(invoke("evaluate", "--checkpoint", trained_run, "--ref", ref))
+    assert "--checkpoint needs --src" in line
+    line = _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "-o", out))
+    assert "--output" in line and not out.exists()
+    line = _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "--beam-size", "3", "--dtype", "bfloat16"))
+    assert "--beam-size, --dtype:" in line
+
+
+def test_evaluate_prints_each_score_once_with_its_detail(tmp_path):
+    ref = tmp_path / "ref.de"
+    ref.write_text("der Hund sieht eine Katze .\ndie Frau mag das Haus .\n", encoding="utf-8")
+    hyp = tmp_path / "hyp.de"
+    hyp.write_text("der Hund sieht eine Katze .\ndie Frau mag den Garten .\n", encoding="utf-8")
+    result = invoke("evaluate", "--hyp", hyp, "--ref", ref)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    bleu = [line for line in lines if "BLEU" in line]
+    chrf = [line for line in lines if "chrF" in line]
+    scores = json.loads(invoke("evaluate", "--hyp", hyp, "--ref", ref, "--json").stdout)
+    assert len(bleu) == 1 and bleu[0].startswith(f"BLEU = {scores['bleu']:.2f} ") and "BP = " in bleu[0] and "ref_len = 12" in bleu[0]
+    assert chrf == [f"chrF = {scores['chrf']:.2f}"]
+    assert lines.count(f"  signature: {scores['bleu_signature']}") == 1 and lines.count(f"  signature: {scores['chrf_signature']}") == 1
+
+
+def test_plot_output_is_checked_like_every_output(trained_run, tmp_path):
+    line = _one_line_error(invoke("plot", trained_run, "-o", tmp_path))
+    assert "is a directory" in line and not (tmp_path.parent / f"{tmp_path.name}.png").exists()
+    line = _one_line_error(invoke("plot", trained_run, "-o", tmp_path / "missing" / "m.png"))
+    assert "does not exist; create it first" in line
+    line = _one_line_error(invoke("plot", trained_run, "-o", tmp_path / "m.txt"))
+    assert "cannot write .txt images" in line and not (tmp_path / "m.txt").exists()
+    result = invoke("plot", trained_run, "-o", tmp_path / "plain")  # no suffix: a PNG at exactly that name
+    assert result.exit_code == 0 and result.stdout.strip() == f"wrote {tmp_path / 'plain'}"
+    assert (tmp_path / "plain").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert invoke("plot", trained_run, "-o", tmp_path / "m.svg").exit_code == 0 and b"<svg" in (tmp_path / "m.svg").read_bytes()
+
+
+def test_version_comes_from_package_metadata():
+    from importlib.metadata import version
+
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout.startswith(f"nmt {version('nmt')} (torch {version('torch')}, Python ")
+
+
+def test_info_describes_a_checkpoint(trained_run, tmp_path):
+    from nmt.model import Transformer, count_parameters
+    from nmt.translate import load_model
+
+    result = invoke("info", trained_run / "best.pt", "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    model, _, cfg = load_model(trained_run / "best.pt", "cpu")
+    validations = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines() if "bleu" in line]
+    assert info["step"] == 4 and info["epoch"] == 0 and info["best_bleu"] == max(r["bleu"] for r in validations)
+    assert info["parameters"] == count_parameters(model) == count_parameters(Transformer(cfg.model))
+    assert info["size_bytes"] == (trained_run / "best.pt").stat().st_size and info["optimizer_state"] is True
+    assert info["tokenizer"] == {"type": "bpe", "joint": True, "src_vocab_size": 200, "tgt_vocab_size": 200}
+    assert info["config"]["model"]["d_model"] == 32 and info["dtype"] == "float32"
+    text = invoke("info", trained_run).stdout
+    assert f"parameters: {info['parameters']:,} (float32; d_model 32" in text and "step: 4 (epoch 0)" in text
+    assert "optimizer state: yes" in text and "\n  model:\n    preset: tiny\n" in text
+    assert "not found" in _one_line_error(invoke("info", tmp_path / "none.pt"))
+
+
+def test_export_slim_checkpoint_translates_the_same(trained_run, tmp_path):
+    import torch
+
+    slim = tmp_path / "slim.pt"
+    result = invoke("export", slim, "--checkpoint", trained_run, "--format", "nmt")
+    assert result.exit_code == 0, result.output
+    payload = torch.load(slim, weights_only=True)
+    assert set(payload) == {"model", "config", "tokenizer", "progress"}
+    full = torch.load(trained_run / "best.pt", weights_only=True)
+    assert all(torch.equal(payload["model"][k], full["model"][k]) for k in full["model"])
+    assert slim.stat().st_size < (trained_run / "best.pt").stat().st_size
+    text = "the dog sees a cat .\n\nthe big man likes the small house .\n"
+    args = ("--beam-size", "2", "--max-len-b", "4")
+    assert invoke("translate", "--checkpoint", slim, *args, input=text).stdout == invoke("translate", "--checkpoint", trained_run, *args, input=text).stdout
+    info = json.loads(invoke("info", slim, "--json").stdout)
+    assert info["optimizer_state"] is False and info["step"] == 4
+    assert "is the checkpoint being exported" in _one_line_error(invoke("export", slim, "--checkpoint", slim, "--format", "nmt"))
+    assert "--format ctranslate2 only" in _one_line_error(invoke("export", tmp_path / "x.pt", "--checkpoint", slim, "--format", "nmt", "--quantization", "int8"))
+
+
+def test_export_ctranslate2_command_translates_like_nmt(trained_run, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    from nmt.data import pad_sources
+    from nmt.search import translate_batch
+    from nmt.tokenizer import EOS
+    from nmt.translate import load_model
+
+    result = invoke("export", tmp_path / "ct2", "--checkpoint", trained_run, "--format", "ctranslate2")
+    assert result.exit_code == 0, result.output
+    model, tokenizer, _ = load_model(trained_run, "cpu")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    sp = tokenizer.src
+    ids = tokenizer.encode_src(["the big dog sees a small cat ."])[0]
+    (hyps,) = translate_batch(model, pad_sources([ids]), beam_size=1, alpha=0.0, max_len_a=0.0, max_len_b=8)
+    output = translator.translate_batch([[sp.id_to_piece(i) for i in ids] + [sp.id_to_piece(EOS)]], beam_size=1, max_decoding_length=8)
+    assert [sp.piece_to_id(p) for p in output[0].hypotheses[0]] == hyps[0].tokens
+
+
+def test_n_best_score_is_length_normalised_log_probability(trained_run):
+    """The score column is log P(Y|X) in nats, EOS included, divided by ((5 + |Y|) / 6)^α, |Y| with EOS (as --help says)."""
+    import torch
+
+    from nmt.data import pad_sources
+    from nmt.tokenizer import BOS, EOS
+    from nmt.translate import load_model, translate_lines
+
+    alpha = 0.6
+    result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "3", "--n-best", "3", "--length-penalty", alpha, "--max-len-b", "4", input="a dog .\n")
+    assert result.exit_code == 0, result.output
+    model, tokenizer, cfg = load_model(trained_run, "cpu")
+    # The hypotheses' pieces (an untrained model's text need not re-encode to the same pieces).
+    (hyps,) = translate_lines(model, tokenizer, ["a dog ."], replace(cfg.decode, beam_size=3, n_best=3, length_penalty=alpha, max_len_b=4), torch.device("cpu"))
+    src = pad_sources(tokenizer.encode_src(["a dog ."]))
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(hyps) == 3
+    for line, hyp in zip(lines, hyps):
+        _, text, score = line.split(" ||| ")
+        assert text == tokenizer.decode_tgt([hyp.tokens])[0]
+        tgt = torch.tensor([[BOS, *hyp.tokens, EOS]])
+        with torch.no_grad():
+            log_p = model(src, tgt[:, :-1]).log_softmax(-1)[0].gather(-1, tgt[0, 1:, None]).sum().item()
+        assert float(score) == pytest.approx(log_p / ((5 + len(hyp.tokens) + 1) / 6) ** alpha, abs=2e-4)
+
+
+def test_quiet_train_prints_only_its_result_line(tmp_path):
+    args = ["--config", ROOT / "configs" / "toy.yaml", "--run-dir", tmp_path / "run", "--set", f"data.dir={TOY}", "--set", "train.max_steps=2",
+            "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "tokenizer.vocab_size=200", "--set", "data.valid_max_sentences=4",
+            "--set", "train.valid_beam_size=1", "--set", "train.threads=1", "--set", "train.log_every=1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "nmt", "train", "--quiet", *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and json.loads(result.stdout)["step"] == 2
+
+
+def test_native_bf16_read_from_cpu_flags():
+    from nmt.translate import native_bf16
+
+    avx2 = "processor\t: 0\nflags\t\t: fpu vme sse sse2 avx avx2 fma\n"
+    assert native_bf16(avx2) is False
+    assert native_bf16(avx2.replace("avx2", "avx2 avx512f avx512_bf16")) is True
+    assert native_bf16(avx2.replace("avx2", "avx2 amx_tile amx_bf16")) is True
+    assert native_bf16("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n") is True  # Arm
+    assert native_bf16("") is False
+
+
+def test_dtype_auto_and_the_bf16_warning(trained_run, monkeypatch, caplog):
+    import torch
+
+    from nmt import translate
+    from nmt.translate import resolve_dtype
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(translate, "native_bf16", lambda: True)
+    assert resolve_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(translate, "native_bf16", lambda: False)
+    assert resolve_dtype("auto", cpu) == torch.float32
+    with caplog.at_level("WARNING", logger="nmt.translate"):
+        result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--dtype", "bfloat16", input="a dog .\n")
+    assert result.exit_code == 0 and "about 2x slower than float32" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(translate, "native_bf16", lambda: None)  # unknown CPU: no warning, auto keeps float32
+    with caplog.at_level("WARNING", logger="nmt.translate"):
+        assert resolve_dtype("bfloat16", cpu) == torch.bfloat16 and resolve_dtype("auto", cpu) == torch.float32
+    assert caplog.text == ""
+    auto = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--max-len-b", "4", "--dtype", "auto", input="a dog .\n")
+    fp32 = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--max-len-b", "4", input="a dog .\n")
+    assert auto.exit_code == 0 and auto.stdout == fp32.stdout
+    assert "float32, bfloat16, float16 or auto" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--dtype", "fp8", input="x\n"))

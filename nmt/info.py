@@ -1,0 +1,80 @@
+"""``nmt info``: what a checkpoint holds, read without running the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import load_checkpoint
+from .config import config_from_dict
+from .model import Transformer, count_parameters
+
+
+def checkpoint_info(path: str | Path) -> dict[str, Any]:
+    """Describe a checkpoint file (or a run directory's ``best.pt``).
+
+    Returns:
+        ``file``, ``size_bytes``; ``step``, ``epoch`` and ``best_bleu`` (best validation
+        BLEU so far; None before the first validation or where the checkpoint has no
+        progress record); ``parameters`` (distinct trainable, tied matrices counted once);
+        ``dtype`` of the weights; ``tokenizer`` (type, vocabulary sizes, joint or not);
+        ``optimizer_state`` (True: ``nmt train --resume`` can continue from it); the
+        ``averaged_from`` list where the checkpoint is an average; the resolved ``config``.
+
+    Raises:
+        nmt.checkpoint.CheckpointError: the file is missing or not an nmt checkpoint.
+    """
+    path = Path(path)
+    file = path / "best.pt" if path.is_dir() else path
+    payload = load_checkpoint(path)
+    cfg = config_from_dict(payload["config"], str(file))
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        parameters = count_parameters(Transformer(cfg.model))
+    progress = payload.get("progress", {})
+    best = progress.get("best_bleu")
+    weights = [v for v in payload["model"].values() if torch.is_floating_point(v)]
+    info = {
+        "file": str(file),
+        "size_bytes": file.stat().st_size,
+        "step": progress.get("step"),
+        "epoch": progress.get("epoch"),
+        "best_bleu": best if best is not None and best >= 0 else None,
+        "parameters": parameters,
+        "dtype": str(weights[0].dtype).removeprefix("torch.") if weights else None,
+        "tokenizer": {
+            "type": cfg.tokenizer.type,
+            "joint": cfg.tokenizer.joint,
+            "src_vocab_size": cfg.model.src_vocab_size,
+            "tgt_vocab_size": cfg.model.tgt_vocab_size,
+        },
+        "optimizer_state": "optimizer" in payload,
+        "config": payload["config"],
+    }
+    if "averaged_from" in payload:
+        info["averaged_from"] = list(payload["averaged_from"])
+    return info
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """:func:`checkpoint_info` as lines of text for a person, the config as YAML at the end."""
+    import yaml
+
+    tk = info["tokenizer"]
+    m = info["config"]["model"]
+    vocab = f"{tk['src_vocab_size']:,} pieces" if tk["joint"] else f"{tk['src_vocab_size']:,} source / {tk['tgt_vocab_size']:,} target pieces"
+    lines = [
+        f"file: {info['file']} ({info['size_bytes'] / 1e6:.1f} MB)",
+        f"step: {info['step'] if info['step'] is not None else 'unknown'}" + (f" (epoch {info['epoch']})" if info["epoch"] is not None else ""),
+        f"best validation BLEU: {info['best_bleu']:.2f}" if info["best_bleu"] is not None else "best validation BLEU: none (no validation yet)",
+        f"parameters: {info['parameters']:,} ({info['dtype']}; d_model {m['d_model']}, d_ff {m['d_ff']}, {m['n_heads']} heads, "
+        f"{m['n_encoder_layers']}+{m['n_decoder_layers']} layers, {m['norm_position']}-LN)",
+        f"tokenizer: {'joint' if tk['joint'] else 'separate'} SentencePiece {tk['type']}, {vocab}",
+        "optimizer state: " + ("yes (nmt train --resume can continue from it)" if info["optimizer_state"] else "no (for translate and evaluate only)"),
+    ]
+    if "averaged_from" in info:
+        lines.append(f"averaged from: {', '.join(info['averaged_from'])}")
+    lines.append("config:")
+    lines += ["  " + line for line in yaml.safe_dump(info["config"], sort_keys=False).splitlines()]
+    return "\n".join(lines)
