@@ -217,6 +217,8 @@ def _translate(checkpoint: Path, lines: list[str], options: DecodeOptions):
 
     from .translate import load_model, resolve_device, resolve_dtype, translate_lines
 
+    if options.threads < 0:
+        raise ConfigError(f"--threads must be >= 0 (0 = torch's default), got {options.threads}")
     if options.threads > 0:
         torch.set_num_threads(options.threads)
     dev = resolve_device(options.device, "--device")
@@ -273,7 +275,7 @@ def _check_evaluate_options(hyp, checkpoint, src, output, decode: DecodeOptions)
     """
     if hyp is not None and (checkpoint is not None or src is not None):
         given = " and ".join(flag for flag, value in (("--checkpoint", checkpoint), ("--src", src)) if value is not None)
-        raise ConfigError(f"--hyp scores a file of translations; {given} translate a source instead: give one or the other, not both")
+        raise ConfigError(f"--hyp (translations to score) and {given} (a source to translate) exclude each other: give one or the other")
     if hyp is None and checkpoint is None:
         raise ConfigError("nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE" + (" (--src needs --checkpoint to translate it)" if src else ""))
     if checkpoint is not None and src is None:

@@ -194,6 +194,8 @@ def _one_line_error(result) -> str:
 
 
 def test_errors_name_the_flags_given(trained_run, tmp_path):
+    import torch
+
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "3", "--beam-size", "2", input="a dog .\n"))
     assert "--n-best" in line and "--beam-size" in line and "decode." not in line and "(got 2, 3)" in line
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--max-tokens", "0", input="a dog .\n"))
@@ -201,6 +203,10 @@ def test_errors_name_the_flags_given(trained_run, tmp_path):
     # A key the command line did not set keeps its config name: it comes from the checkpoint.
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "7", input="a dog .\n"))
     assert "--n-best" in line and "beam_size" in line and "--beam-size" not in line
+    assert _one_line_error(invoke("translate", "--checkpoint", trained_run, "--threads", "-1", input="x\n")).startswith("error: --threads must be >= 0")
+    if not torch.cuda.is_available():
+        assert "--device 'cuda' asked for" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--device", "cuda", input="x\n"))
+    assert "--device: unknown device 'tpu'" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--device", "tpu", input="x\n"))
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x\n")
     assert "--run-dir" in _one_line_error(invoke("train", "--run-dir", not_a_dir, "--set", f"data.dir={TOY}"))
@@ -237,6 +243,7 @@ def test_evaluate_refuses_conflicting_options(trained_run, tmp_path):
     out = tmp_path / "out.de"
     line = _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "--checkpoint", trained_run, "--src", src))
     assert "--hyp" in line and "--checkpoint and --src" in line
+    assert "--hyp (translations to score) and --src" in _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "--src", src))
     line = _one_line_error(invoke("evaluate", "--src", src, "--ref", ref))
     assert "--src needs --checkpoint" in line
     line = _one_line_error(invoke("evaluate", "--checkpoint", trained_run, "--ref", ref))
