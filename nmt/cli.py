@@ -1,4 +1,4 @@
-"""The ``nmt`` command line: train, translate, evaluate."""
+"""The ``nmt`` command line: train, translate, evaluate, average, plot, info, export."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import os
 import re
 import signal
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from .config import ConfigError, load_config, validate
+from .config import ConfigError, DecodeConfig, load_config, validate
 from .corpus import DataError, read_lines
 from .evaluate import EvaluationError, score
 from .tokenizer import TokenizerError
@@ -169,7 +169,7 @@ _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
 }
-DECODE_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "n_best", "max_tokens")
+DECODE_KEYS = tuple(name for name in _DECODE_OPTIONS if name in {f.name for f in fields(DecodeConfig)})
 
 
 def decode_options(*skip: str):
