@@ -164,7 +164,7 @@ _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
         typer.Option(
             "float32",
             "--dtype",
-            help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or AVX512-BF16; about 2x slower on others), "
+            help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or AVX512-BF16; several times slower on others), "
             "float16 (GPU), or auto (bfloat16 where it is fast, else float32). Scores stay float32.",
         ),
     ),

@@ -410,7 +410,7 @@ def test_dtype_auto_and_the_bf16_warning(trained_run, monkeypatch, caplog):
     assert resolve_dtype("auto", cpu) == torch.float32
     with caplog.at_level("WARNING", logger="nmt.translate"):
         result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--dtype", "bfloat16", input="a dog .\n")
-    assert result.exit_code == 0 and "about 2x slower than float32" in caplog.text
+    assert result.exit_code == 0 and "several times slower than float32" in caplog.text
     caplog.clear()
     monkeypatch.setattr(translate, "native_bf16", lambda: None)  # unknown CPU: no warning, auto keeps float32
     with caplog.at_level("WARNING", logger="nmt.translate"):
