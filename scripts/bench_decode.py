@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Decoding benchmark: nmt's beam search against its references, Hugging Face and CTranslate2.
 
-Prints one JSON object per line per engine. Each engine runs in its own process, so peak
-resident memory is that engine's alone. For speed comparisons every engine generates
+Prints one JSON object per line per engine and batch size, as soon as it is measured.
+Each engine runs in its own process, so peak resident memory is that engine's alone. For speed comparisons every engine generates
 exactly ``--forced-len`` pieces per sentence (EOS banned before, forced after), so random
 or undertrained weights compare fairly; ``--forced-len 0`` decodes freely and reports BLEU
 (use a trained ``--checkpoint`` for that).
@@ -10,6 +10,11 @@ or undertrained weights compare fairly; ``--forced-len 0`` decodes freely and re
 Example (CPU, 2 threads, random `small` model, Multi30k test_2016_flickr):
 
     python scripts/bench_decode.py --preset small --lines 256 --beam 5 --batch 32 --forced-len 25
+
+On a GPU, several batch sizes in one run (what ``scripts/gpu_check.py`` runs)::
+
+    python scripts/bench_decode.py --device cuda --dtype bfloat16 --preset base --lines 1000 \
+        --batch 1,32,64,128 --max-batches 32 --latency-sentences 0 --engines nmt,hf,ct2-float16
 
 Engines: nmt (production: cached, shared source), nmt-tiled (source copied per beam),
 nmt-recompute (no cache), hf (transformers MarianMTModel.generate on the exported model),
@@ -37,14 +42,13 @@ def prepare(args, work: Path) -> None:
 
     from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import TokenizerConfig, config_from_dict, config_to_dict, with_vocab
-    from nmt.corpus import read_lines, read_parallel
+    from nmt.corpus import find_split_file, read_lines, read_parallel
     from nmt.export import export_ctranslate2, export_huggingface
     from nmt.model import Transformer
     from nmt.translate import load_model
 
-    data = Path(args.data)
-    src = read_lines(data / f"{args.split}.en.gz")[: args.lines]
-    ref = read_lines(data / f"{args.split}.de.gz")[: args.lines]
+    src = read_lines(find_split_file(args.data, args.split, "en"))[: args.lines]
+    ref = read_lines(find_split_file(args.data, args.split, "de"))[: args.lines]
     (work / "src.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
     (work / "ref.txt").write_text("\n".join(ref) + "\n", encoding="utf-8")
     if args.checkpoint:
@@ -53,8 +57,8 @@ def prepare(args, work: Path) -> None:
     else:
         from nmt.tokenizer import train_tokenizer
 
-        train_src, train_tgt = read_parallel(data / "train.en.gz", data / "train.de.gz")
-        tokenizer = train_tokenizer(train_src, train_tgt, TokenizerConfig(vocab_size=8000))
+        train_src, train_tgt = read_parallel(find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de"))
+        tokenizer = train_tokenizer(train_src, train_tgt, TokenizerConfig(vocab_size=args.vocab_size))
         cfg = config_from_dict({"model": {"preset": args.preset}})
         cfg = with_vocab(cfg, tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
         torch.manual_seed(0)
@@ -79,13 +83,19 @@ def peak_rss_bytes() -> int:
     return -1
 
 
-def batches(n_items: int, lengths: list[int], size: int) -> list[list[int]]:
+def batches(n_items: int, lengths: list[int], size: int, max_batches: int = 0) -> list[list[int]]:
+    """Length-sorted batches of ``size`` items; with ``max_batches``, that many spread evenly
+    over the sorted order (so short and long sentences are both represented)."""
     order = sorted(range(n_items), key=lambda i: lengths[i])
-    return [order[i : i + size] for i in range(0, n_items, size)]
+    plan = [order[i : i + size] for i in range(0, n_items, size)]
+    if max_batches and len(plan) > max_batches:
+        stride = len(plan) / max_batches
+        plan = [plan[int(k * stride)] for k in range(max_batches)]
+    return plan
 
 
-def worker(args, work: Path) -> dict:
-    """Measure one engine; returns its JSON record."""
+def worker(args, work: Path) -> None:
+    """Measure one engine at each batch size; prints one JSON record per batch size."""
     import torch
 
     from nmt.data import pad_sources
@@ -145,62 +155,69 @@ def worker(args, work: Path) -> dict:
             torch.cuda.synchronize()
 
     lengths = [len(s) for s in ids]
-    plan = batches(len(ids), lengths, args.batch)
-    run(plan[0])  # warm-up
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    sync()
-    start = time.perf_counter()
-    outputs: dict[int, list[int]] = {}
-    for idx in plan:
-        for i, toks in zip(idx, run(idx)):
-            outputs[i] = toks
-    sync()
-    seconds = time.perf_counter() - start
-    n_tokens = sum(len(outputs[i]) for i in outputs)
+    for size in [int(b) for b in str(args.batch).split(",")]:
+        plan = batches(len(ids), lengths, size, args.max_batches)
+        run(plan[0])  # warm-up
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        start = time.perf_counter()
+        outputs: dict[int, list[int]] = {}
+        for idx in plan:
+            for i, toks in zip(idx, run(idx)):
+                outputs[i] = toks
+        sync()
+        seconds = time.perf_counter() - start
+        record = {
+            "engine": engine, "device": args.device, "dtype": args.dtype if not engine.startswith("ct2") else engine.split("-", 1)[1],
+            "threads": args.threads, "beam": beam, "batch_sentences": size, "sentences": len(outputs), "forced_len": forced,
+            "sentences_per_s": round(len(outputs) / seconds, 2), "tgt_tokens_per_s": round(sum(map(len, outputs.values())) / seconds, 1),
+            "seconds": round(seconds, 3), "peak_rss_bytes": peak_rss_bytes(),
+        }
+        if device.type == "cuda":
+            record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+            record["gpu"] = torch.cuda.get_device_name()
+        if args.latency_sentences:
+            single = list(range(min(args.latency_sentences, len(ids))))
+            sync()
+            t0 = time.perf_counter()
+            for i in single:
+                run([i])
+            sync()
+            record["latency_s_batch1"] = round((time.perf_counter() - t0) / len(single), 4)
+        if engine == "nmt":
+            record.update(cache_bytes(model, cfg.model, [ids[i] for i in plan[-1]], beam, forced or 25, dtype, device))
+        if not forced and len(outputs) == len(ids):
+            from nmt.evaluate import score
 
-    single = list(range(min(args.latency_sentences, len(ids))))
-    sync()
-    t0 = time.perf_counter()
-    for i in single:
-        run([i])
-    sync()
-    latency = (time.perf_counter() - t0) / max(1, len(single))
+            hyps = tokenizer.decode_tgt([outputs[i] for i in range(len(ids))])
+            refs = (work / "ref.txt").read_text(encoding="utf-8").splitlines()
+            record.update({k: score(hyps, [refs])[k] for k in ("bleu", "chrf", "bleu_signature")})
+        print(json.dumps(record), flush=True)
 
-    record = {
-        "engine": engine, "device": args.device, "dtype": args.dtype if not engine.startswith("ct2") else engine.split("-", 1)[1],
-        "threads": args.threads, "beam": beam, "batch_sentences": args.batch, "sentences": len(ids), "forced_len": forced,
-        "sentences_per_s": round(len(ids) / seconds, 2), "tgt_tokens_per_s": round(n_tokens / seconds, 1), "seconds": round(seconds, 3),
-        "latency_s_batch1": round(latency, 4), "peak_rss_bytes": peak_rss_bytes(),
+
+def cache_bytes(model, m, sources, beam: int, length: int, dtype, device) -> dict:
+    """The decoder cache of one batch of ``sources`` after ``length`` steps, measured, beside
+    the formula 2 · layers · batch · beam · heads · len · head_dim · bytes."""
+    import torch
+
+    from nmt.data import pad_sources
+
+    with torch.inference_mode():
+        src = pad_sources(sources).to(device)
+        memory, mask = model.encode(src)
+        cache = model.start_decoding(memory, mask, beam)
+        tokens = torch.full((len(sources) * beam,), 5, device=device)
+        for _ in range(length):
+            _, cache = model.decode_step(tokens, cache)
+    shared = cache.cross_kv.numel() * cache.cross_kv.element_size()
+    return {
+        "self_cache_bytes_measured": cache.self_kv[..., : cache.length, :].numel() * cache.self_kv.element_size(),
+        "self_cache_bytes_allocated": cache.self_kv.numel() * cache.self_kv.element_size(),
+        "self_cache_bytes_formula": 2 * m.n_decoder_layers * len(sources) * beam * m.n_heads * length * (m.d_model // m.n_heads) * (torch.finfo(dtype).bits // 8),
+        "cross_cache_bytes_shared": shared,
+        "cross_cache_bytes_if_tiled": shared * beam,
     }
-    if device.type == "cuda":
-        record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    if engine == "nmt":
-        # The cache of one full batch after `length` steps, measured, beside the formula
-        # 2 · layers · batch · beam · heads · len · head_dim · bytes.
-        m = cfg.model
-        length = forced or 25
-        bytes_per = torch.finfo(dtype).bits // 8
-        idx = plan[-1][: args.batch]
-        with torch.inference_mode():
-            src = pad_sources([ids[i] for i in idx]).to(device)
-            memory, mask = model.encode(src)
-            cache = model.start_decoding(memory, mask, beam)
-            tokens = torch.full((len(idx) * beam,), 5, device=device)
-            for _ in range(length):
-                _, cache = model.decode_step(tokens, cache)
-        record["self_cache_bytes_measured"] = cache.self_kv[..., : cache.length, :].numel() * cache.self_kv.element_size()
-        record["self_cache_bytes_allocated"] = cache.self_kv.numel() * cache.self_kv.element_size()
-        record["self_cache_bytes_formula"] = 2 * m.n_decoder_layers * len(idx) * beam * m.n_heads * length * (m.d_model // m.n_heads) * bytes_per
-        record["cross_cache_bytes_shared"] = cache.cross_kv.numel() * cache.cross_kv.element_size()
-        record["cross_cache_bytes_if_tiled"] = record["cross_cache_bytes_shared"] * beam
-    if not forced:
-        from nmt.evaluate import score
-
-        hyps = tokenizer.decode_tgt([outputs[i] for i in range(len(ids))])
-        refs = (work / "ref.txt").read_text(encoding="utf-8").splitlines()
-        record.update({k: score(hyps, [refs])[k] for k in ("bleu", "chrf", "bleu_signature")})
-    return record
 
 
 def main() -> None:
@@ -212,18 +229,20 @@ def main() -> None:
     p.add_argument("--preset", default="small")
     p.add_argument("--engines", default="nmt,nmt-tiled,nmt-recompute,hf,ct2-float32,ct2-int8")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--batch", type=int, default=32, help="sentences per batch")
+    p.add_argument("--batch", default="32", help="sentences per batch; several, comma-separated, are measured in turn")
+    p.add_argument("--max-batches", type=int, default=0, help="decode at most this many batches per batch size, spread over the length-sorted input (0 = all)")
+    p.add_argument("--vocab-size", type=int, default=8000, help="joint BPE pieces of the random model's tokenizer")
     p.add_argument("--forced-len", type=int, default=25, help="pieces generated per sentence (0 = free decoding + BLEU)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty for free decoding")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency")
+    p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency (0 = none)")
     p.add_argument("--workdir", help="reuse a prepared directory (internal)")
     p.add_argument("--worker", help="measure this engine only (internal)")
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args, Path(args.workdir))), flush=True)
+        worker(args, Path(args.workdir))
         return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
@@ -232,11 +251,10 @@ def main() -> None:
         for engine in args.engines.split(","):
             cmd = [sys.executable, __file__, *sys.argv[1:], "--workdir", str(work), "--worker", engine]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-            result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            sys.stdout.flush()
+            result = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, env=env)  # the worker's records go straight to stdout
             if result.returncode != 0:
                 print(json.dumps({"engine": engine, "error": result.stderr.strip().splitlines()[-1:]}), flush=True)
-            else:
-                print(result.stdout.strip().splitlines()[-1], flush=True)
 
 
 if __name__ == "__main__":

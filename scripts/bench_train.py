@@ -27,7 +27,12 @@ Example (CPU, 2 threads)::
 
     python scripts/bench_train.py --preset small --max-tokens 2500 --steps 20 --engines nmt,hf
 
-Data: ``--data`` or $MULTI30K (default ``../shared/data/multi30k`` beside the checkout).
+On a GPU (what ``scripts/gpu_check.py`` runs)::
+
+    python scripts/bench_train.py --device cuda --precision bf16 --preset base --max-tokens 26000 --rounds 1
+
+Data: ``--data`` or $MULTI30K (default ``../shared/data/multi30k`` beside the checkout),
+a directory with ``train.en`` and ``train.de`` (plain or ``.gz``).
 """
 
 from __future__ import annotations
@@ -55,19 +60,26 @@ def step_flops(m, batch_size: int, src_len: int, tgt_len: int) -> int:
     return 3 * (enc + dec + 2 * B * T * d * V)
 
 
-def matmul_ceiling(device, dtype, size: int, repeats: int = 5) -> float:
-    """Best FLOP/s of ``(size × size) @ (size × size)`` in ``dtype`` on ``device``."""
+def matmul_ceiling(device, dtype, size: int, trials: int = 5) -> float:
+    """Best FLOP/s of ``(size × size) @ (size × size)`` in ``dtype`` on ``device``.
+
+    On a GPU each trial times 10 products between two synchronisations (one is too short
+    to time alone), on a CPU one; the best of ``trials`` after one warm-up trial. Inputs
+    are random: zeros run faster than real data on some GPUs.
+    """
     import torch
 
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
+    repeats = 10 if device.type == "cuda" else 1
     best = float("inf")
-    for _ in range(repeats + 1):
+    for _ in range(trials + 1):
         sync(device)
         t = time.perf_counter()
-        a @ b
+        for _ in range(repeats):
+            a @ b
         sync(device)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, (time.perf_counter() - t) / repeats)
     return 2 * size**3 / best
 
 
@@ -92,8 +104,7 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     tokenizer = Tokenizer.load_dir(Path(args.work))
-    data = Path(args.data)
-    corpus, _ = encode_corpus(ParallelText.files(data / "train.en.gz", data / "train.de.gz"), tokenizer, Path(args.work) / "cache", max_len=100, max_len_ratio=3.0, workers=1)
+    corpus, _ = encode_corpus(ParallelText.files(*train_files(args.data)), tokenizer, Path(args.work) / "cache", max_len=100, max_len_ratio=3.0, workers=1)
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens, seed=1)
     indices = sampler.epoch_batches(0)[: args.warmup + args.steps]
     pin = device.type == "cuda"
@@ -147,20 +158,29 @@ def child(args) -> None:
     flops = sum(step_flops(cfg.model, b.src.size(0), b.src.size(1), b.tgt_out.size(1)) for b in timed)
     seconds = sum(times)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
-    ceiling = matmul_ceiling(device, dtype, args.matmul_size)
+    ceiling = args.ceiling_tflops * 1e12 if args.ceiling_tflops else matmul_ceiling(device, dtype, args.matmul_size)
     record = {
         "engine": args.engine, "device": str(device), "precision": args.precision, "threads": args.threads, "preset": args.preset,
         "parameters": count_parameters(model), "max_tokens": args.max_tokens, "steps": len(times),
         "step_time_s": round(statistics.median(times), 4), "tgt_tokens_per_s": round(tgt_tokens / seconds, 1),
         "tgt_tokens_per_step": round(tgt_tokens / len(times), 1), "src_tokens_per_step": round(src_tokens / len(times), 1),
         "padding_fraction": round(1 - (src_tokens + tgt_tokens) / padded, 4),
-        "first_step_loss": round(first_loss, 5), "tflops_per_s": round(flops / seconds / 1e12, 4),
-        "matmul_ceiling_tflops": round(ceiling / 1e12, 4), "mfu": round(flops / seconds / ceiling, 4),
+        "first_step_loss": round(first_loss, 5), "tflops_per_s": float(f"{flops / seconds / 1e12:.4g}"),
+        "matmul_ceiling_tflops": float(f"{ceiling / 1e12:.4g}"), "mfu": round(flops / seconds / ceiling, 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     if device.type == "cuda":
         record["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        record["cuda_max_reserved_mb"] = round(torch.cuda.max_memory_reserved(device) / 2**20, 1)
+        record["gpu"] = torch.cuda.get_device_name(device)
     print(json.dumps(record), flush=True)
+
+
+def train_files(data: str) -> tuple[Path, Path]:
+    """The English and German training files of ``data`` (plain or ``.gz``)."""
+    from nmt.corpus import find_split_file
+
+    return find_split_file(data, "train", "en"), find_split_file(data, "train", "de")
 
 
 def main() -> None:
@@ -174,6 +194,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--matmul-size", type=int, default=2048, help="side of the square product that measures the ceiling")
+    parser.add_argument("--ceiling-tflops", type=float, default=0.0, help="MFU against this matrix-product rate (TFLOP/s) instead of one measured in each engine's process")
+    parser.add_argument("--vocab-size", type=int, default=8000, help="joint BPE pieces")
     parser.add_argument("--engines", default="nmt,hf", help="nmt, nmt-compile (torch.compile), hf (MarianMTModel)")
     parser.add_argument("--rounds", type=int, default=2, help="runs per engine, alternating; the fastest is reported")
     parser.add_argument("--engine", help=argparse.SUPPRESS)
@@ -187,10 +209,10 @@ def main() -> None:
     from nmt.tokenizer import train_tokenizer
 
     with tempfile.TemporaryDirectory() as work:
-        src, tgt = read_parallel(Path(args.data) / "train.en.gz", Path(args.data) / "train.de.gz")
-        train_tokenizer(src, tgt, TokenizerConfig(vocab_size=8000)).save(Path(work))
+        src, tgt = read_parallel(*train_files(args.data))
+        train_tokenizer(src, tgt, TokenizerConfig(vocab_size=args.vocab_size)).save(Path(work))
         records = {}
-        for _ in range(args.rounds):  # engines alternate, so a slow spell of the machine hits all of them
+        for round_ in range(args.rounds):  # engines alternate, so a slow spell of the machine hits all of them
             for engine in args.engines.split(","):
                 cmd = [sys.executable, __file__, *sys.argv[1:], "--engine", engine, "--work", work]
                 env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -200,8 +222,8 @@ def main() -> None:
                 record = json.loads(out.stdout.strip().splitlines()[-1])
                 if engine not in records or record["step_time_s"] < records[engine]["step_time_s"]:
                     records[engine] = {**record, "rounds": args.rounds}
-        for record in records.values():
-            print(json.dumps(record), flush=True)
+                if round_ == args.rounds - 1:  # final: printed now, so a run cut short keeps it
+                    print(json.dumps(records[engine]), flush=True)
         if "hf" in records:
             ratios = {f"{e}/hf tokens_per_s": round(r["tgt_tokens_per_s"] / records["hf"]["tgt_tokens_per_s"], 3) for e, r in records.items() if e != "hf"}
             print(json.dumps({"ratios": ratios}), flush=True)

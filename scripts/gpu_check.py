@@ -1,0 +1,597 @@
+#!/usr/bin/env python
+"""Every GPU measurement in one command, each step in its own time-limited process.
+
+Steps, in order; each appends one JSON line to the results file as soon as it ends, so a
+run cut short keeps what it measured:
+
+  setup     what is installed, and installs only what is missing: wheels from
+            gpu_data/wheels where the machine has no network, else ``pip install -e
+            ".[bench]"``; its seconds are recorded and not counted in the budget
+  env       GPU, torch and CUDA versions; the bf16 matrix-product rate measured now (the
+            ceiling for MFU); which scaled_dot_product_attention backends accept nmt's
+            masks, and their times
+  train     scripts/bench_train.py: `base` in bf16, nmt and Hugging Face MarianMTModel on
+            the same batches: target tokens/s, step time, peak memory, MFU against env's rate
+  decode    scripts/bench_decode.py: random `base` in bf16, beam 5, 25 forced pieces, 1, 32,
+            64 and 128 sentences a batch: nmt, Hugging Face generate, CTranslate2 float16
+  multi30k  ``nmt train -c configs/multi30k_gpu.yaml`` for at most 5 minutes, then the
+            average of the last step checkpoints or best.pt, whichever scores higher on
+            val, translates test_2016_flickr: BLEU and chrF
+
+Steps share one budget (``--budget-s``, 8 minutes): each runs under the smaller of its own
+limit and what is left, and multi30k's training time shrinks to fit. A step that overruns
+is killed with all its processes and recorded as ``timeout`` with what it printed.
+
+``--dry-run`` runs the same steps on the CPU at tiny sizes (what the tests run): bf16
+autocast, the fused optimizer, non-blocking copies, the SDPA backend probe, the Hugging
+Face and CTranslate2 engines, training, averaging and scoring all run; only the CUDA
+kernels and pinned host memory (which a CPU-only torch cannot allocate) are left to the GPU.
+
+Data: ``--data``, else $MULTI30K, else gpu_data/multi30k in the checkout (git-ignored: the
+copy that travels to a GPU machine; ``--prepare`` fills it), else ../shared/data/multi30k.
+The dry run falls back to the shipped toy corpus (data/toy) when Multi30k is absent.
+
+Usage::
+
+    python scripts/gpu_check.py --prepare                   # here: copy the data, fetch wheels
+    scripts/gpu_check.sh --out RESULTS.jsonl                # on the GPU machine
+    scripts/gpu_check.sh --dry-run --out /tmp/dry.jsonl     # anywhere, on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+GPU_DATA = ROOT / "gpu_data"
+STEPS = ("env", "train", "decode", "multi30k")
+# Modules every step needs (import name: distribution), then those of the comparison engines.
+REQUIRED = {"torch": "torch", "sentencepiece": "sentencepiece", "sacrebleu": "sacrebleu", "typer": "typer", "yaml": "pyyaml", "numpy": "numpy", "tqdm": "tqdm"}
+OPTIONAL = {"transformers": "transformers", "ctranslate2": "ctranslate2"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of one kind of run: the GPU's, or the dry run's on the CPU."""
+
+    device: str
+    budget_s: float  # all steps after setup together
+    limits_s: dict[str, float]  # each step's own limit
+    matmul_size: int
+    train_args: list[str]
+    decode_args: list[str]
+    multi30k_sets: list[str]  # --set overrides of configs/multi30k_gpu.yaml
+    multi30k_train_s: float  # train.max_time_s at most
+    multi30k_reserve_s: float  # multi30k's time besides training: tokenizer, encoding, validation, averaging, test
+    eval_lines: int = 0  # sentences of val and test translated when selecting and scoring (0 = all)
+    threads: int = 0  # CPU threads of every step (0: torch's default)
+
+
+GPU = Plan(
+    device="cuda",
+    budget_s=480,
+    limits_s={"env": 60, "train": 120, "decode": 150},
+    matmul_size=8192,
+    train_args=["--preset", "base", "--max-tokens", "26000", "--steps", "30", "--warmup", "5", "--threads", "4"],
+    decode_args=["--preset", "base", "--lines", "1000", "--beam", "5", "--forced-len", "25", "--batch", "1,32,64,128", "--max-batches", "32", "--threads", "4", "--engines", "nmt,hf,ct2-float16"],
+    multi30k_sets=[],
+    multi30k_train_s=300,
+    multi30k_reserve_s=75,
+)
+
+DRY_VOCAB = "1000"
+DRY = Plan(
+    device="cpu",
+    budget_s=900,
+    limits_s={"env": 120, "train": 240, "decode": 240},
+    matmul_size=256,
+    train_args=["--preset", "tiny", "--max-tokens", "800", "--steps", "2", "--warmup", "1", "--threads", "1", "--vocab-size", DRY_VOCAB],
+    # ct2-int8: a CPU has no float16 kernels in CTranslate2; the conversion is quantised just the same.
+    decode_args=["--preset", "tiny", "--lines", "24", "--beam", "2", "--forced-len", "3", "--batch", "1,4,8", "--max-batches", "3", "--threads", "1", "--vocab-size", DRY_VOCAB, "--engines", "nmt,hf,ct2-int8"],
+    multi30k_sets=[
+        "model.d_model=32", "model.d_ff=64", "model.n_heads=4", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+        f"tokenizer.vocab_size={DRY_VOCAB}", "data.workers=1", "data.valid_max_sentences=16", "train.threads=1",
+        "train.max_steps=6", "train.max_tokens=800", "train.warmup_steps=2", "train.log_every=2", "train.validate_every=3",
+        "train.save_every=2", "train.valid_beam_size=2", "train.tensorboard=false",
+    ],
+    multi30k_train_s=120,
+    multi30k_reserve_s=240,
+    eval_lines=16,
+    threads=1,
+)
+
+
+@dataclass(frozen=True)
+class Data:
+    """A corpus directory and the names of its validation and test splits."""
+
+    dir: Path
+    valid_split: str
+    test_split: str
+
+    @classmethod
+    def at(cls, directory: Path) -> "Data":
+        """Multi30k's split names (val, test_2016_flickr) where its files are there, else nmt's (valid, test)."""
+        def has(split: str) -> bool:
+            return any((directory / f"{split}.en{gz}").is_file() for gz in ("", ".gz"))
+
+        return cls(directory.resolve(), "val" if has("val") else "valid", "test_2016_flickr" if has("test_2016_flickr") else "test")
+
+
+def find_data(given: str | None, dry_run: bool) -> Data:
+    """The Multi30k directory to use (module doc), or the toy corpus in a dry run without one.
+
+    Raises:
+        SystemExit: no training files there, or, outside a dry run, no Multi30k found.
+    """
+    candidates = [given] if given else [os.environ.get("MULTI30K"), GPU_DATA / "multi30k", ROOT.parent / "shared" / "data" / "multi30k"]
+    for c in filter(None, candidates):
+        if any((Path(c) / name).is_file() for name in ("train.en", "train.en.gz")):
+            return Data.at(Path(c))
+    if dry_run and not given:
+        return Data.at(ROOT / "data" / "toy")
+    where = given or "gpu_data/multi30k, $MULTI30K or ../shared/data/multi30k"
+    sys.exit(f"error: no Multi30k data (train.en or train.en.gz) in {where}; copy it into gpu_data/multi30k (python scripts/gpu_check.py --prepare does) or pass --data DIR")
+
+
+# --------------------------------------------------------------------------- running steps
+
+
+@dataclass
+class Results:
+    """The results file (one JSON line per step) and the log of every step's output."""
+
+    path: Path
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)  # every step's process environment
+    lines: list[dict] = field(default_factory=list)
+
+    def add(self, record: dict) -> None:
+        self.lines.append(record)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"[gpu_check] {record['step']}: {record['status']} in {record.get('seconds', 0):.1f} s", flush=True)
+
+
+def run_process(cmd: list[str], limit_s: float, log: Path, env: dict[str, str]) -> tuple[str, float, list[dict], str]:
+    """Run ``cmd`` in a process group of its own, stdout and stderr appended to ``log``.
+
+    At ``limit_s`` the whole group (the benchmarks' worker processes too) gets SIGTERM,
+    then SIGKILL 10 s later.
+
+    Returns:
+        status (``ok``, ``failed`` or ``timeout``), seconds, the JSON objects the process
+        printed one a line (those printed before a timeout too), and the last lines of its
+        output when it did not succeed. The CPU seconds of the process and its descendants
+        are logged.
+    """
+    cpu_before = _children_cpu_s()
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        start_offset = f.tell()
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=max(1.0, limit_s))
+            status = "ok" if proc.returncode == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+            _kill_group(proc)
+        seconds = time.monotonic() - started
+        f.write(f"[gpu_check] {status} in {seconds:.1f} s wall, {_children_cpu_s() - cpu_before:.1f} s CPU\n")
+    text = log.read_bytes()[start_offset:].decode("utf-8", errors="replace")
+    records = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                records.append(value)
+    tail = "" if status == "ok" else "\n".join(text.strip().splitlines()[-8:])
+    return status, seconds, records, tail
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def child_env(site: Path | None, threads: int = 0) -> dict[str, str]:
+    """The environment of every step: this checkout's nmt first, no hub downloads, unbuffered
+    output; ``threads`` > 0 caps CPU threads (a loaded machine stalls OpenMP's barriers)."""
+    paths = [str(ROOT)] + ([str(site)] if site else []) + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def missing_modules(site: Path | None) -> list[str]:
+    """Distributions whose modules cannot be imported (looked up, not imported)."""
+    if site and str(site) not in sys.path:
+        sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    return [dist for module, dist in {**REQUIRED, **OPTIONAL}.items() if importlib.util.find_spec(module) is None]
+
+
+def setup(work: Path, results: Results) -> Path | None:
+    """Install what is missing, the shortest way; returns the folder wheels went into, if any.
+
+    Raises:
+        SystemExit: a module every step needs is still missing afterwards.
+    """
+    started = time.monotonic()
+    record: dict = {"step": "setup", "python": sys.executable, "python_version": sys.version.split()[0]}
+    missing = missing_modules(None)
+    record["missing"] = missing
+    site = None
+    wheels = sorted((GPU_DATA / "wheels").glob("*.whl"))
+    if missing and wheels:  # a machine with no network: install the carried wheels beside the installed packages
+        site = work / "site"
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", str(site), *map(str, wheels)]
+    elif missing:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "-e", ".[bench]"]  # keeps an installed torch that satisfies torch>=2.4
+    if missing:
+        record["install"] = " ".join(cmd[3:]).replace(str(GPU_DATA) + "/", "")
+        status, _, _, tail = run_process(cmd, 900, results.log, child_env(None))
+        record["install_status"] = status
+        if tail:
+            record["install_error"] = tail
+    still = missing_modules(site)
+    record.update(still_missing=still, seconds=round(time.monotonic() - started, 1))
+    record["status"] = "failed" if set(still) & set(REQUIRED.values()) else "ok"
+    results.add(record)
+    if record["status"] != "ok":
+        sys.exit(f"error: {', '.join(still)} missing after setup; install them (pip install -e '.[bench]'), or carry wheels in gpu_data/wheels")
+    return site
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def step_env(plan: Plan, run, results: Results) -> dict:
+    cmd = [sys.executable, __file__, "--probe-env", "--device", plan.device, "--matmul-size", str(plan.matmul_size)]
+    return run("env", cmd, plan.limits_s["env"])
+
+
+def step_train(plan: Plan, data: Data, ceiling_tflops: float | None, run) -> dict:
+    cmd = [sys.executable, str(SCRIPTS / "bench_train.py"), "--data", str(data.dir), "--device", plan.device, "--precision", "bf16", "--rounds", "1", "--engines", "nmt,hf", "--matmul-size", str(plan.matmul_size), *plan.train_args]
+    if ceiling_tflops:
+        cmd += ["--ceiling-tflops", str(ceiling_tflops)]
+    return run("train", cmd, plan.limits_s["train"])
+
+
+def step_decode(plan: Plan, data: Data, run) -> dict:
+    cmd = [sys.executable, str(SCRIPTS / "bench_decode.py"), "--data", str(data.dir), "--split", data.test_split, "--device", plan.device, "--dtype", "bfloat16", "--latency-sentences", "0", *plan.decode_args]
+    return run("decode", cmd, plan.limits_s["decode"])
+
+
+def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, run, results: Results) -> dict:
+    """Train with configs/multi30k_gpu.yaml for what the budget allows (at most the plan's
+    training time), then select and score a checkpoint; one record for both."""
+    train_s = min(plan.multi30k_train_s, left_s - plan.multi30k_reserve_s)
+    if train_s < 30:
+        record = {"step": "multi30k", "status": "skipped", "seconds": 0.0, "error": f"{left_s:.0f} s of the budget left: too little to train"}
+        results.add(record)
+        return record
+    run_dir = work / "multi30k"
+    sets = [f"data.dir={data.dir}", f"data.valid_split={data.valid_split}", f"train.device={plan.device}", f"train.max_time_s={train_s:.0f}", "train.progress_bar=false", *plan.multi30k_sets]
+    cmd = [sys.executable, "-m", "nmt", "train", "-c", str(ROOT / "configs" / "multi30k_gpu.yaml"), "--run-dir", str(run_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    started = time.monotonic()
+    status, seconds, printed, tail = run_process(cmd, train_s + plan.multi30k_reserve_s, results.log, results.env)
+    record: dict = {"step": "multi30k", "data": str(data.dir), "train_time_limit_s": round(train_s), "train_status": status, "train_process_s": round(seconds, 1)}
+    if printed:  # nmt train's last line: the final validation, steps, seconds
+        done = printed[-1]
+        record.update(steps=done.get("step"), train_seconds=round(done.get("train_seconds", 0.0), 1), best_valid_bleu=done.get("best_bleu"))
+    record.update(training_figures(run_dir))
+    statuses = [status]
+    if tail:
+        record["error"] = tail
+    if (run_dir / "best.pt").is_file():
+        left = plan.multi30k_reserve_s + train_s - (time.monotonic() - started)
+        cmd = [sys.executable, __file__, "--select", str(run_dir), "--data", str(data.dir), "--valid-split", data.valid_split, "--test-split", data.test_split, "--device", plan.device, "--eval-lines", str(plan.eval_lines)]
+        status, _, selected, tail = run_process(cmd, max(30.0, left), results.log, results.env)
+        statuses.append(status)
+        if selected:
+            record.update(selected[-1])
+        if tail:
+            record["error"] = tail
+    record["seconds"] = round(time.monotonic() - started, 1)
+    not_ok = [s for s in statuses if s != "ok"]
+    record["status"] = not_ok[0] if not_ok else "ok" if "test_bleu" in record else "failed"
+    results.add(record)
+    return record
+
+
+def training_figures(run_dir: Path) -> dict:
+    """Median logged target tokens/s and the last validation of ``run_dir/metrics.jsonl``."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    speeds = sorted(r["tgt_tokens_per_s"] for r in rows if "tgt_tokens_per_s" in r)
+    valid = [r for r in rows if "bleu" in r]
+    out = {}
+    if speeds:
+        out["median_tgt_tokens_per_s"] = round(speeds[len(speeds) // 2], 1)
+    if valid:
+        out["validations"] = [{"step": r["step"], "bleu": round(r["bleu"], 2)} for r in valid]
+    return out
+
+
+# --------------------------------------------------------------------------- work done inside step processes
+
+
+def probe_env(device_name: str, matmul_size: int) -> dict:
+    """Versions, the device, the bf16 matrix-product rate and the SDPA backends (env step)."""
+    import platform
+
+    import torch
+
+    sys.path.insert(0, str(SCRIPTS))
+    from bench_train import matmul_ceiling
+
+    device = torch.device(device_name)
+    record: dict = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "device": device_name}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        record.update(gpu=props.name, capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version())
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            out = subprocess.run([smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"], capture_output=True, text=True)
+            record["nvidia_smi"] = out.stdout.strip()
+    record["matmul_size"] = matmul_size
+    record["bf16_matmul_tflops"] = float(f"{matmul_ceiling(device, torch.bfloat16, matmul_size) / 1e12:.4g}")
+    record["sdpa_ms"] = sdpa_probe(device, small=device.type != "cuda")
+    return record
+
+
+def sdpa_probe(device, small: bool) -> dict:
+    """Time of each scaled_dot_product_attention backend on nmt's three attention shapes in
+    bf16 (``base``: 8 heads of 64), in ms, or why the backend refused them.
+
+    Shapes: the encoder's self-attention under a ``(batch, 1, 1, src_len)`` key mask and the
+    decoder's causal self-attention, forward and backward; a decoding step's cross-attention,
+    five beams' queries folded into the query axis, under the key mask, forward only.
+    ``default`` is torch's own choice.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sys.path.insert(0, str(SCRIPTS))
+    from bench_train import sync
+
+    batch, length, heads, head_dim, beam = (4, 8, 2, 16, 2) if small else (256, 32, 8, 64, 5)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape, grad=False):
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_(grad)
+
+    mask = torch.arange(length, device=device) < torch.randint(length // 2, length + 1, (batch, 1, 1, 1), device=device, generator=gen)
+    cases = {
+        "encoder_key_mask": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], dict(attn_mask=mask), True),
+        "decoder_causal": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], dict(is_causal=True), True),
+        "decode_cross_beams": (lambda: [rand(batch, heads, beam, head_dim), rand(batch, heads, length, head_dim), rand(batch, heads, length, head_dim)], dict(attn_mask=mask), False),
+    }
+    backends = {"default": None, **{name.lower(): getattr(SDPBackend, name) for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")}}
+    out: dict = {}
+    for case, (make, kwargs, backward) in cases.items():
+        q, k, v = make()
+        out[case] = {}
+        for name, backend in backends.items():
+            try:
+                times = []
+                for _ in range(6):
+                    sync(device)
+                    t = time.perf_counter()
+                    with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+                        y = F.scaled_dot_product_attention(q, k, v, **kwargs)
+                        if backward:
+                            y.sum().backward()
+                    sync(device)
+                    times.append(time.perf_counter() - t)
+                out[case][name] = round(sorted(times[1:])[len(times[1:]) // 2] * 1e3, 4)
+            except (RuntimeError, NotImplementedError, ValueError) as exc:
+                out[case][name] = "refused: " + str(exc).strip().splitlines()[0][:160]
+    return out
+
+
+def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split: str, device_name: str, eval_lines: int, last: int = 5) -> dict:
+    """Average the newest ``last`` step checkpoints, keep that or best.pt (whichever has the
+    higher val BLEU), and score its test translations (the multi30k step's second half)."""
+    import torch
+
+    from nmt.average import average_checkpoints, step_checkpoints
+    from nmt.corpus import find_split_file, read_lines
+    from nmt.evaluate import score
+    from nmt.translate import best_strings, load_model, translate_lines
+
+    device = torch.device(device_name)
+
+    def lines(split: str, lang: str) -> list[str]:
+        text = read_lines(find_split_file(data_dir, split, lang))
+        return text[:eval_lines] if eval_lines else text
+
+    def bleu(path: Path, split: str) -> dict:
+        model, tokenizer, cfg = load_model(path, device)
+        hyps = best_strings(tokenizer, translate_lines(model, tokenizer, lines(split, "en"), cfg.decode, device))
+        return score(hyps, [lines(split, "de")])
+
+    candidates = {"best": run_dir / "best.pt"}
+    steps = step_checkpoints(run_dir)[-last:]
+    if len(steps) > 1:
+        average_checkpoints(steps, run_dir / "average.pt")
+        candidates["average"] = run_dir / "average.pt"
+    started = time.perf_counter()
+    valid = {name: bleu(path, valid_split)["bleu"] for name, path in candidates.items()}
+    chosen = max(valid, key=valid.get)
+    test = bleu(candidates[chosen], test_split)
+    return {
+        "averaged": [p.name for p in steps] if "average" in candidates else [], "valid_bleu": {k: round(v, 2) for k, v in valid.items()},
+        "selected": chosen, "test_split": test_split, "test_lines": len(lines(test_split, "en")),
+        "test_bleu": round(test["bleu"], 2), "test_chrf": round(test["chrf"], 2), "bleu_signature": test["bleu_signature"], "chrf_signature": test["chrf_signature"],
+        "select_and_score_s": round(time.perf_counter() - started, 1),
+    }
+
+
+# --------------------------------------------------------------------------- preparing a GPU machine's copy
+
+
+def prepare(source: str | None, python_version: str) -> None:
+    """Copy Multi30k into gpu_data/multi30k and fetch the wheels the GPU machine lacks
+    (CTranslate2; its image has torch and transformers) into gpu_data/wheels."""
+    src = Path(source or os.environ.get("MULTI30K") or ROOT.parent / "shared" / "data" / "multi30k")
+    if not (src / "train.en.gz").is_file():
+        sys.exit(f"error: {src} holds no Multi30k (train.en.gz); pass --data DIR")
+    dest = GPU_DATA / "multi30k"
+    shutil.copytree(src, dest, dirs_exist_ok=True)
+    wheels = GPU_DATA / "wheels"
+    platforms = [arg for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for arg in ("--platform", tag)]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(wheels), "ctranslate2"]
+    subprocess.run(cmd, check=True)
+    size = sum(p.stat().st_size for p in GPU_DATA.rglob("*") if p.is_file())
+    print(f"gpu_data: {size / 2**20:.1f} MiB ({dest}, {', '.join(p.name for p in wheels.glob('*.whl'))})")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def summary(lines: list[dict]) -> str:
+    """A short table of the headline figures."""
+    out = []
+    for r in lines:
+        if r["step"] == "env" and "bf16_matmul_tflops" in r:
+            out.append(f"env: {r.get('gpu', r['device'])}, torch {r['torch']}, CUDA {r['cuda']}, bf16 matmul {r['bf16_matmul_tflops']} TFLOP/s")
+        for e in r.get("records", []):
+            if r["step"] == "train" and "engine" in e:
+                out.append(f"train {e['engine']:<6} {e['tgt_tokens_per_s']:>12,.0f} tgt tok/s  step {e['step_time_s']} s  MFU {e['mfu']:.1%}  {e.get('cuda_max_allocated_mb', e['peak_rss_mb'])} MB")
+            elif r["step"] == "decode" and "sentences_per_s" in e:
+                out.append(f"decode {e['engine']:<12} batch {e['batch_sentences']:>4}  {e['sentences_per_s']:>10,.1f} sentences/s")
+            elif "error" in e:
+                out.append(f"{r['step']} {e.get('engine', '')}: error {e['error']}")
+        if r["step"] == "multi30k" and "test_bleu" in r:
+            out.append(f"multi30k: {r.get('steps')} steps in {r.get('train_seconds', 0):.0f} s, {r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']}")
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU: proves every step before a GPU is spent on it")
+    p.add_argument("--out", default=None, help="results file, one JSON line per step (default WORK/results.jsonl); the log goes beside it (.log)")
+    p.add_argument("--work", default=None, help="folder for the training run and installed wheels (default runs/gpu_check/UTC-TIME)")
+    p.add_argument("--data", default=None, help="Multi30k directory (see above)")
+    p.add_argument("--only", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    p.add_argument("--budget-s", type=float, default=None, help="seconds for all steps after setup (default 480; dry run 900)")
+    p.add_argument("--prepare", action="store_true", help="copy the data into gpu_data/ and fetch wheels for the GPU machine, then stop")
+    p.add_argument("--wheel-python", default="3.12", help="with --prepare: the GPU machine's Python version")
+    p.add_argument("--probe-env", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--select", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    p.add_argument("--matmul-size", type=int, default=8192, help=argparse.SUPPRESS)
+    p.add_argument("--valid-split", default="val", help=argparse.SUPPRESS)
+    p.add_argument("--test-split", default="test_2016_flickr", help=argparse.SUPPRESS)
+    p.add_argument("--eval-lines", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.prepare:
+        prepare(args.data, args.wheel_python)
+        return
+    if args.probe_env:
+        print(json.dumps(probe_env(args.device, args.matmul_size)), flush=True)
+        return
+    if args.select:
+        print(json.dumps(select_and_score(Path(args.select), Path(args.data), args.valid_split, args.test_split, args.device, args.eval_lines)), flush=True)
+        return
+
+    plan = DRY if args.dry_run else GPU
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(only) - set(STEPS))
+    if unknown:
+        sys.exit(f"error: --only {','.join(unknown)}: not a step; choose from {','.join(STEPS)}")
+    data = find_data(args.data, args.dry_run)
+    work = Path(args.work or ROOT / "runs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())).resolve()
+    if (work / "multi30k").exists():
+        sys.exit(f"error: {work} holds an earlier check's run; choose another --work")
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out or work / "results.jsonl").resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = Results(out, out.with_suffix(".log"))
+    print(f"[gpu_check] {'dry run on the CPU' if args.dry_run else 'GPU run'}; data {data.dir}; results {out}; log {results.log}", flush=True)
+
+    site = setup(work, results)
+    results.env = child_env(site, plan.threads)
+    budget_s = args.budget_s or plan.budget_s
+    deadline = time.monotonic() + budget_s
+
+    def run(name: str, cmd: list[str], limit_s: float) -> dict:
+        limit = min(limit_s, deadline - time.monotonic())
+        if limit < 5:
+            record = {"step": name, "status": "skipped", "seconds": 0.0, "error": "the budget is spent"}
+        else:
+            status, seconds, records, tail = run_process(cmd, limit, results.log, results.env)
+            record = {"step": name, "status": status, "seconds": round(seconds, 1), "limit_s": round(limit)}
+            if name == "env" and records:
+                record.update(records[-1])
+            else:
+                record["records"] = records
+            if tail:
+                record["error"] = tail
+        results.add(record)
+        return record
+
+    ceiling = None
+    if "env" in only:
+        env = step_env(plan, run, results)
+        ceiling = env.get("bf16_matmul_tflops")
+        if not args.dry_run and not env.get("cuda_available"):
+            sys.exit(f"error: this torch ({env.get('torch', 'not importable')}) sees no CUDA device; install a CUDA build of torch")
+    if "train" in only:
+        step_train(plan, data, ceiling, run)
+    if "decode" in only:
+        step_decode(plan, data, run)
+    if "multi30k" in only:
+        step_multi30k(plan, data, work, deadline - time.monotonic(), run, results)
+    print(summary(results.lines), flush=True)
+    failed = [r["step"] for r in results.lines if r["status"] != "ok" or any("error" in e for e in r.get("records", []))]
+    if failed:
+        print(f"[gpu_check] not ok: {', '.join(failed)} (details in {results.log})", flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Tests for scripts/gpu_check.py: its dry run (every step of the GPU run, on the CPU) and its process handling."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for its parent counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_step_over_its_limit_is_killed_with_its_children_and_keeps_what_it_printed(gpu_check, tmp_path):
+    # The step prints a record and its grandchild's pid, then outlives its 2 s limit.
+    code = (
+        "import json, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(json.dumps({'measured': 1, 'grandchild': child.pid}), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    log = tmp_path / "log"
+    started = time.monotonic()
+    status, seconds, records, tail = gpu_check.run_process([sys.executable, "-c", code], 2.0, log, dict(os.environ))
+    assert status == "timeout"
+    assert time.monotonic() - started < 30
+    assert records[0]["measured"] == 1
+    deadline = time.monotonic() + 10
+    while _alive(records[0]["grandchild"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(records[0]["grandchild"])
+    assert tail  # the last lines of the output come with a step that did not succeed
+
+
+def test_a_failing_step_reports_failed_and_its_last_lines(gpu_check, tmp_path):
+    status, _, records, tail = gpu_check.run_process([sys.executable, "-c", "print('{\"partial\": 2}'); raise SystemExit('boom')"], 30, tmp_path / "log", dict(os.environ))
+    assert status == "failed"
+    assert records == [{"partial": 2}]
+    assert "boom" in tail
+
+
+def test_data_falls_back_to_the_toy_corpus_only_in_a_dry_run(gpu_check, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path / "gpu_data")
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path / "repo" / "checkout")  # no ../shared beside it
+    monkeypatch.delenv("MULTI30K", raising=False)
+    toy = gpu_check.find_data(None, dry_run=True)
+    assert (toy.dir, toy.valid_split, toy.test_split) == (tmp_path / "repo" / "checkout" / "data" / "toy", "valid", "test")
+    with pytest.raises(SystemExit, match="gpu_data/multi30k"):
+        gpu_check.find_data(None, dry_run=False)
+    with pytest.raises(SystemExit, match="no Multi30k data"):
+        gpu_check.find_data(str(tmp_path / "missing"), dry_run=True)
+    m30k = tmp_path / "gpu_data" / "multi30k"
+    m30k.mkdir(parents=True)
+    for name in ("train.en.gz", "val.en.gz", "test_2016_flickr.en.gz"):
+        (m30k / name).write_bytes(b"")
+    found = gpu_check.find_data(None, dry_run=False)
+    assert (found.dir, found.valid_split, found.test_split) == (m30k, "val", "test_2016_flickr")
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
+    """scripts/gpu_check.sh --dry-run: one result line per step, in order, each ok, with the figures the GPU run reports."""
+    out = tmp_path / "results.jsonl"
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + (out.with_suffix(".log").read_text()[-3000:] if out.with_suffix(".log").exists() else "")
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in lines] == ["setup", "env", "train", "decode", "multi30k"]
+    assert all(r["status"] == "ok" for r in lines), lines
+    setup, env_, train, decode, m30k = lines
+
+    assert setup["still_missing"] == []
+    assert env_["device"] == "cpu" and env_["bf16_matmul_tflops"] > 0
+    for case in ("encoder_key_mask", "decoder_causal", "decode_cross_beams"):
+        assert isinstance(env_["sdpa_ms"][case]["default"], float) and isinstance(env_["sdpa_ms"][case]["math"], float)
+
+    engines = {r["engine"]: r for r in train["records"] if "engine" in r}
+    assert set(engines) == {"nmt", "hf"}
+    for r in engines.values():
+        assert r["precision"] == "bf16" and r["steps"] == 2 and r["matmul_ceiling_tflops"] == pytest.approx(env_["bf16_matmul_tflops"], rel=1e-3)
+        assert r["tgt_tokens_per_step"] <= 800  # the token budget, padding included, bounds the targets
+        assert abs(r["first_step_loss"] - math.log(1000)) < 1.5  # a random model's loss is near ln(vocab)
+        assert r["mfu"] == pytest.approx(r["tflops_per_s"] / r["matmul_ceiling_tflops"], rel=0.05, abs=1e-3)
+    assert engines["nmt"]["parameters"] == engines["hf"]["parameters"]  # the same weights
+
+    by_key = {(r["engine"], r["batch_sentences"]): r for r in decode["records"]}
+    assert set(by_key) == {(e, b) for e in ("nmt", "hf", "ct2-int8") for b in (1, 4, 8)}
+    for (engine, batch), r in by_key.items():
+        # --max-batches 3 of 24 sentences: 3 batches of each size, 24 at most
+        assert r["sentences"] == min(24, 3 * batch)
+        assert r["tgt_tokens_per_s"] == pytest.approx(3 * r["sentences_per_s"], rel=0.02)  # every engine generated exactly the 3 forced pieces
+    assert by_key[("nmt", 8)]["self_cache_bytes_measured"] == by_key[("nmt", 8)]["self_cache_bytes_formula"]
+
+    assert m30k["steps"] == 6 and [v["step"] for v in m30k["validations"]] == [3, 6]
+    assert m30k["averaged"] == ["step_2.pt", "step_4.pt", "step_6.pt"]
+    assert set(m30k["valid_bleu"]) == {"best", "average"} and m30k["selected"] == max(m30k["valid_bleu"], key=m30k["valid_bleu"].get)
+    assert m30k["test_lines"] == 16 and 0 <= m30k["test_bleu"] <= 100 and 0 < m30k["test_chrf"] <= 100
+    assert "tok:13a" in m30k["bleu_signature"]
