@@ -263,7 +263,8 @@ def setup(work: Path, results: Results) -> Path | None:
         site = work / "site"
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", str(site), *map(str, wheels)]
     elif missing:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "-e", ".[bench]"]  # keeps an installed torch that satisfies torch>=2.4
+        # Keeps an installed torch that satisfies torch>=2.4; gives up quickly where there is no network.
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--retries", "1", "--timeout", "15", "-e", ".[bench]"]
     if missing:
         record["install"] = " ".join(cmd[3:]).replace(str(GPU_DATA) + "/", "")
         status, _, _, tail = run_process(cmd, 900, results.log, child_env(None))
@@ -308,7 +309,7 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, run, result
         results.add(record)
         return record
     run_dir = work / "multi30k"
-    sets = [f"data.dir={data.dir}", f"data.valid_split={data.valid_split}", f"train.device={plan.device}", f"train.max_time_s={train_s:.0f}", "train.progress_bar=false", *plan.multi30k_sets]
+    sets = [f"data.dir={data.dir}", f"data.valid_split={data.valid_split}", f"train.device={plan.device}", f"train.max_time_s={train_s:.0f}", *plan.multi30k_sets]
     cmd = [sys.executable, "-m", "nmt", "train", "-c", str(ROOT / "configs" / "multi30k_gpu.yaml"), "--run-dir", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]
@@ -357,8 +358,8 @@ def training_figures(run_dir: Path) -> dict:
 # --------------------------------------------------------------------------- work done inside step processes
 
 
-def probe_env(device_name: str, matmul_size: int) -> dict:
-    """Versions, the device, the bf16 matrix-product rate and the SDPA backends (env step)."""
+def probe_env(device_name: str, matmul_size: int) -> None:
+    """Print versions, the device and the bf16 matrix-product rate, then the SDPA backends' times (env step)."""
     import platform
 
     import torch
@@ -377,8 +378,8 @@ def probe_env(device_name: str, matmul_size: int) -> dict:
             record["nvidia_smi"] = out.stdout.strip()
     record["matmul_size"] = matmul_size
     record["bf16_matmul_tflops"] = float(f"{matmul_ceiling(device, torch.bfloat16, matmul_size) / 1e12:.4g}")
-    record["sdpa_ms"] = sdpa_probe(device, small=device.type != "cuda")
-    return record
+    print(json.dumps(record), flush=True)  # kept even if the attention probe below breaks
+    print(json.dumps({"sdpa_ms": sdpa_probe(device, small=device.type != "cuda")}), flush=True)
 
 
 def sdpa_probe(device, small: bool) -> dict:
@@ -480,7 +481,10 @@ def prepare(source: str | None, python_version: str) -> None:
     if not (src / "train.en.gz").is_file():
         sys.exit(f"error: {src} holds no Multi30k (train.en.gz); pass --data DIR")
     dest = GPU_DATA / "multi30k"
-    shutil.copytree(src, dest, dirs_exist_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():  # contents only: a read-only source's permissions would block the next --prepare
+        if f.is_file():
+            shutil.copyfile(f, dest / f.name)
     wheels = GPU_DATA / "wheels"
     platforms = [arg for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for arg in ("--platform", tag)]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(wheels), "ctranslate2"]
@@ -532,7 +536,7 @@ def main() -> None:
         prepare(args.data, args.wheel_python)
         return
     if args.probe_env:
-        print(json.dumps(probe_env(args.device, args.matmul_size)), flush=True)
+        probe_env(args.device, args.matmul_size)
         return
     if args.select:
         print(json.dumps(select_and_score(Path(args.select), Path(args.data), args.valid_split, args.test_split, args.device, args.eval_lines)), flush=True)
@@ -565,8 +569,9 @@ def main() -> None:
         else:
             status, seconds, records, tail = run_process(cmd, limit, results.log, results.env)
             record = {"step": name, "status": status, "seconds": round(seconds, 1), "limit_s": round(limit)}
-            if name == "env" and records:
-                record.update(records[-1])
+            if name == "env":
+                for r in records:
+                    record.update(r)
             else:
                 record["records"] = records
             if tail:
@@ -578,7 +583,7 @@ def main() -> None:
     if "env" in only:
         env = step_env(plan, run, results)
         ceiling = env.get("bf16_matmul_tflops")
-        if not args.dry_run and not env.get("cuda_available"):
+        if not args.dry_run and env.get("cuda_available") is False:
             sys.exit(f"error: this torch ({env.get('torch', 'not importable')}) sees no CUDA device; install a CUDA build of torch")
     if "train" in only:
         step_train(plan, data, ceiling, run)
