@@ -115,6 +115,12 @@ DRY = Plan(
 )
 
 
+def fail(message: str) -> None:
+    """Stop with a one-line error and exit code 2 (bad input or an unusable machine)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 @dataclass(frozen=True)
 class Data:
     """A corpus directory and the names of its validation and test splits."""
@@ -124,7 +130,7 @@ class Data:
     test_split: str
 
     @classmethod
-    def at(cls, directory: Path) -> "Data":
+    def at(cls, directory: Path) -> Data:
         """Multi30k's split names (val, test_2016_flickr) where its files are there, else nmt's (valid, test)."""
         def has(split: str) -> bool:
             return any((directory / f"{split}.en{gz}").is_file() for gz in ("", ".gz"))
@@ -136,7 +142,7 @@ def find_data(given: str | None, dry_run: bool) -> Data:
     """The Multi30k directory to use (module doc), or the toy corpus in a dry run without one.
 
     Raises:
-        SystemExit: no training files there, or, outside a dry run, no Multi30k found.
+        SystemExit: (code 2) no training files there, or, outside a dry run, no Multi30k found.
     """
     candidates = [given] if given else [os.environ.get("MULTI30K"), GPU_DATA / "multi30k", ROOT.parent / "shared" / "data" / "multi30k"]
     for c in filter(None, candidates):
@@ -145,7 +151,7 @@ def find_data(given: str | None, dry_run: bool) -> Data:
     if dry_run and not given:
         return Data.at(ROOT / "data" / "toy")
     where = given or "gpu_data/multi30k, $MULTI30K or ../shared/data/multi30k"
-    sys.exit(f"error: no Multi30k data (train.en or train.en.gz) in {where}; copy it into gpu_data/multi30k (python scripts/gpu_check.py --prepare does) or pass --data DIR")
+    fail(f"no Multi30k data (train.en or train.en.gz) in {where}; copy it into gpu_data/multi30k (python scripts/gpu_check.py --prepare does) or pass --data DIR")
 
 
 # --------------------------------------------------------------------------- running steps
@@ -251,7 +257,7 @@ def setup(work: Path, results: Results) -> Path | None:
     """Install what is missing, the shortest way; returns the folder wheels went into, if any.
 
     Raises:
-        SystemExit: a module every step needs is still missing afterwards.
+        SystemExit: (code 2) a module every step needs is still missing afterwards.
     """
     started = time.monotonic()
     record: dict = {"step": "setup", "python": sys.executable, "python_version": sys.version.split()[0]}
@@ -276,7 +282,7 @@ def setup(work: Path, results: Results) -> Path | None:
     record["status"] = "failed" if set(still) & set(REQUIRED.values()) else "ok"
     results.add(record)
     if record["status"] != "ok":
-        sys.exit(f"error: {', '.join(still)} missing after setup; install them (pip install -e '.[bench]'), or carry wheels in gpu_data/wheels")
+        fail(f"{', '.join(still)} missing after setup; install them (pip install -e '.[bench]'), or put their wheels in gpu_data/wheels")
     return site
 
 
@@ -374,7 +380,7 @@ def probe_env(device_name: str, matmul_size: int) -> None:
         record.update(gpu=props.name, capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version())
         smi = shutil.which("nvidia-smi")
         if smi:
-            out = subprocess.run([smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"], capture_output=True, text=True)
+            out = subprocess.run([smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"], capture_output=True, text=True, check=False)
             record["nvidia_smi"] = out.stdout.strip()
     record["matmul_size"] = matmul_size
     record["bf16_matmul_tflops"] = float(f"{matmul_ceiling(device, torch.bfloat16, matmul_size) / 1e12:.4g}")
@@ -406,9 +412,9 @@ def sdpa_probe(device, small: bool) -> dict:
 
     mask = torch.arange(length, device=device) < torch.randint(length // 2, length + 1, (batch, 1, 1, 1), device=device, generator=gen)
     cases = {
-        "encoder_key_mask": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], dict(attn_mask=mask), True),
-        "decoder_causal": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], dict(is_causal=True), True),
-        "decode_cross_beams": (lambda: [rand(batch, heads, beam, head_dim), rand(batch, heads, length, head_dim), rand(batch, heads, length, head_dim)], dict(attn_mask=mask), False),
+        "encoder_key_mask": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], {"attn_mask": mask}, True),
+        "decoder_causal": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], {"is_causal": True}, True),
+        "decode_cross_beams": (lambda: [rand(batch, heads, beam, head_dim), rand(batch, heads, length, head_dim), rand(batch, heads, length, head_dim)], {"attn_mask": mask}, False),
     }
     backends = {"default": None, **{name.lower(): getattr(SDPBackend, name) for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")}}
     out: dict = {}
@@ -454,12 +460,12 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
         hyps = best_strings(tokenizer, translate_lines(model, tokenizer, lines(split, "en"), cfg.decode, device))
         return score(hyps, [lines(split, "de")])
 
+    started = time.perf_counter()
     candidates = {"best": run_dir / "best.pt"}
     steps = step_checkpoints(run_dir)[-last:]
     if len(steps) > 1:
         average_checkpoints(steps, run_dir / "average.pt")
         candidates["average"] = run_dir / "average.pt"
-    started = time.perf_counter()
     valid = {name: bleu(path, valid_split)["bleu"] for name, path in candidates.items()}
     chosen = max(valid, key=valid.get)
     test = bleu(candidates[chosen], test_split)
@@ -479,7 +485,7 @@ def prepare(source: str | None, python_version: str) -> None:
     (CTranslate2; its image has torch and transformers) into gpu_data/wheels."""
     src = Path(source or os.environ.get("MULTI30K") or ROOT.parent / "shared" / "data" / "multi30k")
     if not (src / "train.en.gz").is_file():
-        sys.exit(f"error: {src} holds no Multi30k (train.en.gz); pass --data DIR")
+        fail(f"{src} holds no Multi30k (train.en.gz); pass --data DIR")
     dest = GPU_DATA / "multi30k"
     dest.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():  # contents only: a read-only source's permissions would block the next --prepare
@@ -546,11 +552,11 @@ def main() -> None:
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(STEPS))
     if unknown:
-        sys.exit(f"error: --only {','.join(unknown)}: not a step; choose from {','.join(STEPS)}")
+        fail(f"--only {','.join(unknown)}: not a step; choose from {','.join(STEPS)}")
     data = find_data(args.data, args.dry_run)
     work = Path(args.work or ROOT / "runs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())).resolve()
     if (work / "multi30k").exists():
-        sys.exit(f"error: {work} holds an earlier check's run; choose another --work")
+        fail(f"{work} holds an earlier check's run; choose another --work")
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or work / "results.jsonl").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -584,7 +590,7 @@ def main() -> None:
         env = step_env(plan, run, results)
         ceiling = env.get("bf16_matmul_tflops")
         if not args.dry_run and env.get("cuda_available") is False:
-            sys.exit(f"error: this torch ({env.get('torch', 'not importable')}) sees no CUDA device; install a CUDA build of torch")
+            fail(f"this torch ({env.get('torch', 'not importable')}) sees no CUDA device; install a CUDA build of torch")
     if "train" in only:
         step_train(plan, data, ceiling, run)
     if "decode" in only:

@@ -43,7 +43,7 @@ def test_a_step_over_its_limit_is_killed_with_its_children_and_keeps_what_it_pri
     )
     log = tmp_path / "log"
     started = time.monotonic()
-    status, seconds, records, tail = gpu_check.run_process([sys.executable, "-c", code], 2.0, log, dict(os.environ))
+    status, _, records, tail = gpu_check.run_process([sys.executable, "-c", code], 2.0, log, dict(os.environ))
     assert status == "timeout"
     assert time.monotonic() - started < 30
     assert records[0]["measured"] == 1
@@ -61,16 +61,17 @@ def test_a_failing_step_reports_failed_and_its_last_lines(gpu_check, tmp_path):
     assert "boom" in tail
 
 
-def test_data_falls_back_to_the_toy_corpus_only_in_a_dry_run(gpu_check, tmp_path, monkeypatch):
+def test_data_falls_back_to_the_toy_corpus_only_in_a_dry_run(gpu_check, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path / "gpu_data")
     monkeypatch.setattr(gpu_check, "ROOT", tmp_path / "repo" / "checkout")  # no ../shared beside it
     monkeypatch.delenv("MULTI30K", raising=False)
     toy = gpu_check.find_data(None, dry_run=True)
     assert (toy.dir, toy.valid_split, toy.test_split) == (tmp_path / "repo" / "checkout" / "data" / "toy", "valid", "test")
-    with pytest.raises(SystemExit, match="gpu_data/multi30k"):
-        gpu_check.find_data(None, dry_run=False)
-    with pytest.raises(SystemExit, match="no Multi30k data"):
-        gpu_check.find_data(str(tmp_path / "missing"), dry_run=True)
+    for given, dry_run in ((None, False), (str(tmp_path / "missing"), True)):
+        with pytest.raises(SystemExit) as stop:
+            gpu_check.find_data(given, dry_run=dry_run)
+        assert stop.value.code == 2
+        assert "no Multi30k data" in capsys.readouterr().err
     m30k = tmp_path / "gpu_data" / "multi30k"
     m30k.mkdir(parents=True)
     for name in ("train.en.gz", "val.en.gz", "test_2016_flickr.en.gz"):
@@ -84,7 +85,7 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     """scripts/gpu_check.sh --dry-run: one result line per step, in order, each ok, with the figures the GPU run reports."""
     out = tmp_path / "results.jsonl"
     env = {**os.environ, "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + (out.with_suffix(".log").read_text()[-3000:] if out.with_suffix(".log").exists() else "")
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["step"] for r in lines] == ["setup", "env", "train", "decode", "multi30k"]
