@@ -2,10 +2,10 @@
 """Decoding benchmark: nmt's beam search against its references, Hugging Face and CTranslate2.
 
 Prints one JSON object per line per engine and batch size, as soon as it is measured.
-Each engine runs in its own process, so peak resident memory is that engine's alone. For speed comparisons every engine generates
-exactly ``--forced-len`` pieces per sentence (EOS banned before, forced after), so random
-or undertrained weights compare fairly; ``--forced-len 0`` decodes freely and reports BLEU
-(use a trained ``--checkpoint`` for that).
+Each engine runs in its own process, so peak resident memory is that engine's alone. For
+speed comparisons every engine generates exactly ``--forced-len`` pieces per sentence
+(EOS banned before, forced after), so random or undertrained weights compare fairly;
+``--forced-len 0`` decodes freely and reports BLEU (use a trained ``--checkpoint`` for that).
 
 Example (CPU, 2 threads, random `small` model, Multi30k test_2016_flickr):
 
