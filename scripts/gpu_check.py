@@ -289,13 +289,13 @@ def setup(work: Path, results: Results) -> Path | None:
 # --------------------------------------------------------------------------- the steps
 
 
-def step_env(plan: Plan, run, results: Results) -> dict:
+def step_env(plan: Plan, run) -> dict:
     cmd = [sys.executable, __file__, "--probe-env", "--device", plan.device, "--matmul-size", str(plan.matmul_size)]
     return run("env", cmd, plan.limits_s["env"])
 
 
-def step_train(plan: Plan, data: Data, ceiling_tflops: float | None, run) -> dict:
-    cmd = [sys.executable, str(SCRIPTS / "bench_train.py"), "--data", str(data.dir), "--device", plan.device, "--precision", "bf16", "--rounds", "1", "--engines", "nmt,hf", "--matmul-size", str(plan.matmul_size), *plan.train_args]
+def step_train(plan: Plan, data: Data, ceiling_tflops: float | None, engines: str, run) -> dict:
+    cmd = [sys.executable, str(SCRIPTS / "bench_train.py"), "--data", str(data.dir), "--device", plan.device, "--precision", "bf16", "--rounds", "1", "--engines", engines, "--matmul-size", str(plan.matmul_size), *plan.train_args]
     if ceiling_tflops:
         cmd += ["--ceiling-tflops", str(ceiling_tflops)]
     return run("train", cmd, plan.limits_s["train"])
@@ -306,7 +306,7 @@ def step_decode(plan: Plan, data: Data, run) -> dict:
     return run("decode", cmd, plan.limits_s["decode"])
 
 
-def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, run, results: Results) -> dict:
+def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets: list[str], results: Results) -> dict:
     """Train with configs/multi30k_gpu.yaml for what the budget allows (at most the plan's
     training time), then select and score a checkpoint; one record for both."""
     train_s = min(plan.multi30k_train_s, left_s - plan.multi30k_reserve_s)
@@ -315,7 +315,7 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, run, result
         results.add(record)
         return record
     run_dir = work / "multi30k"
-    sets = [f"data.dir={data.dir}", f"data.valid_split={data.valid_split}", f"train.device={plan.device}", f"train.max_time_s={train_s:.0f}", *plan.multi30k_sets]
+    sets = [f"data.dir={data.dir}", f"data.valid_split={data.valid_split}", f"train.device={plan.device}", f"train.max_time_s={train_s:.0f}", *plan.multi30k_sets, *extra_sets]
     cmd = [sys.executable, "-m", "nmt", "train", "-c", str(ROOT / "configs" / "multi30k_gpu.yaml"), "--run-dir", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]
@@ -528,6 +528,8 @@ def main() -> None:
     p.add_argument("--data", default=None, help="Multi30k directory (see above)")
     p.add_argument("--only", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     p.add_argument("--budget-s", type=float, default=None, help="seconds for all steps after setup (default 480; dry run 900)")
+    p.add_argument("--train-engines", default="nmt,hf", help="bench_train.py engines of the train step (nmt-compile adds torch.compile)")
+    p.add_argument("--multi30k-set", action="append", default=[], metavar="KEY=VALUE", help="override configs/multi30k_gpu.yaml in the multi30k step (repeatable)")
     p.add_argument("--prepare", action="store_true", help="copy the data into gpu_data/ and fetch wheels for the GPU machine, then stop")
     p.add_argument("--wheel-python", default="3.12", help="with --prepare: the GPU machine's Python version")
     p.add_argument("--probe-env", action="store_true", help=argparse.SUPPRESS)
@@ -587,16 +589,16 @@ def main() -> None:
 
     ceiling = None
     if "env" in only:
-        env = step_env(plan, run, results)
+        env = step_env(plan, run)
         ceiling = env.get("bf16_matmul_tflops")
         if not args.dry_run and env.get("cuda_available") is False:
             fail(f"this torch ({env.get('torch', 'not importable')}) sees no CUDA device; install a CUDA build of torch")
     if "train" in only:
-        step_train(plan, data, ceiling, run)
+        step_train(plan, data, ceiling, args.train_engines, run)
     if "decode" in only:
         step_decode(plan, data, run)
     if "multi30k" in only:
-        step_multi30k(plan, data, work, deadline - time.monotonic(), run, results)
+        step_multi30k(plan, data, work, deadline - time.monotonic(), args.multi30k_set, results)
     print(summary(results.lines), flush=True)
     failed = [r["step"] for r in results.lines if r["status"] != "ok" or any("error" in e for e in r.get("records", []))]
     if failed:
