@@ -1,5 +1,7 @@
 """Tests for scripts/gpu_check.py: its dry run (every step of the GPU run, on the CPU) and its process handling."""
 
+import base64
+import hashlib
 import importlib.util
 import json
 import math
@@ -7,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,6 +62,43 @@ def test_a_failing_step_reports_failed_and_its_last_lines(gpu_check, tmp_path):
     assert status == "failed"
     assert records == [{"partial": 2}]
     assert "boom" in tail
+
+
+def _write_wheel(directory: Path) -> None:
+    """A one-module pure-Python wheel, ``gpucheck_probe`` (``VALUE = 7``), as pip builds them."""
+    files = {
+        "gpucheck_probe/__init__.py": b"VALUE = 7\n",
+        "gpucheck_probe-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: gpucheck-probe\nVersion: 0.1\n",
+        "gpucheck_probe-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n" for name, data in files.items())
+    files["gpucheck_probe-0.1.dist-info/RECORD"] = (record + "gpucheck_probe-0.1.dist-info/RECORD,,\n").encode()
+    directory.mkdir(parents=True)
+    with zipfile.ZipFile(directory / "gpucheck_probe-0.1-py3-none-any.whl", "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+
+
+def test_setup_installs_only_what_is_missing_from_the_carried_wheels_without_an_index(gpu_check, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path / "gpu_data")
+    monkeypatch.setattr(gpu_check, "OPTIONAL", {**gpu_check.OPTIONAL, "gpucheck_probe": "gpucheck-probe"})
+    monkeypatch.setattr(sys, "path", list(sys.path))  # setup puts the install folder on this process's path
+    _write_wheel(tmp_path / "gpu_data" / "wheels")
+    work = tmp_path / "work"
+    work.mkdir()
+    results = gpu_check.Results(tmp_path / "results.jsonl", tmp_path / "results.log")
+    site = gpu_check.setup(work, results)
+    assert site == work / "site"
+    (line,) = [json.loads(x) for x in results.path.read_text().splitlines()]
+    assert line["step"] == "setup" and line["status"] == "ok" and line["install_status"] == "ok"
+    assert line["missing"] == ["gpucheck-probe"] and line["still_missing"] == []
+    assert "--no-index" in line["install"]
+    # every step's process finds it
+    out = subprocess.run([sys.executable, "-c", "import gpucheck_probe; print(gpucheck_probe.VALUE)"], env=gpu_check.child_env(site), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "7"
+    # nothing missing: nothing installed
+    assert gpu_check.setup(work, results) is None
+    assert "install" not in json.loads(results.path.read_text().splitlines()[-1])
 
 
 def test_data_falls_back_to_the_toy_corpus_only_in_a_dry_run(gpu_check, tmp_path, monkeypatch, capsys):
