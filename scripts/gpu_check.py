@@ -86,7 +86,7 @@ GPU = Plan(
     budget_s=480,
     limits_s={"env": 60, "train": 120, "decode": 150},
     matmul_size=8192,
-    train_args=["--preset", "base", "--max-tokens", "26000", "--steps", "30", "--warmup", "5", "--threads", "4"],
+    train_args=["--preset", "base", "--max-tokens", "40000", "--steps", "30", "--warmup", "5", "--threads", "4"],
     decode_args=["--preset", "base", "--lines", "1000", "--beam", "5", "--forced-len", "25", "--batch", "1,32,64,128", "--max-batches", "32", "--threads", "4", "--engines", "nmt,hf,ct2-float16"],
     multi30k_sets=[],
     multi30k_train_s=300,
@@ -265,7 +265,7 @@ def setup(work: Path, results: Results) -> Path | None:
     record["missing"] = missing
     site = None
     wheels = sorted((GPU_DATA / "wheels").glob("*.whl"))
-    if missing and wheels:  # a machine with no network: install the carried wheels beside the installed packages
+    if missing and wheels:  # a machine with no network: install the wheels copied along, beside the installed packages
         site = work / "site"
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", str(site), *map(str, wheels)]
     elif missing:

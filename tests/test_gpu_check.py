@@ -79,7 +79,7 @@ def _write_wheel(directory: Path) -> None:
             wheel.writestr(name, data)
 
 
-def test_setup_installs_only_what_is_missing_from_the_carried_wheels_without_an_index(gpu_check, tmp_path, monkeypatch):
+def test_setup_installs_only_what_is_missing_from_copied_wheels_without_an_index(gpu_check, tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path / "gpu_data")
     monkeypatch.setattr(gpu_check, "OPTIONAL", {**gpu_check.OPTIONAL, "gpucheck_probe": "gpucheck-probe"})
     monkeypatch.setattr(sys, "path", list(sys.path))  # setup puts the install folder on this process's path
