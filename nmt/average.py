@@ -6,12 +6,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-
-
-def step_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's ``step_N.pt`` files, oldest first."""
-    return sorted(run_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+from .checkpoint import CheckpointError, check_state_fits, load_checkpoint, save_checkpoint, written_by
+from .config import ConfigError, config_from_dict
+from .model import Transformer
 
 
 def average_checkpoints(paths: list[Path], out: Path) -> dict:
@@ -20,31 +17,31 @@ def average_checkpoints(paths: list[Path], out: Path) -> dict:
     Floating-point tensors are averaged (in float64, then cast back); integer and boolean
     buffers are taken from the last checkpoint. Tensors that share storage (tied
     embeddings) are averaged once and stay shared. The output holds the model, config and
-    tokenizer of the last input (no optimizer state: it is for translation or fine-tuning
-    from scratch); the inputs are not modified.
+    tokenizer of the last input (no optimizer state: it is for translation, not for
+    ``--resume``); the inputs are not modified. Every input is loaded and checked
+    before anything is written.
 
     Raises:
-        CheckpointError: fewer than one input, an input missing, ``out`` among the
-            inputs, or inputs whose parameter names or shapes differ.
+        CheckpointError: no input, ``out`` among the inputs, an input missing, damaged
+            or inconsistent, or inputs that differ in model config or tokenizer (the
+            message names the difference).
+        nmt.files.OutputError: ``out`` cannot be written.
     """
     if not paths:
         raise CheckpointError("nothing to average: give checkpoints or a run directory with step_N.pt files")
     if any(Path(p).resolve() == Path(out).resolve() for p in paths):
         raise CheckpointError(f"{out} is one of the inputs; write the average to a new file")
     sums: dict[str, torch.Tensor] = {}
-    names: set[str] | None = None
+    first = first_path = None
     for path in paths:
         last = load_checkpoint(path)
-        state = last["model"]
-        names = names or set(state)
-        if set(state) != names:
-            raise CheckpointError(f"{path}: parameter names differ from {paths[0]}")
-        for name, tensor in state.items():
-            if not tensor.is_floating_point():
-                continue
-            if name in sums and sums[name].shape != tensor.shape:
-                raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, {paths[0]} has {tuple(sums[name].shape)}")
-            sums[name] = sums.get(name, 0) + tensor.double()
+        if first is None:
+            first, first_path, expected = last, path, _expected_state(last, path)
+        _check_compatible(first, first_path, last, path)
+        check_state_fits(expected, last["model"], path, written_by(last))
+        for name, tensor in last["model"].items():
+            if tensor.is_floating_point():
+                sums[name] = sums.get(name, 0) + tensor.double()
     averaged: dict[str, torch.Tensor] = {}
     by_storage: dict[int, torch.Tensor] = {}
     for name, tensor in last["model"].items():
@@ -60,3 +57,24 @@ def average_checkpoints(paths: list[Path], out: Path) -> dict:
         payload["progress"] = last["progress"]
     save_checkpoint(payload, Path(out))
     return payload
+
+
+def _expected_state(payload: dict, path: Path) -> dict[str, torch.Tensor]:
+    """The tensors (names and shapes, on the meta device) of the model ``payload``'s config describes."""
+    try:
+        cfg = config_from_dict(payload["config"], f"{path} (config)")
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
+    with torch.device("meta"):
+        return Transformer(cfg.model).state_dict()
+
+
+def _check_compatible(a: dict, a_path: Path, b: dict, b_path: Path) -> None:
+    """Refuse to average checkpoints of different models or tokenizers (same shapes can hide either)."""
+    model_a, model_b = a["config"].get("model", {}), b["config"].get("model", {})
+    differ = [f"model.{k} {model_a.get(k)!r} vs {model_b.get(k)!r}" for k in sorted(set(model_a) | set(model_b)) if k != "preset" and model_a.get(k) != model_b.get(k)]
+    if differ:
+        raise CheckpointError(f"{a_path} and {b_path} are different models ({', '.join(differ)}); average checkpoints of one run")
+    tok_a, tok_b = a["tokenizer"], b["tokenizer"]
+    if set(tok_a) != set(tok_b) or any(not torch.equal(tok_a[k], tok_b[k]) for k in tok_a):
+        raise CheckpointError(f"{a_path} and {b_path} have different tokenizers (the same ids mean different pieces); average checkpoints of one run")

@@ -1,47 +1,61 @@
-"""Checkpoints: written atomically, loaded without executing code.
+"""Checkpoints: written atomically, verified on every load, loaded without executing code.
 
-A checkpoint is a dict of tensors, numbers, strings and containers of them, read with
-``torch.load(weights_only=True)``. It holds the model, optimizer and schedule states, the
-step, the sampler's position (epoch and batch within it), every RNG state, the resolved
-config and the tokenizer, so that ``nmt translate`` needs nothing else and ``nmt train
+A checkpoint is a zip archive written by ``torch.save``: a dict of tensors, numbers,
+strings and containers of them, read with ``torch.load(weights_only=True)``. Every entry
+of the archive carries a CRC-32, checked on every load, so a flipped bit or a truncated
+file is reported as damaged instead of loading as wrong weights. A checkpoint holds the
+model, the resolved config, the tokenizer and the ``nmt`` version that wrote it; one
+written by ``nmt train`` also holds the optimizer, schedule and gradient-scaler states,
+the step, the sampler's position and every process's RNG states, so that ``nmt train
 --resume`` continues exactly where the run stopped.
 """
 
 from __future__ import annotations
 
-import os
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from . import __version__
+from .files import atomic_write
+
+TRAINING_STATE = ("optimizer", "scheduler", "progress", "rng")  # what --resume needs beyond the model
+
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, truncated, or not one nmt wrote."""
+    """A checkpoint is missing, damaged, incomplete, or not one nmt wrote."""
 
 
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
-    """Write ``payload`` to ``path`` through a temporary file and an atomic rename, so an
-    interruption leaves either the old file or the new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint`.
+    """Write ``payload`` (plus the writing ``nmt`` version) to ``path`` atomically: an
+    interruption or a full disk leaves the old file or the new one, never a partial one.
 
     Raises:
-        CheckpointError: the file does not exist, is not a checkpoint, or is damaged.
+        nmt.files.OutputError: the disk is full or the place is read-only.
+    """
+    payload = {**payload, "nmt_version": __version__}
+    atomic_write(Path(path), lambda f: torch.save(payload, f))
+
+
+def written_by(payload: dict[str, Any]) -> str:
+    """``nmt X`` for the version that wrote ``payload`` (checkpoints before 0.1.0 did not record it)."""
+    return f"nmt {payload.get('nmt_version', 'before 0.1.0')}"
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", training: bool = False) -> dict[str, Any]:
+    """Load and verify a checkpoint written by :func:`save_checkpoint`.
+
+    ``path`` may be a run directory (its ``best.pt``). With ``training``, the checkpoint
+    must also hold the training state ``--resume`` needs.
+
+    Raises:
+        CheckpointError: the file does not exist, is not an nmt checkpoint (the message
+            says what it looks like), is damaged (``damaged checkpoint: FILE``), or lacks
+            entries.
     """
     path = Path(path)
     if path.is_dir():
@@ -50,20 +64,139 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         path = path / "best.pt"
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found")
+    _verify_archive(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # torch raises several types for damaged or foreign files
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:  # torch raises several types for foreign archives
         if "weights_only" in str(exc):  # torch's advice (weights_only=False) would run arbitrary code
-            reason = "it holds objects other than tensors and plain values"
-        raise CheckpointError(f"{path}: not a readable nmt checkpoint ({reason[:200]})") from None
-    if not isinstance(payload, dict) or "model" not in payload or "config" not in payload:
-        raise CheckpointError(f"{path}: not an nmt checkpoint (no model/config entries)")
+            raise CheckpointError(f"{path} is not an nmt checkpoint: it holds objects other than tensors and plain values (not written by nmt)") from None
+        raise CheckpointError(f"{path} is not an nmt checkpoint: a zip archive torch cannot read ({_first_line(exc)})") from None
+    check_payload(payload, path, training)
     return payload
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _verify_archive(path: Path) -> None:
+    """Check that ``path`` is a zip archive whose every entry matches its CRC-32."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if not head.startswith(b"PK\x03\x04"):
+        raise CheckpointError(f"{path} is not an nmt checkpoint: it is {describe_file(path, head)}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+        size = path.stat().st_size
+        raise CheckpointError(f"damaged checkpoint: {path} ({_first_line(exc)}; {size:,} bytes, probably truncated or overwritten)") from None
+    if bad is not None:
+        raise CheckpointError(f"damaged checkpoint: {path} (entry {bad} does not match its checksum: the file changed after it was written)")
+
+
+def describe_file(path: Path, head: bytes) -> str:
+    """What a file that is not a zip archive looks like, in words: empty, a SentencePiece
+    model, YAML, text, gzip, a legacy PyTorch pickle, or binary data."""
+    if not head:
+        return "an empty file"
+    if head.startswith(b"\x1f\x8b"):
+        return "a gzip file"
+    if head[:1] == b"\x80":
+        return "a pickle (a PyTorch file in the legacy format, not written by nmt)"
+    if path.stat().st_size < 64 << 20:
+        import sentencepiece as spm
+
+        try:
+            spm.SentencePieceProcessor(model_proto=path.read_bytes())
+            return "a SentencePiece model (a tokenizer; give it as tokenizer.model)"
+        except Exception:  # not a SentencePiece model: SentencePiece says so in several ways
+            pass
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not only a character cut at the end of the sample
+            return "binary data, not a zip archive"
+        text = head[: exc.start].decode("utf-8")
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[0][:60] if lines else ""
+    if lines and all(":" in line or line.lstrip().startswith(("#", "-")) for line in lines[:5]):
+        return f"YAML text (first line {first!r}; a config file? give it with --config)"
+    return f"a text file (first line {first!r})"
+
+
+def check_payload(payload: Any, path: Path, training: bool = False) -> None:
+    """Check the entries every nmt checkpoint has (and, with ``training``, the training state).
+
+    Raises:
+        CheckpointError: an entry is missing or of the wrong type; the message names it
+            and the nmt version that wrote the file.
+    """
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path} is not an nmt checkpoint: it holds a {type(payload).__name__}, not a dict of entries")
+    missing = [k for k in ("model", "config", "tokenizer") if k not in payload]
+    if missing:
+        raise CheckpointError(f"{path} is not an nmt checkpoint or is incomplete: no {', '.join(missing)} entry (written by {written_by(payload)})")
+    problems = []
+    if not isinstance(payload["model"], dict) or not all(isinstance(v, torch.Tensor) for v in payload["model"].values()):
+        problems.append("'model' is not a dict of tensors")
+    if not isinstance(payload["config"], dict):
+        problems.append("'config' is not a dict")
+    tok = payload["tokenizer"]
+    if not isinstance(tok, dict) or set(tok) not in ({"joint"}, {"src", "tgt"}) or not all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in tok.values()):
+        problems.append("'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint, or src and tgt)")
+    if problems:
+        raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
+    if training:
+        absent = [k for k in TRAINING_STATE if k not in payload]
+        if absent:
+            origin = " (an nmt average output)" if "averaged_from" in payload else ""
+            raise CheckpointError(
+                f"{path} holds no training state{origin}: no {', '.join(absent)} entry (written by {written_by(payload)}); "
+                "--resume needs a checkpoint nmt train wrote (last.pt, best.pt or step_N.pt)"
+            )
+
+
+def restore_model(payload: dict[str, Any], path: Path):
+    """Rebuild ``(model, tokenizer, config)`` from a checked payload, on the CPU in eval mode.
+
+    Raises:
+        CheckpointError: the config is invalid, the tensors do not fit the model the
+            config describes (the message names unexpected, missing and mis-shaped
+            tensors), or the tokenizer does not load.
+    """
+    from .config import ConfigError, config_from_dict
+    from .model import Transformer
+    from .tokenizer import Tokenizer, TokenizerError
+
+    try:
+        cfg = config_from_dict(payload["config"], f"{path} (config)")
+        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"]))
+    except (ConfigError, TokenizerError) as exc:
+        raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
+    model = Transformer(cfg.model)
+    check_state_fits(model.state_dict(), payload["model"], path, written_by(payload))
+    model.load_state_dict(payload["model"])
+    return model.eval(), tokenizer, cfg
+
+
+def check_state_fits(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], path: Path, writer: str) -> None:
+    """Raise :class:`CheckpointError` naming every tensor of ``state`` that does not fit ``expected``."""
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(set(expected) - set(state))
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}" for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
+    parts = [f"{label}: {listed(names)}" for label, names in (("unexpected", unexpected), ("missing", missing), ("shape in file vs config", shapes)) if names]
+    if parts:
+        raise CheckpointError(f"{path}: the tensors do not fit the model its config describes ({'; '.join(parts)}; written by {writer})")
+
+
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and CUDA generator states as checkpoint-safe values."""
+    """Python, NumPy, torch CPU and CUDA generator states of this process, as checkpoint-safe values."""
     np_state = np.random.get_state()
     return {
         "python": random.getstate(),
@@ -74,6 +207,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore generator states saved by :func:`rng_state`."""
     random.setstate(_tuples(state["python"]))
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
@@ -87,8 +221,10 @@ def _tuples(x):
 
 
 def tokenizer_to_tensors(protos: dict[str, bytes]) -> dict[str, torch.Tensor]:
+    """SentencePiece model protos as uint8 tensors (a checkpoint holds only tensors and plain values)."""
     return {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in protos.items()}
 
 
 def tokenizer_from_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, bytes]:
+    """The inverse of :func:`tokenizer_to_tensors`."""
     return {k: bytes(v.numpy().tobytes()) for k, v in tensors.items()}

@@ -19,6 +19,7 @@ import typer
 from .config import ConfigError, DecodeConfig, load_config, validate
 from .corpus import DataError, read_lines
 from .evaluate import EvaluationError, score
+from .files import OutputError, atomic_write, check_writable
 from .tokenizer import TokenizerError
 
 # torch is imported inside the commands, not here: encoding workers are spawned processes
@@ -38,7 +39,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     """Errors reported as one line and exit code 2 (evaluated only when one is raised)."""
     from .checkpoint import CheckpointError
 
-    return (ConfigError, DataError, TokenizerError, CheckpointError, EvaluationError)
+    return (ConfigError, DataError, TokenizerError, CheckpointError, EvaluationError, OutputError)
 
 
 def _fail(exc: Exception) -> None:
@@ -55,12 +56,8 @@ def _setup_logging(quiet: bool = False) -> None:
 
 def _check_output(path: Optional[Path], flag: str = "--output") -> None:
     """Fail before any work if ``path`` cannot be written (so no translation is thrown away)."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise ConfigError(f"{flag} {path} is a directory; give a file name")
-    if not path.parent.is_dir():
-        raise ConfigError(f"{flag} {path}: directory {path.parent} does not exist; create it first")
+    if path is not None:
+        check_writable(path, flag)
 
 
 def _read_stdin() -> list[str]:
@@ -79,18 +76,12 @@ def _read_stdin() -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 @app.command()
 def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (sections model, data, tokenizer, train, decode)."),
     set_: list[str] = typer.Option([], "--set", metavar="SECTION.KEY=VALUE", help="Override a config value: section.key=value, e.g. train.max_steps=2000 (repeatable)."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory for checkpoints, tokenizer and logs (same as --set train.run_dir=...)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in the run directory from its last.pt (config comes from the checkpoint; --set may override)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in the run directory from its newest checkpoint (config comes from the checkpoint; --set, and keys written in --config, may change all but model and tokenizer)."),
     quiet: bool = QUIET,
 ) -> None:
     """Train a SentencePiece tokenizer and a Transformer, validating and checkpointing as it goes."""
@@ -105,11 +96,11 @@ def train(
     try:
         cfg = load_config(config, overrides)
         resolve_device(cfg.train.device, "train.device")  # now, not after the tokenizer is trained
-        result = run_training(cfg, resume=resume, overrides=overrides)
+        result = run_training(cfg, resume=resume, overrides=overrides, config_file=config if resume else None)
     except user_errors() as exc:
         _fail(in_flags(exc, {"train.run_dir": "--run-dir"}) if run_dir and isinstance(exc, ConfigError) else exc)
-    except KeyboardInterrupt:
-        typer.echo("error: interrupted before training started; no checkpoint was written or changed", err=True)
+    except KeyboardInterrupt:  # before the training loop, or a second signal inside it
+        typer.echo("error: stopped at once; files already written are intact (they are replaced atomically); --resume continues from the newest checkpoint", err=True)
         raise typer.Exit(code=130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -263,8 +254,11 @@ def translate(
     text = "".join(line + "\n" for line in out)
     if output is None:
         sys.stdout.write(text)
-    else:
-        _write_atomic(output, text)
+        return
+    try:
+        atomic_write(output, text)
+    except OutputError as exc:
+        _fail(exc)
 
 
 def _check_evaluate_options(hyp, checkpoint, src, output, decode: DecodeOptions) -> None:
@@ -312,7 +306,7 @@ def evaluate(
 
             hyps = best_strings(tokenizer, results)
             if output is not None:
-                _write_atomic(output, "".join(h + "\n" for h in hyps))
+                atomic_write(output, "".join(h + "\n" for h in hyps))
         else:
             hyps = read_lines(hyp)
         result = score(hyps, references, tuple(str(r) for r in ref))
@@ -330,12 +324,18 @@ def average(
     checkpoints: list[Path] = typer.Argument(None, help="Checkpoints to average (or give --run-dir)."),
     out: Path = typer.Option(..., "--out", "-o", help="Where to write the averaged checkpoint (must not be an input)."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Average this run's newest step_N.pt checkpoints."),
-    last: int = typer.Option(5, "--last", help="With --run-dir: how many of the newest step checkpoints."),
+    last: int = typer.Option(5, "--last", help="With --run-dir: how many of the newest step checkpoints (at least 1)."),
 ) -> None:
     """Average model weights of several checkpoints (the paper averages the last 5)."""
-    from .average import average_checkpoints, step_checkpoints
+    from .average import average_checkpoints
+    from .rundir import step_checkpoints
 
     try:
+        if last < 1:
+            raise ConfigError(f"--last must be at least 1, got {last}")
+        if run_dir is not None and not run_dir.is_dir():
+            raise ConfigError(f"--run-dir {run_dir} is not a directory")
+        _check_output(out, "--out")
         paths = list(checkpoints or [])
         if run_dir is not None:
             paths += step_checkpoints(run_dir)[-last:]

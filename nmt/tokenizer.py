@@ -21,6 +21,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from .files import atomic_write
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
@@ -66,7 +68,7 @@ class Tokenizer:
         """Write ``spm.model`` (joint) or ``spm.src.model`` and ``spm.tgt.model``."""
         for name, proto in self.protos().items():
             filename = "spm.model" if name == "joint" else f"spm.{name}.model"
-            (directory / filename).write_bytes(proto)
+            atomic_write(directory / filename, proto)
 
     @classmethod
     def load_dir(cls, directory: Path) -> "Tokenizer | None":

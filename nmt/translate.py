@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, load_checkpoint, tokenizer_from_tensors
-from .config import Config, ConfigError, config_from_dict
+from .checkpoint import load_checkpoint, restore_model
+from .config import Config, ConfigError
 from .data import pad_sources, token_batches
 from .model import Transformer
 from .search import Hypothesis, translate_batch
@@ -91,16 +91,9 @@ def load_model(path, device: torch.device) -> tuple[Transformer, Tokenizer, Conf
     """Rebuild the model and tokenizer from a checkpoint alone (a file, or a run directory's ``best.pt``).
 
     Raises:
-        nmt.checkpoint.CheckpointError: the checkpoint is missing or unreadable.
+        nmt.checkpoint.CheckpointError: the checkpoint is missing, damaged, or inconsistent.
     """
-    payload = load_checkpoint(path)
-    try:
-        cfg = config_from_dict(payload["config"], str(path))
-        model = Transformer(cfg.model)
-        model.load_state_dict(payload["model"])
-        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"]))
-    except (KeyError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: incomplete or inconsistent checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    model, tokenizer, cfg = restore_model(load_checkpoint(path), path)
     return model.to(device).eval(), tokenizer, cfg
 
 

@@ -99,7 +99,7 @@ def child(args) -> None:
     from nmt.loss import LossOutput, label_smoothed_loss
     from nmt.model import Transformer, count_parameters
     from nmt.tokenizer import Tokenizer
-    from nmt.train import Updater
+    from nmt.update import Updater
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -153,7 +153,7 @@ def test_compiled_training_step_equals_eager():
     from nmt.data import Batch
     from nmt.loss import label_smoothed_loss
     from nmt.model import Transformer
-    from nmt.train import Updater
+    from nmt.update import Updater
 
     from conftest import random_sources, tiny_config
 

@@ -1,0 +1,213 @@
+"""A run directory's lifecycle: one writer at a time, a fresh start or a resume, one history.
+
+* **Lock.** ``nmt train`` holds an exclusive ``flock`` on ``RUN/.lock`` for as long as it
+  runs; a second ``nmt train`` on the same directory is refused. The kernel drops the lock
+  when the process ends, however it ends, so a killed run never leaves it stuck.
+* **Fresh start.** Refused when the directory holds a checkpoint (``last.pt``, ``best.pt``,
+  ``step_N.pt``). A run killed before its first checkpoint left only logs: a fresh start
+  replaces them.
+* **Resume.** From the newest complete checkpoint that holds the training state (by step;
+  a damaged one is skipped with a warning). Records and step checkpoints newer than it
+  belong to an abandoned history and are removed, so ``metrics.jsonl`` describes one run.
+* **Sweep.** Temporary files that killed writers left (``.last.pt.tmpPID``) are removed
+  at the start of every run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from .checkpoint import CheckpointError, load_checkpoint
+from .config import Config, ConfigError, config_from_dict, config_to_dict, load_config
+from .files import OutputError, append_line, atomic_write, reason
+
+log = logging.getLogger("nmt.train")
+
+METRICS = "metrics.jsonl"
+_TEMPORARY = re.compile(r"^\..+\.tmp\d+$")
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's ``step_N.pt`` files, oldest first."""
+    return sorted((p for p in run_dir.glob("step_*.pt") if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
+
+
+class RunDir:
+    """The run directory ``path``, locked by this process from :meth:`lock` to :meth:`release`."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.lock_file = None
+        self.created = False
+
+    def lock(self) -> None:
+        """Create the directory if needed and take its lock.
+
+        Raises:
+            ConfigError: ``path`` is a file, or another process holds the lock.
+            nmt.files.OutputError: the directory cannot be written (read-only, full).
+        """
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"train.run_dir {self.path} is a file; choose a directory")
+        try:
+            self.created = not self.path.exists()
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.lock_file = open(self.path / ".lock", "a+")
+        except OSError as exc:
+            raise OutputError(f"cannot write to the run directory {self.path}: {reason(exc)}") from None
+        try:
+            fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.lock_file.seek(0)
+            holder = self.lock_file.read().strip() or "unknown"
+            self.lock_file.close()
+            self.lock_file = None
+            raise ConfigError(f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or choose another train.run_dir") from None
+        self.lock_file.truncate(0)
+        self.lock_file.write(f"{os.getpid()}\n")
+        self.lock_file.flush()
+
+    def release(self) -> None:
+        """Drop the lock; remove the directory again if this process created it and wrote nothing else.
+
+        The lock file itself stays: deleting it would let a process that opened it
+        before the deletion and one that creates a new one hold "the" lock together.
+        """
+        if self.lock_file is None:
+            return
+        if self.created and [p.name for p in self.path.iterdir()] == [".lock"]:
+            (self.path / ".lock").unlink()
+            self.path.rmdir()
+        self.lock_file.close()
+        self.lock_file = None
+
+    def sweep(self) -> None:
+        """Remove temporary files that writers killed mid-write left behind (the lock says none is running)."""
+        for tmp in self.path.iterdir():
+            if _TEMPORARY.match(tmp.name) and tmp.is_file():
+                log.info("removing %s, left by a writer that was stopped", tmp)
+                tmp.unlink()
+
+    def checkpoints(self) -> list[Path]:
+        return [p for p in (self.path / "last.pt", self.path / "best.pt") if p.is_file()] + step_checkpoints(self.path)
+
+    def start_fresh(self) -> None:
+        """Make way for a fresh run: refuse if a checkpoint exists, else drop the logs of a run that never saved one.
+
+        Raises:
+            ConfigError: the directory holds checkpoints.
+        """
+        existing = sorted(p.name for p in self.checkpoints())
+        if existing:
+            raise ConfigError(f"{self.path} already holds a run ({', '.join(existing)}); pass --resume to continue it or choose another train.run_dir")
+        stale = [p for p in (self.path / METRICS, self.path / "tensorboard") if p.exists()]
+        if stale:
+            log.info("%s holds logs of a run stopped before its first checkpoint: starting afresh", self.path)
+            for p in stale:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+    def newest_checkpoint(self) -> tuple[Path, dict[str, Any]]:
+        """The newest complete checkpoint with training state, loaded; a damaged one is skipped with a warning.
+
+        Raises:
+            ConfigError: there is no checkpoint.
+            nmt.checkpoint.CheckpointError: no checkpoint is usable (the newest one's reason).
+        """
+        order = {"last.pt": 2, "best.pt": 0}
+        candidates = sorted(self.checkpoints(), key=lambda p: (_peek_step(p), order.get(p.name, 1)), reverse=True)
+        if not candidates:
+            raise ConfigError(f"--resume: {self.path} holds no checkpoint (the run stopped before its first one, or never started); run without --resume to start afresh")
+        first_error = None
+        for path in candidates:
+            try:
+                return path, load_checkpoint(path, training=True)
+            except CheckpointError as exc:
+                log.warning("skipping %s: %s", path, exc)
+                first_error = first_error or exc
+        raise first_error
+
+    def keep_history_until(self, step: int) -> None:
+        """Remove metrics records and step checkpoints after ``step`` (an abandoned history)."""
+        for path in step_checkpoints(self.path):
+            if int(path.stem[5:]) > step:
+                log.info("removing %s: written after the checkpoint this run resumes from", path)
+                path.unlink()
+        metrics = self.path / METRICS
+        if not metrics.is_file():
+            return
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if _record_step(line) <= step]
+        if len(kept) < len(lines):
+            atomic_write(metrics, "".join(line + "\n" for line in kept))
+
+    def record(self, values: dict) -> None:
+        append_line(self.path / METRICS, json.dumps(values))
+
+
+def _peek_step(path: Path) -> int:
+    """A checkpoint's step, read lazily (tensors are not loaded); -1 if it cannot be read."""
+    try:
+        return int(torch.load(path, mmap=True, weights_only=True, map_location="cpu")["progress"]["step"])
+    except Exception:  # damaged or foreign files sort last; loading them reports why
+        return -1
+
+
+def _record_step(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):  # a line cut by a kill mid-write: not part of the history
+        return 1 << 62
+
+
+def absolute_paths(cfg: Config) -> Config:
+    """``cfg`` with relative file and directory names made absolute, so a run resumes from any directory."""
+
+    def absolute(value):
+        return os.path.abspath(value) if value else value
+
+    d, t = cfg.data, cfg.tokenizer
+    data = {k: absolute(getattr(d, k)) for k in ("dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "cache_dir")}
+    if d.hf_data_files:
+        data["hf_data_files"] = {k: absolute(v) if os.path.exists(v) else v for k, v in d.hf_data_files.items()}
+    if d.hf_dataset and os.path.exists(d.hf_dataset):  # a local dataset directory, not a hub name
+        data["hf_dataset"] = absolute(d.hf_dataset)
+    tok = {k: absolute(getattr(t, k)) for k in ("model", "src_model", "tgt_model")}
+    return replace(cfg, data=replace(d, **data), tokenizer=replace(t, **tok), train=replace(cfg.train, run_dir=absolute(cfg.train.run_dir)))
+
+
+def resume_config(saved: dict, overrides: list[str], config_file: Path | None, source: Path) -> Config:
+    """The saved config with the keys written in ``config_file`` that differ from it, then ``overrides``, applied.
+
+    Raises:
+        ConfigError: a change to the model or tokenizer (a new run is needed for those).
+    """
+    raw = {section: dict(values) for section, values in saved.items()}
+    changes = [o.split("=", 1)[0].strip() for o in overrides]
+    if config_file is not None:
+        written = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+        edited = config_to_dict(absolute_paths(load_config(config_file)))
+        applied = [f"{s}.{k}" for s, values in written.items() for k in values or {} if k != "run_dir" and edited[s][k] != raw[s].get(k)]
+        for key in applied:
+            section, name = key.split(".")
+            log.info("--resume: %s = %r from %s (was %r)", key, edited[section][name], config_file, raw[section].get(name))
+            raw[section][name] = edited[section][name]
+        changes += applied
+    fixed = [key for key in changes if key.startswith(("model.", "tokenizer."))]
+    if fixed:
+        raise ConfigError(f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a new run instead")
+    for item in overrides:
+        key, _, value = item.partition("=")
+        section, _, name = key.strip().partition(".")
+        raw.setdefault(section, {})[name] = value.strip()
+    return absolute_paths(config_from_dict(raw, f"{source} with the changes given"))
