@@ -366,11 +366,10 @@ class Trainer:
         if self.writer is not None:
             self.writer.close()
         seconds = time.perf_counter() - self.started
-        interrupted = signals.received is not None
         if self.ddp.main:
             best = f"{self.progress.best_bleu:.2f}" if self.progress.best_bleu >= 0 else "none (no validation ran)"
-            log.info("done (%s): at step %d after %.0f s of training in this invocation; best validation BLEU %s", "signal" if interrupted else reason, self.progress.step, seconds, best)
-        return {**metrics, "step": self.progress.step, "train_seconds": seconds, "best_bleu": self.progress.best_bleu, "interrupted": interrupted, "stopped_by": "signal" if interrupted else reason}
+            log.info("done (%s): at step %d after %.0f s of training in this invocation; best validation BLEU %s", reason, self.progress.step, seconds, best)
+        return {**metrics, "step": self.progress.step, "train_seconds": seconds, "best_bleu": self.progress.best_bleu, "interrupted": reason == "signal", "stopped_by": reason}
 
     def checkpoint(self, name: str) -> None:
         """Save the full training state as ``run_dir/name`` (a collective: every process gives its RNG states)."""

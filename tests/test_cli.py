@@ -104,7 +104,7 @@ def test_bad_inputs_give_clear_errors_not_tracebacks(trained_run, tmp_path):
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint")
     result = invoke("translate", "--checkpoint", garbage, input="x\n")
-    assert result.exit_code == 2 and "not a readable nmt checkpoint" in result.output
+    assert result.exit_code == 2 and "garbage.pt is not an nmt checkpoint: it is a text file" in result.output
 
 
 def test_train_rejects_misaligned_corpus(tmp_path):

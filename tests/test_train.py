@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import time
 import pytest
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint
 from nmt.config import ConfigError, config_from_dict
 from nmt.corpus import DataError, read_lines
 from nmt.train import train
@@ -176,3 +177,190 @@ def test_compiled_training_step_equals_eager():
     assert eager_losses[2] != eager_losses[0]  # the updates did something
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, atol=1e-6, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- run directory lifecycle
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_second_trainer_on_a_locked_run_directory_is_refused(tmp_path):
+    from nmt.rundir import RunDir
+
+    data = small_corpus(tmp_path, n=40)
+    holder = RunDir(tmp_path / "run")
+    holder.lock()
+    with pytest.raises(ConfigError, match=rf"in use by another nmt train \(pid {os.getpid()}\)"):
+        train(tiny_run_config(data, tmp_path / "run", 1))
+    holder.release()
+    # A holder killed with SIGKILL leaves no stuck lock: the kernel drops it with the process.
+    script = f"from nmt.rundir import RunDir; import time; r = RunDir({str(tmp_path / 'run')!r}); r.lock(); print('locked', flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "locked"
+    with pytest.raises(ConfigError, match="in use by another nmt train"):
+        train(tiny_run_config(data, tmp_path / "run", 1))
+    child.kill()
+    child.wait(timeout=30)
+    assert train(tiny_run_config(data, tmp_path / "run", 1))["step"] == 1
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n{"step": 2, "loss": 8.0}\n')
+    with pytest.raises(ConfigError, match="holds no checkpoint .* run without --resume"):
+        train(tiny_run_config(data, run, 2), resume=True)
+    assert train(tiny_run_config(data, run, 2))["step"] == 2
+    assert [r["step"] for r in records(run) if "loss" in r] == [1, 2]
+    assert records(run)[0]["loss"] != 9.0
+
+
+def test_resume_takes_the_newest_complete_checkpoint_and_keeps_one_history(tmp_path):
+    data = small_corpus(tmp_path, n=100)
+    whole = tmp_path / "whole"
+    train(tiny_run_config(data, whole, 10))
+    run = tmp_path / "run"
+    train(tiny_run_config(data, run, 7, save_every=1, keep_last=10))
+    # A run killed after step_7.pt: last.pt is older, a damaged step_6.pt and a killed
+    # writer's temporary lie around, and metrics.jsonl already has a record of step 8.
+    (run / "last.pt").write_bytes((run / "step_4.pt").read_bytes())
+    (run / "step_6.pt").write_bytes((run / "step_6.pt").read_bytes()[:1000])
+    (run / ".step_8.pt.tmp424242").write_bytes(b"partial")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 8, "loss": 1.0}\n')
+    result = train(tiny_run_config(data, run, 7), resume=True, overrides=["train.max_steps=10"])
+    assert result["step"] == 10
+    assert not (run / ".step_8.pt.tmp424242").exists()
+    steps = [r["step"] for r in records(run) if "loss" in r]
+    assert steps == list(range(1, 11))  # one history: no duplicate or backward steps
+    assert step_losses(run) == step_losses(whole)  # resumed from step 7, exactly
+    assert sorted(int(p.stem[5:]) for p in run.glob("step_*.pt")) == list(range(1, 11))  # keep_last 10
+
+
+def test_resuming_a_finished_run_changes_nothing(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    run = tmp_path / "run"
+    train(tiny_run_config(data, run, 4, validate_every=2))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    result = train(tiny_run_config(data, run, 4), resume=True)
+    assert result["stopped_by"] == "done" and result["step"] == 4
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert [r["step"] for r in records(run) if "bleu" in r] == [2, 4]
+
+
+def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch):
+    data = small_corpus(tmp_path, n=40)
+    monkeypatch.chdir(tmp_path)
+    train(tiny_run_config("data", "run", 2))
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["config"]["data"]["dir"] == str(data)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert train(tiny_run_config("data", tmp_path / "run", 2), resume=True, overrides=["train.max_steps=3"])["step"] == 3
+
+
+def test_resume_with_an_edited_config_applies_or_refuses(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    run = tmp_path / "run"
+    train(tiny_run_config(data, run, 2))
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(f"data:\n  dir: {data}\ntrain:\n  run_dir: {run}\n  max_steps: 3\n  log_every: 1\n")
+    assert train(tiny_run_config(data, run, 2), resume=True, config_file=edited)["step"] == 3
+    edited.write_text("model:\n  d_model: 64\ntrain:\n  max_steps: 4\n")
+    with pytest.raises(ConfigError, match=r"cannot change the model or tokenizer of a run \(model\.d_model\)"):
+        train(tiny_run_config(data, run, 2), resume=True, config_file=edited)
+
+
+def test_resume_from_an_averaged_checkpoint_is_refused_before_writing(tmp_path):
+    from nmt.average import average_checkpoints
+
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "src", 2))
+    run = tmp_path / "run"
+    run.mkdir()
+    average_checkpoints([tmp_path / "src" / "last.pt"], run / "last.pt")
+    with pytest.raises(CheckpointError, match=r"holds no training state \(an nmt average output\)"):
+        train(tiny_run_config(data, run, 2), resume=True)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "last.pt"]
+
+
+def test_logged_learning_rate_is_the_rate_the_update_used(tmp_path):
+    from nmt.schedule import noam_lr
+
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "run", 5))
+    lrs = {r["step"]: r["lr"] for r in records(tmp_path / "run") if "lr" in r}
+    assert lrs[1] == pytest.approx(32**-0.5 * 4**-1.5)  # 0.0221: step 1 of warmup 4
+    assert lrs == {k: pytest.approx(noam_lr(k, 32, 4)) for k in range(1, 6)}
+    assert max(lrs, key=lrs.get) == 4  # the peak falls on the last warmup step
+
+
+def test_an_fp16_update_the_scaler_skips_moves_nothing():
+    from dataclasses import replace
+
+    from nmt.config import TrainConfig
+    from nmt.data import Batch
+    from nmt.loss import label_smoothed_loss
+    from nmt.model import Transformer
+    from nmt.update import Updater
+
+    from conftest import random_sources, tiny_config
+
+    calls = []
+
+    def overflow_first(logits, target, smoothing):
+        out = label_smoothed_loss(logits, target, smoothing)
+        calls.append(1)
+        return replace(out, loss=out.loss * float("inf")) if len(calls) == 1 else out
+
+    src, tgt = random_sources([3, 5]), random_sources([4, 6], seed=1)
+    batch = Batch(src, torch.cat([torch.full((2, 1), 2), tgt[:, :-1]], dim=1), tgt)
+    model = Transformer(tiny_config(dropout=0.0))
+    updater = Updater(model, TrainConfig(precision="fp16", warmup_steps=4), torch.device("cpu"), loss_fn=overflow_first)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    updater.step([batch])
+    assert updater.skipped and updater.scheduler.last_epoch == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    updater.step([batch])
+    assert not updater.skipped and updater.scheduler.last_epoch == 1
+    assert updater.last_lr == pytest.approx(32**-0.5 * 4**-1.5)  # step 1's rate, not step 2's
+
+
+def test_a_signal_during_validation_stops_it_at_once(tmp_path, monkeypatch):
+    import threading
+
+    import nmt.train
+
+    data = small_corpus(tmp_path, n=40)
+
+    def slow_validation(*args):
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        time.sleep(60)
+
+    monkeypatch.setattr(nmt.train, "validate", slow_validation)
+    started = time.perf_counter()
+    result = train(tiny_run_config(data, tmp_path / "run", 10, validate_every=2))
+    assert time.perf_counter() - started < 30
+    assert result["interrupted"] and result["step"] == 2
+    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert ckpt["progress"]["step"] == 2 and ckpt["progress"]["validated_step"] == -1
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    import threading
+
+    from nmt.distributed import Interrupted, StopSignal
+
+    with StopSignal() as signals:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        started = time.perf_counter()
+        with pytest.raises(Interrupted):
+            with signals.interruptible():
+                time.sleep(30)
+        assert time.perf_counter() - started < 5 and signals.received == signal.SIGTERM
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(30)

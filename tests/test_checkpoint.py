@@ -1,0 +1,164 @@
+import errno
+import os
+import zipfile
+
+import pytest
+import torch
+
+from nmt import __version__
+from nmt.checkpoint import CheckpointError, load_checkpoint, restore_model, save_checkpoint, tokenizer_to_tensors
+from nmt.config import TokenizerConfig, config_from_dict, config_to_dict
+from nmt.files import OutputError, atomic_write, check_writable
+from nmt.model import Transformer
+from nmt.tokenizer import train_tokenizer
+
+from conftest import TOY
+
+MODEL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "src_vocab_size": 40, "tgt_vocab_size": 40}
+
+
+@pytest.fixture(scope="module")
+def protos():
+    lines = (TOY / "train.en").read_text().splitlines()[:300]
+    return train_tokenizer(lines, lines, TokenizerConfig(vocab_size=40)).protos()
+
+
+def write(path, protos, seed=0, **model):
+    torch.manual_seed(seed)
+    cfg = config_from_dict({"model": {**MODEL, **model}})
+    state = Transformer(cfg.model).state_dict()
+    save_checkpoint({"model": state, "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(protos)}, path)
+    return state
+
+
+def data_offset(path, name_part):
+    """Byte offset of the data of the first archive entry whose name contains ``name_part``."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if name_part in i.filename), key=lambda i: i.file_size)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+    return info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+
+
+def flip_bit(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_round_trip_records_the_version(tmp_path, protos):
+    state = write(tmp_path / "a.pt", protos)
+    payload = load_checkpoint(tmp_path / "a.pt")
+    assert payload["nmt_version"] == __version__
+    model, _, _ = restore_model(payload, tmp_path / "a.pt")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state[name])
+
+
+def test_a_flipped_bit_in_a_weight_is_detected(tmp_path, protos):
+    path = tmp_path / "a.pt"
+    write(path, protos)
+    flip_bit(path, data_offset(path, "/data/"))
+    with pytest.raises(CheckpointError, match=r"^damaged checkpoint: .*a\.pt \(entry .* does not match its checksum"):
+        load_checkpoint(path)
+
+
+def test_a_truncated_checkpoint_gives_a_whole_sentence(tmp_path, protos):
+    path = tmp_path / "a.pt"
+    write(path, protos)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    message = str(err.value)
+    assert message.startswith(f"damaged checkpoint: {path} (") and message.endswith("probably truncated or overwritten)")
+
+
+@pytest.mark.parametrize("content, looks_like", [
+    (b"ein Hund rennt\nzwei Katzen\n", "a text file (first line 'ein Hund rennt')"),
+    (b"model:\n  d_model: 32\ntrain:\n  max_steps: 5\n", "YAML text"),
+    (b"", "an empty file"),
+    (b"\x00\x01\x02\xff\xfe" * 100, "binary data"),
+])
+def test_files_that_are_not_checkpoints_are_named(tmp_path, content, looks_like):
+    path = tmp_path / "x.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=rf"x\.pt is not an nmt checkpoint: it is {looks_like[:12]}") as err:
+        load_checkpoint(path)
+    assert looks_like in str(err.value)
+
+
+def test_a_sentencepiece_model_is_named(tmp_path, protos):
+    path = tmp_path / "spm.model"
+    path.write_bytes(protos["joint"])
+    with pytest.raises(CheckpointError, match="is not an nmt checkpoint: it is a SentencePiece model"):
+        load_checkpoint(path)
+
+
+def test_inconsistent_checkpoints_give_one_line_naming_keys_and_version(tmp_path, protos):
+    path = tmp_path / "a.pt"
+    state = write(path, protos)
+    payload = load_checkpoint(path)
+    save_checkpoint({**payload, "tokenizer": "not tensors"}, path)
+    with pytest.raises(CheckpointError, match=rf"inconsistent checkpoint: 'tokenizer' is not .* \(written by nmt {__version__}\)"):
+        load_checkpoint(path)
+    wrong = config_from_dict({"model": {**MODEL, "n_encoder_layers": 1}})
+    save_checkpoint({**payload, "config": config_to_dict(wrong)}, path)
+    with pytest.raises(CheckpointError) as err:
+        restore_model(load_checkpoint(path), path)
+    message = str(err.value)
+    assert "\n" not in message and "unexpected: encoder.1." in message and f"nmt {__version__}" in message
+    renamed = {("x." + k if k.startswith("decoder.0.") else k): v for k, v in state.items()}
+    save_checkpoint({**payload, "model": renamed}, path)
+    with pytest.raises(CheckpointError, match=r"unexpected: x\.decoder\.0\..*missing: decoder\.0\."):
+        restore_model(load_checkpoint(path), path)
+
+
+def test_a_full_disk_leaves_the_old_checkpoint_and_no_temporary(tmp_path, protos, monkeypatch):
+    path = tmp_path / "last.pt"
+    write(path, protos)
+    before = path.read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OutputError, match=rf"^cannot write {path}: no space left on the device$"):
+        write(path, protos, seed=1)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_torch_save_failing_mid_write_is_one_line(tmp_path):
+    def half_then_full(f):
+        f.write(b"x" * 10)
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with pytest.raises(OutputError, match="read-only file system"):
+        atomic_write(tmp_path / "out.txt", half_then_full)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_are_checked_before_work(tmp_path):
+    with pytest.raises(OutputError, match="does not exist; create it first"):
+        check_writable(tmp_path / "missing" / "out.pt", "--out")
+    with pytest.raises(OutputError, match="is a directory"):
+        check_writable(tmp_path, "--out")
+    check_writable(tmp_path / "fine.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_mount_is_refused_before_work(tmp_path):
+    """On a real read-only file system (needs mount rights; skipped without them)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.system(f"mount -t tmpfs -o ro tmpfs {ro} 2>/dev/null") != 0:
+        pytest.skip("cannot mount a read-only tmpfs here")
+    try:
+        with pytest.raises(OutputError, match=rf"cannot write --output {ro}/hyp.txt: read-only file system"):
+            check_writable(ro / "hyp.txt", "--output")
+        with pytest.raises(OutputError, match="read-only file system"):
+            atomic_write(ro / "hyp.txt", "text\n")
+    finally:
+        os.system(f"umount {ro}")
+
