@@ -154,6 +154,15 @@ class RunDir:
     def record(self, values: dict) -> None:
         append_line(self.path / METRICS, json.dumps(values))
 
+    def tensorboard(self, step: int):
+        """A TensorBoard writer under ``tensorboard/`` that hides events after ``step`` (an abandoned history); None without the package."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            log.info("tensorboard is not installed: no TensorBoard scalars (metrics.jsonl has them all)")
+            return None
+        return SummaryWriter(str(self.path / "tensorboard"), purge_step=step + 1 if step else None)
+
 
 def _peek_step(path: Path) -> int:
     """A checkpoint's step, read lazily (tensors are not loaded); -1 if it cannot be read."""

@@ -153,19 +153,14 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
     run = RunDir(Path(cfg.train.run_dir).absolute())
     try:
         opened = ddp.on_main(lambda: open_run(run, cfg, resume, overrides or [], config_file))
-        cfg_dict, checkpoint, done = ddp.share((config_to_dict(opened.cfg), opened.checkpoint, opened.done) if ddp.main else None)
-        if not ddp.main:  # rank 0's tokenizer, encoded corpora and checkpoint, read back
-            opened = Opened(config_from_dict(cfg_dict), checkpoint, None, done)
-            if checkpoint and not done:
-                opened.payload = load_checkpoint(checkpoint, training=True)
-            if not done:
-                tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else Tokenizer.load_dir(run.path)
-                opened.data = prepare(opened.cfg, run.path, tokenizer, write=False)
-        if done:
-            progress = Progress(**opened.payload["progress"]) if opened.payload else Progress()
+        if not ddp.main:
+            opened = read_back(run, *ddp.share(None))
+        else:
+            ddp.share((config_to_dict(opened.cfg), opened.checkpoint, opened.done))
+        if opened.done:
             if ddp.main:
-                log.info("%s", done)
-            return {"step": progress.step, "train_seconds": 0.0, "best_bleu": progress.best_bleu, "interrupted": False, "stopped_by": "done"}
+                log.info("%s", opened.done["message"])
+            return {"step": opened.done["step"], "train_seconds": 0.0, "best_bleu": opened.done["best_bleu"], "interrupted": False, "stopped_by": "done"}
         return Trainer(opened, ddp, run).run()
     finally:
         run.release()
@@ -179,8 +174,18 @@ class Opened:
     cfg: Config
     checkpoint: str | None  # the checkpoint resumed from
     payload: dict | None
-    done: str | None = None  # why a resumed run has nothing left to do
+    done: dict | None = None  # a resumed run with nothing left to do: step, best_bleu, message
     data: tuple | None = None  # (tokenizer, training corpus, ValidationSet)
+
+
+def read_back(run: RunDir, cfg_dict: dict, checkpoint: str | None, done: dict | None) -> Opened:
+    """On ranks other than 0: rank 0's config, checkpoint, tokenizer and encoded corpora, read back."""
+    opened = Opened(config_from_dict(cfg_dict), checkpoint, None, done)
+    if not done:
+        opened.payload = load_checkpoint(checkpoint, training=True) if checkpoint else None
+        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else Tokenizer.load_dir(run.path)
+        opened.data = prepare(opened.cfg, run.path, tokenizer, write=False)
+    return opened
 
 
 def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], config_file: Path | None) -> Opened:
@@ -198,8 +203,9 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
         tc = opened.cfg.train
         limits = [f"train.max_steps {tc.max_steps}" if progress.step >= tc.max_steps else "", f"train.max_epochs {tc.max_epochs}" if progress.epoch >= tc.max_epochs else "",
                   f"train.patience {tc.patience}" if tc.patience and progress.bad_validations >= tc.patience else ""]
-        if any(limits) and progress.validated_step in (progress.step, -1 if "validated_step" not in payload["progress"] else -2):
-            opened.done = f"{run.path} is finished at step {progress.step} ({', '.join(filter(None, limits))}): nothing left to do; raise the limit with --set to train on"
+        if any(limits) and payload["progress"].get("validated_step", progress.step) == progress.step:
+            message = f"{run.path} is finished at step {progress.step} ({', '.join(filter(None, limits))}): nothing left to do; raise the limit with --set to train on"
+            opened.done = {"step": progress.step, "best_bleu": progress.best_bleu, "message": message}
             return opened
         run.keep_history_until(progress.step)
     else:
@@ -234,7 +240,7 @@ class Trainer:
         self._batches: tuple[int, list] = (-1, [])
         self.epoch_batches()  # fewer batches than processes fails here, before any step
         self.window = Window(ddp.device)
-        self.writer = _tensorboard(run.path, self.progress.step) if ddp.main and tc.tensorboard else None
+        self.writer = run.tensorboard(self.progress.step) if ddp.main and tc.tensorboard else None
         self.started = time.perf_counter()
         if ddp.main:
             log.info("model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d process(es) × update_freq %d × max_tokens %d",
@@ -389,13 +395,3 @@ class Trainer:
             for key, value in values.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, values["step"])
-
-
-def _tensorboard(run_dir: Path, step: int):
-    """A TensorBoard writer that hides events after ``step`` left by an abandoned history."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        log.info("tensorboard is not installed: no TensorBoard scalars (metrics.jsonl has them all)")
-        return None
-    return SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1 if step else None)

@@ -36,3 +36,39 @@ def test_average_refuses_to_overwrite_an_input(tmp_path):
         average_checkpoints([tmp_path / "a.pt"], tmp_path / "a.pt")
     with pytest.raises(CheckpointError, match="nothing to average"):
         average_checkpoints([], tmp_path / "b.pt")
+
+
+def test_average_refuses_different_tokenizers_and_models_before_writing(tmp_path):
+    write(tmp_path / "a.pt", 0)
+    write(tmp_path / "b.pt", 1)
+    other = load_checkpoint(tmp_path / "b.pt")
+    save_checkpoint({**other, "tokenizer": tokenizer_to_tensors({"joint": b"y"})}, tmp_path / "tok.pt")
+    with pytest.raises(CheckpointError, match="have different tokenizers"):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "tok.pt"], tmp_path / "avg.pt")
+    gelu = config_to_dict(config_from_dict({"model": {**other["config"]["model"], "activation": "gelu"}}))
+    save_checkpoint({**other, "config": gelu}, tmp_path / "gelu.pt")
+    with pytest.raises(CheckpointError, match="different models \\(model.activation 'relu' vs 'gelu'\\)"):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "gelu.pt"], tmp_path / "avg.pt")
+    (tmp_path / "notes.pt").write_text("not a checkpoint\n")
+    with pytest.raises(CheckpointError, match="notes.pt is not an nmt checkpoint"):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "notes.pt"], tmp_path / "avg.pt")
+    wide = config_to_dict(config_from_dict({"model": {**other["config"]["model"], "d_ff": 128}}))
+    save_checkpoint({**other, "config": wide}, tmp_path / "wide.pt")  # config and tensors disagree
+    with pytest.raises(CheckpointError, match=r"do not fit the model .*shape in file vs config"):
+        average_checkpoints([tmp_path / "wide.pt"], tmp_path / "avg.pt")
+    assert not (tmp_path / "avg.pt").exists()
+
+
+def test_average_command_checks_its_options(tmp_path):
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    write(tmp_path / "a.pt", 0)
+    (tmp_path / "run").mkdir()
+    for last in ("0", "-1"):
+        result = CliRunner().invoke(app, ["average", "--run-dir", str(tmp_path / "run"), "--last", last, "--out", str(tmp_path / "avg.pt")])
+        assert result.exit_code == 2 and f"--last must be at least 1, got {last}" in result.output
+    result = CliRunner().invoke(app, ["average", str(tmp_path / "a.pt"), "--out", str(tmp_path / "missing" / "avg.pt")])
+    assert result.exit_code == 2 and "missing does not exist; create it first" in result.output
+    assert not (tmp_path / "missing").exists()

@@ -364,3 +364,23 @@ def test_a_second_signal_stops_at_once(tmp_path):
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
         with pytest.raises(KeyboardInterrupt):
             time.sleep(30)
+
+
+def test_a_full_disk_at_the_first_checkpoint_is_one_error_and_no_temporary(tmp_path, monkeypatch):
+    import errno
+
+    from nmt.files import OutputError
+
+    data = small_corpus(tmp_path, n=40)
+    fsync = os.fsync
+
+    def full_for_checkpoints(fd):
+        if ".last.pt.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_for_checkpoints)
+    run = tmp_path / "run"
+    with pytest.raises(OutputError, match=rf"^cannot write {run}/last.pt: no space left on the device$"):
+        train(tiny_run_config(data, run, 2))
+    assert not list(run.glob(".*.tmp*")) and not (run / "last.pt").exists()
