@@ -148,6 +148,11 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
         problems.append("'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint, or src and tgt)")
     if problems:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
+    from .model import Transformer
+
+    with torch.device("meta"):  # names and shapes only: no memory, no initialisation
+        expected = Transformer(_config(payload, path).model).state_dict()
+    check_state_fits(expected, payload["model"], path, written_by(payload))
     if training:
         absent = [k for k in TRAINING_STATE if k not in payload]
         if absent:
@@ -158,25 +163,30 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
             )
 
 
+def _config(payload: dict[str, Any], path: Path):
+    from .config import ConfigError, config_from_dict
+
+    try:
+        return config_from_dict(payload["config"], f"{path} (config)")
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
+
+
 def restore_model(payload: dict[str, Any], path: Path):
-    """Rebuild ``(model, tokenizer, config)`` from a checked payload, on the CPU in eval mode.
+    """Rebuild ``(model, tokenizer, config)`` from a payload :func:`load_checkpoint` checked, on the CPU in eval mode.
 
     Raises:
-        CheckpointError: the config is invalid, the tensors do not fit the model the
-            config describes (the message names unexpected, missing and mis-shaped
-            tensors), or the tokenizer does not load.
+        CheckpointError: the tokenizer does not load.
     """
-    from .config import ConfigError, config_from_dict
     from .model import Transformer
     from .tokenizer import Tokenizer, TokenizerError
 
+    cfg = _config(payload, path)
     try:
-        cfg = config_from_dict(payload["config"], f"{path} (config)")
         tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"]))
-    except (ConfigError, TokenizerError) as exc:
+    except TokenizerError as exc:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
     model = Transformer(cfg.model)
-    check_state_fits(model.state_dict(), payload["model"], path, written_by(payload))
     model.load_state_dict(payload["model"])
     return model.eval(), tokenizer, cfg
 

@@ -272,6 +272,7 @@ class Trainer:
                     self.maybe_log(bar)
                     self.maybe_validate(signals)
                     self.maybe_checkpoint()
+                self.maybe_end_epoch()
             bar.close()
             return self.finish(reason, signals)
 
@@ -285,11 +286,15 @@ class Trainer:
             self._batches = (epoch, batches)
         return self._batches[1]
 
-    def next_group(self) -> list[Batch]:
-        """The next ``update_freq`` batches of this process (host tensors), moving to the next epoch when one ends."""
+    def maybe_end_epoch(self) -> None:
         p = self.progress
         if p.batch_in_epoch >= len(self.epoch_batches()):
             p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+
+    def next_group(self) -> list[Batch]:
+        """The next ``update_freq`` batches of this process (host tensors)."""
+        self.maybe_end_epoch()  # a checkpoint saved on an epoch's last step resumes here
+        p = self.progress
         batches = self.epoch_batches()[p.batch_in_epoch : p.batch_in_epoch + self.cfg.train.update_freq]
         p.batch_in_epoch += len(batches)
         return [collate(self.corpus, b, pin_memory=self.ddp.device.type == "cuda") for b in batches]
@@ -299,10 +304,8 @@ class Trainer:
         for out in self.updater.step(group):
             self.window.add(out)
         self.window.tokens += self.updater.last_tokens
-        if self.updater.skipped:
-            return False
-        self.progress.step += 1
-        return True
+        self.progress.step += 0 if self.updater.skipped else 1
+        return not self.updater.skipped
 
     def maybe_log(self, bar) -> None:
         if self.progress.step % self.cfg.train.log_every:
@@ -364,11 +367,10 @@ class Trainer:
         metrics = {}
         if reason == "patience":
             log.info("early stop: %d validations without a BLEU improvement", self.progress.bad_validations)
-        if self.progress.validated_step != self.progress.step:
-            if reason != "signal":
-                metrics = self.validate(signals)
-            if self.progress.validated_step != self.progress.step:
-                self.checkpoint("last.pt")
+        if self.progress.validated_step != self.progress.step and reason != "signal":
+            metrics = self.validate(signals)
+        if self.progress.validated_step != self.progress.step:  # no validation saved last.pt at this step
+            self.checkpoint("last.pt")
         if self.writer is not None:
             self.writer.close()
         seconds = time.perf_counter() - self.started

@@ -384,3 +384,12 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_error_and_no_temporary(tmp_p
     with pytest.raises(OutputError, match=rf"^cannot write {run}/last.pt: no space left on the device$"):
         train(tiny_run_config(data, run, 2))
     assert not list(run.glob(".*.tmp*")) and not (run / "last.pt").exists()
+
+
+def test_max_epochs_stops_at_the_end_of_the_epoch(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    result = train(tiny_run_config(data, tmp_path / "run", 1000, max_epochs=1))
+    progress = load_checkpoint(tmp_path / "run" / "last.pt")["progress"]
+    assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 0)
+    assert {r["epoch"] for r in records(tmp_path / "run") if "loss" in r} == {0}
+    assert result["stopped_by"] == "steps" and result["step"] == len(step_losses(tmp_path / "run"))
