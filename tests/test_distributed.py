@@ -157,3 +157,11 @@ def test_interrupted_and_resumed_equals_uninterrupted_with_two_ranks(tmp_path, c
         assert torch.equal(tensor, b["model"][name]), name
     losses = lambda run: {r["step"]: r["loss"] for r in records(run) if "loss" in r}  # noqa: E731
     assert losses(tmp_path / "whole") == losses(tmp_path / "split")
+
+
+def test_an_error_in_rank_0_preparation_ends_every_rank(tmp_path, corpus):
+    data, spm_model = corpus
+    (data / "valid.de").unlink()
+    results = wait(launch(tmp_path / "run", common_args(data, spm_model)))
+    assert [code for code, _ in results] == [2, 2]
+    assert all("valid.de" in err.splitlines()[-1] for _, err in results), results[1][1][-2000:]
