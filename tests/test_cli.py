@@ -318,7 +318,7 @@ def test_export_slim_checkpoint_translates_the_same(trained_run, tmp_path):
     result = invoke("export", slim, "--checkpoint", trained_run, "--format", "nmt")
     assert result.exit_code == 0, result.output
     payload = torch.load(slim, weights_only=True)
-    assert set(payload) == {"model", "config", "tokenizer", "progress"}
+    assert set(payload) == {"model", "config", "tokenizer", "progress", "nmt_version"}
     full = torch.load(trained_run / "best.pt", weights_only=True)
     assert all(torch.equal(payload["model"][k], full["model"][k]) for k in full["model"])
     assert slim.stat().st_size < (trained_run / "best.pt").stat().st_size
