@@ -15,6 +15,7 @@ import datetime
 import logging
 import os
 import signal
+import time
 from typing import Any, Callable
 
 import torch
@@ -115,11 +116,16 @@ class StopSignal:
     Inside :meth:`interruptible` (validation, which may take minutes) the first signal
     also raises :class:`Interrupted` at once. A second signal raises ``KeyboardInterrupt``
     wherever the process is: files are replaced atomically, so nothing already written is
-    corrupted, and ``--resume`` continues from the newest checkpoint.
+    corrupted, and ``--resume`` continues from the newest checkpoint. A signal within
+    :attr:`SAME_REQUEST_S` of the first counts as the same request: on Ctrl-C, ``torchrun``
+    forwards the terminal's SIGINT to processes that already got it.
     """
+
+    SAME_REQUEST_S = 1.0
 
     def __init__(self):
         self.received: int | None = None
+        self.received_at = 0.0
         self.previous: dict[int, Any] = {}
         self._interruptible = False
 
@@ -133,8 +139,10 @@ class StopSignal:
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:
+            if time.monotonic() - self.received_at < self.SAME_REQUEST_S:
+                return
             raise KeyboardInterrupt
-        self.received = signum
+        self.received, self.received_at = signum, time.monotonic()
         log.warning("%s received: stopping after saving last.pt (send it again to stop at once)", signal.Signals(signum).name)
         if self._interruptible:
             raise Interrupted
