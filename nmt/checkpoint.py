@@ -42,8 +42,9 @@ def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
 
 
 def written_by(payload: dict[str, Any]) -> str:
-    """``nmt X`` for the version that wrote ``payload`` (checkpoints before 0.1.0 did not record it)."""
-    return f"nmt {payload.get('nmt_version', 'before 0.1.0')}"
+    """``nmt X`` for the version that wrote ``payload``."""
+    version = payload.get("nmt_version")
+    return f"nmt {version}" if version else "an nmt version that did not record itself"
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", training: bool = False) -> dict[str, Any]:
