@@ -444,9 +444,10 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
     higher val BLEU), and score its test translations (the multi30k step's second half)."""
     import torch
 
-    from nmt.average import average_checkpoints, step_checkpoints
+    from nmt.average import average_checkpoints
     from nmt.corpus import find_split_file, read_lines
     from nmt.evaluate import score
+    from nmt.rundir import step_checkpoints
     from nmt.translate import best_strings, load_model, translate_lines
 
     device = torch.device(device_name)
