@@ -5,7 +5,7 @@
   when the process ends, however it ends, so a killed run never leaves it stuck.
 * **Fresh start.** Refused when the directory holds a checkpoint (``last.pt``, ``best.pt``,
   ``step_N.pt``). A run killed before its first checkpoint left only logs: a fresh start
-  replaces them.
+  replaces them (once its data is prepared: a failure leaves them as they were).
 * **Resume.** From the newest complete checkpoint that holds the training state (by step;
   a damaged one is skipped with a warning). Records and step checkpoints newer than it
   belong to an abandoned history and are removed, so ``metrics.jsonl`` describes one run.
@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -51,13 +50,15 @@ class RunDir:
         self.lock_file = None
         self.created = False
 
-    def lock(self) -> None:
-        """Create the directory if needed and take its lock.
+    def lock(self, resuming: bool = False) -> None:
+        """Create the directory if needed (unless ``resuming``) and take its lock.
 
         Raises:
-            ConfigError: ``path`` is a file, or another process holds the lock.
+            ConfigError: ``path`` is a file, is missing while ``resuming``, or another process holds the lock.
             nmt.files.OutputError: the directory cannot be written (read-only, full).
         """
+        if resuming and not self.path.is_dir():
+            raise ConfigError(f"--resume: {self.path} does not exist; start a fresh run instead (without --resume)")
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"train.run_dir {self.path} is a file; choose a directory")
         try:
@@ -102,8 +103,8 @@ class RunDir:
     def checkpoints(self) -> list[Path]:
         return [p for p in (self.path / "last.pt", self.path / "best.pt") if p.is_file()] + step_checkpoints(self.path)
 
-    def start_fresh(self) -> None:
-        """Make way for a fresh run: refuse if a checkpoint exists, else drop the logs of a run that never saved one.
+    def check_fresh(self) -> None:
+        """Refuse a fresh run where a checkpoint exists (nothing is changed).
 
         Raises:
             ConfigError: the directory holds checkpoints.
@@ -111,11 +112,6 @@ class RunDir:
         existing = sorted(p.name for p in self.checkpoints())
         if existing:
             raise ConfigError(f"{self.path} already holds a run ({', '.join(existing)}); pass --resume to continue it or choose another train.run_dir")
-        stale = [p for p in (self.path / METRICS, self.path / "tensorboard") if p.exists()]
-        if stale:
-            log.info("%s holds logs of a run stopped before its first checkpoint: starting afresh", self.path)
-            for p in stale:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
 
     def newest_checkpoint(self) -> tuple[Path, dict[str, Any]]:
         """The newest complete checkpoint with training state, loaded; a damaged one is skipped with a warning.
@@ -138,7 +134,8 @@ class RunDir:
         raise first_error
 
     def keep_history_until(self, step: int) -> None:
-        """Remove metrics records and step checkpoints after ``step`` (an abandoned history)."""
+        """Remove metrics records and step checkpoints after ``step``: an abandoned history, or
+        (``step`` 0) the logs of a run stopped before its first checkpoint."""
         for path in step_checkpoints(self.path):
             if int(path.stem[5:]) > step:
                 log.info("removing %s: written after the checkpoint this run resumes from", path)
@@ -149,6 +146,7 @@ class RunDir:
         lines = metrics.read_text(encoding="utf-8").splitlines()
         kept = [line for line in lines if _record_step(line) <= step]
         if len(kept) < len(lines):
+            log.info("%s: dropping %d records after step %d (not in the history this run continues)", metrics, len(lines) - len(kept), step)
             atomic_write(metrics, "".join(line + "\n" for line in kept))
 
     def record(self, values: dict) -> None:
@@ -161,7 +159,7 @@ class RunDir:
         except ImportError:
             log.info("tensorboard is not installed: no TensorBoard scalars (metrics.jsonl has them all)")
             return None
-        return SummaryWriter(str(self.path / "tensorboard"), purge_step=step + 1 if step else None)
+        return SummaryWriter(str(self.path / "tensorboard"), purge_step=step + 1)
 
 
 def _peek_step(path: Path) -> int:

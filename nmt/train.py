@@ -30,7 +30,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import evaluate
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, tokenizer_from_tensors, tokenizer_to_tensors
-from .config import Config, ConfigError, config_from_dict, config_to_dict, with_vocab
+from .config import Config, config_from_dict, config_to_dict, with_vocab
 from .corpus import DataError, EncodedCorpus, ParallelText, encode_corpus, encoding_workers, load_split, strip_pairs, stripped_side
 from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
@@ -190,11 +190,9 @@ def read_back(run: RunDir, cfg_dict: dict, checkpoint: str | None, done: dict | 
 
 def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], config_file: Path | None) -> Opened:
     """Lock the run directory, choose the checkpoint (or start fresh), settle the config, prepare the data."""
-    if resume and not run.path.is_dir():
-        raise ConfigError(f"--resume: {run.path} does not exist; start a fresh run instead (without --resume)")
-    run.lock()
+    run.lock(resuming=resume)
     run.sweep()
-    opened = Opened(absolute_paths(cfg), None, None)
+    opened, start = Opened(absolute_paths(cfg), None, None), 0
     if resume:
         path, payload = run.newest_checkpoint()
         progress = Progress(**payload["progress"])
@@ -207,11 +205,12 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
             message = f"{run.path} is finished at step {progress.step} ({', '.join(filter(None, limits))}): nothing left to do; raise the limit with --set to train on"
             opened.done = {"step": progress.step, "best_bleu": progress.best_bleu, "message": message}
             return opened
-        run.keep_history_until(progress.step)
+        start = progress.step
     else:
-        run.start_fresh()
+        run.check_fresh()
     tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else None
     opened.data = prepare(opened.cfg, run.path, tokenizer)
+    run.keep_history_until(start)
     opened.cfg = with_vocab(opened.cfg, opened.data[0].src.get_piece_size(), opened.data[0].tgt.get_piece_size())
     atomic_write(run.path / "config.yaml", yaml.safe_dump(config_to_dict(opened.cfg), sort_keys=False))
     return opened

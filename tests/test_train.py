@@ -213,6 +213,9 @@ def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n{"step": 2, "loss": 8.0}\n')
     with pytest.raises(ConfigError, match="holds no checkpoint .* run without --resume"):
         train(tiny_run_config(data, run, 2), resume=True)
+    with pytest.raises(DataError):  # a fresh start that fails leaves the old logs as they were
+        train(tiny_run_config(tmp_path / "no-data", run, 2))
+    assert len(records(run)) == 2
     assert train(tiny_run_config(data, run, 2))["step"] == 2
     assert [r["step"] for r in records(run) if "loss" in r] == [1, 2]
     assert records(run)[0]["loss"] != 9.0
