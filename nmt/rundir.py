@@ -28,7 +28,7 @@ import torch
 import yaml
 
 from .checkpoint import CheckpointError, load_checkpoint
-from .config import Config, ConfigError, config_from_dict, config_to_dict, load_config
+from .config import Config, ConfigError, apply_overrides, config_from_dict, config_to_dict, load_config
 from .files import OutputError, append_line, atomic_write, reason
 
 log = logging.getLogger("nmt.train")
@@ -213,8 +213,4 @@ def resume_config(saved: dict, overrides: list[str], config_file: Path | None, s
     fixed = [key for key in changes if key.startswith(("model.", "tokenizer."))]
     if fixed:
         raise ConfigError(f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a new run instead")
-    for item in overrides:
-        key, _, value = item.partition("=")
-        section, _, name = key.strip().partition(".")
-        raw.setdefault(section, {})[name] = value.strip()
-    return absolute_paths(config_from_dict(raw, f"{source} with the changes given"))
+    return absolute_paths(config_from_dict(apply_overrides(raw, overrides), f"{source} with the changes given"))
