@@ -166,13 +166,16 @@ class DecodeConfig:
     """Beam search settings.
 
     Output length is capped at ``max_len_a · src_len + max_len_b`` pieces per sentence.
-    Finished hypotheses are ranked by ``log P(Y|X) / lp(Y)`` with GNMT's length penalty
-    ``lp(Y) = ((5 + |Y|) / 6) ** length_penalty`` (Wu et al. 2016, §7), ``|Y|`` counting EOS.
-    ``max_tokens`` is the source-side batch budget in tokens, padding included.
+    Finished hypotheses are ranked by ``log P(Y|X) / lp(|Y|)``, ``|Y|`` counting EOS, where
+    ``length_normalization`` picks ``lp``: ``"gnmt"``, ``((5 + |Y|) / 6) ** length_penalty``
+    (Wu et al. 2016, §7); ``"length"``, ``|Y| ** length_penalty`` (fairseq, Hugging Face,
+    CTranslate2); ``"none"``, 1. ``max_tokens`` is the source-side batch budget in tokens,
+    padding included.
     """
 
     beam_size: int = 5
     length_penalty: float = 0.6
+    length_normalization: str = "gnmt"
     max_len_a: float = 1.5
     max_len_b: int = 10
     n_best: int = 1
@@ -348,6 +351,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.update_freq must be >= 1, got {t.update_freq}")
     if not 0.0 <= t.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+    if d.length_normalization not in ("gnmt", "length", "none"):  # nmt.search.LENGTH_NORMALIZATIONS (which needs torch)
+        raise ConfigError(f"decode.length_normalization must be gnmt, length or none, got {d.length_normalization!r}")
     if d.beam_size < 1 or not 1 <= d.n_best <= d.beam_size:
         raise ConfigError(f"decode.beam_size must be >= 1 and 1 <= n_best <= beam_size (got {d.beam_size}, {d.n_best})")
     if cfg.tokenizer.type not in ("bpe", "unigram"):

@@ -104,25 +104,52 @@ class RecomputeScorer:
 SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT's ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, §7); 1 when ``alpha`` is 0."""
+def _gnmt(length: int, alpha: float) -> float:
+    """GNMT's ``((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, §7)."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _settled(done: list[Hypothesis], best_running: float, beam: int, n_best: int, alpha: float, step: int, max_len: int) -> bool:
+def _length(length: int, alpha: float) -> float:
+    """``|Y| ** alpha``: fairseq's ``--lenpen``, Hugging Face's and CTranslate2's ``length_penalty``."""
+    return float(length) ** alpha
+
+
+def _none(length: int, alpha: float) -> float:
+    """Raw log-probability: no division."""
+    return 1.0
+
+
+# Each maps (|Y| with EOS counted, alpha) to the positive divisor lp(|Y|) of log P(Y|X), and
+# is monotone in |Y| for a fixed alpha: the early-stop bound in `_settled` relies on that.
+LENGTH_NORMALIZATIONS = {"gnmt": _gnmt, "length": _length, "none": _none}
+
+
+def length_penalty(length: int, alpha: float, normalization: str = "gnmt") -> float:
+    """The divisor ``lp(|Y|)`` that ranks a finished hypothesis by ``log P(Y|X) / lp(|Y|)``.
+
+    ``length`` counts the hypothesis' pieces and its EOS (fairseq and Hugging Face count
+    EOS too; CTranslate2 does not). ``normalization`` is a key of
+    :data:`LENGTH_NORMALIZATIONS`; every one is 1 when ``alpha`` is 0.
+    """
+    return LENGTH_NORMALIZATIONS[normalization](length, alpha)
+
+
+def _settled(done: list[Hypothesis], best_running: float, beam: int, n_best: int, alpha: float, step: int, max_len: int, normalization: str) -> bool:
     """Whether a sentence's result can no longer change.
 
     Either ``beam`` hypotheses have finished (the usual rule), or the ``n_best`` best
     finished ones all score at least what the best running hypothesis could still reach:
     its log-probability can only fall, so its score is at most ``best_running / lp(L)``
-    for the most favourable final length ``L`` (EOS counted). This bound is exact: stopping
-    then returns the same n-best list as searching on, in fewer steps.
+    for the most favourable final length ``L`` (EOS counted). Every normalisation is
+    monotone in ``L``, so that ``L`` is one of the ends of ``[step + 2, max_len + 1]``.
+    This bound is exact: stopping then returns the same n-best list as searching on, in
+    fewer steps.
     """
     if len(done) >= beam:
         return True
     if len(done) < n_best:
         return False
-    lp = max(length_penalty(step + 2, alpha), length_penalty(max_len + 1, alpha))
+    lp = max(length_penalty(step + 2, alpha, normalization), length_penalty(max_len + 1, alpha, normalization))
     bound = best_running / lp if best_running < 0 else best_running
     return min(h.score for h in sorted(done, key=lambda h: -h.score)[:n_best]) >= bound
 
@@ -135,6 +162,7 @@ def beam_search(
     alpha: float = 0.0,
     n_best: int = 1,
     min_len: int = 0,
+    normalization: str = "gnmt",
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences.
 
@@ -149,13 +177,20 @@ def beam_search(
         scorer: see :class:`Scorer`; ``state`` must already hold ``beam_size`` rows per sentence.
         max_lens: ``(batch,)`` most pieces to generate per sentence, EOS not counted.
         beam_size: hypotheses per sentence; 1 is greedy search.
-        alpha: GNMT length-penalty exponent for ranking finished hypotheses.
+        alpha: length-penalty exponent for ranking finished hypotheses.
         n_best: hypotheses returned per sentence (at most ``beam_size``).
         min_len: EOS is forbidden before this many pieces (benchmarks force a length).
+        normalization: how finished hypotheses are ranked, a key of
+            :data:`LENGTH_NORMALIZATIONS` (see :func:`length_penalty`).
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
+
+    Raises:
+        ValueError: ``normalization`` is not a known name.
     """
+    if normalization not in LENGTH_NORMALIZATIONS:
+        raise ValueError(f"unknown length normalization {normalization!r}; choose one of {', '.join(LENGTH_NORMALIZATIONS)}")
     batch, beam = max_lens.size(0), beam_size
     device = max_lens.device
     max_lens_cpu = max_lens.tolist()
@@ -189,7 +224,7 @@ def beam_search(
         # Finished hypotheses: EOS among the first `beam` candidates.
         eos_rows, eos_cols = is_eos[:, :beam].nonzero(as_tuple=True)
         if eos_rows.numel():
-            penalty = length_penalty(step + 1, alpha)
+            penalty = length_penalty(step + 1, alpha, normalization)
             src_rows = (eos_rows * beam + top_beam[eos_rows, eos_cols]).tolist()
             for r, src_row, log_prob in zip(eos_rows.tolist(), src_rows, top_scores[eos_rows, eos_cols].tolist()):
                 done = finished[sentence_ids[r]]
@@ -206,7 +241,7 @@ def beam_search(
             state = scorer.reorder(state, back)
 
         best_running = scores[:, 0].tolist()
-        keep = [r for r, s in enumerate(sentence_ids) if step < max_lens_cpu[r] and not _settled(finished[s], best_running[r], beam, n_best, alpha, step, max_lens_cpu[r])]
+        keep = [r for r, s in enumerate(sentence_ids) if step < max_lens_cpu[r] and not _settled(finished[s], best_running[r], beam, n_best, alpha, step, max_lens_cpu[r], normalization)]
         if len(keep) < n:
             sentence_ids = [sentence_ids[r] for r in keep]
             max_lens_cpu = [max_lens_cpu[r] for r in keep]
@@ -223,17 +258,19 @@ def beam_search(
 
 @torch.inference_mode()
 def translate_batch(
-    model, src: Tensor, beam_size: int, alpha: float, max_len_a: float, max_len_b: int, n_best: int = 1, min_len: int = 0, scorer: str = "cached"
+    model, src: Tensor, beam_size: int, alpha: float, max_len_a: float, max_len_b: int, n_best: int = 1, min_len: int = 0, scorer: str = "cached",
+    normalization: str = "gnmt",
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
     The length limit is ``max_len_a · src_len + max_len_b`` pieces, ``src_len`` counting
     the sentence's non-pad source tokens (EOS included). ``scorer`` picks the production
-    path (``"cached"``) or a reference (``"tiled"``, ``"recompute"``; see :data:`SCORERS`).
+    path (``"cached"``) or a reference (``"tiled"``, ``"recompute"``; see :data:`SCORERS`);
+    ``normalization`` ranks finished hypotheses (see :func:`length_penalty`).
     """
     memory, src_mask = model.encode(src)
     src_lens = (src != PAD).sum(1)
     max_lens = (max_len_a * src_lens.double() + max_len_b).long()
     # Room for the longest possible output (pieces + EOS): the cache never has to grow.
     step_scorer, state = SCORERS[scorer].start(model, memory, src_mask, beam_size, capacity=int(max_lens.max()) + 1)
-    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len)
+    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len, normalization)

@@ -66,6 +66,7 @@ def test_missing_config_file(tmp_path):
         ({"train": {"device": "foo"}}, "train.device must be"),
         ({"decode": {"max_len_a": -5}}, "decode.max_len_a must be >= 0"),
         ({"decode": {"length_penalty": float("nan")}}, "finite"),
+        ({"decode": {"length_normalization": "average"}}, "decode.length_normalization must be gnmt, length or none, got 'average'"),
         ({"data": {"train_src": "a.en"}}, "data.train_src and data.train_tgt go together"),
         ({"data": {"valid_tgt": "b.de"}}, "data.valid_src and data.valid_tgt go together"),
         ({"tokenizer": {"src_model": "s.model", "tgt_model": "t.model"}}, "need tokenizer.joint=false"),

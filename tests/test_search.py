@@ -5,7 +5,7 @@ import torch
 
 import nmt.search as search_module
 from nmt.model import CrossAttention
-from nmt.search import beam_search, length_penalty, translate_batch
+from nmt.search import LENGTH_NORMALIZATIONS, beam_search, length_penalty, translate_batch
 from nmt.tokenizer import BOS, EOS, PAD
 
 from conftest import random_sources
@@ -37,8 +37,8 @@ class ScriptedScorer:
         return state
 
 
-def search(table, beam, alpha=0.0, max_len=10, n_best=1, batch=1):
-    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), beam, alpha, n_best)
+def search(table, beam, alpha=0.0, max_len=10, n_best=1, batch=1, normalization="gnmt"):
+    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), beam, alpha, n_best, normalization=normalization)
 
 
 def test_best_hypothesis_found_after_a_worse_one_finished():
@@ -68,6 +68,22 @@ def test_length_penalty_ranks_finished_hypotheses():
     (penalised,) = search(table, beam=2, alpha=1.0)
     assert penalised[0].tokens == [A, A]
     assert penalised[0].score == pytest.approx(math.log(0.55 * 0.7) / length_penalty(3, 1.0), abs=1e-6)
+    # |Y| ** alpha, EOS counted: -0.799 / 1 ** 0.2 vs -0.954 / 3 ** 0.2 = -0.766, so the longer one wins.
+    (by_length,) = search(table, beam=2, alpha=0.2, normalization="length")
+    assert by_length[0].tokens == [A, A]
+    assert by_length[0].score == pytest.approx(math.log(0.55 * 0.7) / 3**0.2, abs=1e-6)
+    # "none" ignores alpha: raw log-probabilities, the shorter one wins.
+    (raw,) = search(table, beam=2, alpha=1.0, normalization="none")
+    assert raw[0].tokens == [] and raw[0].score == pytest.approx(math.log(0.45), abs=1e-6)
+
+
+def test_length_penalty_values():
+    assert length_penalty(7, 0.6) == pytest.approx((12 / 6) ** 0.6)
+    assert length_penalty(7, 0.6, "length") == pytest.approx(7**0.6)
+    assert length_penalty(7, 0.6, "none") == 1.0
+    assert {length_penalty(7, 0.0, name) for name in LENGTH_NORMALIZATIONS} == {1.0}
+    with pytest.raises(ValueError, match="unknown length normalization 'average'; choose one of gnmt, length, none"):
+        search({(): {EOS: 1.0}}, beam=2, normalization="average")
 
 
 def test_beam_beats_greedy_on_garden_path():
@@ -178,12 +194,33 @@ def test_search_stops_once_no_running_hypothesis_can_win():
     assert hyps[0].tokens == [] and Counting.calls == 1  # "A…" can score at most log 0.1 < log 0.9
 
 
-@pytest.mark.parametrize("alpha,n_best", [(0.0, 1), (0.6, 1), (1.0, 3)])
-def test_early_stop_bound_changes_no_result(model, monkeypatch, alpha, n_best):
+@pytest.mark.parametrize("normalization,alpha", [("gnmt", 3.0), ("length", 1.0)])
+def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win(normalization, alpha):
+    class Counting(ScriptedScorer):
+        calls = 0
+
+        def step(self, prefix, state):
+            Counting.calls += 1
+            return super().step(prefix, state)
+
+    # "" ends at once with log 0.7 = -0.357; "A A A A A" ends with log 0.3 = -1.204 over |Y| = 6:
+    # -1.204 / (11/6)**3 = -0.195 (gnmt) and -1.204 / 6 = -0.201 (length) beat -0.357. A bound
+    # taken at the running hypothesis' current length (|Y| = 2: -0.758 and -0.602) would stop
+    # after the first step and return "".
+    table = {(): {EOS: 0.7, A: 0.3}, **{(A,) * n: {A: 1.0} for n in range(1, 5)}, (A,) * 5: {EOS: 1.0}}
+    (hyps,) = beam_search(Counting(table), None, torch.tensor([10]), 2, alpha, normalization=normalization)
+    assert hyps[0].tokens == [A] * 5
+    assert hyps[0].score == pytest.approx(math.log(0.3) / length_penalty(6, alpha, normalization), abs=1e-6)
+    assert Counting.calls == 6
+
+
+@pytest.mark.parametrize("normalization", sorted(LENGTH_NORMALIZATIONS))
+@pytest.mark.parametrize("alpha,n_best", [(0.0, 1), (0.6, 1), (1.0, 3), (2.0, 1), (-0.5, 2)])
+def test_early_stop_bound_changes_no_result(model, monkeypatch, normalization, alpha, n_best):
     src = random_sources([3, 9, 14, 22], seed=7)
-    fast = translate_batch(model, src, 4, alpha, max_len_a=1.0, max_len_b=6, n_best=n_best)
+    fast = translate_batch(model, src, 4, alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, normalization=normalization)
     monkeypatch.setattr(search_module, "_settled", lambda done, best, beam, *rest: len(done) >= beam)
-    slow = translate_batch(model, src, 4, alpha, max_len_a=1.0, max_len_b=6, n_best=n_best)
+    slow = translate_batch(model, src, 4, alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, normalization=normalization)
     for f, s in zip(fast, slow):
         assert [h.tokens for h in f] == [h.tokens for h in s]
         assert [h.score for h in f] == pytest.approx([h.score for h in s], abs=1e-6)
