@@ -117,6 +117,7 @@ class DecodeOptions:
 
     beam_size: Optional[int] = None
     length_penalty: Optional[float] = None
+    length_normalization: Optional[str] = None
     max_len_a: Optional[float] = None
     max_len_b: Optional[int] = None
     n_best: Optional[int] = None
@@ -134,7 +135,19 @@ class DecodeOptions:
 # Where a field is a `decode` config key, the option's flag is what errors about that key say.
 _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
     "beam_size": (Optional[int], typer.Option(None, "--beam-size", "-b", help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's decode.beam_size.")),
-    "length_penalty": (Optional[float], typer.Option(None, "--length-penalty", "-a", help="GNMT length-penalty exponent α in ((5+|Y|)/6)^α; 0 = raw log-probability.")),
+    "length_penalty": (
+        Optional[float],
+        typer.Option(None, "--length-penalty", "-a", help="Length-penalty exponent α (see --length-normalization); 0 = raw log-probability. Default: the checkpoint's decode.length_penalty."),
+    ),
+    "length_normalization": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--length-normalization",
+            help="Rank finished hypotheses by log P / lp(|Y|), |Y| pieces with EOS: length |Y|^α (fairseq, Hugging Face), gnmt ((5+|Y|)/6)^α, none. "
+            "Default: the checkpoint's decode.length_normalization.",
+        ),
+    ),
     "max_len_a": (Optional[float], typer.Option(None, "--max-len-a", help="Output limit = a · source tokens + b (pieces).")),
     "max_len_b": (Optional[int], typer.Option(None, "--max-len-b", help="Output limit = a · source tokens + b (pieces).")),
     "n_best": (
@@ -143,7 +156,7 @@ _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
             None,
             "--n-best",
             help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a blank input line gets one empty entry). "
-            "score = log P(text|source) in nats (EOS included) divided by the GNMT length penalty ((5+|Y|)/6)^α, |Y| pieces with EOS: "
+            "score = log P(text|source) in nats (EOS included) divided by lp(|Y|) of --length-normalization, |Y| pieces with EOS: "
             "the value beam search ranks by, higher is better.",
         ),
     ),
@@ -203,10 +216,11 @@ def in_flags(exc: ConfigError, flags: dict[str, str]) -> ConfigError:
     return ConfigError(message)
 
 
-def _translate(checkpoint: Path, lines: list[str], options: DecodeOptions):
+def _load(checkpoint: Path, options: DecodeOptions):
+    """The model (in ``--dtype``), tokenizer, config and device for decoding with ``checkpoint``."""
     import torch
 
-    from .translate import load_model, resolve_device, resolve_dtype, translate_lines
+    from .translate import load_model, resolve_device, resolve_dtype
 
     if options.threads < 0:
         raise ConfigError(f"--threads must be >= 0 (0 = torch's default), got {options.threads}")
@@ -215,7 +229,13 @@ def _translate(checkpoint: Path, lines: list[str], options: DecodeOptions):
     dev = resolve_device(options.device, "--device")
     dtype = resolve_dtype(options.dtype, dev, "--dtype")
     model, tokenizer, cfg = load_model(checkpoint, dev)
-    model.to(dtype)
+    return model.to(dtype), tokenizer, cfg, dev
+
+
+def _translate(checkpoint: Path, lines: list[str], options: DecodeOptions):
+    from .translate import translate_lines
+
+    model, tokenizer, cfg, dev = _load(checkpoint, options)
     changes = options.overrides()
     decode = replace(cfg.decode, **changes)
     try:
@@ -317,6 +337,77 @@ def evaluate(
     else:
         # sacreBLEU's BLEU line already starts with "BLEU = score": print it, not a second score line.
         typer.echo(f"{result['bleu_detail']}\n  signature: {result['bleu_signature']}\nchrF = {result['chrf']:.2f}\n  signature: {result['chrf_signature']}")
+
+
+def _csv(flag: str, text: str, kind: type) -> list:
+    """``text`` ("1,4,5") as a list of ``kind``, or a :class:`ConfigError` naming ``flag``."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated {kind.__name__} values, e.g. {flag} 1,4,5") from None
+    if not values:
+        raise ConfigError(f"{flag} is empty; give at least one value")
+    return values
+
+
+@app.command("tune-decode")
+@decode_options("beam_size", "length_penalty", "length_normalization", "max_len_a", "max_len_b", "n_best")
+def tune_decode(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt)."),
+    src: Path = typer.Option(..., "--src", help="Validation source text (never the test set)."),
+    ref: Path = typer.Option(..., "--ref", "-r", help="Validation reference text, line for line with --src."),
+    beam_sizes: str = typer.Option("1,5", "--beam-sizes", help="Comma-separated beam sizes to try (1 = greedy)."),
+    normalizations: str = typer.Option("gnmt,length", "--length-normalizations", help="Comma-separated: gnmt, length, none (see translate --length-normalization)."),
+    alphas: str = typer.Option("0.6,1.0,1.5,2.0", "--length-penalties", help="Comma-separated length-penalty exponents α to try."),
+    max_sentences: Optional[int] = typer.Option(None, "--max-sentences", help="Use only the first N lines (a fixed, faster sample)."),
+    allow_test_names: bool = typer.Option(False, "--allow-test-names", help="Accept a file whose name says test (e.g. WMT's newstest2013 used as a validation set)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (rows and best) instead of a table."),
+    decode: DecodeOptions = DecodeOptions(),
+) -> None:
+    """Choose beam size, length normalisation and α on a validation set: prints BLEU for each
+    setting of a small grid and the best one. Settings chosen on the test set overstate its
+    score, so a file named like a test set (test*, *_test*, newstest*) is refused."""
+    from .tune import grid, looks_like_test_data, tune_decode as run_grid
+
+    try:
+        for flag, path in (("--src", src), ("--ref", ref)):
+            if looks_like_test_data(path) and not allow_test_names:
+                raise ConfigError(
+                    f"{flag} {path}: the name says test data; choose decoding settings on a validation set (tuning on the test set overstates its score),"
+                    " or pass --allow-test-names if this file is a validation set named like a test set"
+                )
+        beams = _csv("--beam-sizes", beam_sizes, int)
+        names = _csv("--length-normalizations", normalizations, str)
+        exponents = _csv("--length-penalties", alphas, float)
+        if min(beams) < 1:
+            raise ConfigError(f"--beam-sizes must all be at least 1, got {beam_sizes!r}")
+        unknown = [n for n in names if n not in ("gnmt", "length", "none")]
+        if unknown:
+            raise ConfigError(f"--length-normalizations: unknown {', '.join(unknown)}; choose from gnmt, length, none")
+        if max_sentences is not None and max_sentences < 1:
+            raise ConfigError(f"--max-sentences must be at least 1, got {max_sentences}")
+        src_lines, ref_lines = read_lines(src)[:max_sentences], read_lines(ref)[:max_sentences]
+        if len(src_lines) != len(ref_lines):
+            raise ConfigError(f"--src {src} and --ref {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); they must match line for line")
+        model, tokenizer, cfg, dev = _load(checkpoint, decode)
+        settings = replace(cfg.decode, **decode.overrides())
+        try:
+            validate(replace(cfg, decode=settings))
+        except ConfigError as exc:
+            raise in_flags(exc, {f"decode.{k}": _flag(k) for k in decode.overrides()}) from None
+        rows = run_grid(model, tokenizer, src_lines, ref_lines, settings, dev, grid(beams, names, exponents))
+    except user_errors() as exc:
+        _fail(exc)
+    best = max(rows, key=lambda r: r["bleu"])  # the first of equals: the smallest beam, in grid order
+    flags = f"--beam-size {best['beam_size']} --length-normalization {best['length_normalization']} --length-penalty {best['length_penalty']}"
+    if as_json:
+        typer.echo(json.dumps({"src": str(src), "ref": str(ref), "sentences": len(src_lines), "rows": rows, "best": best, "flags": flags}))
+        return
+    typer.echo(f"{len(src_lines)} sentences of {src}; {rows[0]['bleu_signature']}")
+    typer.echo(f"{'beam':>4} {'normalization':>13} {'alpha':>5} {'BLEU':>6} {'chrF':>6} {'len ratio':>9} {'search s':>8}")
+    for r in rows:
+        typer.echo(f"{r['beam_size']:>4} {r['length_normalization']:>13} {r['length_penalty']:>5} {r['bleu']:>6.2f} {r['chrf']:>6.2f} {r['length_ratio']:>9.3f} {r['search_s']:>8}")
+    typer.echo(f"best: BLEU {best['bleu']:.2f} with {flags}")
 
 
 @app.command()

@@ -21,8 +21,9 @@ def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, 
         names: a label for each stream (file names) used in error messages.
 
     Returns:
-        ``{"bleu", "chrf", "bleu_signature", "chrf_signature", "bleu_detail", "sentences"}``;
-        scores are on sacreBLEU's 0-100 scale.
+        ``{"bleu", "chrf", "bleu_signature", "chrf_signature", "bleu_detail", "length_ratio",
+        "sentences"}``; scores are on sacreBLEU's 0-100 scale, ``length_ratio`` is the
+        hypotheses' length over the references' in BLEU's tokens (below 1: brevity penalty).
 
     Raises:
         EvaluationError: there are no hypotheses, or a reference stream's line count
@@ -45,5 +46,6 @@ def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, 
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
         "bleu_detail": str(b),
+        "length_ratio": round(b.sys_len / b.ref_len, 3) if b.ref_len else 0.0,
         "sentences": len(hypotheses),
     }

@@ -420,3 +420,52 @@ def test_dtype_auto_and_the_bf16_warning(trained_run, monkeypatch, caplog):
     fp32 = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--max-len-b", "4", input="a dog .\n")
     assert auto.exit_code == 0 and auto.stdout == fp32.stdout
     assert "float32, bfloat16, float16 or auto" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--dtype", "fp8", input="x\n"))
+
+
+def test_translate_length_normalization_flag(trained_run):
+    text = "the dog sees a cat .\nthe big man likes the small house .\n"
+    for name in ("gnmt", "length", "none"):
+        result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "3", "--length-normalization", name, "--n-best", "3", "--max-len-b", "4", input=text)
+        assert result.exit_code == 0, result.output
+        assert len(result.stdout.splitlines()) == 6
+    bad = invoke("translate", "--checkpoint", trained_run, "--length-normalization", "average", input=text)
+    assert bad.exit_code == 2 and "error: --length-normalization must be gnmt, length or none, got 'average'" in bad.output
+
+
+def test_tune_decode_table_and_best_setting_reproduce_with_evaluate(trained_run, tmp_path):
+    src, ref = tmp_path / "valid6.en", tmp_path / "valid6.de"
+    src.write_text("".join((TOY / "valid.en").read_text(encoding="utf-8").splitlines(keepends=True)[:6]), encoding="utf-8")
+    ref.write_text("".join((TOY / "valid.de").read_text(encoding="utf-8").splitlines(keepends=True)[:6]), encoding="utf-8")
+    args = ["tune-decode", "--checkpoint", trained_run, "--beam-sizes", "1,2", "--length-penalties", "0.6,1.0", "--threads", "1"]
+    result = invoke(*args, "--src", TOY / "valid.en", "--ref", TOY / "valid.de", "--max-sentences", "6", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["sentences"] == 6
+    assert [(r["beam_size"], r["length_normalization"], r["length_penalty"]) for r in out["rows"]] == [
+        (1, "none", 0.0), (2, "gnmt", 0.6), (2, "gnmt", 1.0), (2, "length", 0.6), (2, "length", 1.0)
+    ]
+    best = out["best"]
+    assert best["bleu"] == max(r["bleu"] for r in out["rows"])
+    again = invoke("evaluate", "--checkpoint", trained_run, "--src", src, "--ref", ref, "--threads", "1", "--json", *out["flags"].split())
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["bleu"] == best["bleu"]
+    table = invoke(*args, "--src", src, "--ref", ref)
+    assert table.exit_code == 0 and f"best: BLEU {best['bleu']:.2f} with {out['flags']}" in table.stdout
+
+
+def test_tune_decode_refuses_test_files_before_reading_them(trained_run, tmp_path):
+    valid = TOY / "valid.de"
+    for flag, other, named in (("--src", "--ref", "test.en"), ("--ref", "--src", "newstest2014.de")):
+        result = invoke("tune-decode", "--checkpoint", trained_run, flag, tmp_path / named, other, valid)  # the test file does not even exist
+        assert result.exit_code == 2 and f"{flag} {tmp_path / named}: the name says test data" in result.output and "not found" not in result.output
+    renamed = tmp_path / "newstest2013.en"  # a validation set named like a test set, declared as such
+    renamed.write_text("the dog sees a cat .\n", encoding="utf-8")
+    one_ref = tmp_path / "valid1.de"
+    one_ref.write_text("der Hund sieht eine Katze .\n", encoding="utf-8")
+    result = invoke("tune-decode", "--checkpoint", trained_run, "--src", renamed, "--ref", one_ref, "--beam-sizes", "1", "--allow-test-names", "--json", "--threads", "1")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["sentences"] == 1
+    result = invoke("tune-decode", "--checkpoint", trained_run, "--src", renamed, "--ref", valid, "--allow-test-names")
+    assert result.exit_code == 2 and "differ in length (1 and 500 lines)" in result.output
+    result = invoke("tune-decode", "--checkpoint", trained_run, "--src", renamed, "--ref", one_ref, "--allow-test-names", "--beam-sizes", "4,x")
+    assert result.exit_code == 2 and "--beam-sizes '4,x': expected comma-separated int values" in result.output

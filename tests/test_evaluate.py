@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from nmt.evaluate import EvaluationError, score
@@ -14,6 +16,14 @@ def test_hand_computed_bleu():
     # the 4-gram precision becomes 1/(2·1) = 0.5: BLEU = (3/4 · 2/3 · 1/2 · 1/2)^(1/4).
     result = score(["a b c d"], [["a b c e"]])
     assert result["bleu"] == pytest.approx(100 * (0.75 * (2 / 3) * 0.5 * 0.5) ** 0.25, abs=0.01)
+
+
+def test_length_ratio_and_brevity_penalty():
+    # A 5-token prefix of a 6-token reference: every n-gram precision is 1, so BLEU is the
+    # brevity penalty exp(1 - 6/5) alone, at a length ratio of 5/6.
+    result = score(["a b c d e"], [["a b c d e f"]])
+    assert result["length_ratio"] == round(5 / 6, 3)
+    assert result["bleu"] == pytest.approx(100 * math.exp(1 - 6 / 5), abs=0.01)
 
 
 def test_several_references():

@@ -1,0 +1,71 @@
+import re
+
+import pytest
+import yaml
+
+from nmt.config import config_from_dict
+from nmt.search import translate_batch
+from nmt.tune import Setting, grid, looks_like_test_data, rerank
+
+from conftest import ROOT, random_sources
+
+
+@pytest.mark.parametrize("beam", [2, 5])
+def test_one_search_reranked_equals_a_search_per_setting(model, beam):
+    src = random_sources([2, 6, 11, 17, 30], seed=11)
+    pool = translate_batch(model, src, beam, 0.0, max_len_a=1.0, max_len_b=8, n_best=beam)
+    compared = 0
+    for setting in grid([beam], ["gnmt", "length", "none"], [0.0, 0.6, 1.0, 2.0, -0.5]):
+        direct = translate_batch(model, src, beam, setting.length_penalty, max_len_a=1.0, max_len_b=8, normalization=setting.length_normalization)
+        assert [rerank(p, setting.length_normalization, setting.length_penalty) for p in pool] == [d[0].tokens for d in direct], setting
+        compared += 1
+    assert compared == 9
+    # The grid is not vacuous: some settings choose different translations.
+    picks = {tuple(map(tuple, (rerank(p, n, a) for p in pool))) for n, a in [("none", 0.0), ("length", 2.0), ("length", -0.5)]}
+    assert len(picks) > 1
+
+
+def test_grid_lists_each_distinct_setting_once():
+    assert grid([1, 5], ["gnmt", "length", "none"], [0.0, 1.0]) == [
+        Setting(1, "none", 0.0),
+        Setting(5, "none", 0.0),
+        Setting(5, "gnmt", 1.0),
+        Setting(5, "length", 1.0),
+    ]
+
+
+def test_rerank_counts_eos_in_the_length():
+    from nmt.search import Hypothesis
+
+    short, long = Hypothesis([7], 0.0, -1.0), Hypothesis([7, 8, 9], 0.0, -1.9)
+    # length, alpha 1: -1.0 / 2 = -0.5 against -1.9 / 4 = -0.475: the longer one wins.
+    assert rerank([short, long], "length", 1.0) == [7, 8, 9]
+    assert rerank([short, long], "none", 1.0) == [7]
+    assert rerank([], "gnmt", 0.6) == []
+
+
+@pytest.mark.parametrize(
+    "name,is_test",
+    [("test.de", True), ("test_2016_flickr.en.gz", True), ("newstest2014.de", True), ("wmt.newstest2013.en", True), ("TEST.en", True),
+     ("valid.de", False), ("val.en.gz", False), ("latest.en", False), ("contest.de", False)],
+)
+def test_test_file_names(tmp_path, name, is_test):
+    assert looks_like_test_data(tmp_path / "test" / name) == is_test  # the name counts, not the directory
+
+
+def test_shipped_configs_train_and_select_on_no_test_split():
+    configs = sorted((ROOT / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        data = config_from_dict(yaml.safe_load(path.read_text(encoding="utf-8")), str(path)).data
+        # Training reads the train split; best.pt, early stopping and validation BLEU use the valid split.
+        used = [data.train_split, data.valid_split, data.train_src, data.train_tgt, data.valid_src, data.valid_tgt]
+        used += [f"{split}:{file}" for split, file in (data.hf_data_files or {}).items()]
+        assert not [u for u in used if u and looks_like_test_data(u)], path
+
+
+def test_shipped_scripts_train_and_tune_on_no_test_file():
+    for path in sorted((ROOT / "scripts").glob("*.sh")):
+        text = path.read_text(encoding="utf-8").replace("\\\n", " ")  # continued lines as one command
+        for command in re.findall(r"nmt (?:train|tune-decode)\b[^\n]*", text):
+            assert not [w for w in command.split() if looks_like_test_data(w.split("=")[-1].strip("\"'"))], (path, command)
