@@ -174,8 +174,9 @@ class DecodeConfig:
     """
 
     beam_size: int = 5
-    length_penalty: float = 0.6
-    length_normalization: str = "gnmt"
+    # Chosen on Multi30k validation (docs/quality.md): beam 5, BLEU 25.83 against 24.98 for gnmt 0.6.
+    length_penalty: float = 2.0
+    length_normalization: str = "length"
     max_len_a: float = 1.5
     max_len_b: int = 10
     n_best: int = 1

@@ -124,7 +124,7 @@ def _none(length: int, alpha: float) -> float:
 LENGTH_NORMALIZATIONS = {"gnmt": _gnmt, "length": _length, "none": _none}
 
 
-def length_penalty(length: int, alpha: float, normalization: str = "gnmt") -> float:
+def length_penalty(length: int, alpha: float, normalization: str) -> float:
     """The divisor ``lp(|Y|)`` that ranks a finished hypothesis by ``log P(Y|X) / lp(|Y|)``.
 
     ``length`` counts the hypothesis' pieces and its EOS (fairseq and Hugging Face count
@@ -162,7 +162,7 @@ def beam_search(
     alpha: float = 0.0,
     n_best: int = 1,
     min_len: int = 0,
-    normalization: str = "gnmt",
+    normalization: str = "length",
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences.
 
@@ -259,7 +259,7 @@ def beam_search(
 @torch.inference_mode()
 def translate_batch(
     model, src: Tensor, beam_size: int, alpha: float, max_len_a: float, max_len_b: int, n_best: int = 1, min_len: int = 0, scorer: str = "cached",
-    normalization: str = "gnmt",
+    normalization: str = "length",
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 

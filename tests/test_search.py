@@ -67,7 +67,7 @@ def test_length_penalty_ranks_finished_hypotheses():
     # With alpha 1: -0.799 / (6/6) vs -0.954 / (8/6) = -0.716, so the longer one wins.
     (penalised,) = search(table, beam=2, alpha=1.0)
     assert penalised[0].tokens == [A, A]
-    assert penalised[0].score == pytest.approx(math.log(0.55 * 0.7) / length_penalty(3, 1.0), abs=1e-6)
+    assert penalised[0].score == pytest.approx(math.log(0.55 * 0.7) / length_penalty(3, 1.0, "gnmt"), abs=1e-6)
     # |Y| ** alpha, EOS counted: -0.799 / 1 ** 0.2 vs -0.954 / 3 ** 0.2 = -0.766, so the longer one wins.
     (by_length,) = search(table, beam=2, alpha=0.2, normalization="length")
     assert by_length[0].tokens == [A, A]
@@ -78,7 +78,7 @@ def test_length_penalty_ranks_finished_hypotheses():
 
 
 def test_length_penalty_values():
-    assert length_penalty(7, 0.6) == pytest.approx((12 / 6) ** 0.6)
+    assert length_penalty(7, 0.6, "gnmt") == pytest.approx((12 / 6) ** 0.6)
     assert length_penalty(7, 0.6, "length") == pytest.approx(7**0.6)
     assert length_penalty(7, 0.6, "none") == 1.0
     assert {length_penalty(7, 0.0, name) for name in LENGTH_NORMALIZATIONS} == {1.0}
