@@ -108,7 +108,8 @@ def test_every_readme_command_runs_as_written(tmp_path):
     run = tmp_path / "run"
     replacements = {
         "PATH/multi30k": str(data / "multi30k"), "RUN": str(run), "CONFIG": "configs/toy.yaml", "test.en": str(data / "test.en"),
-        "test.de": str(data / "test.de"), "test2.de": str(data / "test2.de"), "hyp.de": str(tmp_path / "hyp.de"),
+        "test.de": str(data / "test.de"),
+        "val.en": str(data / "multi30k" / "val.en"), "val.de": str(data / "multi30k" / "val.de"), "test2.de": str(data / "test2.de"), "hyp.de": str(tmp_path / "hyp.de"),
         "HF_DIR": str(tmp_path / "hf"), "CT2_DIR": str(tmp_path / "ct2"), "model.pt": str(tmp_path / "model.pt"), "avg.pt": str(tmp_path / "avg.pt"),
     }
     assert len(run_all(command_list(), repo, replacements)) == len(command_list())
