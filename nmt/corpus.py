@@ -17,18 +17,21 @@ import logging
 import multiprocessing
 import os
 import re
+import select
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -37,6 +40,7 @@ from .tokenizer import Tokenizer
 log = logging.getLogger("nmt.corpus")
 
 CHUNK_LINES = 50_000  # pairs a worker encodes at a time
+READ_BYTES = 1 << 16  # read size when streaming standard input
 
 
 class DataError(ValueError):
@@ -67,22 +71,83 @@ def iter_lines(path: str | Path) -> Iterator[str]:
     try:
         with opener(path, "rb") as f:
             for number, raw in enumerate(f, start=1):
-                if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
-                if raw.endswith(b"\n"):
-                    raw = raw[:-1]
-                if raw.endswith(b"\r"):
-                    raw = raw[:-1]
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DataError(
-                        f"{path}:{number}: invalid UTF-8 at byte {exc.start} of the line; "
-                        "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-                    ) from None
-                yield line
+                yield decode_line(raw, number, path)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
+
+
+def decode_line(raw: bytes, number: int, name) -> str:
+    """Line ``number`` (1-based) of input ``name`` as text, without its ``\\n`` or ``\\r\\n`` (and, on
+    line 1, without a UTF-8 byte-order mark).
+
+    Raises:
+        DataError: the line is not valid UTF-8 (the message gives ``name:number``).
+    """
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{name}:{number}: invalid UTF-8 at byte {exc.start} of the line; convert the text to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def buffers(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """``lines`` in consecutive lists of ``size`` (the last one shorter)."""
+    it = iter(lines)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterator[list[str]]:
+    """The lines of a byte stream (standard input) in buffers of at most ``size`` lines,
+    read incrementally: memory holds one buffer and one unfinished line, whatever the input's size.
+
+    A buffer is handed on when it is full, at the end of the input, and whenever a pipe or
+    terminal has no more input waiting: so a line typed at a terminal, or written by a
+    program that then waits (``tail -f``), is processed at once instead of when ``size``
+    lines have gathered. Lines follow :func:`iter_lines`' rules.
+
+    Raises:
+        DataError: a line is not valid UTF-8 (lines before it have been yielded).
+    """
+    fd = _waitable_fd(stream)
+    read = getattr(stream, "read1", stream.read)
+    pending, lines, number = bytearray(), [], 0
+    while chunk := (os.read(fd, READ_BYTES) if fd is not None else read(READ_BYTES)):
+        pending += chunk
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            number += 1
+            lines.append(decode_line(bytes(pending[start:end]), number, name))
+            start = end + 1
+            if len(lines) == size:
+                yield lines
+                lines = []
+        del pending[:start]
+        if lines and fd is not None and not select.select([fd], [], [], 0)[0]:
+            yield lines
+            lines = []
+    if pending:
+        lines.append(decode_line(bytes(pending), number + 1, name))
+    if lines:
+        yield lines
+
+
+def _waitable_fd(stream) -> int | None:
+    """``stream``'s file descriptor if it is a pipe, terminal or socket (where input can pause
+    and ``select`` tells whether more is waiting); None for regular files and in-memory streams."""
+    if os.name == "nt":  # select works on sockets only there
+        return None
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return None
+    return fd if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode) else None
 
 
 def check_file(path: str | Path) -> Path:

@@ -106,6 +106,14 @@ class CrossAttention(nn.Module):
         k, v = self.kv(memory).chunk(2, dim=-1)
         return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
 
+    def probabilities(self, x: Tensor, k: Tensor, src_mask: Tensor) -> Tensor:
+        """The attention distribution of queries ``x`` ``(batch, tgt_len, d_model)`` over keys ``k``
+        ``(batch, n_heads, src_len, head_dim)``: ``(batch, n_heads, tgt_len, src_len)`` in float32,
+        each row summing to 1 over the real source tokens (what :meth:`forward` weights values by)."""
+        q = split_heads(self.q(x), self.n_heads)  # (batch, n_heads, tgt_len, head_dim)
+        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.size(-1))  # (batch, n_heads, tgt_len, src_len)
+        return torch.softmax(scores.masked_fill(~src_mask, float("-inf")), dim=-1)
+
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor, beam: int = 1) -> Tensor:
         """``x`` ``(batch*beam, tgt_len, d_model)`` attends to ``k``/``v`` ``(batch, n_heads, src_len, head_dim)``
         under ``src_mask`` ``(batch, 1, 1, src_len)``; returns ``(batch*beam, tgt_len, d_model)``."""
@@ -335,6 +343,28 @@ class Transformer(nn.Module):
         """Logits ``(batch, tgt_len, vocab)`` for ``src`` ``(batch, src_len)`` and ``tgt_in`` ``(batch, tgt_len)``."""
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask)
+
+    def cross_attention(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Every decoder layer's cross-attention probabilities while teacher-forcing ``tgt_in``
+        ``(batch, tgt_len)`` on ``src`` ``(batch, src_len)``: ``(n_decoder_layers, batch, n_heads,
+        tgt_len, src_len)`` in float32; row ``t`` is the step that predicts the token after ``tgt_in[:, t]``.
+
+        The decoder runs unchanged; a forward hook on each layer's cross-attention recomputes
+        the distribution from that layer's own inputs, so nothing is threaded through the model.
+        """
+        weights = []
+
+        def record(module, args, output):
+            x, k, _, src_mask = args[:4]
+            weights.append(module.probabilities(x, k, src_mask))
+
+        handles = [layer.cross_attn.register_forward_hook(record) for layer in self.decoder]
+        try:
+            self(src, tgt_in)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return torch.stack(weights)
 
     def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32) -> DecoderCache:
         """An empty cache for ``beam`` hypotheses per sentence and ``capacity`` target positions

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nmt.config import DataConfig, TokenizerConfig
-from nmt.corpus import DataError, EncodedCorpus, ParallelText, encode_corpus, load_split, read_lines, read_parallel, strip_pairs
+from nmt.corpus import DataError, EncodedCorpus, ParallelText, encode_corpus, load_split, read_lines, read_parallel, stream_buffers, strip_pairs
 from nmt.data import TokenBatchSampler, collate, token_batches
 from nmt.tokenizer import BOS, EOS, PAD, train_tokenizer
 
@@ -219,3 +219,33 @@ def test_worker_count_never_exceeds_the_cpus():
 
     cpus = len(os.sched_getaffinity(0))
     assert encoding_workers(100_000) == cpus and encoding_workers(1) == 1 and 1 <= encoding_workers(0) <= min(16, cpus)
+
+
+def test_stream_buffers_hand_over_what_a_pipe_has_so_far():
+    read_fd, write_fd = os.pipe()
+    with open(read_fd, "rb", buffering=0) as reader:
+        chunks = stream_buffers(reader, size=3)
+        os.write(write_fd, "\ufeffone\r\n".encode())
+        assert next(chunks) == ["one"]  # nothing more waiting: handed over at once, BOM and CR removed
+        os.write(write_fd, b"two\nthree\nfour\nfive\nsi")
+        assert next(chunks) == ["two", "three", "four"]  # full buffer
+        assert next(chunks) == ["five"]  # "si" is not a line yet
+        os.write(write_fd, b"x\n\nseven")
+        assert next(chunks) == ["six", ""]
+        os.close(write_fd)
+        assert next(chunks) == ["seven"] and next(chunks, None) is None  # a last line without newline
+
+
+def test_stream_buffers_of_a_file_or_memory_fill_up_and_report_bad_lines(tmp_path):
+    import io
+
+    text = b"".join(b"line %d\n" % i for i in range(7))
+    assert [len(b) for b in stream_buffers(io.BytesIO(text), size=3)] == [3, 3, 1]
+    path = tmp_path / "in.txt"
+    path.write_bytes(text)
+    with open(path, "rb") as f:
+        assert [len(b) for b in stream_buffers(f, size=5)] == [5, 2]
+    chunks = stream_buffers(io.BytesIO(b"a\nb\nc\xff\n"), size=2)
+    assert next(chunks) == ["a", "b"]
+    with pytest.raises(DataError, match="<stdin>:3: invalid UTF-8"):
+        next(chunks)
