@@ -398,7 +398,7 @@ class _PlotGroup(TyperGroup):
         return super().resolve_command(ctx, args)
 
 
-plot_app = typer.Typer(cls=_PlotGroup, no_args_is_help=True, help="Plot a run's metrics (nmt plot RUN, same as nmt plot metrics RUN) or a translation's cross-attention (nmt plot attention SENTENCE --checkpoint CKPT).")
+plot_app = typer.Typer(cls=_PlotGroup, no_args_is_help=True, rich_markup_mode=None, context_settings={"max_content_width": 120}, help="Plot a run's metrics (nmt plot RUN, same as nmt plot metrics RUN) or a translation's cross-attention (nmt plot attention SENTENCE --checkpoint CKPT).")
 app.add_typer(plot_app, name="plot")
 
 

@@ -74,12 +74,13 @@ def plot_attention(weights, src_pieces: list[str], tgt_pieces: list[str], out: P
     pieces down, darker = more attention. ``marked_layer``'s title says that alignments come from it."""
     plt = _pyplot()
     n_layers, tgt_len, src_len = weights.shape
-    fig, axes = plt.subplots(1, n_layers, figsize=(1.5 + n_layers * (1.0 + 0.35 * src_len), 1.5 + 0.3 * tgt_len), squeeze=False)
+    fig, axes = plt.subplots(1, n_layers, figsize=(1.5 + n_layers * (1.8 + 0.35 * src_len), 1.5 + 0.3 * tgt_len), squeeze=False, layout="constrained")
     for layer, ax in enumerate(axes[0]):
         image = ax.imshow(weights[layer], cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_xticks(range(src_len), src_pieces, rotation=90)
         ax.set_yticks(range(tgt_len), tgt_pieces)
-        ax.set(xlabel="source piece", ylabel="output piece", title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""))
+        ax.set(xlabel="source piece", title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""))
+    axes[0][0].set_ylabel("output piece")
     fig.colorbar(image, ax=axes[0].tolist(), label="attention (heads averaged)")
     out = Path(out)
     fig.savefig(out, dpi=100, bbox_inches="tight")
