@@ -80,7 +80,7 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
         tokenizer = tokenizer_from_config(cfg.tokenizer)
     if tokenizer is None:
         log.info("training SentencePiece %s tokenizer (vocab %d, %s)", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate")
-        tokenizer = train_tokenizer(stripped_side(train_text, 0), stripped_side(train_text, 1), cfg.tokenizer)
+        tokenizer = train_tokenizer(stripped_side(train_text, 0), stripped_side(train_text, 1), cfg.tokenizer, cfg.train.seed)
         log.info("tokenizer trained in %.1f s", time.perf_counter() - started)
     if write:
         tokenizer.save(run_dir)
