@@ -168,7 +168,8 @@ class DecodeConfig:
     Output length is capped at ``max_len_a · src_len + max_len_b`` pieces per sentence.
     Finished hypotheses are ranked by ``log P(Y|X) / lp(Y)`` with GNMT's length penalty
     ``lp(Y) = ((5 + |Y|) / 6) ** length_penalty`` (Wu et al. 2016, §7), ``|Y|`` counting EOS.
-    ``max_tokens`` is the source-side batch budget in tokens, padding included.
+    ``max_tokens`` is the source-side batch budget in tokens, padding included; a source
+    line of more than ``max_input_pieces`` pieces is left untranslated, with a warning.
     """
 
     beam_size: int = 5
@@ -177,6 +178,7 @@ class DecodeConfig:
     max_len_b: int = 10
     n_best: int = 1
     max_tokens: int = 4096
+    max_input_pieces: int = 1024  # a longer source line is not translated (its output line stays empty)
 
 
 @dataclass(frozen=True)
@@ -366,7 +368,7 @@ RANGES: dict[str, Range] = {
     "train.save_every": _AT_LEAST_0, "train.keep_last": _AT_LEAST_1, "train.valid_beam_size": _AT_LEAST_1, "train.patience": _AT_LEAST_0,
     "train.update_freq": _AT_LEAST_1,
     "decode.beam_size": _AT_LEAST_1, "decode.length_penalty": Range(), "decode.max_len_a": _AT_LEAST_0, "decode.max_len_b": _AT_LEAST_0,
-    "decode.n_best": _AT_LEAST_1, "decode.max_tokens": _AT_LEAST_1,
+    "decode.n_best": _AT_LEAST_1, "decode.max_tokens": _AT_LEAST_1, "decode.max_input_pieces": _AT_LEAST_1,
 }
 
 

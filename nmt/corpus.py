@@ -9,6 +9,8 @@ memory does not grow with the corpus: a 4.5-million-pair corpus is encoded into 
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import gzip
 import hashlib
 import itertools
@@ -22,6 +24,7 @@ import signal
 import tempfile
 import threading
 import time
+import typing
 import zlib
 from collections import deque
 from collections.abc import Iterator
@@ -59,30 +62,70 @@ def iter_lines(path: str | Path) -> Iterator[str]:
             not valid UTF-8 (the message gives ``file:line``).
     """
     path = check_file(path)
+    with _open_bytes(path) as f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{number}: invalid UTF-8 at byte {exc.start} of the line; "
+                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            yield line
+
+
+@contextlib.contextmanager
+def _open_bytes(path: Path) -> Iterator[typing.BinaryIO]:
+    """``path`` opened for binary reading, decompressed if its content is gzip (whatever its name).
+
+    Raises:
+        DataError: UTF-16 text, or the file cannot be read or decompressed (also while reading).
+    """
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic in (b"\xff\xfe", b"\xfe\xff"):
         raise DataError(f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
-    opener = gzip.open if magic == b"\x1f\x8b" else open  # gzip by content, whatever the name
+    opener = gzip.open if magic == b"\x1f\x8b" else open
     try:
         with opener(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
-                if raw.endswith(b"\n"):
-                    raw = raw[:-1]
-                if raw.endswith(b"\r"):
-                    raw = raw[:-1]
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DataError(
-                        f"{path}:{number}: invalid UTF-8 at byte {exc.start} of the line; "
-                        "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-                    ) from None
-                yield line
+            yield f
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
+
+
+def count_lines(path: str | Path) -> int:
+    """The number of lines :func:`iter_lines` yields for ``path``, checking that all of it is
+    UTF-8; decodes 1 MiB blocks, not lines, so it reads about as fast as the disk.
+
+    Raises:
+        DataError: as :func:`iter_lines` (an invalid byte is named by file and line).
+    """
+    path = check_file(path)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines, last = 0, b"\n"
+    with _open_bytes(path) as f:
+        while block := f.read(1 << 20):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError:
+                break
+            lines += block.count(b"\n")
+            last = block[-1:]
+        else:
+            try:
+                decoder.decode(b"", final=True)
+                return lines + (last != b"\n")
+            except UnicodeDecodeError:
+                pass
+    for _ in iter_lines(path):  # raises the error that names the line
+        pass
+    raise DataError(f"{path}: invalid UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 def check_file(path: str | Path) -> Path:
@@ -114,16 +157,33 @@ class ParallelText:
     tgt_path: Path | None = None
     src_lines: list[str] | None = None
     tgt_lines: list[str] | None = None
+    name: str = "the in-memory corpus"  # for messages: the two files, or the dataset and split
 
     @classmethod
     def files(cls, src_path: str | Path, tgt_path: str | Path) -> "ParallelText":
-        return cls(src_path=Path(src_path), tgt_path=Path(tgt_path))
+        return cls(src_path=Path(src_path), tgt_path=Path(tgt_path), name=f"{src_path} and {tgt_path}")
 
     @classmethod
-    def lists(cls, src: list[str], tgt: list[str]) -> "ParallelText":
+    def lists(cls, src: list[str], tgt: list[str], name: str = "the in-memory corpus") -> "ParallelText":
         if len(src) != len(tgt):
-            raise DataError(f"{len(src)} source lines but {len(tgt)} target lines: a parallel corpus needs one target line per source line")
-        return cls(src_lines=src, tgt_lines=tgt)
+            raise DataError(f"{name}: {len(src)} source lines but {len(tgt)} target lines: a parallel corpus needs one target line per source line")
+        return cls(src_lines=src, tgt_lines=tgt, name=name)
+
+    def _misaligned(self, n_src: int, n_tgt: int) -> DataError:
+        return DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: a parallel corpus needs one target line per source line")
+
+    def check(self) -> int:
+        """Read all of the text once and return its number of pairs, without keeping it.
+
+        Raises:
+            DataError: as :meth:`pairs`.
+        """
+        if self.src_path is None:
+            return len(self.src_lines)
+        n_src, n_tgt = count_lines(self.src_path), count_lines(self.tgt_path)
+        if n_src != n_tgt:
+            raise self._misaligned(n_src, n_tgt)
+        return n_src
 
     def pairs(self) -> Iterator[tuple[str, str]]:
         """(source, target) lines in order.
@@ -140,7 +200,7 @@ class ParallelText:
             if s is None or t is None:
                 n_src = n + (s is not None) + sum(1 for _ in src)
                 n_tgt = n + (t is not None) + sum(1 for _ in tgt)
-                raise DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: a parallel corpus needs one target line per source line")
+                raise self._misaligned(n_src, n_tgt)
             n += 1
             yield s, t
 
@@ -174,6 +234,23 @@ class ParallelText:
                 while block := f.read(1 << 20):
                     digest.update(block)
             digest.update(b"\0")
+
+
+def check_inputs(train: ParallelText, valid: ParallelText) -> None:
+    """Read every input file (both splits, both sides) before a run writes anything.
+
+    Finds in one fast pass what would otherwise stop a run after its tokenizer is trained
+    and its training set encoded: missing, unreadable or non-UTF-8 files, line counts that
+    differ, a validation set with no pair that has text on both sides.
+
+    Raises:
+        DataError: naming the file and line, or the two files of a split.
+    """
+    train.check()
+    valid.check()
+    vsrc, _, report = strip_pairs(*valid.read())
+    if not vsrc:
+        raise DataError(f"the validation set ({valid.name}) has no pair with text on both sides ({report}); check those files")
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
@@ -222,7 +299,7 @@ def load_split(cfg, split: str) -> ParallelText:
         return ParallelText.files(*(check_file(path) for path in explicit))
     if cfg.hf_dataset:
         name = cfg.train_split if split == "train" else cfg.valid_split
-        return ParallelText.lists(*load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang))
+        return ParallelText.lists(*load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang), name=f"dataset {cfg.hf_dataset!r} split {name!r}")
     if cfg.dir:
         name = cfg.train_split if split == "train" else cfg.valid_split
         return ParallelText.files(find_split_file(cfg.dir, name, cfg.src_lang), find_split_file(cfg.dir, name, cfg.tgt_lang))
@@ -252,7 +329,8 @@ class CleanReport:
 
 
 def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], CleanReport]:
-    """Strip whitespace and drop pairs with an empty side."""
+    """Strip whitespace and drop pairs with an empty side (before tokenizing; :func:`clean_pairs`
+    then drops a side that is not blank but has no pieces)."""
     report = CleanReport(total=len(src))
     out_src, out_tgt = [], []
     for s, t in zip(src, tgt):
@@ -265,6 +343,31 @@ def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], C
     return out_src, out_tgt, report
 
 
+@dataclass
+class CleanPairs:
+    """Pairs kept by :func:`clean_pairs`: stripped lines, their piece ids, and the counts."""
+
+    src: list[str]
+    tgt: list[str]
+    src_ids: list[list[int]]
+    tgt_ids: list[list[int]]
+    report: CleanReport
+
+
+def clean_pairs(tokenizer: Tokenizer, src: list[str], tgt: list[str], threads: int = -1) -> CleanPairs:
+    """Strip, tokenize, and drop every pair with an empty side, where empty means no pieces:
+    a line of only U+200B or other characters SentencePiece normalises away is not blank to
+    ``str.strip`` but gives nothing to train on or translate. Counted in ``report.empty``.
+    """
+    src, tgt, report = strip_pairs(src, tgt)
+    src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
+    keep = [bool(s) and bool(t) for s, t in zip(src_ids, tgt_ids)]
+    if not all(keep):
+        report.empty += keep.count(False)
+        src, tgt, src_ids, tgt_ids = (list(itertools.compress(x, keep)) for x in (src, tgt, src_ids, tgt_ids))
+    return CleanPairs(src, tgt, src_ids, tgt_ids, report)
+
+
 def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
     """The stripped source (``side`` 0) or target (1) line of every pair with text on both sides.
 
@@ -272,7 +375,7 @@ def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
         DataError: as :meth:`ParallelText.pairs`, or no pair has text on both sides.
     """
     kept = 0
-    for block in text.chunks(CHUNK_LINES):  # the same rule as encoding: strip_pairs decides what is kept
+    for block in text.chunks(CHUNK_LINES):  # encoding keeps a subset: clean_pairs also drops sides with no pieces
         lines = strip_pairs(*block)[side]
         kept += len(lines)
         yield from lines
@@ -355,13 +458,13 @@ class _Chunk:
 
 
 def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], max_len: int | None, max_len_ratio: float | None, threads: int = -1) -> _Chunk:
-    """Strip, encode and length-filter one block of pairs.
+    """Clean (:func:`clean_pairs`), encode and length-filter one block of pairs.
 
     A pair is dropped when a side has more than ``max_len`` pieces, or when the longer
     side exceeds ``max_len_ratio`` times the shorter (both only if ``max_len`` is set).
     """
-    src, tgt, report = strip_pairs(src, tgt)
-    src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
+    cleaned = clean_pairs(tokenizer, src, tgt, threads)
+    src_ids, tgt_ids, report = cleaned.src_ids, cleaned.tgt_ids, cleaned.report
     s = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))
     t = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))
     if max_len is not None and len(s):

@@ -1,4 +1,5 @@
 import json
+import re
 import os
 import subprocess
 import sys
@@ -420,3 +421,36 @@ def test_dtype_auto_and_the_bf16_warning(trained_run, monkeypatch, caplog):
     fp32 = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--max-len-b", "4", input="a dog .\n")
     assert auto.exit_code == 0 and auto.stdout == fp32.stdout
     assert "float32, bfloat16, float16 or auto" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--dtype", "fp8", input="x\n"))
+
+
+def test_negative_threads_refused_before_any_work(tmp_path):
+    result = invoke("translate", "--checkpoint", tmp_path / "never-read.pt", "--threads", "-1", input="x\n")
+    assert result.exit_code == 2 and "--threads" in result.output and "greater than or equal to 0" in result.output
+
+
+def test_train_checks_every_input_before_writing_anything(tmp_path):
+    (tmp_path / "v.en").write_text("a dog .\n" * 50)
+    (tmp_path / "v.de").write_text("ein Hund .\n" * 49)
+    (tmp_path / "latin.de").write_bytes(b"ein Hund .\n" * 49 + b"ein M\xe4dchen .\n")
+    (tmp_path / "blank.de").write_text("\n" * 50)
+    cache = tmp_path / "shared-cache"
+    for valid_tgt, message in (("v.de", "v.en has 50 lines but .*v.de has 49"), ("latin.de", r"latin.de:50: invalid UTF-8"), ("blank.de", r"the validation set \(.*v.en and .*blank.de\) has no pair")):
+        result = invoke(
+            "train", "--run-dir", tmp_path / "run", "--set", f"data.train_src={TOY / 'train.en'}", "--set", f"data.train_tgt={TOY / 'train.de'}",
+            "--set", f"data.valid_src={tmp_path / 'v.en'}", "--set", f"data.valid_tgt={tmp_path / valid_tgt}", "--set", f"data.cache_dir={cache}",
+        )
+        assert result.exit_code == 2 and re.search(message, result.output), result.output
+        assert not (tmp_path / "run").exists() and not cache.exists()  # no tokenizer, no cache, no run directory
+
+
+def test_lines_without_pieces_and_overlong_lines_give_empty_output_lines(trained_run, tmp_path, caplog):
+    huge = " ".join(["dog"] * 3000)
+    src = tmp_path / "in.en"
+    src.write_text(f"the dog .\n\u200b\n{huge}\nthe cat .\n", encoding="utf-8")
+    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "--beam-size", "2", "--max-len-b", "5", "--max-input-pieces", "2000")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.split("\n")
+    assert len(lines) == 5 and lines[1] == "" and lines[2] == "" and lines[0] and lines[3]
+    assert re.search(r"input line 3 has 3000 pieces, over the limit of 2000 \(--max-input-pieces\)", caplog.text)
+    alone = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "5", input="the dog .\nthe cat .\n")
+    assert alone.stdout.split("\n")[:2] == [lines[0], lines[3]]  # the other lines translate as they do on their own
