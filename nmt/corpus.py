@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -40,6 +41,9 @@ from .tokenizer import Tokenizer
 log = logging.getLogger("nmt.corpus")
 
 CHUNK_LINES = 50_000  # pairs a worker encodes at a time
+# Part of every cache key: raise it whenever cleaning or encoding rules change, so that no
+# run maps a cache an older rule wrote. 2: emptiness by pieces; length-prefixed fingerprints.
+CACHE_FORMAT = 2
 
 
 class DataError(ValueError):
@@ -222,14 +226,22 @@ class ParallelText:
         return src, tgt
 
     def fingerprint(self, digest) -> None:
-        """Feed the corpus's content into ``digest`` (a hashlib object): file bytes, or lines."""
+        """Feed the corpus's content into ``digest`` (a hashlib object): file bytes, or lines.
+
+        Every line and file is preceded by its length in bytes (and the lists by their
+        lengths), so no two different corpora feed the same bytes: ``["a\nb"]`` and
+        ``["a", "b"]`` differ, as lines may contain any character.
+        """
         if self.src_path is None:
-            for line in (*self.src_lines, "\0", *self.tgt_lines):
-                digest.update(line.encode())
-                digest.update(b"\n")
+            for lines in (self.src_lines, self.tgt_lines):
+                digest.update(len(lines).to_bytes(8, "little"))
+                for line in lines:
+                    data = line.encode("utf-8", "surrogatepass")
+                    digest.update(len(data).to_bytes(8, "little"))
+                    digest.update(data)
             return
         for path in (self.src_path, self.tgt_path):
-            digest.update(f"{path.stat().st_size}\0".encode())  # sizes first: no two file pairs hash alike
+            digest.update(path.stat().st_size.to_bytes(8, "little"))  # sizes first: no two file pairs hash alike
             with open(path, "rb") as f:
                 while block := f.read(1 << 20):
                     digest.update(block)
@@ -543,8 +555,8 @@ def encode_corpus(
     a worker in flight, so memory stays flat) and the main process appends their ids, in
     order, to ``.npy`` files. The result does not depend on ``workers``.
 
-    The cache key hashes the text (file bytes or lines), the tokenizer and the filter
-    settings; a later run on the same input maps ``cache_dir/KEY`` read-only without
+    The cache key hashes :data:`CACHE_FORMAT`, the text (file bytes or lines), the
+    tokenizer and the filter settings; a later run on the same input maps ``cache_dir/KEY`` read-only without
     tokenizing. A cache directory appears only when complete (written under a temporary
     name, then renamed). ``write=False`` reads the cache but never writes it; without a
     cache (or with ``write=False`` on a miss) the ids are held in memory.
@@ -552,8 +564,9 @@ def encode_corpus(
     Raises:
         DataError: unreadable text or line counts that differ (nothing is left behind).
     """
-    key = hashlib.sha1()
+    key = hashlib.sha1(f"nmt encoded corpus, format {CACHE_FORMAT}\0".encode())
     for proto in tokenizer.protos().values():
+        key.update(len(proto).to_bytes(8, "little"))
         key.update(proto)
     key.update(repr((max_len, max_len_ratio)).encode())
     text.fingerprint(key)
@@ -568,7 +581,7 @@ def encode_corpus(
     keep = path is not None and write
     if keep:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp{os.getpid()}-", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(name), dir=path.parent))
     else:
         tmp = Path(tempfile.mkdtemp(prefix="nmt-encode-"))
     try:
@@ -598,7 +611,7 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
             raise ValueError("offsets and ids disagree")
     except (OSError, ValueError, TypeError, IndexError, json.JSONDecodeError) as exc:
         log.warning("cache %s is damaged (%s); encoding again", path, exc)
-        trash = path.with_name(f"{path.name}.tmp{os.getpid()}-damaged")
+        trash = path.with_name(f"{_temporary_prefix(path.name)}damaged")
         try:
             os.replace(path, trash)
         except OSError:
@@ -608,14 +621,28 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
     return corpus, report
 
 
+def _temporary_prefix(name: str) -> str:
+    """``KEY.tmp-HOST-PID-``: a cache directory may be shared between machines (a network
+    file system), so a writer is named by host as well as by process."""
+    return f"{name}.tmp-{_HOST}-{os.getpid()}-"
+
+
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown"
+_TEMPORARY = re.compile(r"\.tmp-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[^/]*$")
+
+
 def _remove_stale_temporaries(cache_dir: Path) -> None:
-    """Delete ``KEY.tmpPID-*`` directories whose writing process no longer exists (killed runs)."""
-    for tmp in cache_dir.glob("*.tmp*-*"):
-        match = re.search(r"\.tmp(\d+)-", tmp.name)
-        if match is None:
+    """Delete temporary directories that this machine's killed runs left behind.
+
+    Only this host's are judged: a process id means nothing on another machine, whose
+    work in progress in a shared ``cache_dir`` must survive.
+    """
+    for tmp in cache_dir.glob("*.tmp-*"):
+        match = _TEMPORARY.search(tmp.name)
+        if match is None or match["host"] != _HOST:
             continue
         try:
-            os.kill(int(match.group(1)), 0)
+            os.kill(int(match["pid"]), 0)
         except ProcessLookupError:
             shutil.rmtree(tmp, ignore_errors=True)
         except PermissionError:  # alive, another user's

@@ -1,11 +1,13 @@
 import gzip
-import os
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+import nmt.corpus as corpus_module
 
 from nmt.config import DataConfig, TokenizerConfig
 from nmt.corpus import (
@@ -207,12 +209,25 @@ def test_damaged_cache_is_encoded_again_and_stale_temporaries_go(tmp_path, toy_t
     del first
     with open(entry / "src_ids.npy", "r+b") as f:  # cut the file short, as an interrupted copy would
         f.truncate(200)
-    stale = tmp_path / f"{entry.name}.tmp999999999-x"  # left by a killed run (no such process)
+    stale = tmp_path / f"{entry.name}.tmp-{corpus_module._HOST}-999999999-x"  # left by a killed run here (no such process)
     stale.mkdir()
+    elsewhere = tmp_path / f"{entry.name}.tmp-another-machine-999999999-x"  # in progress on another host sharing the directory
+    elsewhere.mkdir()
     again, report_again = encode_corpus(text, toy_tokenizer, tmp_path)
     for a, b in zip(expected, _corpus_arrays(again)):
         assert np.array_equal(a, b)
-    assert report_again == report and sorted(p.name for p in tmp_path.iterdir()) == [entry.name]
+    assert report_again == report and sorted(p.name for p in tmp_path.iterdir()) == sorted([entry.name, elsewhere.name])
+
+
+def test_cache_keys_cannot_collide(tmp_path, toy_tokenizer, monkeypatch):
+    def key(src, tgt):
+        return encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path)[0].key
+
+    # Hugging Face rows may hold newlines: joining lines with one made these three corpora one key.
+    keys = [key(["a\nb"], ["c\nd"]), key(["a", "b"], ["c", "d"]), key(["a", "b\nc"], ["d", "x"]), key(["a\nb", "c"], ["d", "x"])]
+    assert len(set(keys)) == 4
+    monkeypatch.setattr(corpus_module, "CACHE_FORMAT", corpus_module.CACHE_FORMAT + 1)  # new cleaning or encoding rules
+    assert key(["a", "b"], ["c", "d"]) != keys[1]
 
 
 def test_gzip_is_recognised_by_content_and_other_files_are_named(tmp_path):
