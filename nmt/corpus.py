@@ -341,8 +341,8 @@ class CleanReport:
 
 
 def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], CleanReport]:
-    """Strip whitespace and drop pairs with an empty side (before tokenizing; :func:`clean_pairs`
-    then drops a side that is not blank but has no pieces)."""
+    """Strip whitespace and drop pairs with a blank side: the rule before a tokenizer exists
+    (the text it trains on); with one, :func:`clean_pairs` decides by pieces."""
     report = CleanReport(total=len(src))
     out_src, out_tgt = [], []
     for s, t in zip(src, tgt):
@@ -367,17 +367,19 @@ class CleanPairs:
 
 
 def clean_pairs(tokenizer: Tokenizer, src: list[str], tgt: list[str], threads: int = -1) -> CleanPairs:
-    """Strip, tokenize, and drop every pair with an empty side, where empty means no pieces:
-    a line of only U+200B or other characters SentencePiece normalises away is not blank to
-    ``str.strip`` but gives nothing to train on or translate. Counted in ``report.empty``.
+    """Tokenize, and drop every pair with an empty side, where empty means no pieces.
+
+    Lines are encoded as they are, as ``nmt translate`` encodes them: SentencePiece's
+    normalisation removes leading, trailing and repeated whitespace itself, and a line of
+    only U+200B (not blank to ``str.strip``) has no pieces either. The kept text is
+    stripped. Dropped pairs are counted in ``report.empty``.
     """
-    src, tgt, report = strip_pairs(src, tgt)
     src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
     keep = [bool(s) and bool(t) for s, t in zip(src_ids, tgt_ids)]
-    if not all(keep):
-        report.empty += keep.count(False)
+    report = CleanReport(total=len(src), empty=keep.count(False))
+    if report.empty:
         src, tgt, src_ids, tgt_ids = (list(itertools.compress(x, keep)) for x in (src, tgt, src_ids, tgt_ids))
-    return CleanPairs(src, tgt, src_ids, tgt_ids, report)
+    return CleanPairs([s.strip() for s in src], [t.strip() for t in tgt], src_ids, tgt_ids, report)
 
 
 def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
@@ -387,7 +389,7 @@ def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
         DataError: as :meth:`ParallelText.pairs`, or no pair has text on both sides.
     """
     kept = 0
-    for block in text.chunks(CHUNK_LINES):  # encoding keeps a subset: clean_pairs also drops sides with no pieces
+    for block in text.chunks(CHUNK_LINES):  # encoding then decides by pieces (clean_pairs)
         lines = strip_pairs(*block)[side]
         kept += len(lines)
         yield from lines

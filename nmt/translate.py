@@ -105,7 +105,7 @@ def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], 
     normalises away, such as U+200B) yields an empty list without running the model; so
     does a line of more than ``decode.max_input_pieces`` pieces, with a warning naming it.
     """
-    encoded = tokenizer.encode_src([line.strip() for line in lines])
+    encoded = tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
     for i, pieces in enumerate(encoded):
         if len(pieces) > decode.max_input_pieces:  # one huge line must not take the others down
             log.warning("input line %d has %d pieces, over the limit of %d (--max-input-pieces): its output line is left empty", i + 1, len(pieces), decode.max_input_pieces)
