@@ -337,7 +337,7 @@ class CleanReport:
             setattr(self, name, getattr(self, name) + value)
 
     def __str__(self) -> str:
-        return f"{self.kept}/{self.total} pairs kept ({self.empty} with an empty side, {self.too_long} over max_len, {self.bad_ratio} over max_len_ratio)"
+        return f"{self.kept}/{self.total} pairs kept ({self.empty} with a side of no pieces, {self.too_long} over max_len, {self.bad_ratio} over max_len_ratio)"
 
 
 def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], CleanReport]:

@@ -89,8 +89,8 @@ def marian_model(model: Transformer, max_positions: int = 1024):
     permuted as the module doc says).
 
     Raises:
-        ExportError: the model is Pre-LN or has separate vocabularies (Marian in
-            ``transformers`` is Post-LN; separate vocabularies are not exported yet).
+        ExportError: the model is Pre-LN or has separate source and target embeddings
+            (Marian in ``transformers`` is Post-LN; separate embeddings are not exported yet).
         ImportError: ``transformers`` is not installed (``pip install transformers``).
     """
     from transformers import MarianConfig, MarianMTModel
@@ -99,7 +99,7 @@ def marian_model(model: Transformer, max_positions: int = 1024):
     if cfg.norm_position != "post":
         raise ExportError("Marian is a Post-LN model; a Pre-LN model cannot be exported to it")
     if model.src_embed is not model.tgt_embed:
-        raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
+        raise ExportError("only models with one embedding for source and target (tokenizer.joint: true, model.share_embeddings: true) can be exported")
     config = MarianConfig(
         vocab_size=cfg.tgt_vocab_size,
         decoder_vocab_size=cfg.tgt_vocab_size,
