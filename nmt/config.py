@@ -362,7 +362,7 @@ RANGES: dict[str, Range] = {
     "tokenizer.character_coverage": Range(0, 1, low_open=True), "tokenizer.input_sentence_size": _AT_LEAST_1,
     "train.seed": Range(0, 2**32 - 1),  # NumPy's seed range
     "train.threads": _AT_LEAST_0, "train.max_tokens": _AT_LEAST_1, "train.max_steps": _AT_LEAST_1, "train.max_epochs": _AT_LEAST_1,
-    "train.max_time_s": _AT_LEAST_0, "train.lr_scale": _POSITIVE, "train.lr": _POSITIVE, "train.warmup_steps": _AT_LEAST_1,
+    "train.max_time_s": _AT_LEAST_0, "train.lr_scale": _AT_LEAST_0, "train.lr": _AT_LEAST_0, "train.warmup_steps": _AT_LEAST_1,
     "train.adam_betas": _PROBABILITY, "train.adam_eps": _POSITIVE, "train.weight_decay": _AT_LEAST_0, "train.clip_norm": _AT_LEAST_0,
     "train.label_smoothing": _PROBABILITY, "train.log_every": _AT_LEAST_1, "train.validate_every": _AT_LEAST_1,
     "train.save_every": _AT_LEAST_0, "train.keep_last": _AT_LEAST_1, "train.valid_beam_size": _AT_LEAST_1, "train.patience": _AT_LEAST_0,
