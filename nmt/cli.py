@@ -106,6 +106,7 @@ class DecodeOptions:
     max_len_b: Optional[int] = None
     n_best: Optional[int] = None
     max_tokens: Optional[int] = None
+    max_input_pieces: Optional[int] = None
     device: str = "auto"
     threads: int = 0
     dtype: str = "float32"
@@ -133,6 +134,10 @@ _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
     "max_tokens": (Optional[int], typer.Option(None, "--max-tokens", help="Source tokens per batch, padding included.")),
+    "max_input_pieces": (
+        Optional[int],
+        typer.Option(None, "--max-input-pieces", help="Longest source line translated, in pieces (default: the checkpoint's decode.max_input_pieces, 1024); a longer line gets an empty output line and a warning on stderr."),
+    ),
     "device": (str, typer.Option("auto", "--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")),
     "threads": (int, typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")),
     "dtype": (

@@ -5,11 +5,41 @@ The one scoring path used both for validation during training and by ``nmt evalu
 
 from __future__ import annotations
 
+import logging
+import unicodedata
+
 from sacrebleu.metrics import BLEU, CHRF
+
+
+log = logging.getLogger("nmt.evaluate")
 
 
 class EvaluationError(ValueError):
     """Hypotheses and references cannot be scored together."""
+
+
+def normalisation_forms(lines: list[str]) -> set[str]:
+    """The Unicode normalisation forms (of NFC and NFD) that every line is in; ASCII is in both."""
+    return {form for form in ("NFC", "NFD") if all(unicodedata.is_normalized(form, line) for line in lines)}
+
+
+def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]) -> None:
+    """Log a warning when the hypotheses and a reference stream share no normalisation form:
+    sacreBLEU compares code points, so ``é`` as one code point (NFC) and as ``e`` plus a
+    combining accent (NFD) count as different text."""
+    hyp_forms = normalisation_forms(hypotheses)
+    for name, ref in zip(names, references):
+        ref_forms = normalisation_forms(ref)
+        if not hyp_forms & ref_forms:
+            log.warning(
+                "the hypotheses are in %s but %s is in %s (Unicode normalisation): the same text scores as different; "
+                "normalise both to one form first (unicodedata.normalize('NFC', line) in Python, or uconv -x any-nfc)",
+                _describe(hyp_forms), name, _describe(ref_forms),
+            )
+
+
+def _describe(forms: set[str]) -> str:
+    return " and ".join(sorted(forms)) or "a mix of forms"
 
 
 def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...] | None = None) -> dict:
@@ -36,6 +66,7 @@ def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, 
     for name, ref in zip(names, references):
         if len(ref) != len(hypotheses):
             raise EvaluationError(f"{name} has {len(ref)} lines but there are {len(hypotheses)} hypotheses; they must match line for line")
+    warn_if_normalisation_differs(hypotheses, references, names)
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hypotheses, references)
     c = chrf.corpus_score(hypotheses, references)

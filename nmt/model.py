@@ -271,8 +271,12 @@ class Transformer(nn.Module):
 
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions
     (§3.4-3.5), then dropped out. The output projection is tied to the target embedding;
-    with ``share_embeddings`` and equal vocabularies the source embedding is the same
+    with ``share_embeddings`` (one joint vocabulary) the source embedding is the same
     matrix too (§3.4, after Press and Wolf 2017).
+
+    Raises:
+        ValueError: ``src_vocab_size``/``tgt_vocab_size`` unset, or ``share_embeddings``
+            with vocabularies of different sizes.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -281,9 +285,10 @@ class Transformer(nn.Module):
             raise ValueError("ModelConfig needs src_vocab_size and tgt_vocab_size (set from the tokenizer)")
         self.cfg = cfg
         d = cfg.d_model
+        if cfg.share_embeddings and cfg.src_vocab_size != cfg.tgt_vocab_size:
+            raise ValueError(f"share_embeddings needs one vocabulary, got {cfg.src_vocab_size} source and {cfg.tgt_vocab_size} target pieces")
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=PAD)
-        shared = cfg.share_embeddings and cfg.src_vocab_size == cfg.tgt_vocab_size
-        self.tgt_embed = self.src_embed if shared else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         pre = cfg.norm_position == "pre"
@@ -299,7 +304,7 @@ class Transformer(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        for emb in {self.src_embed, self.tgt_embed}:
+        for emb in dict.fromkeys((self.src_embed, self.tgt_embed)):  # in order (a set's would vary run to run), once each
             nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[PAD].zero_()

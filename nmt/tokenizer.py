@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import io
 import itertools
-from collections.abc import Iterable, Iterator
+import math
+import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,30 +105,51 @@ def load_model_file(path: str) -> spm.SentencePieceProcessor:
     return _load(model_file=path, what=path)
 
 
-def train_sentencepiece(
-    sentences: Iterable[str], vocab_size: int, model_type: str = "bpe", character_coverage: float = 1.0, input_sentence_size: int = 2_000_000
-) -> spm.SentencePieceProcessor:
-    """Train a SentencePiece model in memory on ``sentences`` (streamed; SentencePiece
-    samples ``input_sentence_size`` of them when there are more).
+def reservoir_sample(items: Iterable[str], k: int, seed: int) -> list[str]:
+    """``k`` items drawn uniformly without replacement from a stream of unknown length, or all
+    of them (in order) when there are at most ``k``. Memory holds ``k`` items, never the stream.
 
-    ``vocab_size`` counts the four special pieces. If the text is too small for the
-    requested size, SentencePiece's own error is raised as :class:`TokenizerError`
-    with the largest size it allows; an error raised while reading ``sentences``
-    (a :class:`~nmt.corpus.DataError`, say) is raised as it is.
+    Algorithm L (Li 1994, "Reservoir-sampling algorithms of time complexity O(n(1 + log(N/n)))"):
+    after the first ``k`` items it draws how many to skip, not a number per item. The same
+    ``seed`` and stream give the same sample in any process.
     """
+    rng = random.Random(seed)
+    stream = iter(items)
+    sample = list(itertools.islice(stream, k))
+    if len(sample) < k:
+        return sample
+
+    def u() -> float:  # in (0, 1]: log() is defined
+        return 1.0 - rng.random()
+
+    w = math.exp(math.log(u()) / k)
+    index, upcoming = k - 1, k - 1 + math.floor(math.log(u()) / math.log1p(-w)) + 1
+    for index, item in enumerate(stream, start=k):
+        if index == upcoming:
+            sample[rng.randrange(k)] = item
+            w *= math.exp(math.log(u()) / k)
+            upcoming += math.floor(math.log(u()) / math.log1p(-w)) + 1
+    return sample
+
+
+def train_sentencepiece(
+    sentences: Iterable[str], vocab_size: int, model_type: str = "bpe", character_coverage: float = 1.0, input_sentence_size: int = 2_000_000, seed: int = 1
+) -> spm.SentencePieceProcessor:
+    """Train a SentencePiece model in memory on ``input_sentence_size`` of ``sentences``.
+
+    The sentences are sampled here (:func:`reservoir_sample` with ``seed``), not by
+    SentencePiece, whose own sampling differs from process to process even with a fixed
+    seed and one thread; so a run's config and seed fix its tokenizer. ``vocab_size``
+    counts the four special pieces. If the text is too small for the requested size,
+    SentencePiece's own error is raised as :class:`TokenizerError` with the largest size
+    it allows; an error raised while reading ``sentences`` (a
+    :class:`~nmt.corpus.DataError`, say) is raised as it is.
+    """
+    sample = reservoir_sample(sentences, input_sentence_size, seed)
     buffer = io.BytesIO()
-    failed: list[BaseException] = []
-
-    def guarded() -> Iterator[str]:
-        try:
-            yield from sentences
-        except BaseException as exc:  # SentencePiece would turn it (even Ctrl-C) into a RuntimeError
-            failed.append(exc)
-            raise
-
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=guarded(),
+            sentence_iterator=iter(sample),
             model_writer=buffer,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -135,27 +158,26 @@ def train_sentencepiece(
             unk_id=UNK,
             bos_id=BOS,
             eos_id=EOS,
-            input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=True,
+            input_sentence_size=0,  # every sentence given: the sample is already drawn
+            shuffle_input_sentence=False,
             num_threads=2,
             minloglevel=2,
         )
     except RuntimeError as exc:
-        if failed:
-            raise failed[0] from None
         hint = "; lower tokenizer.vocab_size" if "Vocabulary size too high" in str(exc) else ""
         raise TokenizerError(f"SentencePiece training failed: {str(exc).strip()}{hint}") from None
     return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
 
 
-def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg) -> Tokenizer:
-    """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes.
+def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg, seed: int = 1) -> Tokenizer:
+    """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes, on
+    sentences sampled with ``seed`` (``train.seed``).
 
-    ``src`` and ``tgt`` may be streams; a joint model reads all of ``src``, then ``tgt``.
+    ``src`` and ``tgt`` may be streams; a joint model samples from all of ``src``, then ``tgt``.
     """
 
     def train(sentences: Iterable[str]) -> spm.SentencePieceProcessor:
-        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, cfg.character_coverage, cfg.input_sentence_size)
+        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, cfg.character_coverage, cfg.input_sentence_size, seed)
 
     if cfg.joint:
         sp = train(itertools.chain(src, tgt))

@@ -172,7 +172,9 @@ def translate_lines(
     """Translate every line; returns, in input order, each line's n-best list.
 
     Lines are sorted by length into batches of at most ``decode.max_tokens`` source tokens
-    (padding included). A blank line yields an empty list without running the model.
+    (padding included). A line with no pieces (blank, or only characters SentencePiece
+    normalises away, such as U+200B) yields an empty list without running the model; so
+    does a line of more than ``decode.max_input_pieces`` pieces, with a warning naming it.
 
     Args:
         model: a :class:`~nmt.model.Transformer`, or a list of them decoding as an ensemble.
@@ -183,9 +185,13 @@ def translate_lines(
         alignment: fill in each hypothesis's source-target alignment (:mod:`nmt.align`).
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
-    stripped = [line.strip() for line in lines]
-    present = [i for i, line in enumerate(stripped) if line]
-    ids = tokenizer.encode_src([stripped[i] for i in present])
+    encoded = tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
+    for i, pieces in enumerate(encoded):
+        if len(pieces) > decode.max_input_pieces:  # one huge line must not take the others down
+            log.warning("input line %d has %d pieces, over the limit of %d (--max-input-pieces): its output line is left empty",
+                        first_index + i + 1, len(pieces), decode.max_input_pieces)
+    present = [i for i, pieces in enumerate(encoded) if 0 < len(pieces) <= decode.max_input_pieces]
+    ids = [encoded[i] for i in present]
     lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
     results: list[list[Hypothesis]] = [[] for _ in lines]
     for batch in token_batches(lengths, decode.max_tokens, np.argsort(lengths, kind="stable")):

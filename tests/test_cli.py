@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -197,9 +198,11 @@ def test_errors_name_the_flags_given(trained_run, tmp_path):
     import torch
 
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "3", "--beam-size", "2", input="a dog .\n"))
-    assert "--n-best" in line and "--beam-size" in line and "decode." not in line and "(got 2, 3)" in line
+    assert line == "error: --n-best must be <= --beam-size (got 3 > 2)"
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--max-tokens", "0", input="a dog .\n"))
-    assert line == "error: --max-tokens must be positive, got 0"
+    assert line == "error: --max-tokens must be >= 1, got 0"
+    line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--max-input-pieces", "0", input="a dog .\n"))
+    assert line == "error: --max-input-pieces must be >= 1, got 0"
     # A key the command line did not set keeps its config name: it comes from the checkpoint.
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "7", input="a dog .\n"))
     assert "--n-best" in line and "beam_size" in line and "--beam-size" not in line
@@ -539,3 +542,31 @@ def test_plot_attention_writes_a_png(trained_run, tmp_path):
     assert invoke("plot", "metrics", trained_run, "--out", tmp_path / "m.png").exit_code == 0 and (tmp_path / "m.png").stat().st_size > 10_000
     result = invoke("plot", "attention", "  ", "--checkpoint", trained_run, "--out", tmp_path / "b.png")
     assert result.exit_code == 2 and "empty" in result.output
+
+
+def test_train_checks_every_input_before_writing_anything(tmp_path):
+    (tmp_path / "v.en").write_text("a dog .\n" * 50)
+    (tmp_path / "v.de").write_text("ein Hund .\n" * 49)
+    (tmp_path / "latin.de").write_bytes(b"ein Hund .\n" * 49 + b"ein M\xe4dchen .\n")
+    (tmp_path / "blank.de").write_text("\n" * 50)
+    cache = tmp_path / "shared-cache"
+    for valid_tgt, message in (("v.de", "v.en has 50 lines but .*v.de has 49"), ("latin.de", r"latin.de:50: invalid UTF-8"), ("blank.de", r"the validation set \(.*v.en and .*blank.de\) has no pair")):
+        result = invoke(
+            "train", "--run-dir", tmp_path / "run", "--set", f"data.train_src={TOY / 'train.en'}", "--set", f"data.train_tgt={TOY / 'train.de'}",
+            "--set", f"data.valid_src={tmp_path / 'v.en'}", "--set", f"data.valid_tgt={tmp_path / valid_tgt}", "--set", f"data.cache_dir={cache}",
+        )
+        assert result.exit_code == 2 and re.search(message, result.output), result.output
+        assert not (tmp_path / "run").exists() and not cache.exists()  # no tokenizer, no cache, no run directory
+
+
+def test_lines_without_pieces_and_overlong_lines_give_empty_output_lines(trained_run, tmp_path, caplog):
+    huge = " ".join(["dog"] * 3000)
+    src = tmp_path / "in.en"
+    src.write_text(f"the dog .\n\u200b\n{huge}\nthe cat .\n", encoding="utf-8")
+    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "--beam-size", "2", "--max-len-b", "5", "--max-input-pieces", "2000")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.split("\n")
+    assert len(lines) == 5 and lines[1] == "" and lines[2] == "" and lines[0] and lines[3]
+    assert re.search(r"input line 3 has 3000 pieces, over the limit of 2000 \(--max-input-pieces\)", caplog.text)
+    alone = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "5", input="the dog .\nthe cat .\n")
+    assert alone.stdout.split("\n")[:2] == [lines[0], lines[3]]  # the other lines translate as they do on their own

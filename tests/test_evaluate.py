@@ -1,3 +1,5 @@
+import unicodedata
+
 import pytest
 
 from nmt.evaluate import EvaluationError, score
@@ -31,3 +33,20 @@ def test_line_count_mismatch_is_an_error():
 def test_empty_input_is_an_error_not_a_crash():
     with pytest.raises(EvaluationError, match="nothing to score"):
         score([], [[]])
+
+
+def test_differing_unicode_normalisation_is_warned_about(caplog):
+    nfc = "Das Café ist schön ."
+    nfd = unicodedata.normalize("NFD", nfc)  # é and ö as a letter plus a combining accent
+    assert nfd != nfc and len(nfd) == len(nfc) + 2
+    # sacreBLEU compares code points: of 5 words, Café and schön differ, so unigrams match 3/5 and no
+    # bigram (each holds a differing word), trigram or 4-gram does. exp smoothing makes the k-th zero
+    # precision 1/(2^k · n-grams): 1/8, 1/12, 1/16. BLEU = (3/5 · 1/8 · 1/12 · 1/16)^(1/4) = 14.06.
+    assert score([nfc], [[nfd]], ("ref.de",))["bleu"] == 14.06 and score([nfc], [[nfc]])["bleu"] == 100.0
+    assert "hypotheses are in NFC but ref.de is in NFD" in caplog.text
+    caplog.clear()
+    score([nfd], [[nfd]])
+    score(["Das Haus ist alt ."], [[nfd]])  # ASCII is in both forms
+    assert caplog.text == ""
+    score([nfc, nfd], [[nfc, nfc]], ("ref.de",))
+    assert "hypotheses are in a mix of forms but ref.de is in NFC" in caplog.text
