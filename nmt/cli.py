@@ -18,7 +18,7 @@ import typer
 
 from .config import ConfigError, DecodeConfig, load_config, validate
 from .corpus import DataError, read_lines
-from .evaluate import EvaluationError, score
+from .evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_tokenizer, config_tokenizer, guess_cjk_language, score
 from .files import OutputError, atomic_write, check_writable
 from .tokenizer import TokenizerError
 
@@ -121,6 +121,7 @@ class DecodeOptions:
     max_len_b: Optional[int] = None
     n_best: Optional[int] = None
     max_tokens: Optional[int] = None
+    allow_unk: Optional[bool] = None
     device: str = "auto"
     threads: int = 0
     dtype: str = "float32"
@@ -148,6 +149,10 @@ _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
     "max_tokens": (Optional[int], typer.Option(None, "--max-tokens", help="Source tokens per batch, padding included.")),
+    "allow_unk": (
+        Optional[bool],
+        typer.Option(None, "--allow-unk/--no-allow-unk", help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the checkpoint's decode.allow_unk (false)."),
+    ),
     "device": (str, typer.Option("auto", "--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")),
     "threads": (int, typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")),
     "dtype": (
@@ -222,7 +227,7 @@ def _translate(checkpoint: Path, lines: list[str], options: DecodeOptions):
         validate(replace(cfg, decode=decode))
     except ConfigError as exc:
         raise in_flags(exc, {f"decode.{k}": _flag(k) for k in changes}) from None
-    return translate_lines(model, tokenizer, lines, decode, dev), tokenizer
+    return translate_lines(model, tokenizer, lines, decode, dev), tokenizer, cfg
 
 
 @app.command()
@@ -239,7 +244,7 @@ def translate(
     try:
         _check_output(output)
         lines = read_lines(input) if input is not None else _read_stdin()
-        results, tokenizer = _translate(checkpoint, lines, decode)
+        results, tokenizer, _ = _translate(checkpoint, lines, decode)
     except user_errors() as exc:
         _fail(exc)
     if decode.n_best and decode.n_best > 1:
@@ -290,7 +295,11 @@ def evaluate(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Translate --src with this checkpoint first, then score."),
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also write the translations here."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (unrounded scores) instead of text."),
+    tokenize: Optional[str] = typer.Option(
+        None, "--tokenize", "-t", help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config (eval.tokenize, data.tgt_lang), else 13a."
+    ),
+    tgt_lang: Optional[str] = typer.Option(None, "--tgt-lang", "-l", help="Target language code; picks the tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a."),
     quiet: bool = QUIET,
     decode: DecodeOptions = DecodeOptions(),
 ) -> None:
@@ -300,18 +309,27 @@ def evaluate(
         _check_evaluate_options(hyp, checkpoint, src, output, decode)
         _check_output(output)
         references = [read_lines(r) for r in ref]
+        from_checkpoint = checkpoint is not None and tokenize is None and tgt_lang is None
+        chosen = None if from_checkpoint else bleu_tokenizer(tokenize, tgt_lang)
+        if chosen is not None:
+            check_tokenizer(chosen)  # before translating, not after
         if checkpoint is not None:
-            results, tokenizer = _translate(checkpoint, read_lines(src), replace(decode, n_best=1))
+            results, tokenizer, cfg = _translate(checkpoint, read_lines(src), replace(decode, n_best=1))
             from .translate import best_strings
 
+            chosen = chosen or config_tokenizer(cfg)
             hyps = best_strings(tokenizer, results)
             if output is not None:
                 atomic_write(output, "".join(h + "\n" for h in hyps))
         else:
             hyps = read_lines(hyp)
-        result = score(hyps, references, tuple(str(r) for r in ref))
+        result = score(hyps, references, tuple(str(r) for r in ref), chosen)
     except user_errors() as exc:
         _fail(exc)
+    guessed = guess_cjk_language(references[0]) if tokenize is None and tgt_lang is None and chosen == "13a" else None
+    if guessed:
+        typer.echo(f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {LANGUAGE_TOKENIZERS[guessed]}, not 13a: "
+                   f"pass --tgt-lang {guessed} (or --tokenize NAME)", err=True)
     if as_json:
         typer.echo(json.dumps(result))
     else:

@@ -1,7 +1,7 @@
 """Configuration: frozen dataclasses, YAML loading and typed ``--set`` overrides.
 
-A run is described by one :class:`Config` with five sections (``model``, ``data``,
-``tokenizer``, ``train``, ``decode``). Every field has a default that follows
+A run is described by one :class:`Config` with six sections (``model``, ``data``,
+``tokenizer``, ``train``, ``decode``, ``eval``). Every field has a default that follows
 Vaswani et al. 2017 where the paper fixes it; anything else (Pre-LN, GELU, the
 inverse-sqrt schedule) must be asked for by name. Unknown keys are an error, never
 silently ignored, so a misspelt option cannot go unnoticed.
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .evaluate import TOKENIZERS as BLEU_TOKENIZERS
 
 
 class ConfigError(ValueError):
@@ -109,11 +111,17 @@ class TokenizerConfig:
 
     ``joint`` trains one model on both sides; otherwise one per language.
     ``model`` (joint) or ``src_model``/``tgt_model`` reuse trained ``.model`` files.
+    ``character_coverage`` is the share of characters the model covers, the rest
+    becoming UNK; ``"auto"`` picks 0.9995 for text with a large character set (Chinese,
+    Japanese, Korean) and 1.0 otherwise, as SentencePiece recommends (see
+    :func:`nmt.tokenizer.auto_character_coverage`). ``byte_fallback`` spells characters
+    outside the vocabulary as UTF-8 byte pieces instead of UNK (256 extra pieces).
     """
 
     type: str = "bpe"
     vocab_size: int = 8000
-    character_coverage: float = 1.0
+    character_coverage: float | str = "auto"
+    byte_fallback: bool = False
     joint: bool = True
     model: str | None = None
     src_model: str | None = None
@@ -169,6 +177,7 @@ class DecodeConfig:
     Finished hypotheses are ranked by ``log P(Y|X) / lp(Y)`` with GNMT's length penalty
     ``lp(Y) = ((5 + |Y|) / 6) ** length_penalty`` (Wu et al. 2016, §7), ``|Y|`` counting EOS.
     ``max_tokens`` is the source-side batch budget in tokens, padding included.
+    UNK is never generated (like PAD and BOS) unless ``allow_unk``.
     """
 
     beam_size: int = 5
@@ -177,6 +186,19 @@ class DecodeConfig:
     max_len_b: int = 10
     n_best: int = 1
     max_tokens: int = 4096
+    allow_unk: bool = False
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Scoring, for validation and ``nmt evaluate --checkpoint``.
+
+    ``tokenize`` is sacreBLEU's BLEU tokenizer; ``"auto"`` picks it from ``data.tgt_lang``
+    as sacreBLEU does (``zh``, ``ja-mecab``, ``ko-mecab``, else ``13a``; see
+    :func:`nmt.evaluate.bleu_tokenizer`).
+    """
+
+    tokenize: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -186,6 +208,7 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def _parse(text: str, where: str) -> Any:
@@ -204,7 +227,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             if type(None) in args:
                 return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
+        for option in inner[:-1]:  # the first type that takes the value, e.g. 0.9995 before "auto"
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                pass
+        return _coerce(value, inner[-1], where)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -251,7 +279,7 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
     return cls(**kwargs)
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig, "train": TrainConfig, "decode": DecodeConfig}
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig, "train": TrainConfig, "decode": DecodeConfig, "eval": EvalConfig}
 
 
 def _sections(raw: Any, source: str) -> dict[str, dict[str, Any]]:
@@ -314,8 +342,11 @@ def validate(cfg: Config) -> None:
                         "train.adam_betas[0]": t.adam_betas[0], "train.adam_betas[1]": t.adam_betas[1]}.items():
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"{name} must be in [0, 1), got {value}")
-    if not 0.0 < cfg.tokenizer.character_coverage <= 1.0:
-        raise ConfigError(f"tokenizer.character_coverage must be in (0, 1], got {cfg.tokenizer.character_coverage}")
+    coverage = cfg.tokenizer.character_coverage
+    if coverage != "auto" and not (isinstance(coverage, float) and 0.0 < coverage <= 1.0):
+        raise ConfigError(f"tokenizer.character_coverage must be auto or a number in (0, 1], got {coverage!r}")
+    if cfg.eval.tokenize != "auto" and cfg.eval.tokenize not in BLEU_TOKENIZERS:
+        raise ConfigError(f"eval.tokenize must be auto or one of {', '.join(BLEU_TOKENIZERS)}, got {cfg.eval.tokenize!r}")
     if not math.isfinite(d.length_penalty):
         raise ConfigError(f"decode.length_penalty must be a finite number, got {d.length_penalty}")
     for a, b in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .model import beam_rows
-from .tokenizer import BOS, EOS, PAD
+from .tokenizer import BOS, EOS, PAD, UNK
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,7 @@ def beam_search(
     alpha: float = 0.0,
     n_best: int = 1,
     min_len: int = 0,
+    allow_unk: bool = False,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences.
 
@@ -152,6 +153,7 @@ def beam_search(
         alpha: GNMT length-penalty exponent for ranking finished hypotheses.
         n_best: hypotheses returned per sentence (at most ``beam_size``).
         min_len: EOS is forbidden before this many pieces (benchmarks force a length).
+        allow_unk: let hypotheses contain UNK; otherwise it is never generated, like PAD and BOS.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -172,6 +174,8 @@ def beam_search(
         vocab = lprobs.size(-1)
         lprobs[:, PAD] = float("-inf")
         lprobs[:, BOS] = float("-inf")
+        if not allow_unk:
+            lprobs[:, UNK] = float("-inf")
         if step < min_len:
             lprobs[:, EOS] = float("-inf")
         force = step >= max_lens  # (n,)
@@ -223,7 +227,8 @@ def beam_search(
 
 @torch.inference_mode()
 def translate_batch(
-    model, src: Tensor, beam_size: int, alpha: float, max_len_a: float, max_len_b: int, n_best: int = 1, min_len: int = 0, scorer: str = "cached"
+    model, src: Tensor, beam_size: int, alpha: float, max_len_a: float, max_len_b: int,
+    n_best: int = 1, min_len: int = 0, scorer: str = "cached", allow_unk: bool = False,
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
@@ -236,4 +241,4 @@ def translate_batch(
     max_lens = (max_len_a * src_lens.double() + max_len_b).long()
     # Room for the longest possible output (pieces + EOS): the cache never has to grow.
     step_scorer, state = SCORERS[scorer].start(model, memory, src_mask, beam_size, capacity=int(max_lens.max()) + 1)
-    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len)
+    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len, allow_unk)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,16 @@ import sentencepiece as spm
 from .files import atomic_write
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+#: ``character_coverage: auto`` looks at this many sentences of each side ...
+AUTO_COVERAGE_SENTENCES = 10_000
+#: ... and treats more distinct characters than this as a large character set. Alphabets
+#: stay far below (English 40, German 90 on 10,000 sentences, Cyrillic or Devanagari text
+#: with Latin mixed in about 200); Japanese has 1,490, and Chinese and Korean (Hangul
+#: syllables) are in the thousands too.
+LARGE_CHARACTER_SET = 500
+
+log = logging.getLogger(__name__)
 
 
 class TokenizerError(ValueError):
@@ -104,12 +115,18 @@ def load_model_file(path: str) -> spm.SentencePieceProcessor:
 
 
 def train_sentencepiece(
-    sentences: Iterable[str], vocab_size: int, model_type: str = "bpe", character_coverage: float = 1.0, input_sentence_size: int = 2_000_000
+    sentences: Iterable[str],
+    vocab_size: int,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+    input_sentence_size: int = 2_000_000,
+    byte_fallback: bool = False,
 ) -> spm.SentencePieceProcessor:
     """Train a SentencePiece model in memory on ``sentences`` (streamed; SentencePiece
     samples ``input_sentence_size`` of them when there are more).
 
-    ``vocab_size`` counts the four special pieces. If the text is too small for the
+    ``vocab_size`` counts the four special pieces (and, with ``byte_fallback``, the 256
+    byte pieces ``<0x00>`` … ``<0xFF>`` that spell characters outside the vocabulary). If the text is too small for the
     requested size, SentencePiece's own error is raised as :class:`TokenizerError`
     with the largest size it allows; an error raised while reading ``sentences``
     (a :class:`~nmt.corpus.DataError`, say) is raised as it is.
@@ -131,6 +148,7 @@ def train_sentencepiece(
             vocab_size=vocab_size,
             model_type=model_type,
             character_coverage=character_coverage,
+            byte_fallback=byte_fallback,
             pad_id=PAD,
             unk_id=UNK,
             bos_id=BOS,
@@ -148,19 +166,47 @@ def train_sentencepiece(
     return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
 
 
+def auto_character_coverage(samples: dict[str, list[str]]) -> tuple[float, str]:
+    """SentencePiece's recommended ``character_coverage`` for text like ``samples``
+    (side name → its first sentences): 0.9995 if any side uses more than
+    :data:`LARGE_CHARACTER_SET` distinct characters (Chinese, Japanese, Korean), where
+    covering every rare character would spend the vocabulary on pieces seen once; 1.0
+    otherwise (alphabetic scripts), so that no character becomes UNK.
+
+    Returns:
+        The coverage and the reason, for the log.
+    """
+    counts = {side: len(set().union(*lines)) for side, lines in samples.items()}
+    side, most = max(counts.items(), key=lambda item: item[1])
+    found = f"the {side} text has {most:,} distinct characters in its first {len(samples[side]):,} sentences"
+    if most > LARGE_CHARACTER_SET:
+        return 0.9995, f"{found}, more than {LARGE_CHARACTER_SET}: a large character set, as in Chinese or Japanese"
+    return 1.0, f"{found}, at most {LARGE_CHARACTER_SET}: an alphabet, every character kept"
+
+
 def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg) -> Tokenizer:
     """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes.
 
     ``src`` and ``tgt`` may be streams; a joint model reads all of ``src``, then ``tgt``.
+    With ``character_coverage: auto`` the first :data:`AUTO_COVERAGE_SENTENCES` of each
+    side decide it (:func:`auto_character_coverage`; logged with its reason).
     """
+    streams = {"source": iter(src), "target": iter(tgt)}
+    heads = {side: list(itertools.islice(stream, AUTO_COVERAGE_SENTENCES)) if cfg.character_coverage == "auto" else [] for side, stream in streams.items()}
+    text = {side: itertools.chain(heads[side], streams[side]) for side in streams}
 
-    def train(sentences: Iterable[str]) -> spm.SentencePieceProcessor:
-        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, cfg.character_coverage, cfg.input_sentence_size)
+    def train(sides: tuple[str, ...]) -> spm.SentencePieceProcessor:
+        coverage = cfg.character_coverage
+        if coverage == "auto":
+            coverage, reason = auto_character_coverage({side: heads[side] for side in sides})
+            log.info("tokenizer.character_coverage auto: %s (%s)", coverage, reason)
+        sentences = itertools.chain.from_iterable(text[side] for side in sides)
+        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, coverage, cfg.input_sentence_size, cfg.byte_fallback)
 
     if cfg.joint:
-        sp = train(itertools.chain(src, tgt))
+        sp = train(("source", "target"))
         return Tokenizer(sp, sp)
-    return Tokenizer(train(src), train(tgt))
+    return Tokenizer(train(("source",)), train(("target",)))
 
 
 def tokenizer_from_config(cfg) -> Tokenizer | None:

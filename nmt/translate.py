@@ -110,7 +110,7 @@ def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], 
     results: list[list[Hypothesis]] = [[] for _ in lines]
     for batch in token_batches(lengths, decode.max_tokens, np.argsort(lengths, kind="stable")):
         src = pad_sources([ids[i] for i in batch]).to(device)
-        hyps = translate_batch(model, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b, decode.n_best, min_len)
+        hyps = translate_batch(model, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b, decode.n_best, min_len, allow_unk=decode.allow_unk)
         for i, h in zip(batch, hyps):
             results[present[i]] = h
     return results
