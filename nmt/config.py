@@ -115,13 +115,14 @@ class TokenizerConfig:
     becoming UNK; ``"auto"`` picks 0.9995 for text with a large character set (Chinese,
     Japanese, Korean) and 1.0 otherwise, as SentencePiece recommends (see
     :func:`nmt.tokenizer.auto_character_coverage`). ``byte_fallback`` spells characters
-    outside the vocabulary as UTF-8 byte pieces instead of UNK (256 extra pieces).
+    outside the vocabulary as UTF-8 byte pieces instead of UNK (256 of the pieces);
+    ``"auto"`` turns it on exactly when the character coverage is below 1.0.
     """
 
     type: str = "bpe"
     vocab_size: int = 8000
     character_coverage: float | str = "auto"
-    byte_fallback: bool = False
+    byte_fallback: bool | str = "auto"
     joint: bool = True
     model: str | None = None
     src_model: str | None = None
@@ -345,6 +346,8 @@ def validate(cfg: Config) -> None:
     coverage = cfg.tokenizer.character_coverage
     if coverage != "auto" and not (isinstance(coverage, float) and 0.0 < coverage <= 1.0):
         raise ConfigError(f"tokenizer.character_coverage must be auto or a number in (0, 1], got {coverage!r}")
+    if cfg.tokenizer.byte_fallback not in (True, False, "auto"):
+        raise ConfigError(f"tokenizer.byte_fallback must be auto, true or false, got {cfg.tokenizer.byte_fallback!r}")
     if cfg.eval.tokenize != "auto" and cfg.eval.tokenize not in BLEU_TOKENIZERS:
         raise ConfigError(f"eval.tokenize must be auto or one of {', '.join(BLEU_TOKENIZERS)}, got {cfg.eval.tokenize!r}")
     if not math.isfinite(d.length_penalty):

@@ -189,19 +189,24 @@ def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg) -> Tokenizer:
 
     ``src`` and ``tgt`` may be streams; a joint model reads all of ``src``, then ``tgt``.
     With ``character_coverage: auto`` the first :data:`AUTO_COVERAGE_SENTENCES` of each
-    side decide it (:func:`auto_character_coverage`; logged with its reason).
+    side decide it (:func:`auto_character_coverage`; logged with its reason);
+    ``byte_fallback: auto`` is then on for a coverage below 1.0.
     """
     streams = {"source": iter(src), "target": iter(tgt)}
     heads = {side: list(itertools.islice(stream, AUTO_COVERAGE_SENTENCES)) if cfg.character_coverage == "auto" else [] for side, stream in streams.items()}
     text = {side: itertools.chain(heads[side], streams[side]) for side in streams}
 
     def train(sides: tuple[str, ...]) -> spm.SentencePieceProcessor:
-        coverage = cfg.character_coverage
+        coverage, fallback = cfg.character_coverage, cfg.byte_fallback
         if coverage == "auto":
             coverage, reason = auto_character_coverage({side: heads[side] for side in sides})
             log.info("tokenizer.character_coverage auto: %s (%s)", coverage, reason)
+        if fallback == "auto":
+            fallback = coverage < 1.0
+            log.info("tokenizer.byte_fallback auto: %s (character coverage %s: %s)", str(fallback).lower(), coverage,
+                     "characters left out are spelt in bytes, never UNK" if fallback else "every character has a piece")
         sentences = itertools.chain.from_iterable(text[side] for side in sides)
-        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, coverage, cfg.input_sentence_size, cfg.byte_fallback)
+        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, coverage, cfg.input_sentence_size, fallback)
 
     if cfg.joint:
         sp = train(("source", "target"))
