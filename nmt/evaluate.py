@@ -50,6 +50,30 @@ def bleu_tokenizer(tokenize: str | None, tgt_lang: str | None) -> str:
     return LANGUAGE_TOKENIZERS.get(primary, BLEU.TOKENIZER_DEFAULT)
 
 
+def guess_cjk_language(lines: list[str]) -> str | None:
+    """``"zh"``, ``"ja"`` or ``"ko"`` when most non-space characters of ``lines`` are Han,
+    kana or Hangul (kana → Japanese, Hangul → Korean, Han alone → Chinese), else None.
+    Used only to warn that ``13a`` was chosen for such text."""
+    counts = {"han": 0, "kana": 0, "hangul": 0}
+    total = 0
+    for ch in "".join(lines):
+        if ch.isspace():
+            continue
+        total += 1
+        code = ord(ch)
+        if 0x3040 <= code <= 0x30FF:
+            counts["kana"] += 1
+        elif 0xAC00 <= code <= 0xD7AF or 0x1100 <= code <= 0x11FF or 0x3130 <= code <= 0x318F:
+            counts["hangul"] += 1
+        elif 0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF:
+            counts["han"] += 1
+    if not total or sum(counts.values()) * 2 <= total:
+        return None
+    if counts["hangul"] > counts["han"] + counts["kana"]:
+        return "ko"
+    return "ja" if counts["kana"] else "zh"
+
+
 def config_tokenizer(cfg) -> str:
     """The BLEU tokenizer a run's config (:class:`~nmt.config.Config`) asks for:
     ``eval.tokenize``, or with ``auto`` the one for ``data.tgt_lang``. Validation and

@@ -162,6 +162,8 @@ def train_sentencepiece(
         if failed:
             raise failed[0] from None
         hint = "; lower tokenizer.vocab_size" if "Vocabulary size too high" in str(exc) else ""
+        if "smaller than required_chars" in str(exc):
+            hint = "; raise tokenizer.vocab_size (byte_fallback takes 256 pieces) or lower tokenizer.character_coverage"
         raise TokenizerError(f"SentencePiece training failed: {str(exc).strip()}{hint}") from None
     return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
 

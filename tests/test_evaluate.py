@@ -4,7 +4,7 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU
 
-from nmt.evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_tokenizer, score
+from nmt.evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_tokenizer, guess_cjk_language, score
 
 
 def test_perfect_and_signature():
@@ -102,3 +102,10 @@ def test_missing_mecab_names_the_extra(monkeypatch, tokenize, module, extra):
         score(["a"], [["a"]], tokenize=tokenize)
     assert str(info.value) == message
     check_tokenizer("zh")  # needs nothing optional
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (ZH_REF, "zh"), (JA_REF, "ja"), (KO_REF, "ko"), (["der Hund sieht eine Katze ."], None), (["東京 is big , says the man ."], None), ([""], None),
+])
+def test_guess_cjk_language(lines, expected):
+    assert guess_cjk_language(lines) == expected

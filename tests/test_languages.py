@@ -77,7 +77,9 @@ def test_evaluate_flags_choose_the_tokenizer(zh_run, tmp_path):
     ref = TOY_ZH / "test.zh"
     by_flag = {t: json.loads(invoke("evaluate", "--hyp", hyp, "--ref", ref, "--tokenize", t, "--json").stdout) for t in ("13a", "zh", "char")}
     assert json.loads(invoke("evaluate", "--hyp", hyp, "--ref", ref, "--tgt-lang", "zh", "--json").stdout)["bleu"] == by_flag["zh"]["bleu"]
-    assert json.loads(invoke("evaluate", "--hyp", hyp, "--ref", ref, "--json").stdout)["tokenize"] == "13a"  # no language given: sacreBLEU's default
+    default = invoke("evaluate", "--hyp", hyp, "--ref", ref, "--json")  # no language given: sacreBLEU's default, with a warning
+    assert json.loads(default.stdout)["tokenize"] == "13a"
+    assert "warning: the references look like zh text, which sacreBLEU scores with tokenizer zh, not 13a: pass --tgt-lang zh" in default.stderr
     assert by_flag["zh"]["bleu"] > by_flag["13a"]["bleu"]
     # An explicit flag overrides the checkpoint's language.
     forced = json.loads(invoke("evaluate", "--checkpoint", zh_run, "--src", TOY_ZH / "test.en", "--ref", ref, "--beam-size", "2", "--tokenize", "char", "--json").stdout)
@@ -160,7 +162,7 @@ def test_english_japanese_run_on_a_slice(tmp_path):
     run = tmp_path / "run"
     result = invoke(
         "train", "--config", ROOT / "configs" / "small_enja.yaml", "--run-dir", run, "--set", f"data.dir={data}", *TINY,
-        "--set", "tokenizer.vocab_size=1000", "--set", "train.max_steps=30", "--set", "train.validate_every=30", "--set", "train.log_every=10",
+        "--set", "tokenizer.vocab_size=2000", "--set", "train.max_steps=30", "--set", "train.validate_every=30", "--set", "train.log_every=10",
         "--set", "train.max_tokens=1500", "--set", "train.valid_beam_size=1",
     )
     assert result.exit_code == 0, result.output
