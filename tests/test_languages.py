@@ -13,7 +13,7 @@ import torch
 from sentencepiece import sentencepiece_model_pb2
 
 import nmt.search
-from nmt.config import TokenizerConfig
+from nmt.config import ConfigError, TokenizerConfig, load_config
 from nmt.tokenizer import UNK, auto_character_coverage, train_tokenizer
 
 from conftest import ROOT
@@ -174,3 +174,20 @@ def test_english_japanese_run_on_a_slice(tmp_path):
     assert json.loads(result.stdout)["bleu"] == record["bleu"]
     out = invoke("translate", "--checkpoint", run, "--beam-size", "2", "-i", src)
     assert out.exit_code == 0 and len(out.stdout.splitlines()) == 40 and "⁇" not in out.stdout
+
+
+def test_config_keys_for_scripts():
+    cfg = load_config(None, [])
+    assert (cfg.tokenizer.character_coverage, cfg.tokenizer.byte_fallback, cfg.decode.allow_unk, cfg.eval.tokenize) == ("auto", "auto", False, "auto")
+    cfg = load_config(None, ["tokenizer.character_coverage=0.9995", "tokenizer.byte_fallback=false", "decode.allow_unk=true", "eval.tokenize=char"])
+    assert (cfg.tokenizer.character_coverage, cfg.tokenizer.byte_fallback, cfg.decode.allow_unk, cfg.eval.tokenize) == (0.9995, False, True, "char")
+    assert load_config(None, ["tokenizer.character_coverage=1"]).tokenizer.character_coverage == 1.0
+    for override, message in (
+        ("tokenizer.character_coverage=most", "tokenizer.character_coverage must be auto or a number in (0, 1], got 'most'"),
+        ("tokenizer.character_coverage=1.5", "tokenizer.character_coverage must be auto or a number in (0, 1], got 1.5"),
+        ("tokenizer.byte_fallback=sometimes", "tokenizer.byte_fallback must be auto, true or false, got 'sometimes'"),
+        ("eval.tokenize=mecab", "eval.tokenize must be auto or one of none, zh, 13a"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            load_config(None, [override])
+        assert str(info.value).startswith(message)
