@@ -85,7 +85,8 @@ def test_evaluate_flags_choose_the_tokenizer(zh_run, tmp_path):
     forced = json.loads(invoke("evaluate", "--checkpoint", zh_run, "--src", TOY_ZH / "test.en", "--ref", ref, "--beam-size", "2", "--tokenize", "char", "--json").stdout)
     assert forced["bleu"] == by_flag["char"]["bleu"] and "|tok:char|" in forced["bleu_signature"]
     text = invoke("evaluate", "--hyp", hyp, "--ref", ref, "--tgt-lang", "zh")
-    assert text.exit_code == 0 and text.stdout.startswith(f"BLEU = {by_flag['zh']['bleu']:.2f}  (nrefs:1|case:mixed|eff:no|tok:zh|")
+    assert text.exit_code == 0 and text.stdout.startswith(f"BLEU = {by_flag['zh']['bleu']:.2f} ")
+    assert f"  signature: {by_flag['zh']['bleu_signature']}" in text.stdout.splitlines() and "|tok:zh|" in by_flag["zh"]["bleu_signature"]
     bad = invoke("evaluate", "--hyp", hyp, "--ref", ref, "--tokenize", "mecab")
     assert bad.exit_code == 2 and "unknown BLEU tokenizer 'mecab'" in bad.output
 
