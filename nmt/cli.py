@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 
 from .config import ConfigError, DecodeConfig, load_config, validate
 from .corpus import DataError, buffers, iter_lines, read_lines, stream_buffers
-from .evaluate import EvaluationError, score
+from .evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_tokenizer, config_tokenizer, guess_cjk_language, score
 from .files import OutputError, atomic_write, check_writable
 from .tokenizer import TokenizerError
 
@@ -107,6 +107,7 @@ class DecodeOptions:
     n_best: Optional[int] = None
     max_tokens: Optional[int] = None
     max_input_pieces: Optional[int] = None
+    allow_unk: Optional[bool] = None
     device: str = "auto"
     threads: int = 0
     dtype: str = "float32"
@@ -137,6 +138,10 @@ _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
     "max_input_pieces": (
         Optional[int],
         typer.Option(None, "--max-input-pieces", help="Longest source line translated, in pieces (default: the checkpoint's decode.max_input_pieces, 1024); a longer line gets an empty output line and a warning on stderr."),
+    ),
+    "allow_unk": (
+        Optional[bool],
+        typer.Option(None, "--allow-unk/--no-allow-unk", help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the checkpoint's decode.allow_unk (false)."),
     ),
     "device": (str, typer.Option("auto", "--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")),
     "threads": (int, typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")),
@@ -213,7 +218,7 @@ def _load_translator(checkpoints: list[Path], options: DecodeOptions):
         validate(replace(cfg, decode=decode))
     except ConfigError as exc:
         raise in_flags(exc, {f"decode.{k}": _flag(k) for k in changes}) from None
-    return models, tokenizer, decode, dev
+    return models, tokenizer, decode, dev, cfg
 
 
 def _sampling(sampling: bool, temperature: Optional[float], top_k: Optional[int], top_p: Optional[float], seed: Optional[int]):
@@ -286,7 +291,7 @@ def translate(
         if buffer_size < 1:
             raise ConfigError(f"--buffer-size must be at least 1 line, got {buffer_size}")
         sampler = _sampling(sampling, temperature, top_k, top_p, seed)
-        models, tokenizer, settings, dev = _load_translator(checkpoint, decode)
+        models, tokenizer, settings, dev, _ = _load_translator(checkpoint, decode)
         from .translate import translate_stream
 
         chunks = buffers(iter_lines(input), buffer_size) if input is not None else stream_buffers(sys.stdin.buffer, buffer_size)
@@ -339,7 +344,11 @@ def evaluate(
     checkpoint: list[Path] = typer.Option([], "--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score."),
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also write the translations here."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (unrounded scores) instead of text."),
+    tokenize: Optional[str] = typer.Option(
+        None, "--tokenize", "-t", help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config (eval.tokenize, data.tgt_lang), else 13a."
+    ),
+    tgt_lang: Optional[str] = typer.Option(None, "--tgt-lang", "-l", help="Target language code; picks the tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a."),
     quiet: bool = QUIET,
     decode: DecodeOptions = DecodeOptions(),
 ) -> None:
@@ -349,18 +358,28 @@ def evaluate(
         _check_evaluate_options(hyp, checkpoint or None, src, output, decode)
         _check_output(output)
         references = [read_lines(r) for r in ref]
+        from_checkpoint = bool(checkpoint) and tokenize is None and tgt_lang is None
+        chosen = None if from_checkpoint else bleu_tokenizer(tokenize, tgt_lang)
+        if chosen is not None:
+            check_tokenizer(chosen)  # before translating, not after
         if checkpoint:
-            models, tokenizer, settings, dev = _load_translator(checkpoint, replace(decode, n_best=1))
+            models, tokenizer, settings, dev, cfg = _load_translator(checkpoint, replace(decode, n_best=1))
             from .translate import best_strings, translate_lines
 
+            chosen = chosen or config_tokenizer(cfg)
+            check_tokenizer(chosen)
             hyps = best_strings(tokenizer, translate_lines(models, tokenizer, read_lines(src), settings, dev))
             if output is not None:
                 atomic_write(output, "".join(h + "\n" for h in hyps))
         else:
             hyps = read_lines(hyp)
-        result = score(hyps, references, tuple(str(r) for r in ref))
+        result = score(hyps, references, tuple(str(r) for r in ref), chosen)
     except user_errors() as exc:
         _fail(exc)
+    guessed = guess_cjk_language(references[0]) if tokenize is None and tgt_lang is None and chosen == "13a" else None
+    if guessed:
+        typer.echo(f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {LANGUAGE_TOKENIZERS[guessed]}, not 13a: "
+                   f"pass --tgt-lang {guessed} (or --tokenize NAME)", err=True)
     if as_json:
         typer.echo(json.dumps(result))
     else:
@@ -434,7 +453,7 @@ def plot_attention(
     """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
     try:
         _check_output(out, "--out")
-        (model,), tokenizer, settings, dev = _load_translator([checkpoint], decode)
+        (model,), tokenizer, settings, dev, _ = _load_translator([checkpoint], decode)
         from .align import alignment_layer, sentence_attention
         from .plot import plot_attention as draw
 

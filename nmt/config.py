@@ -1,7 +1,7 @@
 """Configuration: frozen dataclasses, YAML loading and typed ``--set`` overrides.
 
-A run is described by one :class:`Config` with five sections (``model``, ``data``,
-``tokenizer``, ``train``, ``decode``). Every field has a default that follows
+A run is described by one :class:`Config` with six sections (``model``, ``data``,
+``tokenizer``, ``train``, ``decode``, ``eval``). Every field has a default that follows
 Vaswani et al. 2017 where the paper fixes it; anything else (Pre-LN, GELU, the
 inverse-sqrt schedule) must be asked for by name. Unknown keys are an error, never
 silently ignored, so a misspelt option cannot go unnoticed.
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .evaluate import TOKENIZERS as BLEU_TOKENIZERS
 
 
 class ConfigError(ValueError):
@@ -109,11 +111,18 @@ class TokenizerConfig:
 
     ``joint`` trains one model on both sides; otherwise one per language.
     ``model`` (joint) or ``src_model``/``tgt_model`` reuse trained ``.model`` files.
+    ``character_coverage`` is the share of characters the model covers, the rest
+    becoming UNK; ``"auto"`` picks 0.9995 for text with a large character set (Chinese,
+    Japanese, Korean) and 1.0 otherwise, as SentencePiece recommends (see
+    :func:`nmt.tokenizer.auto_character_coverage`). ``byte_fallback`` spells characters
+    outside the vocabulary as UTF-8 byte pieces instead of UNK (256 of the pieces);
+    ``"auto"`` turns it on exactly when the character coverage is below 1.0.
     """
 
     type: str = "bpe"
     vocab_size: int = 8000
-    character_coverage: float = 1.0
+    character_coverage: float | str = "auto"
+    byte_fallback: bool | str = "auto"
     joint: bool = True
     model: str | None = None
     src_model: str | None = None
@@ -170,6 +179,7 @@ class DecodeConfig:
     ``lp(Y) = ((5 + |Y|) / 6) ** length_penalty`` (Wu et al. 2016, §7), ``|Y|`` counting EOS.
     ``max_tokens`` is the source-side batch budget in tokens, padding included; a source
     line of more than ``max_input_pieces`` pieces is left untranslated, with a warning.
+    UNK is never generated (like PAD and BOS) unless ``allow_unk``.
     """
 
     beam_size: int = 5
@@ -179,6 +189,19 @@ class DecodeConfig:
     n_best: int = 1
     max_tokens: int = 4096
     max_input_pieces: int = 1024  # a longer source line is not translated (its output line stays empty)
+    allow_unk: bool = False
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Scoring, for validation and ``nmt evaluate --checkpoint``.
+
+    ``tokenize`` is sacreBLEU's BLEU tokenizer; ``"auto"`` picks it from ``data.tgt_lang``
+    as sacreBLEU does (``zh``, ``ja-mecab``, ``ko-mecab``, else ``13a``; see
+    :func:`nmt.evaluate.bleu_tokenizer`).
+    """
+
+    tokenize: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -188,6 +211,7 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def _parse(text: str, where: str) -> Any:
@@ -234,7 +258,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             if type(None) in args:
                 return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
+        for option in inner[:-1]:  # the first type that takes the value, e.g. 0.9995 before "auto"
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                pass
+        return _coerce(value, inner[-1], where)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -277,7 +306,7 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
     return cls(**kwargs)
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig, "train": TrainConfig, "decode": DecodeConfig}
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig, "train": TrainConfig, "decode": DecodeConfig, "eval": EvalConfig}
 
 
 def _sections(raw: Any, source: str) -> dict[str, dict[str, Any]]:
@@ -378,7 +407,7 @@ def _check_ranges(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), name)
         items = {f"{key}[{i}]": v for i, v in enumerate(value)} if isinstance(value, tuple) else {key: value}
         for where, v in items.items():
-            if v is not None and v not in allowed:
+            if v is not None and v != "auto" and v not in allowed:  # "auto": keys that also take it (tokenizer.character_coverage)
                 raise ConfigError(f"{where} must be {allowed}, got {v}")
 
 
@@ -388,10 +417,16 @@ def validate(cfg: Config) -> None:
     Raises:
         ConfigError: one line naming the key and the values it allows.
     """
+    if isinstance(cfg.tokenizer.character_coverage, str) and cfg.tokenizer.character_coverage != "auto":
+        raise ConfigError(f"tokenizer.character_coverage must be auto or a number in (0, 1], got {cfg.tokenizer.character_coverage!r}")
     _check_ranges(cfg)
     m, t, d = cfg.model, cfg.train, cfg.decode
     if m.share_embeddings and not cfg.tokenizer.joint:
         raise ConfigError("model.share_embeddings needs tokenizer.joint=true: separate vocabularies give one id different pieces on each side; set model.share_embeddings=false")
+    if cfg.tokenizer.byte_fallback not in (True, False, "auto"):
+        raise ConfigError(f"tokenizer.byte_fallback must be auto, true or false, got {cfg.tokenizer.byte_fallback!r}")
+    if cfg.eval.tokenize != "auto" and cfg.eval.tokenize not in BLEU_TOKENIZERS:
+        raise ConfigError(f"eval.tokenize must be auto or one of {', '.join(BLEU_TOKENIZERS)}, got {cfg.eval.tokenize!r}")
     for a, b in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
         if bool(getattr(cfg.data, a)) != bool(getattr(cfg.data, b)):
             raise ConfigError(f"data.{a} and data.{b} go together: set both (or neither, to use data.dir or data.hf_dataset)")

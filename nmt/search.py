@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .model import beam_rows
-from .tokenizer import BOS, EOS, PAD
+from .tokenizer import BOS, EOS, PAD, UNK
 
 
 @dataclass(frozen=True)
@@ -153,11 +153,14 @@ def _settled(done: list[Hypothesis], best_running: float, beam: int, n_best: int
     return min(h.score for h in sorted(done, key=lambda h: -h.score)[:n_best]) >= bound
 
 
-def _restrict(lprobs: Tensor, step: int, min_len: int, at_limit: Tensor) -> None:
+def _restrict(lprobs: Tensor, step: int, min_len: int, at_limit: Tensor, allow_unk: bool = False) -> None:
     """Forbid, in place, what no search may generate in ``lprobs`` ``(rows, vocab)``: PAD and BOS
-    always, EOS before ``min_len`` pieces; rows ``at_limit`` ``(rows,)`` (bool) may only end."""
+    always, UNK unless ``allow_unk``, EOS before ``min_len`` pieces; rows ``at_limit`` ``(rows,)``
+    (bool) may only end."""
     lprobs[:, PAD] = float("-inf")
     lprobs[:, BOS] = float("-inf")
+    if not allow_unk:
+        lprobs[:, UNK] = float("-inf")
     if step < min_len:
         lprobs[:, EOS] = float("-inf")
     if bool(at_limit.any()):
@@ -174,6 +177,7 @@ def beam_search(
     alpha: float = 0.0,
     n_best: int = 1,
     min_len: int = 0,
+    allow_unk: bool = False,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences.
 
@@ -191,6 +195,7 @@ def beam_search(
         alpha: GNMT length-penalty exponent for ranking finished hypotheses.
         n_best: hypotheses returned per sentence (at most ``beam_size``).
         min_len: EOS is forbidden before this many pieces (benchmarks force a length).
+        allow_unk: let hypotheses contain UNK; otherwise it is never generated, like PAD and BOS.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -209,7 +214,7 @@ def beam_search(
         n = len(sentence_ids)
         lprobs, state = scorer.step(tokens, state)  # (n*beam, vocab)
         vocab = lprobs.size(-1)
-        _restrict(lprobs, step, min_len, (step >= max_lens).repeat_interleave(beam))
+        _restrict(lprobs, step, min_len, (step >= max_lens).repeat_interleave(beam), allow_unk)
 
         candidates = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
         top_scores, top_index = candidates.topk(2 * beam, dim=1)  # (n, 2*beam)
@@ -293,14 +298,15 @@ def sampling_probs(lprobs: Tensor, sampling: Sampling) -> Tensor:
 
 
 def sample(
-    scorer: Scorer, state: Any, max_lens: Tensor, n: int, sampling: Sampling, seeds: list[int], alpha: float = 0.0, min_len: int = 0
+    scorer: Scorer, state: Any, max_lens: Tensor, n: int, sampling: Sampling, seeds: list[int], alpha: float = 0.0, min_len: int = 0,
+    allow_unk: bool = False,
 ) -> list[list[Hypothesis]]:
     """``n`` independent samples per sentence (ancestral sampling, see :class:`Sampling`).
 
     Each sentence's ``n`` rows draw from their own distributions with uniform numbers from a
     generator seeded by ``seeds[sentence]``, so results are reproducible and independent of
     batching (up to floating-point rounding of the model's scores). Length limits and the
-    PAD/BOS/EOS rules are those of :func:`beam_search`.
+    PAD/BOS/UNK/EOS rules are those of :func:`beam_search`.
 
     Args:
         scorer: see :class:`Scorer`; ``state`` must hold ``n`` rows per sentence.
@@ -322,7 +328,7 @@ def sample(
     step = 0
     while sentence_ids:
         lprobs, state = scorer.step(tokens, state)  # (rows, vocab)
-        _restrict(lprobs, step, min_len, (step >= max_lens).repeat_interleave(n))
+        _restrict(lprobs, step, min_len, (step >= max_lens).repeat_interleave(n), allow_unk)
         uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in sentence_ids]).to(device)
         cdf = sampling_probs(lprobs, sampling).cumsum(-1)
         token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
@@ -359,6 +365,7 @@ def translate_batch(
     scorer: str = "cached",
     sampling: Sampling | None = None,
     seeds: list[int] | None = None,
+    allow_unk: bool = False,
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
@@ -384,5 +391,5 @@ def translate_batch(
     step_scorer, state = (members[0], states[0]) if len(members) == 1 else (EnsembleScorer(members), tuple(states))
     if sampling is not None:
         seeds = seeds if seeds is not None else [sample_seed(sampling.seed, i) for i in range(src.size(0))]
-        return sample(step_scorer, state, max_lens, n_best, sampling, seeds, alpha, min_len)
-    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len)
+        return sample(step_scorer, state, max_lens, n_best, sampling, seeds, alpha, min_len, allow_unk)
+    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len, allow_unk)

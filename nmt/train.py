@@ -125,7 +125,7 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, cfg
         n_tokens += int(out.n_tokens)
     decode = replace(cfg.decode, beam_size=cfg.train.valid_beam_size, n_best=1)
     hyps = best_strings(tokenizer, translate_lines(model, tokenizer, valid.src_lines, decode, device))
-    scores = evaluate.score(hyps, [valid.ref_lines])
+    scores = evaluate.score(hyps, [valid.ref_lines], tokenize=evaluate.config_tokenizer(cfg))
     nll = nll_sum / max(1, n_tokens)
     return {"valid_loss": loss_sum / max(1, n_tokens), "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"], "example": hyps[0] if hyps else ""}
 
@@ -211,6 +211,7 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
         start = progress.step
     else:
         run.check_fresh()
+    evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))  # now, not at the first validation
     tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else None
     opened.data = prepare(opened.cfg, run.path, tokenizer)
     run.keep_history_until(start)

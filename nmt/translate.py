@@ -199,7 +199,8 @@ def translate_lines(
         src = pad_sources(sources).to(device)
         seeds = [sample_seed(sampling.seed, first_index + present[i]) for i in batch] if sampling is not None else None
         hyps = translate_batch(
-            models, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b, decode.n_best, min_len, sampling=sampling, seeds=seeds
+            models, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b, decode.n_best, min_len,
+            sampling=sampling, seeds=seeds, allow_unk=decode.allow_unk,
         )
         if alignment:
             hyps = add_alignments(models, sources, hyps, device)

@@ -72,7 +72,7 @@ def test_evaluate_hyp_and_checkpoint(trained_run, tmp_path):
     ref.write_text("der Hund sieht eine Katze .\ndie Frau mag das Haus .\n", encoding="utf-8")
     result = invoke("evaluate", "--hyp", ref, "--ref", ref, "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["bleu"] == 100.0
+    assert json.loads(result.stdout)["bleu"] == pytest.approx(100.0)
     src = tmp_path / "src.en"
     src.write_text("the dog sees a cat .\nthe woman likes the house .\n", encoding="utf-8")
     hyp = tmp_path / "hyp.de"

@@ -2,11 +2,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import nmt.search as search_module
 from nmt.model import CrossAttention
 from nmt.search import EnsembleScorer, Sampling, TransformerScorer, beam_search, length_penalty, sample, sample_seed, sampling_probs, translate_batch
-from nmt.tokenizer import BOS, EOS, PAD
+from nmt.tokenizer import BOS, EOS, PAD, UNK
 
 from conftest import random_sources
 
@@ -37,8 +38,8 @@ class ScriptedScorer:
         return state
 
 
-def search(table, beam, alpha=0.0, max_len=10, n_best=1, batch=1):
-    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), beam, alpha, n_best)
+def search(table, beam, alpha=0.0, max_len=10, n_best=1, batch=1, allow_unk=False):
+    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), beam, alpha, n_best, allow_unk=allow_unk)
 
 
 def test_best_hypothesis_found_after_a_worse_one_finished():
@@ -97,13 +98,39 @@ def test_pad_and_bos_never_generated():
     assert hyps[0].tokens == [A]
 
 
+def test_unk_never_generated_unless_allowed():
+    # The scorer prefers UNK at every step: "UNK A" has 0.6 · 0.9 = 0.54, "A" only 0.3.
+    table = {(): {UNK: 0.6, A: 0.3, EOS: 0.1}, (UNK,): {A: 0.9, EOS: 0.1}, (UNK, A): {EOS: 1.0}, (A,): {UNK: 0.7, EOS: 0.3}}
+    (allowed,) = search(table, beam=2, allow_unk=True)
+    assert allowed[0].tokens == [UNK, A] and allowed[0].log_prob == pytest.approx(math.log(0.54), abs=1e-6)
+    (banned,) = search(table, beam=2, n_best=2)
+    # Only "A" then EOS (0.3 · 0.3) and "" (0.1) remain; UNK appears in no hypothesis.
+    assert [h.tokens for h in banned] == [[], [A]]
+    assert [h.log_prob for h in banned] == pytest.approx([math.log(0.1), math.log(0.09)], abs=1e-6)
+    (greedy,) = search(table, beam=1)
+    assert UNK not in greedy[0].tokens
+
+
+def test_unk_ban_reaches_the_model_path(model, monkeypatch):
+    """A model whose output favours UNK by 100 nats: translate_batch emits it only when allowed."""
+    favour_unk = torch.zeros(40)
+    favour_unk[UNK] = 100.0
+    monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_unk)
+    src = random_sources([4, 6])
+    for beam in (1, 3):
+        allowed = translate_batch(model, src, beam, 0.6, 1.0, 3, allow_unk=True)
+        assert all(h.tokens == [UNK] * len(h.tokens) and h.tokens for hyps in allowed for h in hyps)
+        banned = translate_batch(model, src, beam, 0.6, 1.0, 3)
+        assert all(UNK not in h.tokens for hyps in banned for h in hyps)
+
+
 def greedy_by_recompute(model, src, max_len):
     """Reference greedy search: argmax over the full-prefix decoder at every step."""
     memory, mask = model.encode(src)
     prefix = torch.tensor([[BOS]])
     for _ in range(max_len):
         lprobs = torch.log_softmax(model.decode(prefix, memory, mask)[:, -1], -1)
-        lprobs[:, [PAD, BOS]] = float("-inf")
+        lprobs[:, [PAD, BOS, UNK]] = float("-inf")
         token = int(lprobs.argmax())
         if token == EOS:
             break
