@@ -190,6 +190,24 @@ def train_sentencepiece(
     return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
 
 
+def auto_character_coverage(samples: dict[str, list[str]]) -> tuple[float, str]:
+    """SentencePiece's recommended ``character_coverage`` for text like ``samples``
+    (side name → its first sentences): 0.9995 if any side uses more than
+    :data:`LARGE_CHARACTER_SET` distinct characters (Chinese, Japanese, Korean), where
+    covering every rare character would spend the vocabulary on pieces seen once; 1.0
+    otherwise (alphabetic scripts), so that no character becomes UNK.
+
+    Returns:
+        The coverage and the reason, for the log.
+    """
+    counts = {side: len(set().union(*lines)) for side, lines in samples.items()}
+    side, most = max(counts.items(), key=lambda item: item[1])
+    found = f"the {side} text has {most:,} distinct characters in its first {len(samples[side]):,} sentences"
+    if most > LARGE_CHARACTER_SET:
+        return 0.9995, f"{found}, more than {LARGE_CHARACTER_SET}: a large character set, as in Chinese or Japanese"
+    return 1.0, f"{found}, at most {LARGE_CHARACTER_SET}: an alphabet, every character kept"
+
+
 def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg, seed: int = 1) -> Tokenizer:
     """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes, on
     sentences sampled with ``seed`` (``train.seed``).
