@@ -5,7 +5,7 @@ Endpoints:
 * ``POST /translate``: ``{"text": "..."}`` or ``{"text": ["...", ...]}``, optional
   ``beam_size``, ``length_penalty``, ``n_best``; answers ``{"translations": [...]}`` in input
   order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score", "log_prob"}, ...]}``.
-* ``GET /health``: model loaded, device, dtype, checkpoint step.
+* ``GET /health``: model loaded, device, dtype, checkpoint step, requests queued and running.
 * ``GET /info``: languages, tokenizer, model and decode config, the server's limits.
 * ``GET /``: the page (``nmt/static/index.html``).
 
@@ -180,6 +180,7 @@ class Batcher:
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-model")
         self.batches = 0  # batches run so far, for /health
+        self.running = 0  # requests in the batch the worker is translating now, for /health
         self._held: Job | None = None  # taken from the queue but over the budget: first in the next batch
 
     async def gather(self) -> list[Job]:
@@ -240,7 +241,9 @@ class Batcher:
             batch = [job for job in await self.gather() if not job.future.done()]
             if not batch:
                 continue
+            self.running = len(batch)
             results = await loop.run_in_executor(self.executor, self.run, batch)
+            self.running = 0
             self.batches += 1
             for job, result in zip(batch, results):
                 if job.future.done():
@@ -284,7 +287,7 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
         dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
         return JSONResponse(
             {"status": "ok", "device": str(translator.device), "dtype": dtype, "checkpoint": translator.checkpoint, "checkpoint_step": translator.step,
-             "queued_requests": batcher.queue.qsize(), "batches": batcher.batches}
+             "queued_requests": batcher.queue.qsize(), "running_requests": batcher.running, "batches": batcher.batches}
         )
 
     async def info(request: Request) -> JSONResponse:

@@ -153,7 +153,7 @@ def test_model_error_is_500_for_that_request_only(translator, monkeypatch):
 def test_health_and_info(client, translator):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["device"] == "cpu" and health["dtype"] == "float32"
-    assert health["checkpoint"] == "tiny.pt" and health["checkpoint_step"] == 7 and health["queued_requests"] == 0
+    assert health["checkpoint"] == "tiny.pt" and health["checkpoint_step"] == 7 and health["queued_requests"] == health["running_requests"] == 0
     info = client.get("/info").json()
     assert (info["src_lang"], info["tgt_lang"]) == ("en", "de")
     assert info["tokenizer"] == {"type": "bpe", "joint": True, "src_vocab_size": 200, "tgt_vocab_size": 200}
@@ -210,7 +210,7 @@ def start_server(checkpoint, *flags):
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint, translator):
     proc, url = start_server(checkpoint, "--max-wait-ms", "0")
     try:
         # A client that sends a request and leaves before the answer costs the server nothing.
@@ -219,17 +219,22 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
             s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         assert httpx.get(f"{url}/health", timeout=10).json()["checkpoint_step"] == 7
 
-        # Many long lines with a wide beam: the translation is still running when SIGTERM arrives.
-        lines = [" ".join(SENTENCES)] * 64
+        # 4 lines of 250 pieces, beam 4: the translation takes seconds, so it is
+        # still running when SIGTERM arrives right after /health reports it started.
+        line = translator.tokenizer.src.decode(translator.tokenizer.encode_src([" ".join(SENTENCES * 20)])[0][:250])
+        assert len(translator.tokenizer.encode_src([line])[0]) <= 256
+        lines = [line] * 4
         answer: dict = {}
 
         def ask():
-            answer["response"] = httpx.post(f"{url}/translate", json={"text": lines, "beam_size": 16}, timeout=120)
+            answer["response"] = httpx.post(f"{url}/translate", json={"text": lines, "beam_size": 4}, timeout=120)
             answer["at"] = time.monotonic()
 
         asker = threading.Thread(target=ask)
         asker.start()
-        time.sleep(1.0)
+        while httpx.get(f"{url}/health", timeout=10).json()["running_requests"] == 0:
+            assert asker.is_alive(), "the request was answered before it was seen running"
+            time.sleep(0.02)
         terminated_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         asker.join(timeout=120)
@@ -239,7 +244,7 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint):
             proc.kill()
     assert proc.returncode == 0, output
     response = answer["response"]
-    assert response.status_code == 200 and len(response.json()["translations"]) == 64
+    assert response.status_code == 200 and len(response.json()["translations"]) == 4
     assert answer["at"] > terminated_at  # answered after the signal, not before it
     assert "Shutting down" in output and "Traceback" not in output
 
