@@ -164,7 +164,7 @@ def parse_request(raw: bytes, translator: Translator, limits: Limits) -> tuple[l
     beam_size = _number(body, "beam_size", min(decode.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
     length_penalty = _number(body, "length_penalty", decode.length_penalty, float, 0.0, 10.0)
     n_best = _number(body, "n_best", 1, int, 1, beam_size)
-    pieces = [len(ids) for ids in translator.tokenizer.encode_src([line.strip() for line in lines])]
+    pieces = [len(ids) for ids in translator.tokenizer.encode_src([line.strip() for line in lines], threads=1)]
     for i, n in enumerate(pieces):
         if n > limits.max_input_pieces:
             raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
