@@ -136,7 +136,7 @@ def _number(body: dict, name: str, default, kind: type, low, high):
     return kind(value)
 
 
-def parse_request(raw: bytes, translator: Translator, limits: Limits) -> tuple[list[str], int, float, int, list[int]]:
+def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> tuple[list[str], int, float, int, list[int]]:
     """Validate a ``/translate`` body: lines, beam_size, length_penalty, n_best and each line's piece count.
 
     Raises:
@@ -265,9 +265,7 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
     batcher = Batcher(translator, limits)
 
     async def translate(request: Request) -> JSONResponse:
-        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-            return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413)
-        raw = b""
+        raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
             if len(raw) > MAX_BODY_BYTES:
