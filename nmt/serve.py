@@ -96,7 +96,7 @@ class Translator:
     step: int | None = None
 
     @classmethod
-    def load(cls, checkpoints: list[Path], device: torch.device, dtype: torch.dtype) -> "Translator":
+    def load(cls, checkpoints: list[Path], device: torch.device, dtype: torch.dtype) -> Translator:
         """Read a checkpoint (a file or a run directory) once.
 
         Raises:

@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nmt.corpus import read_lines  # noqa: E402
+from nmt.corpus import read_lines
 
 
 def free_port() -> int:

@@ -13,6 +13,7 @@ from dataclasses import replace
 import httpx
 import pytest
 import torch
+from conftest import ROOT, TOY, tiny_config
 from starlette.testclient import TestClient
 
 from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
@@ -21,8 +22,6 @@ from nmt.model import Transformer
 from nmt.serve import Limits, Translator, create_app
 from nmt.tokenizer import Tokenizer, train_sentencepiece
 from nmt.translate import translate_lines
-
-from conftest import ROOT, TOY, tiny_config
 
 SENTENCES = ["the dog sees a cat .", "the big man likes the small house .", "a woman .", "the old teacher gives the child a red book ."]
 
@@ -274,8 +273,8 @@ def test_page_in_a_real_browser(translator):
     executable = find_chromium()
     if executable is None:
         pytest.skip("no chromium on PATH: install Debian's chromium package (apt-get install chromium) to run the browser test")
-    from playwright.sync_api import sync_playwright
     import uvicorn
+    from playwright.sync_api import sync_playwright
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(translator, Limits(max_beam_size=6)), host="127.0.0.1", port=port, log_level="warning"))
