@@ -8,8 +8,9 @@ level stops after ``--max-seconds``. Reports requests/s, sentences/s and p50/p95
 latency per level, and the same sentences translated by ``nmt translate -i FILE``.
 
 Every answer is checked against the file translation of the sentences it was asked for:
-``lost`` (no answer or an error status), ``mismatched`` (a different translation) and, of
-those, ``swapped`` (the translation of some other sentence in the set) must all be 0.
+``errors`` (an error status, or as many translations as lines), ``lost`` (sentences without
+an answer), ``mismatched`` (a different translation) and, of those, ``swapped`` (the
+translation of some other sentence in the set) must all be 0.
 
 Example (2 CPU threads for the model, beam 5, Multi30k test_2016_flickr):
 
@@ -93,8 +94,12 @@ async def load(url: str, lines: list[str], clients: int, args) -> dict:
             if response.status_code != 200:
                 errors.append(f"{response.status_code}: {response.text[:200]}")
                 continue
-            for i, translation in zip(chunk, response.json()["translations"]):
-                answers.setdefault(i, translation["text"])
+            translations = response.json()["translations"]
+            if len(translations) != len(chunk):
+                errors.append(f"{len(translations)} translations for {len(chunk)} lines")
+                continue
+            for i, translation in zip(chunk, translations):
+                answers[i] = translation["text"]
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(timeout=args.max_seconds, limits=limits) as http:
