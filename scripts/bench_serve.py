@@ -78,6 +78,7 @@ async def load(url: str, lines: list[str], clients: int, args) -> dict:
     for chunk in chunks:
         queue.put_nowait(chunk)
     answers: dict[int, str] = {}
+    sent: list[int] = []
     latencies: list[float] = []
     errors: list[str] = []
     deadline = time.perf_counter() + args.max_seconds
@@ -88,6 +89,7 @@ async def load(url: str, lines: list[str], clients: int, args) -> dict:
                 chunk = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
+            sent.extend(chunk)
             start = time.perf_counter()
             response = await http.post(f"{url}/translate", json={"text": [lines[i] for i in chunk], "beam_size": args.beam_size})
             latencies.append(time.perf_counter() - start)
@@ -106,13 +108,14 @@ async def load(url: str, lines: list[str], clients: int, args) -> dict:
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - start
-    return {"answers": answers, "latencies": latencies, "errors": errors, "wall_s": wall}
+    return {"answers": answers, "sent": sent, "latencies": latencies, "errors": errors, "wall_s": wall}
 
 
-def check(answers: dict[int, str], reference: list[str], asked: int) -> dict:
+def check(answers: dict[int, str], sent: list[int], reference: list[str]) -> dict:
+    """``sent``: the sentences asked for before the level's time ran out."""
     known = set(reference)
     mismatched = [i for i, text in answers.items() if text != reference[i]]
-    return {"lost": asked - len(answers), "mismatched": len(mismatched), "swapped": sum(answers[i] in known for i in mismatched)}
+    return {"sent": len(sent), "lost": len(set(sent) - set(answers)), "mismatched": len(mismatched), "swapped": sum(answers[i] in known for i in mismatched)}
 
 
 def screenshot(url: str, lines: list[str], path: Path) -> None:
@@ -180,7 +183,7 @@ def main() -> None:
             row = {"mode": "nmt serve", "clients": clients, "requests_per_s": len(lat) / result["wall_s"], "sentences_per_s": len(result["answers"]) / result["wall_s"],
                    "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)), "p99_ms": float(np.percentile(lat, 99)),
                    "sentences_per_batch": len(result["answers"]) / max(batches, 1), "wall_s": result["wall_s"], "errors": len(result["errors"]),
-                   **check(result["answers"], reference, len(lines))}
+                   **check(result["answers"], result["sent"], reference)}
             rows.append(row)
             print(json.dumps(row), flush=True)
         if args.screenshot:
@@ -189,13 +192,13 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=120)
 
-    print("\n| | clients | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | sentences/batch | lost / mismatched / swapped |\n|---|---|---|---|---|---|---|---|---|")
+    print("\n| | clients | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | sentences/batch | sent | errors / lost / mismatched / swapped |\n|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["mode"] == "nmt serve":
             print(f"| nmt serve | {r['clients']} | {r['requests_per_s']:.1f} | {r['sentences_per_s']:.1f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
-                  f"{r['sentences_per_batch']:.1f} | {r['lost']} / {r['mismatched']} / {r['swapped']} |")
+                  f"{r['sentences_per_batch']:.1f} | {r['sent']} | {r['errors']} / {r['lost']} / {r['mismatched']} / {r['swapped']} |")
         else:
-            print(f"| nmt translate -i FILE | | | {r['sentences_per_s']:.1f} | | | | | |")
+            print(f"| nmt translate -i FILE | | | {r['sentences_per_s']:.1f} | | | | | {len(lines)} | |")
 
 
 if __name__ == "__main__":
