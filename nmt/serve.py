@@ -107,7 +107,7 @@ class Translator:
             raise ConfigError(f"give exactly one --checkpoint (got {len(checkpoints)}); serving an ensemble is not supported")
         payload = load_checkpoint(checkpoints[0])
         model, tokenizer, cfg = restore_model(payload, checkpoints[0])
-        return cls(model.to(device, dtype).eval(), tokenizer, cfg, device, str(checkpoints[0]), payload.get("step"))
+        return cls(model.to(device, dtype).eval(), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"))
 
     def translate(self, lines: list[str], beam_size: int, length_penalty: float, n_best: int, max_tokens: int) -> list[list[Hypothesis]]:
         """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`."""

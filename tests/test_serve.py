@@ -184,7 +184,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def checkpoint(translator, tmp_path_factory):
     path = tmp_path_factory.mktemp("serve") / "tiny.pt"
-    payload = {"model": translator.model.state_dict(), "config": config_to_dict(translator.cfg), "tokenizer": tokenizer_to_tensors(translator.tokenizer.protos()), "step": 7}
+    payload = {"model": translator.model.state_dict(), "config": config_to_dict(translator.cfg), "tokenizer": tokenizer_to_tensors(translator.tokenizer.protos()), "progress": {"step": 7}}
     save_checkpoint(payload, path)
     return path
 
