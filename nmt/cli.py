@@ -1,4 +1,4 @@
-"""The ``nmt`` command line: train, translate, evaluate, average, plot, info, export."""
+"""The ``nmt`` command line: train, translate, evaluate, average, plot, info, export, serve."""
 
 from __future__ import annotations
 
@@ -560,6 +560,40 @@ def options(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print nmt's version (and torch's, Python's) and exit."),
 ) -> None:
     """nmt: train Transformer translation models, translate with them, score the output, export them."""
+
+
+@app.command()
+@decode_options(*DECODE_KEYS)
+def serve(
+    checkpoint: list[Path] = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt); one, as ensembles cannot be served yet."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; keep 127.0.0.1 unless a reverse proxy guards it."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Source tokens (EOS included) of concurrent requests gathered into one batch."),
+    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long a request waits for others to share its batch (milliseconds)."),
+    max_input_pieces: int = typer.Option(256, "--max-input-pieces", help="Longest line accepted, in SentencePiece pieces (longer: HTTP 413)."),
+    max_lines: int = typer.Option(64, "--max-lines", help="Most lines in one request (more: HTTP 413)."),
+    max_beam_size: int = typer.Option(16, "--max-beam-size", help="Largest beam_size (and n_best) a request may ask for."),
+    decode: DecodeOptions = DecodeOptions(),
+) -> None:
+    """Serve translations over HTTP: POST /translate, GET /health, GET /info, and a web page at /. Needs the serve extra: pip install "nmt[serve]"."""
+    try:
+        from .serve import Limits, Translator, serve as run_server
+    except ImportError as exc:
+        _fail(RuntimeError(f"serving needs the serve extra ({exc.name} is missing): pip install \"nmt[serve]\""))
+    try:
+        limits = Limits(max_batch_tokens, max_wait_ms, max_input_pieces, max_lines, max_beam_size)
+        limits.check()
+        from .translate import resolve_device, resolve_dtype
+
+        if decode.threads > 0:
+            import torch
+
+            torch.set_num_threads(decode.threads)
+        dev = resolve_device(decode.device, "--device")
+        translator = Translator.load(checkpoint, dev, resolve_dtype(decode.dtype, dev, "--dtype"))
+    except user_errors() as exc:
+        _fail(exc)
+    run_server(translator, limits, host, port)
 
 
 def main() -> None:
