@@ -400,6 +400,9 @@ RANGES: dict[str, Range] = {
     "decode.n_best": _AT_LEAST_1, "decode.max_tokens": _AT_LEAST_1, "decode.max_input_pieces": _AT_LEAST_1,
 }
 
+# Numbers that may also be written "auto" (decided from the data; see their sections).
+AUTO_NUMBERS = frozenset({"tokenizer.character_coverage"})
+
 
 def _check_ranges(cfg: Config) -> None:
     for key, allowed in RANGES.items():
@@ -407,8 +410,8 @@ def _check_ranges(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), name)
         items = {f"{key}[{i}]": v for i, v in enumerate(value)} if isinstance(value, tuple) else {key: value}
         for where, v in items.items():
-            if v is not None and v != "auto" and v not in allowed:  # "auto": keys that also take it (tokenizer.character_coverage)
-                raise ConfigError(f"{where} must be {allowed}, got {v}")
+            if v is not None and v != "auto" and v not in allowed:
+                raise ConfigError(f"{where} must be {'auto or a number ' if key in AUTO_NUMBERS else ''}{allowed}, got {v}")
 
 
 def validate(cfg: Config) -> None:

@@ -89,7 +89,7 @@ def test_missing_config_file(tmp_path):
         ({"train": {"adam_betas": [0.9, 1.0]}}, r"train.adam_betas\[1\] must be in \[0, 1\), got 1.0"),
         ({"data": {"max_len_ratio": 0.5}}, "data.max_len_ratio must be >= 1, got 0.5"),
         ({"data": {"valid_max_sentences": 0}}, "data.valid_max_sentences must be >= 1, got 0"),
-        ({"tokenizer": {"character_coverage": 0}}, r"tokenizer.character_coverage must be in \(0, 1\], got 0.0"),
+        ({"tokenizer": {"character_coverage": 0}}, r"tokenizer.character_coverage must be auto or a number in \(0, 1\], got 0.0"),
         ({"tokenizer": {"vocab_size": 4}}, "tokenizer.vocab_size must be >= 5, got 4"),
         ({"decode": {"beam_size": 2, "n_best": 3}}, "decode.n_best must be <= decode.beam_size"),
         ({"tokenizer": {"joint": False}, "model": {"share_embeddings": True}}, "model.share_embeddings needs tokenizer.joint=true"),
