@@ -1,4 +1,4 @@
-"""The ``nmt`` command line: train, translate, evaluate, average, plot, info, export."""
+"""The ``nmt`` command line: train, translate, evaluate, average, plot, info, export, serve."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from .config import ConfigError, DecodeConfig, load_config, validate
-from .corpus import DataError, read_lines
-from .evaluate import EvaluationError, score
+from .corpus import DataError, buffers, iter_lines, read_lines, stream_buffers
+from .evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_tokenizer, config_tokenizer, guess_cjk_language, score
 from .files import OutputError, atomic_write, check_writable
 from .tokenizer import TokenizerError
 
@@ -58,22 +59,6 @@ def _check_output(path: Optional[Path], flag: str = "--output") -> None:
     """Fail before any work if ``path`` cannot be written (so no translation is thrown away)."""
     if path is not None:
         check_writable(path, flag)
-
-
-def _read_stdin() -> list[str]:
-    """Standard input as lines, with the same rules as :func:`nmt.corpus.read_lines`."""
-    raw = sys.stdin.buffer.read()
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(f"<stdin>:{line}: invalid UTF-8; convert the input to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 @app.command()
@@ -122,6 +107,8 @@ class DecodeOptions:
     max_len_b: Optional[int] = None
     n_best: Optional[int] = None
     max_tokens: Optional[int] = None
+    max_input_pieces: Optional[int] = None
+    allow_unk: Optional[bool] = None
     device: str = "auto"
     threads: int = 0
     dtype: str = "float32"
@@ -161,6 +148,14 @@ _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
     "max_tokens": (Optional[int], typer.Option(None, "--max-tokens", help="Source tokens per batch, padding included.")),
+    "max_input_pieces": (
+        Optional[int],
+        typer.Option(None, "--max-input-pieces", help="Longest source line translated, in pieces (default: the checkpoint's decode.max_input_pieces, 1024); a longer line gets an empty output line and a warning on stderr."),
+    ),
+    "allow_unk": (
+        Optional[bool],
+        typer.Option(None, "--allow-unk/--no-allow-unk", help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the checkpoint's decode.allow_unk (false)."),
+    ),
     "device": (str, typer.Option("auto", "--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")),
     "threads": (int, typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default).")),
     "dtype": (
@@ -169,7 +164,7 @@ _DECODE_OPTIONS: dict[str, tuple[Any, Any]] = {
             "float32",
             "--dtype",
             help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or AVX512-BF16; several times slower on others), "
-            "float16 (GPU), or auto (bfloat16 where it is fast, else float32). Scores stay float32.",
+            "float16 (GPU), int8 (CPU: every linear layer dynamically quantized), or auto (bfloat16 where it is fast, else float32). Scores stay float32.",
         ),
     ),
 }
@@ -216,11 +211,12 @@ def in_flags(exc: ConfigError, flags: dict[str, str]) -> ConfigError:
     return ConfigError(message)
 
 
-def _load(checkpoint: Path, options: DecodeOptions):
-    """The model (in ``--dtype``), tokenizer, config and device for decoding with ``checkpoint``."""
+def _load_translator(checkpoints: list[Path], options: DecodeOptions):
+    """The models (one checkpoint, or several as an ensemble), tokenizer, decode settings (the
+    first checkpoint's, with the options given) and device."""
     import torch
 
-    from .translate import load_model, resolve_device, resolve_dtype
+    from .translate import load_models, resolve_device, resolve_dtype
 
     if options.threads < 0:
         raise ConfigError(f"--threads must be >= 0 (0 = torch's default), got {options.threads}")
@@ -228,57 +224,108 @@ def _load(checkpoint: Path, options: DecodeOptions):
         torch.set_num_threads(options.threads)
     dev = resolve_device(options.device, "--device")
     dtype = resolve_dtype(options.dtype, dev, "--dtype")
-    model, tokenizer, cfg = load_model(checkpoint, dev)
-    return model.to(dtype), tokenizer, cfg, dev
-
-
-def _translate(checkpoint: Path, lines: list[str], options: DecodeOptions):
-    from .translate import translate_lines
-
-    model, tokenizer, cfg, dev = _load(checkpoint, options)
+    models, tokenizer, cfg = load_models(checkpoints, dev, dtype)
     changes = options.overrides()
     decode = replace(cfg.decode, **changes)
     try:
         validate(replace(cfg, decode=decode))
     except ConfigError as exc:
         raise in_flags(exc, {f"decode.{k}": _flag(k) for k in changes}) from None
-    return translate_lines(model, tokenizer, lines, decode, dev), tokenizer
+    return models, tokenizer, decode, dev, cfg
+
+
+def _sampling(sampling: bool, temperature: Optional[float], top_k: Optional[int], top_p: Optional[float], seed: Optional[int]):
+    """The :class:`~nmt.search.Sampling` the flags ask for, or None for beam search."""
+    given = {"--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--seed": seed}
+    if not sampling:
+        if any(v is not None for v in given.values()):
+            raise ConfigError(f"{', '.join(k for k, v in given.items() if v is not None)} only apply with --sampling")
+        return None
+    from .search import Sampling
+
+    chosen = Sampling(*(v if v is not None else d for v, d in zip((temperature, top_k, top_p, seed), (1.0, 0, 1.0, 0))))
+    if not chosen.temperature > 0:
+        raise ConfigError(f"--temperature must be above 0, got {chosen.temperature}")
+    if chosen.top_k < 0:
+        raise ConfigError(f"--top-k must be 0 (no limit) or more, got {chosen.top_k}")
+    if not 0 < chosen.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {chosen.top_p}")
+    return chosen
+
+
+def _output_lines(tokenizer, results, first: int, n_best: bool, alignment: bool) -> list[str]:
+    """The output lines of one buffer: best translations, or ``index ||| text ||| score`` lines
+    (``first``: the buffer's first input index); ``alignment`` adds ``||| i-j ...`` after the text."""
+    from .align import format_alignment
+    from .search import Hypothesis
+
+    if not n_best:
+        rows = [(None, r[0] if r else Hypothesis([], 0.0, 0.0, ())) for r in results]
+    else:  # a blank input line still gets one (empty) entry, so every index appears
+        rows = [(first + i, h) for i, hyps in enumerate(results) for h in hyps or [Hypothesis([], 0.0, 0.0, ())]]
+    texts = tokenizer.decode_tgt([h.tokens for _, h in rows])
+    lines = []
+    for (index, h), text in zip(rows, texts):
+        fields = ([str(index)] if n_best else []) + [text] + ([format_alignment(h.alignment)] if alignment else []) + ([f"{h.score:.4f}"] if n_best else [])
+        lines.append(" ||| ".join(fields))
+    return lines
+
+
+CHECKPOINTS = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt). Repeat for an ensemble: models' next-token probabilities averaged; their tokenizers must be the same.")
 
 
 @app.command()
 @decode_options()
 def translate(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt)."),
+    checkpoint: list[Path] = CHECKPOINTS,
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Source text, one sentence a line (plain or .gz). Default: standard input."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write translations. Default: standard output."),
+    buffer_size: int = typer.Option(
+        1000, "--buffer-size", help="Lines read and translated together (sorted by length into batches); memory is bounded by it, not by the input. Also translated as soon as no more input is waiting, so a typed line is translated when entered."
+    ),
+    sampling: bool = typer.Option(False, "--sampling", help="Draw --n-best independent random samples per line instead of beam search (back-translation, data augmentation)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="With --sampling: log-probabilities divided by this (below 1 sharper, above 1 flatter). Default 1."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="With --sampling: draw from the k most probable pieces only (0 = all, the default)."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="With --sampling: draw from the fewest most probable pieces whose probabilities sum to at least p (nucleus; 1 = all, the default)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="With --sampling: random seed (default 0); the same input, seed and options give the same samples, however batched."),
+    print_alignment: bool = typer.Option(
+        False, "--print-alignment", help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; penultimate decoder layer's cross-attention, heads averaged) after each translation."
+    ),
     quiet: bool = QUIET,
     decode: DecodeOptions = DecodeOptions(),
 ) -> None:
-    """Translate text with beam search: exactly one output line per input line, in input order."""
+    """Translate text with beam search (or sampling): exactly one output line per input line, in input order.
+
+    Input is read and translated in buffers, each written out as soon as it is done.
+    """
     _setup_logging(quiet)
     try:
         _check_output(output)
-        lines = read_lines(input) if input is not None else _read_stdin()
-        results, tokenizer = _translate(checkpoint, lines, decode)
+        if buffer_size < 1:
+            raise ConfigError(f"--buffer-size must be at least 1 line, got {buffer_size}")
+        sampler = _sampling(sampling, temperature, top_k, top_p, seed)
+        models, tokenizer, settings, dev, _ = _load_translator(checkpoint, decode)
+        from .translate import translate_stream
+
+        chunks = buffers(iter_lines(input), buffer_size) if input is not None else stream_buffers(sys.stdin.buffer, buffer_size)
+        lines = translate_stream(models, tokenizer, chunks, settings, dev, sampling=sampler, alignment=print_alignment)
+        n_best_format = bool(decode.n_best and decode.n_best > 1)
+
+        def write_all(write) -> None:  # each buffer goes out as soon as it is translated
+            for first, results in lines:
+                write("".join(line + "\n" for line in _output_lines(tokenizer, results, first, n_best_format, print_alignment)))
+
+        if output is None:
+            write_all(lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+        else:
+            atomic_write(output, lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())))
     except user_errors() as exc:
         _fail(exc)
-    if decode.n_best and decode.n_best > 1:
-        # A blank input line has no hypotheses: it still gets one (empty) entry, so every index appears.
-        from .search import Hypothesis
-
-        out = [f"{i} ||| {tokenizer.decode_tgt([h.tokens])[0]} ||| {h.score:.4f}" for i, hyps in enumerate(results) for h in hyps or [Hypothesis([], 0.0, 0.0)]]
-    else:
-        from .translate import best_strings
-
-        out = best_strings(tokenizer, results)
-    text = "".join(line + "\n" for line in out)
-    if output is None:
-        sys.stdout.write(text)
-        return
-    try:
-        atomic_write(output, text)
-    except OutputError as exc:
-        _fail(exc)
+    except KeyboardInterrupt:  # Ctrl-C ends an interactive session; what was written stays
+        raise typer.Exit(code=130) from None
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as command-line filters do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(code=141) from None
 
 
 def _check_evaluate_options(hyp, checkpoint, src, output, decode: DecodeOptions) -> None:
@@ -307,31 +354,45 @@ def _check_evaluate_options(hyp, checkpoint, src, output, decode: DecodeOptions)
 def evaluate(
     ref: list[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeat for several references)."),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Detokenized hypotheses, one a line."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Translate --src with this checkpoint first, then score."),
+    checkpoint: list[Path] = typer.Option([], "--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score."),
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also write the translations here."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (unrounded scores) instead of text."),
+    tokenize: Optional[str] = typer.Option(
+        None, "--tokenize", "-t", help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config (eval.tokenize, data.tgt_lang), else 13a."
+    ),
+    tgt_lang: Optional[str] = typer.Option(None, "--tgt-lang", "-l", help="Target language code; picks the tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a."),
     quiet: bool = QUIET,
     decode: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
     _setup_logging(quiet)
     try:
-        _check_evaluate_options(hyp, checkpoint, src, output, decode)
+        _check_evaluate_options(hyp, checkpoint or None, src, output, decode)
         _check_output(output)
         references = [read_lines(r) for r in ref]
-        if checkpoint is not None:
-            results, tokenizer = _translate(checkpoint, read_lines(src), replace(decode, n_best=1))
-            from .translate import best_strings
+        from_checkpoint = bool(checkpoint) and tokenize is None and tgt_lang is None
+        chosen = None if from_checkpoint else bleu_tokenizer(tokenize, tgt_lang)
+        if chosen is not None:
+            check_tokenizer(chosen)  # before translating, not after
+        if checkpoint:
+            models, tokenizer, settings, dev, cfg = _load_translator(checkpoint, replace(decode, n_best=1))
+            from .translate import best_strings, translate_lines
 
-            hyps = best_strings(tokenizer, results)
+            chosen = chosen or config_tokenizer(cfg)
+            check_tokenizer(chosen)
+            hyps = best_strings(tokenizer, translate_lines(models, tokenizer, read_lines(src), settings, dev))
             if output is not None:
                 atomic_write(output, "".join(h + "\n" for h in hyps))
         else:
             hyps = read_lines(hyp)
-        result = score(hyps, references, tuple(str(r) for r in ref))
+        result = score(hyps, references, tuple(str(r) for r in ref), chosen)
     except user_errors() as exc:
         _fail(exc)
+    guessed = guess_cjk_language(references[0]) if tokenize is None and tgt_lang is None and chosen == "13a" else None
+    if guessed:
+        typer.echo(f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {LANGUAGE_TOKENIZERS[guessed]}, not 13a: "
+                   f"pass --tgt-lang {guessed} (or --tokenize NAME)", err=True)
     if as_json:
         typer.echo(json.dumps(result))
     else:
@@ -389,12 +450,7 @@ def tune_decode(
         src_lines, ref_lines = read_lines(src)[:max_sentences], read_lines(ref)[:max_sentences]
         if len(src_lines) != len(ref_lines):
             raise ConfigError(f"--src {src} and --ref {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); they must match line for line")
-        model, tokenizer, cfg, dev = _load(checkpoint, decode)
-        settings = replace(cfg.decode, **decode.overrides())
-        try:
-            validate(replace(cfg, decode=settings))
-        except ConfigError as exc:
-            raise in_flags(exc, {f"decode.{k}": _flag(k) for k in decode.overrides()}) from None
+        (model,), tokenizer, settings, dev, _ = _load_translator([checkpoint], decode)
         rows = run_grid(model, tokenizer, src_lines, ref_lines, settings, dev, grid(beams, names, exponents))
     except user_errors() as exc:
         _fail(exc)
@@ -436,17 +492,52 @@ def average(
     typer.echo(f"averaged {len(payload['averaged_from'])} checkpoints into {out}")
 
 
-@app.command()
-def plot(
+class _PlotGroup(TyperGroup):
+    """``nmt plot RUN`` stays short for ``nmt plot metrics RUN``."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["metrics", *args]
+        return super().resolve_command(ctx, args)
+
+
+plot_app = typer.Typer(cls=_PlotGroup, no_args_is_help=True, rich_markup_mode=None, context_settings={"max_content_width": 120}, help="Plot a run's metrics (nmt plot RUN, same as nmt plot metrics RUN) or a translation's cross-attention (nmt plot attention SENTENCE --checkpoint CKPT).")
+app.add_typer(plot_app, name="plot")
+
+
+@plot_app.command("metrics")
+def plot_metrics(
     run_dir: Path = typer.Argument(..., help="A run directory with metrics.jsonl."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg. Default: RUN_DIR/metrics.png."),
 ) -> None:
     """Plot training/validation loss, validation BLEU and the learning rate over steps."""
-    from .plot import plot_metrics
+    from .plot import plot_metrics as draw
 
     try:
         _check_output(out, "--out")
-        path = plot_metrics(run_dir, out)
+        path = draw(run_dir, out)
+    except user_errors() as exc:
+        _fail(exc)
+    typer.echo(f"wrote {path}")
+
+
+@plot_app.command("attention")
+@decode_options("n_best", "max_tokens")
+def plot_attention(
+    sentence: str = typer.Argument(..., help="The source sentence to translate."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt)."),
+    out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="Image to write (.png)."),
+    decode: DecodeOptions = DecodeOptions(),
+) -> None:
+    """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
+    try:
+        _check_output(out, "--out")
+        (model,), tokenizer, settings, dev, _ = _load_translator([checkpoint], decode)
+        from .align import alignment_layer, sentence_attention
+        from .plot import plot_attention as draw
+
+        src_pieces, tgt_pieces, weights = sentence_attention(model, tokenizer, sentence, settings, dev)
+        path = draw(weights.numpy(), src_pieces, tgt_pieces, out, marked_layer=alignment_layer(weights.size(0)))
     except user_errors() as exc:
         _fail(exc)
     typer.echo(f"wrote {path}")
@@ -548,6 +639,40 @@ def options(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print nmt's version (and torch's, Python's) and exit."),
 ) -> None:
     """nmt: train Transformer translation models, translate with them, score the output, export them."""
+
+
+@app.command()
+@decode_options(*DECODE_KEYS)
+def serve(
+    checkpoint: list[Path] = typer.Option(..., "--checkpoint", help="Checkpoint file, or a run directory (uses its best.pt); one, as ensembles cannot be served yet."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; keep 127.0.0.1 unless a reverse proxy guards it."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    max_batch_tokens: int = typer.Option(4096, "--max-batch-tokens", help="Source tokens (EOS included) of concurrent requests gathered into one batch."),
+    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long a request waits for others to share its batch (milliseconds)."),
+    max_input_pieces: int = typer.Option(256, "--max-input-pieces", help="Longest line accepted, in SentencePiece pieces (longer: HTTP 413)."),
+    max_lines: int = typer.Option(64, "--max-lines", help="Most lines in one request (more: HTTP 413)."),
+    max_beam_size: int = typer.Option(16, "--max-beam-size", help="Largest beam_size (and n_best) a request may ask for."),
+    decode: DecodeOptions = DecodeOptions(),
+) -> None:
+    """Serve translations over HTTP: POST /translate, GET /health, GET /info, and a web page at /. Needs the serve extra: pip install "nmt[serve]"."""
+    try:
+        from .serve import Limits, Translator, serve as run_server
+    except ImportError as exc:
+        _fail(RuntimeError(f"serving needs the serve extra ({exc.name} is missing): pip install \"nmt[serve]\""))
+    try:
+        limits = Limits(max_batch_tokens, max_wait_ms, max_input_pieces, max_lines, max_beam_size)
+        limits.check()
+        from .translate import resolve_device, resolve_dtype
+
+        if decode.threads > 0:
+            import torch
+
+            torch.set_num_threads(decode.threads)
+        dev = resolve_device(decode.device, "--device")
+        translator = Translator.load(checkpoint, dev, resolve_dtype(decode.dtype, dev, "--dtype"))
+    except user_errors() as exc:
+        _fail(exc)
+    run_server(translator, limits, host, port)
 
 
 def main() -> None:

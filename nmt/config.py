@@ -1,7 +1,7 @@
 """Configuration: frozen dataclasses, YAML loading and typed ``--set`` overrides.
 
-A run is described by one :class:`Config` with five sections (``model``, ``data``,
-``tokenizer``, ``train``, ``decode``). Every field has a default that follows
+A run is described by one :class:`Config` with six sections (``model``, ``data``,
+``tokenizer``, ``train``, ``decode``, ``eval``). Every field has a default that follows
 Vaswani et al. 2017 where the paper fixes it; anything else (Pre-LN, GELU, the
 inverse-sqrt schedule) must be asked for by name. Unknown keys are an error, never
 silently ignored, so a misspelt option cannot go unnoticed.
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .evaluate import TOKENIZERS as BLEU_TOKENIZERS
 
 
 class ConfigError(ValueError):
@@ -51,7 +53,7 @@ class ModelConfig:
     activation_dropout: float = 0.0
     activation: str = "relu"
     norm_position: str = "post"
-    share_embeddings: bool = True  # tie source, target and output when the vocabulary is joint
+    share_embeddings: bool = True  # tie the source embedding to the target's; in a Config, defaults to tokenizer.joint
     src_vocab_size: int = 0  # filled in from the tokenizer
     tgt_vocab_size: int = 0
 
@@ -109,11 +111,18 @@ class TokenizerConfig:
 
     ``joint`` trains one model on both sides; otherwise one per language.
     ``model`` (joint) or ``src_model``/``tgt_model`` reuse trained ``.model`` files.
+    ``character_coverage`` is the share of characters the model covers, the rest
+    becoming UNK; ``"auto"`` picks 0.9995 for text with a large character set (Chinese,
+    Japanese, Korean) and 1.0 otherwise, as SentencePiece recommends (see
+    :func:`nmt.tokenizer.auto_character_coverage`). ``byte_fallback`` spells characters
+    outside the vocabulary as UTF-8 byte pieces instead of UNK (256 of the pieces);
+    ``"auto"`` turns it on exactly when the character coverage is below 1.0.
     """
 
     type: str = "bpe"
     vocab_size: int = 8000
-    character_coverage: float = 1.0
+    character_coverage: float | str = "auto"
+    byte_fallback: bool | str = "auto"
     joint: bool = True
     model: str | None = None
     src_model: str | None = None
@@ -170,7 +179,9 @@ class DecodeConfig:
     ``length_normalization`` picks ``lp``: ``"gnmt"``, ``((5 + |Y|) / 6) ** length_penalty``
     (Wu et al. 2016, §7); ``"length"``, ``|Y| ** length_penalty`` (fairseq, Hugging Face,
     CTranslate2); ``"none"``, 1. ``max_tokens`` is the source-side batch budget in tokens,
-    padding included.
+    padding included; a source
+    line of more than ``max_input_pieces`` pieces is left untranslated, with a warning.
+    UNK is never generated (like PAD and BOS) unless ``allow_unk``.
     """
 
     beam_size: int = 5
@@ -181,6 +192,20 @@ class DecodeConfig:
     max_len_b: int = 10
     n_best: int = 1
     max_tokens: int = 4096
+    max_input_pieces: int = 1024  # a longer source line is not translated (its output line stays empty)
+    allow_unk: bool = False
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Scoring, for validation and ``nmt evaluate --checkpoint``.
+
+    ``tokenize`` is sacreBLEU's BLEU tokenizer; ``"auto"`` picks it from ``data.tgt_lang``
+    as sacreBLEU does (``zh``, ``ja-mecab``, ``ko-mecab``, else ``13a``; see
+    :func:`nmt.evaluate.bleu_tokenizer`).
+    """
+
+    tokenize: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -190,6 +215,7 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def _parse(text: str, where: str) -> Any:
@@ -197,6 +223,34 @@ def _parse(text: str, where: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError:
         raise ConfigError(f"{where}: cannot parse {text!r} as a value") from None
+
+
+def _number(value: Any, tp: type, where: str) -> int | float:
+    """``value`` as an ``int`` or ``float``, from a number or from text written as Python or
+    JSON would (``5e-4``, ``1E9``, ``1_000_000``, ``0x10``, ``.5``); an integral float
+    (``4e3``) is accepted for an ``int``. YAML 1.1 reads ``5e-4`` as text, hence the text path.
+
+    Raises:
+        ConfigError: anything else (``true``, ``lots``, ``1.5`` for an ``int``).
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text, 0)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+    if tp is float:
+        return float(value)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ConfigError(f"{where}: expected int, got {value!r}")
+        return int(value)
+    return value
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -208,22 +262,23 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             if type(None) in args:
                 return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
+        for option in inner[:-1]:  # the first type that takes the value, e.g. 0.9995 before "auto"
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                pass
+        return _coerce(value, inner[-1], where)
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if tp in (int, float, str):
-        if isinstance(value, str) and tp is not str:
-            value = _parse(value, where)
-        if tp is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if tp is int and isinstance(value, float) and value.is_integer():
-            return int(value)
-        if not isinstance(value, tp) or isinstance(value, bool):
-            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+    if tp in (int, float):
+        return _number(value, tp, where)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected text, got {value!r}")
         return value
     if origin is tuple:
         if isinstance(value, str):
@@ -255,7 +310,7 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
     return cls(**kwargs)
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig, "train": TrainConfig, "decode": DecodeConfig}
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "tokenizer": TokenizerConfig, "train": TrainConfig, "decode": DecodeConfig, "eval": EvalConfig}
 
 
 def _sections(raw: Any, source: str) -> dict[str, dict[str, Any]]:
@@ -291,37 +346,94 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
     parts = {}
     for name, cls in _SECTIONS.items():
         parts[name] = _build(cls, raw.get(name, {}), name)
+    if "share_embeddings" not in raw.get("model", {}):  # the default: tie exactly when there is one vocabulary
+        parts["model"] = replace(parts["model"], share_embeddings=parts["tokenizer"].joint)
     cfg = Config(**parts)
     validate(cfg)
     return cfg
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: ``low`` to ``high``, each end included unless ``*_open``."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        low, high = _show(self.low), _show(self.high)
+        if self.high == math.inf:
+            return "a finite number" if self.low == -math.inf else f"{'>' if self.low_open else '>='} {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _show(x: float) -> str:
+    """``x`` without a spurious ``.0`` or exponent: 4294967295, not 4.29497e+09."""
+    return str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}"
+
+
+_AT_LEAST_1, _AT_LEAST_0, _POSITIVE, _PROBABILITY = Range(1), Range(0), Range(0, low_open=True), Range(0, 1, high_open=True)
+
+# Every number in a config and the values it may take: checked at load, so that a bad value
+# stops a run before anything is written. ``null`` (where allowed) is not checked.
+RANGES: dict[str, Range] = {
+    "model.d_model": _AT_LEAST_1, "model.d_ff": _AT_LEAST_1, "model.n_heads": _AT_LEAST_1,
+    "model.n_encoder_layers": _AT_LEAST_1, "model.n_decoder_layers": _AT_LEAST_1,
+    "model.dropout": _PROBABILITY, "model.attention_dropout": _PROBABILITY, "model.activation_dropout": _PROBABILITY,
+    "model.src_vocab_size": _AT_LEAST_0, "model.tgt_vocab_size": _AT_LEAST_0,
+    "data.max_len": _AT_LEAST_1, "data.max_len_ratio": Range(1), "data.valid_max_sentences": _AT_LEAST_1, "data.workers": _AT_LEAST_0,
+    "tokenizer.vocab_size": Range(5),  # the four special pieces and at least one more
+    "tokenizer.character_coverage": Range(0, 1, low_open=True), "tokenizer.input_sentence_size": _AT_LEAST_1,
+    "train.seed": Range(0, 2**32 - 1),  # NumPy's seed range
+    "train.threads": _AT_LEAST_0, "train.max_tokens": _AT_LEAST_1, "train.max_steps": _AT_LEAST_1, "train.max_epochs": _AT_LEAST_1,
+    "train.max_time_s": _AT_LEAST_0, "train.lr_scale": _AT_LEAST_0, "train.lr": _AT_LEAST_0, "train.warmup_steps": _AT_LEAST_1,
+    "train.adam_betas": _PROBABILITY, "train.adam_eps": _POSITIVE, "train.weight_decay": _AT_LEAST_0, "train.clip_norm": _AT_LEAST_0,
+    "train.label_smoothing": _PROBABILITY, "train.log_every": _AT_LEAST_1, "train.validate_every": _AT_LEAST_1,
+    "train.save_every": _AT_LEAST_0, "train.keep_last": _AT_LEAST_1, "train.valid_beam_size": _AT_LEAST_1, "train.patience": _AT_LEAST_0,
+    "train.update_freq": _AT_LEAST_1,
+    "decode.beam_size": _AT_LEAST_1, "decode.length_penalty": Range(), "decode.max_len_a": _AT_LEAST_0, "decode.max_len_b": _AT_LEAST_0,
+    "decode.n_best": _AT_LEAST_1, "decode.max_tokens": _AT_LEAST_1, "decode.max_input_pieces": _AT_LEAST_1,
+}
+
+# Numbers that may also be written "auto" (decided from the data; see their sections).
+AUTO_NUMBERS = frozenset({"tokenizer.character_coverage"})
+
+
+def _check_ranges(cfg: Config) -> None:
+    for key, allowed in RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        items = {f"{key}[{i}]": v for i, v in enumerate(value)} if isinstance(value, tuple) else {key: value}
+        for where, v in items.items():
+            if v is not None and v != "auto" and v not in allowed:
+                raise ConfigError(f"{where} must be {'auto or a number ' if key in AUTO_NUMBERS else ''}{allowed}, got {v}")
+
+
 def validate(cfg: Config) -> None:
-    """Check cross-field consistency. Raises :class:`ConfigError`."""
+    """Check every number's range (:data:`RANGES`) and cross-field consistency.
+
+    Raises:
+        ConfigError: one line naming the key and the values it allows.
+    """
+    if isinstance(cfg.tokenizer.character_coverage, str) and cfg.tokenizer.character_coverage != "auto":
+        raise ConfigError(f"tokenizer.character_coverage must be auto or a number in (0, 1], got {cfg.tokenizer.character_coverage!r}")
+    _check_ranges(cfg)
     m, t, d = cfg.model, cfg.train, cfg.decode
-    positive = {
-        "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.n_heads": m.n_heads, "model.n_encoder_layers": m.n_encoder_layers,
-        "model.n_decoder_layers": m.n_decoder_layers, "train.max_tokens": t.max_tokens, "train.warmup_steps": t.warmup_steps,
-        "train.log_every": t.log_every, "train.validate_every": t.validate_every, "train.keep_last": t.keep_last, "train.update_freq": t.update_freq,
-        "train.adam_eps": t.adam_eps, "train.valid_beam_size": t.valid_beam_size, "decode.max_tokens": d.max_tokens, "tokenizer.vocab_size": cfg.tokenizer.vocab_size,
-        "data.max_len": cfg.data.max_len,
-    }
-    for name, value in positive.items():
-        if not value > 0:
-            raise ConfigError(f"{name} must be positive, got {value}")
-    non_negative = {"train.weight_decay": t.weight_decay, "train.clip_norm": t.clip_norm, "train.save_every": t.save_every, "train.patience": t.patience,
-                    "train.max_time_s": t.max_time_s, "data.workers": cfg.data.workers, "decode.max_len_a": d.max_len_a, "decode.max_len_b": d.max_len_b, "train.threads": t.threads}
-    for name, value in non_negative.items():
-        if not value >= 0:
-            raise ConfigError(f"{name} must be >= 0, got {value}")
-    for name, value in {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout, "model.activation_dropout": m.activation_dropout,
-                        "train.adam_betas[0]": t.adam_betas[0], "train.adam_betas[1]": t.adam_betas[1]}.items():
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{name} must be in [0, 1), got {value}")
-    if not 0.0 < cfg.tokenizer.character_coverage <= 1.0:
-        raise ConfigError(f"tokenizer.character_coverage must be in (0, 1], got {cfg.tokenizer.character_coverage}")
-    if not math.isfinite(d.length_penalty):
-        raise ConfigError(f"decode.length_penalty must be a finite number, got {d.length_penalty}")
+    if m.share_embeddings and not cfg.tokenizer.joint:
+        raise ConfigError("model.share_embeddings needs tokenizer.joint=true: separate vocabularies give one id different pieces on each side; set model.share_embeddings=false")
+    if cfg.tokenizer.byte_fallback not in (True, False, "auto"):
+        raise ConfigError(f"tokenizer.byte_fallback must be auto, true or false, got {cfg.tokenizer.byte_fallback!r}")
+    if cfg.eval.tokenize != "auto" and cfg.eval.tokenize not in BLEU_TOKENIZERS:
+        raise ConfigError(f"eval.tokenize must be auto or one of {', '.join(BLEU_TOKENIZERS)}, got {cfg.eval.tokenize!r}")
     for a, b in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
         if bool(getattr(cfg.data, a)) != bool(getattr(cfg.data, b)):
             raise ConfigError(f"data.{a} and data.{b} go together: set both (or neither, to use data.dir or data.hf_dataset)")
@@ -332,8 +444,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError("tokenizer.model is a joint model; with tokenizer.joint=false give src_model and tgt_model")
     if not tk.joint and bool(tk.src_model) != bool(tk.tgt_model):
         raise ConfigError("tokenizer.src_model and tokenizer.tgt_model go together: set both (or neither, to train them)")
-    if cfg.data.valid_max_sentences is not None and cfg.data.valid_max_sentences < 1:
-        raise ConfigError(f"data.valid_max_sentences must be >= 1 or null, got {cfg.data.valid_max_sentences}")
     if t.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?|mps", t.device):
         raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, got {t.device!r}")
     if m.d_model % m.n_heads:
@@ -348,14 +458,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.schedule must be noam or inverse_sqrt, got {t.schedule!r}")
     if t.precision not in ("fp32", "bf16", "fp16"):
         raise ConfigError(f"train.precision must be fp32, bf16 or fp16, got {t.precision!r}")
-    if t.update_freq < 1:
-        raise ConfigError(f"train.update_freq must be >= 1, got {t.update_freq}")
-    if not 0.0 <= t.label_smoothing < 1.0:
-        raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+    if d.n_best > d.beam_size:
+        raise ConfigError(f"decode.n_best must be <= decode.beam_size (got {d.n_best} > {d.beam_size})")
     if d.length_normalization not in ("gnmt", "length", "none"):  # nmt.search.LENGTH_NORMALIZATIONS (which needs torch)
         raise ConfigError(f"decode.length_normalization must be gnmt, length or none, got {d.length_normalization!r}")
-    if d.beam_size < 1 or not 1 <= d.n_best <= d.beam_size:
-        raise ConfigError(f"decode.beam_size must be >= 1 and 1 <= n_best <= beam_size (got {d.beam_size}, {d.n_best})")
     if cfg.tokenizer.type not in ("bpe", "unigram"):
         raise ConfigError(f"tokenizer.type must be bpe or unigram, got {cfg.tokenizer.type!r}")
 
@@ -364,7 +470,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Read a YAML config and apply ``section.key=value`` overrides.
 
     Raises:
-        ConfigError: the file is missing or not YAML, or a key/value is invalid.
+        ConfigError: the file is missing or not YAML, a key/value is invalid, or
+            ``data.cache_dir`` names a file.
     """
     raw: dict[str, Any] = {}
     source = "defaults"
@@ -383,7 +490,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
         raw = _sections(raw, source)
     raw = apply_overrides(raw, overrides or [])
-    return config_from_dict(raw, source + (" with --set overrides" if overrides else ""))
+    cfg = config_from_dict(raw, source + (" with --set overrides" if overrides else ""))
+    if cfg.data.cache_dir and Path(cfg.data.cache_dir).exists() and not Path(cfg.data.cache_dir).is_dir():
+        raise ConfigError(f"data.cache_dir {cfg.data.cache_dir} is a file; name a directory (it is created if missing)")
+    return cfg
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

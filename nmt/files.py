@@ -29,9 +29,11 @@ class OutputError(RuntimeError):
 
 
 def os_error(exc: BaseException) -> OSError | None:
-    """The OSError behind ``exc``: itself, or one it was raised from or while handling."""
+    """The OSError behind ``exc``: itself, or one it was raised from or while handling
+    (not one a ``raise ... from None`` disowned, such as an input file's read error that
+    :class:`~nmt.corpus.DataError` already reports while a streamed output is being written)."""
     while exc is not None and not isinstance(exc, OSError):
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return exc
 
 

@@ -106,6 +106,14 @@ class CrossAttention(nn.Module):
         k, v = self.kv(memory).chunk(2, dim=-1)
         return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
 
+    def probabilities(self, x: Tensor, k: Tensor, src_mask: Tensor) -> Tensor:
+        """The attention distribution of queries ``x`` ``(batch, tgt_len, d_model)`` over keys ``k``
+        ``(batch, n_heads, src_len, head_dim)``: ``(batch, n_heads, tgt_len, src_len)`` in float32,
+        each row summing to 1 over the real source tokens (what :meth:`forward` weights values by)."""
+        q = split_heads(self.q(x), self.n_heads)  # (batch, n_heads, tgt_len, head_dim)
+        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.size(-1))  # (batch, n_heads, tgt_len, src_len)
+        return torch.softmax(scores.masked_fill(~src_mask, float("-inf")), dim=-1)
+
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor, beam: int = 1) -> Tensor:
         """``x`` ``(batch*beam, tgt_len, d_model)`` attends to ``k``/``v`` ``(batch, n_heads, src_len, head_dim)``
         under ``src_mask`` ``(batch, 1, 1, src_len)``; returns ``(batch*beam, tgt_len, d_model)``."""
@@ -263,8 +271,12 @@ class Transformer(nn.Module):
 
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions
     (§3.4-3.5), then dropped out. The output projection is tied to the target embedding;
-    with ``share_embeddings`` and equal vocabularies the source embedding is the same
+    with ``share_embeddings`` (one joint vocabulary) the source embedding is the same
     matrix too (§3.4, after Press and Wolf 2017).
+
+    Raises:
+        ValueError: ``src_vocab_size``/``tgt_vocab_size`` unset, or ``share_embeddings``
+            with vocabularies of different sizes.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -273,9 +285,10 @@ class Transformer(nn.Module):
             raise ValueError("ModelConfig needs src_vocab_size and tgt_vocab_size (set from the tokenizer)")
         self.cfg = cfg
         d = cfg.d_model
+        if cfg.share_embeddings and cfg.src_vocab_size != cfg.tgt_vocab_size:
+            raise ValueError(f"share_embeddings needs one vocabulary, got {cfg.src_vocab_size} source and {cfg.tgt_vocab_size} target pieces")
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=PAD)
-        shared = cfg.share_embeddings and cfg.src_vocab_size == cfg.tgt_vocab_size
-        self.tgt_embed = self.src_embed if shared else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         pre = cfg.norm_position == "pre"
@@ -291,7 +304,7 @@ class Transformer(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        for emb in {self.src_embed, self.tgt_embed}:
+        for emb in dict.fromkeys((self.src_embed, self.tgt_embed)):  # in order (a set's would vary run to run), once each
             nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[PAD].zero_()
@@ -335,6 +348,28 @@ class Transformer(nn.Module):
         """Logits ``(batch, tgt_len, vocab)`` for ``src`` ``(batch, src_len)`` and ``tgt_in`` ``(batch, tgt_len)``."""
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask)
+
+    def cross_attention(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Every decoder layer's cross-attention probabilities while teacher-forcing ``tgt_in``
+        ``(batch, tgt_len)`` on ``src`` ``(batch, src_len)``: ``(n_decoder_layers, batch, n_heads,
+        tgt_len, src_len)`` in float32; row ``t`` is the step that predicts the token after ``tgt_in[:, t]``.
+
+        The decoder runs unchanged; a forward hook on each layer's cross-attention recomputes
+        the distribution from that layer's own inputs, so nothing is threaded through the model.
+        """
+        weights = []
+
+        def record(module, args, output):
+            x, k, _, src_mask = args[:4]
+            weights.append(module.probabilities(x, k, src_mask))
+
+        handles = [layer.cross_attn.register_forward_hook(record) for layer in self.decoder]
+        try:
+            self(src, tgt_in)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return torch.stack(weights)
 
     def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32) -> DecoderCache:
         """An empty cache for ``beam`` hypotheses per sentence and ``capacity`` target positions

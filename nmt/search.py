@@ -11,24 +11,28 @@ Shapes: ``batch`` active sentences, ``beam`` hypotheses each, rows of
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .model import beam_rows
-from .tokenizer import BOS, EOS, PAD
+from .tokenizer import BOS, EOS, PAD, UNK
 
 
 @dataclass(frozen=True)
 class Hypothesis:
     """A finished translation: ``tokens`` without BOS/EOS, ``log_prob`` = log P(Y|X) summed
-    over the tokens and EOS (nats), ``score`` = ``log_prob / lp(|Y|)``."""
+    over the tokens and EOS (nats), ``score`` = ``log_prob / lp(|Y|)``; ``alignment``:
+    ``(source piece, target piece)`` index pairs when asked for (:mod:`nmt.align`)."""
 
     tokens: list[int]
     score: float
     log_prob: float
+    alignment: tuple[tuple[int, int], ...] | None = None
 
 
 class Scorer(Protocol):
@@ -101,6 +105,28 @@ class RecomputeScorer:
         return self.reorder(state, beam_rows(keep, self.beam))
 
 
+class EnsembleScorer:
+    """Several models decoding as one: at every step their next-token probabilities are
+    averaged, ``log (1/M · Σ_m P_m(y | prefix, X))`` (fairseq's ensemble rule), and the
+    beam search sees one scorer. Each member keeps its own state (for Transformers, its own
+    cache), which follows the same back-pointers; the state is the tuple of members' states.
+    """
+
+    def __init__(self, members: list):
+        self.members = members
+
+    def step(self, prefix, states):
+        outputs = [member.step(prefix, state) for member, state in zip(self.members, states)]
+        lprobs = torch.stack([lp for lp, _ in outputs])  # (n_models, batch*beam, vocab)
+        return torch.logsumexp(lprobs, dim=0) - math.log(len(outputs)), tuple(state for _, state in outputs)
+
+    def reorder(self, states, index):
+        return tuple(member.reorder(state, index) for member, state in zip(self.members, states))
+
+    def select_sentences(self, states, keep):
+        return tuple(member.select_sentences(state, keep) for member, state in zip(self.members, states))
+
+
 SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}
 
 
@@ -154,6 +180,22 @@ def _settled(done: list[Hypothesis], best_running: float, beam: int, n_best: int
     return min(h.score for h in sorted(done, key=lambda h: -h.score)[:n_best]) >= bound
 
 
+def _restrict(lprobs: Tensor, step: int, min_len: int, at_limit: Tensor, allow_unk: bool = False) -> None:
+    """Forbid, in place, what no search may generate in ``lprobs`` ``(rows, vocab)``: PAD and BOS
+    always, UNK unless ``allow_unk``, EOS before ``min_len`` pieces; rows ``at_limit`` ``(rows,)``
+    (bool) may only end."""
+    lprobs[:, PAD] = float("-inf")
+    lprobs[:, BOS] = float("-inf")
+    if not allow_unk:
+        lprobs[:, UNK] = float("-inf")
+    if step < min_len:
+        lprobs[:, EOS] = float("-inf")
+    if bool(at_limit.any()):
+        eos = lprobs[at_limit, EOS]
+        lprobs[at_limit] = float("-inf")
+        lprobs[at_limit, EOS] = eos
+
+
 def beam_search(
     scorer: Scorer,
     state: Any,
@@ -163,6 +205,7 @@ def beam_search(
     n_best: int = 1,
     min_len: int = 0,
     normalization: str = "length",
+    allow_unk: bool = False,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences.
 
@@ -182,6 +225,7 @@ def beam_search(
         min_len: EOS is forbidden before this many pieces (benchmarks force a length).
         normalization: how finished hypotheses are ranked, a key of
             :data:`LENGTH_NORMALIZATIONS` (see :func:`length_penalty`).
+        allow_unk: let hypotheses contain UNK; otherwise it is never generated, like PAD and BOS.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -205,16 +249,7 @@ def beam_search(
         n = len(sentence_ids)
         lprobs, state = scorer.step(tokens, state)  # (n*beam, vocab)
         vocab = lprobs.size(-1)
-        lprobs[:, PAD] = float("-inf")
-        lprobs[:, BOS] = float("-inf")
-        if step < min_len:
-            lprobs[:, EOS] = float("-inf")
-        force = step >= max_lens  # (n,)
-        if bool(force.any()):
-            rows = force.repeat_interleave(beam)
-            eos = lprobs[rows, EOS]
-            lprobs[rows] = float("-inf")
-            lprobs[rows, EOS] = eos
+        _restrict(lprobs, step, min_len, (step >= max_lens).repeat_interleave(beam), allow_unk)
 
         candidates = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
         top_scores, top_index = candidates.topk(2 * beam, dim=1)  # (n, 2*beam)
@@ -256,21 +291,142 @@ def beam_search(
     return [sorted(h, key=lambda hyp: -hyp.score)[:n_best] for h in finished]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Random sampling in place of beam search (back-translation, data augmentation).
+
+    Each step draws the next piece from the model's distribution with every log-probability
+    divided by ``temperature`` (below 1 sharper, above 1 flatter), then restricted to the
+    ``top_k`` most probable pieces (0: no limit; Fan et al. 2018, §5.4) and, within those,
+    to the nucleus: the fewest most probable pieces whose probabilities sum to at least
+    ``top_p`` (1: no limit; Holtzman et al. 2020, §3.1), renormalised. Draws are seeded per
+    sentence from ``seed`` and the sentence's index in the input (:func:`sample_seed`).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of the draws for input sentence ``index``: a hash of both (NumPy's SeedSequence),
+    so that a sentence's samples do not depend on which sentences share its batch."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0])
+
+
+def sampling_probs(lprobs: Tensor, sampling: Sampling) -> Tensor:
+    """The distribution a piece is drawn from, ``(rows, vocab)``, from log-probabilities
+    ``(rows, vocab)``: temperature, then top-k, then top-p (see :class:`Sampling`), renormalised."""
+    probs = torch.softmax(lprobs / sampling.temperature, dim=-1)
+    if sampling.top_k <= 0 and sampling.top_p >= 1.0:
+        return probs
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # ties: lower id first, as argmax
+    if sampling.top_k > 0:
+        sorted_p[:, sampling.top_k :] = 0.0
+    if sampling.top_p < 1.0:
+        kept = sorted_p / sorted_p.sum(-1, keepdim=True)
+        # A piece is in the nucleus if the pieces before it do not reach top_p yet (so the first always is).
+        sorted_p = sorted_p * ((kept.cumsum(-1) - kept) < sampling.top_p)
+    probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def sample(
+    scorer: Scorer, state: Any, max_lens: Tensor, n: int, sampling: Sampling, seeds: list[int], alpha: float = 0.0, min_len: int = 0,
+    allow_unk: bool = False, normalization: str = "length",
+) -> list[list[Hypothesis]]:
+    """``n`` independent samples per sentence (ancestral sampling, see :class:`Sampling`).
+
+    Each sentence's ``n`` rows draw from their own distributions with uniform numbers from a
+    generator seeded by ``seeds[sentence]``, so results are reproducible and independent of
+    batching (up to floating-point rounding of the model's scores). Length limits and the
+    PAD/BOS/UNK/EOS rules are those of :func:`beam_search`.
+
+    Args:
+        scorer: see :class:`Scorer`; ``state`` must hold ``n`` rows per sentence.
+        max_lens: ``(batch,)`` most pieces per sample, EOS not counted.
+        seeds: one per sentence.
+        alpha, normalization: the length normalisation of the reported ``score`` (see :func:`length_penalty`).
+
+    Returns:
+        For each sentence, its ``n`` samples, best ``score`` first; ``log_prob`` is the
+        sample's log-probability under the model (temperature 1, no top-k/top-p).
+    """
+    batch, device = max_lens.size(0), max_lens.device
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    tokens = torch.full((batch * n, 1), BOS, dtype=torch.long, device=device)
+    log_probs = torch.zeros(batch * n, device=device)
+    done = torch.zeros(batch * n, dtype=torch.bool, device=device)
+    samples: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    sentence_ids = list(range(batch))
+    step = 0
+    while sentence_ids:
+        lprobs, state = scorer.step(tokens, state)  # (rows, vocab)
+        _restrict(lprobs, step, min_len, (step >= max_lens).repeat_interleave(n), allow_unk)
+        uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in sentence_ids]).to(device)
+        cdf = sampling_probs(lprobs, sampling).cumsum(-1)
+        token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
+        log_probs += torch.where(done, 0.0, lprobs.gather(1, token.unsqueeze(1)).squeeze(1))
+        tokens = torch.cat([tokens, token.unsqueeze(1)], dim=1)
+        ended = (token == EOS) & ~done
+        for row in ended.nonzero().view(-1).tolist():
+            log_prob = float(log_probs[row])
+            samples[sentence_ids[row // n]].append(Hypothesis(tokens[row, 1:-1].tolist(), log_prob / length_penalty(step + 1, alpha, normalization), log_prob))
+        done |= ended
+        keep = (~done.view(-1, n).all(1)).nonzero().view(-1)
+        if keep.numel() < len(sentence_ids):
+            sentence_ids = [sentence_ids[r] for r in keep.tolist()]
+            if not sentence_ids:
+                break
+            rows = beam_rows(keep, n)
+            tokens, log_probs, done = tokens.index_select(0, rows), log_probs.index_select(0, rows), done.index_select(0, rows)
+            max_lens = max_lens.index_select(0, keep)
+            state = scorer.select_sentences(state, keep)
+        step += 1
+    return [sorted(s, key=lambda hyp: -hyp.score) for s in samples]
+
+
 @torch.inference_mode()
 def translate_batch(
-    model, src: Tensor, beam_size: int, alpha: float, max_len_a: float, max_len_b: int, n_best: int = 1, min_len: int = 0, scorer: str = "cached",
+    model,
+    src: Tensor,
+    beam_size: int,
+    alpha: float,
+    max_len_a: float,
+    max_len_b: int,
+    n_best: int = 1,
+    min_len: int = 0,
+    scorer: str = "cached",
+    sampling: Sampling | None = None,
+    seeds: list[int] | None = None,
+    allow_unk: bool = False,
     normalization: str = "length",
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
-    The length limit is ``max_len_a · src_len + max_len_b`` pieces, ``src_len`` counting
-    the sentence's non-pad source tokens (EOS included). ``scorer`` picks the production
-    path (``"cached"``) or a reference (``"tiled"``, ``"recompute"``; see :data:`SCORERS`);
+    ``model`` is a :class:`~nmt.model.Transformer`, or a list of them that decode as an
+    ensemble (:class:`EnsembleScorer`). The length limit is ``max_len_a · src_len +
+    max_len_b`` pieces, ``src_len`` counting the sentence's non-pad source tokens (EOS
+    included). ``scorer`` picks the production path (``"cached"``) or a reference
+    (``"tiled"``, ``"recompute"``; see :data:`SCORERS`). With ``sampling``, each sentence
+    gets ``n_best`` independent samples (:func:`sample`) instead, its draws seeded by
+    ``seeds[i]`` (default: :func:`sample_seed` of ``sampling.seed`` and ``i``).
     ``normalization`` ranks finished hypotheses (see :func:`length_penalty`).
     """
-    memory, src_mask = model.encode(src)
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
     src_lens = (src != PAD).sum(1)
     max_lens = (max_len_a * src_lens.double() + max_len_b).long()
-    # Room for the longest possible output (pieces + EOS): the cache never has to grow.
-    step_scorer, state = SCORERS[scorer].start(model, memory, src_mask, beam_size, capacity=int(max_lens.max()) + 1)
-    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len, normalization)
+    rows = n_best if sampling is not None else beam_size
+    members, states = [], []
+    for m in models:
+        memory, src_mask = m.encode(src)
+        # Room for the longest possible output (pieces + EOS): the cache never has to grow.
+        member, state = SCORERS[scorer].start(m, memory, src_mask, rows, capacity=int(max_lens.max()) + 1)
+        members.append(member)
+        states.append(state)
+    step_scorer, state = (members[0], states[0]) if len(members) == 1 else (EnsembleScorer(members), tuple(states))
+    if sampling is not None:
+        seeds = seeds if seeds is not None else [sample_seed(sampling.seed, i) for i in range(src.size(0))]
+        return sample(step_scorer, state, max_lens, n_best, sampling, seeds, alpha, min_len, allow_unk, normalization)
+    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len, normalization=normalization, allow_unk=allow_unk)

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import io
 import itertools
-from collections.abc import Iterable, Iterator
+import logging
+import math
+import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +27,16 @@ import sentencepiece as spm
 from .files import atomic_write
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+#: ``character_coverage: auto`` looks at this many sentences of each side ...
+AUTO_COVERAGE_SENTENCES = 10_000
+#: ... and treats more distinct characters than this as a large character set. Alphabets
+#: stay far below (English 40, German 90 on 10,000 sentences, Cyrillic or Devanagari text
+#: with Latin mixed in about 200); Japanese has 1,490, and Chinese and Korean (Hangul
+#: syllables) are in the thousands too.
+LARGE_CHARACTER_SET = 500
+
+log = logging.getLogger(__name__)
 
 
 class TokenizerError(ValueError):
@@ -103,64 +116,127 @@ def load_model_file(path: str) -> spm.SentencePieceProcessor:
     return _load(model_file=path, what=path)
 
 
-def train_sentencepiece(
-    sentences: Iterable[str], vocab_size: int, model_type: str = "bpe", character_coverage: float = 1.0, input_sentence_size: int = 2_000_000
-) -> spm.SentencePieceProcessor:
-    """Train a SentencePiece model in memory on ``sentences`` (streamed; SentencePiece
-    samples ``input_sentence_size`` of them when there are more).
+def reservoir_sample(items: Iterable[str], k: int, seed: int) -> list[str]:
+    """``k`` items drawn uniformly without replacement from a stream of unknown length, or all
+    of them (in order) when there are at most ``k``. Memory holds ``k`` items, never the stream.
 
-    ``vocab_size`` counts the four special pieces. If the text is too small for the
-    requested size, SentencePiece's own error is raised as :class:`TokenizerError`
-    with the largest size it allows; an error raised while reading ``sentences``
-    (a :class:`~nmt.corpus.DataError`, say) is raised as it is.
+    Algorithm L (Li 1994, "Reservoir-sampling algorithms of time complexity O(n(1 + log(N/n)))"):
+    after the first ``k`` items it draws how many to skip, not a number per item. The same
+    ``seed`` and stream give the same sample in any process.
     """
+    rng = random.Random(seed)
+    stream = iter(items)
+    sample = list(itertools.islice(stream, k))
+    if len(sample) < k:
+        return sample
+
+    def u() -> float:  # in (0, 1]: log() is defined
+        return 1.0 - rng.random()
+
+    w = math.exp(math.log(u()) / k)
+    index, upcoming = k - 1, k - 1 + math.floor(math.log(u()) / math.log1p(-w)) + 1
+    for index, item in enumerate(stream, start=k):
+        if index == upcoming:
+            sample[rng.randrange(k)] = item
+            w *= math.exp(math.log(u()) / k)
+            upcoming += math.floor(math.log(u()) / math.log1p(-w)) + 1
+    return sample
+
+
+def train_sentencepiece(
+    sentences: Iterable[str],
+    vocab_size: int,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+    input_sentence_size: int = 2_000_000,
+    seed: int = 1,
+    byte_fallback: bool = False,
+) -> spm.SentencePieceProcessor:
+    """Train a SentencePiece model in memory on ``input_sentence_size`` of ``sentences``.
+
+    The sentences are sampled here (:func:`reservoir_sample` with ``seed``), not by
+    SentencePiece, whose own sampling differs from process to process even with a fixed
+    seed and one thread; so a run's config and seed fix its tokenizer. ``vocab_size``
+    counts the four special pieces (and, with ``byte_fallback``, the 256 byte pieces
+    ``<0x00>`` … ``<0xFF>`` that spell characters outside the vocabulary). If the text is too small for the requested size,
+    SentencePiece's own error is raised as :class:`TokenizerError` with the largest size
+    it allows; an error raised while reading ``sentences`` (a
+    :class:`~nmt.corpus.DataError`, say) is raised as it is.
+    """
+    sample = reservoir_sample(sentences, input_sentence_size, seed)
     buffer = io.BytesIO()
-    failed: list[BaseException] = []
-
-    def guarded() -> Iterator[str]:
-        try:
-            yield from sentences
-        except BaseException as exc:  # SentencePiece would turn it (even Ctrl-C) into a RuntimeError
-            failed.append(exc)
-            raise
-
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=guarded(),
+            sentence_iterator=iter(sample),
             model_writer=buffer,
             vocab_size=vocab_size,
             model_type=model_type,
             character_coverage=character_coverage,
+            byte_fallback=byte_fallback,
             pad_id=PAD,
             unk_id=UNK,
             bos_id=BOS,
             eos_id=EOS,
-            input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=True,
+            input_sentence_size=0,  # every sentence given: the sample is already drawn
+            shuffle_input_sentence=False,
             num_threads=2,
             minloglevel=2,
         )
     except RuntimeError as exc:
-        if failed:
-            raise failed[0] from None
         hint = "; lower tokenizer.vocab_size" if "Vocabulary size too high" in str(exc) else ""
+        if "smaller than required_chars" in str(exc):
+            hint = "; raise tokenizer.vocab_size (byte_fallback takes 256 pieces) or lower tokenizer.character_coverage"
         raise TokenizerError(f"SentencePiece training failed: {str(exc).strip()}{hint}") from None
     return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
 
 
-def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg) -> Tokenizer:
-    """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes.
+def auto_character_coverage(samples: dict[str, list[str]]) -> tuple[float, str]:
+    """SentencePiece's recommended ``character_coverage`` for text like ``samples``
+    (side name → its first sentences): 0.9995 if any side uses more than
+    :data:`LARGE_CHARACTER_SET` distinct characters (Chinese, Japanese, Korean), where
+    covering every rare character would spend the vocabulary on pieces seen once; 1.0
+    otherwise (alphabetic scripts), so that no character becomes UNK.
 
-    ``src`` and ``tgt`` may be streams; a joint model reads all of ``src``, then ``tgt``.
+    Returns:
+        The coverage and the reason, for the log.
     """
+    counts = {side: len(set().union(*lines)) for side, lines in samples.items()}
+    side, most = max(counts.items(), key=lambda item: item[1])
+    found = f"the {side} text has {most:,} distinct characters in its first {len(samples[side]):,} sentences"
+    if most > LARGE_CHARACTER_SET:
+        return 0.9995, f"{found}, more than {LARGE_CHARACTER_SET}: a large character set, as in Chinese or Japanese"
+    return 1.0, f"{found}, at most {LARGE_CHARACTER_SET}: an alphabet, every character kept"
 
-    def train(sentences: Iterable[str]) -> spm.SentencePieceProcessor:
-        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, cfg.character_coverage, cfg.input_sentence_size)
+
+def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg, seed: int = 1) -> Tokenizer:
+    """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes, on
+    sentences sampled with ``seed`` (``train.seed``).
+
+    ``src`` and ``tgt`` may be streams; a joint model samples from all of ``src``, then ``tgt``.
+    With ``character_coverage: auto`` the first :data:`AUTO_COVERAGE_SENTENCES` of each
+    side decide it (:func:`auto_character_coverage`; logged with its reason);
+    ``byte_fallback: auto`` is then on for a coverage below 1.0.
+    """
+    streams = {"source": iter(src), "target": iter(tgt)}
+    heads = {side: list(itertools.islice(stream, AUTO_COVERAGE_SENTENCES)) if cfg.character_coverage == "auto" else [] for side, stream in streams.items()}
+    text = {side: itertools.chain(heads[side], streams[side]) for side in streams}
+
+    def train(sides: tuple[str, ...]) -> spm.SentencePieceProcessor:
+        coverage, fallback = cfg.character_coverage, cfg.byte_fallback
+        if coverage == "auto":
+            coverage, reason = auto_character_coverage({side: heads[side] for side in sides})
+            log.info("tokenizer.character_coverage auto: %s (%s)", coverage, reason)
+        if fallback == "auto":
+            fallback = coverage < 1.0
+            log.info("tokenizer.byte_fallback auto: %s (character coverage %s: %s)", str(fallback).lower(), coverage,
+                     "characters left out are spelt in bytes, never UNK" if fallback else "every character has a piece")
+        sentences = itertools.chain.from_iterable(text[side] for side in sides)
+        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, coverage, cfg.input_sentence_size, seed, fallback)
 
     if cfg.joint:
-        sp = train(itertools.chain(src, tgt))
+        sp = train(("source", "target"))
         return Tokenizer(sp, sp)
-    return Tokenizer(train(src), train(tgt))
+    return Tokenizer(train(("source",)), train(("target",)))
 
 
 def tokenizer_from_config(cfg) -> Tokenizer | None:

@@ -31,7 +31,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from . import evaluate
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, tokenizer_from_tensors, tokenizer_to_tensors
 from .config import Config, config_from_dict, config_to_dict, with_vocab
-from .corpus import DataError, EncodedCorpus, ParallelText, encode_corpus, encoding_workers, load_split, strip_pairs, stripped_side
+from .corpus import DataError, EncodedCorpus, ParallelText, check_inputs, clean_pairs, encode_corpus, encoding_workers, load_split, stripped_side
 from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
 from .files import atomic_write
@@ -76,11 +76,13 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
     started = time.perf_counter()
     train_text = load_split(cfg.data, "train")
     valid_text = load_split(cfg.data, "valid")
+    if write:
+        check_inputs(train_text, valid_text)
     if tokenizer is None:
         tokenizer = tokenizer_from_config(cfg.tokenizer)
     if tokenizer is None:
         log.info("training SentencePiece %s tokenizer (vocab %d, %s)", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate")
-        tokenizer = train_tokenizer(stripped_side(train_text, 0), stripped_side(train_text, 1), cfg.tokenizer)
+        tokenizer = train_tokenizer(stripped_side(train_text, 0), stripped_side(train_text, 1), cfg.tokenizer, cfg.train.seed)
         log.info("tokenizer trained in %.1f s", time.perf_counter() - started)
     if write:
         tokenizer.save(run_dir)
@@ -92,9 +94,10 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
         log.info("train: %s; encoded or loaded from %s in %.1f s (workers: %d)", report, cache, time.perf_counter() - encoding, workers)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({report}); check the training files, data.max_len and data.max_len_ratio")
-    vsrc, vtgt, vreport = strip_pairs(*valid_text.read())
+    valid_pairs = clean_pairs(tokenizer, *valid_text.read())
+    vsrc, vtgt, vreport = valid_pairs.src, valid_pairs.tgt, valid_pairs.report
     if not vsrc:
-        raise DataError(f"the validation set has no pair with text on both sides ({vreport}); check the validation files")
+        raise DataError(f"the validation set ({valid_text.name}) has no pair with pieces on both sides ({vreport}); check those files")
     if cfg.data.valid_max_sentences:
         vsrc, vtgt = vsrc[: cfg.data.valid_max_sentences], vtgt[: cfg.data.valid_max_sentences]
     valid, _ = encode_corpus(ParallelText.lists(vsrc, vtgt), tokenizer, cache, write=write)
@@ -122,7 +125,7 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, cfg
         n_tokens += int(out.n_tokens)
     decode = replace(cfg.decode, beam_size=cfg.train.valid_beam_size, n_best=1)
     hyps = best_strings(tokenizer, translate_lines(model, tokenizer, valid.src_lines, decode, device))
-    scores = evaluate.score(hyps, [valid.ref_lines])
+    scores = evaluate.score(hyps, [valid.ref_lines], tokenize=evaluate.config_tokenizer(cfg))
     nll = nll_sum / max(1, n_tokens)
     return {"valid_loss": loss_sum / max(1, n_tokens), "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"], "example": hyps[0] if hyps else ""}
 
@@ -208,6 +211,7 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
         start = progress.step
     else:
         run.check_fresh()
+    evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))  # now, not at the first validation
     tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else None
     opened.data = prepare(opened.cfg, run.path, tokenizer)
     run.keep_history_until(start)

@@ -1,18 +1,22 @@
-"""Translating lines of text with a trained checkpoint."""
+"""Translating lines of text with trained checkpoints (one model or an ensemble)."""
 
 from __future__ import annotations
 
 import logging
+import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
-from .checkpoint import load_checkpoint, restore_model
+from .align import add_alignments
+from .checkpoint import CheckpointError, load_checkpoint, restore_model
 from .config import Config, ConfigError
 from .data import pad_sources, token_batches
 from .model import Transformer
-from .search import Hypothesis, translate_batch
+from .search import Hypothesis, Sampling, sample_seed, translate_batch
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("nmt.translate")
@@ -63,16 +67,21 @@ def native_bf16(cpuinfo: str | None = None) -> bool | None:
 
 
 def resolve_dtype(name: str, device: torch.device, what: str = "dtype") -> torch.dtype:
-    """``float32``, ``bfloat16``, ``float16``, or ``auto``: bfloat16 where ``device`` computes
-    it natively (a GPU that supports it, a CPU per :func:`native_bf16`), else float32.
+    """``float32``, ``bfloat16``, ``float16``, ``int8`` (``torch.qint8``: see :func:`to_dtype`),
+    or ``auto``: bfloat16 where ``device`` computes it natively (a GPU that supports it, a CPU
+    per :func:`native_bf16`), else float32.
 
     Logs a warning when bfloat16 is asked for on a CPU without native support.
 
     Raises:
-        ConfigError: an unknown name.
+        ConfigError: an unknown name, or int8 on a device other than the CPU.
     """
-    if name not in ("float32", "bfloat16", "float16", "auto"):
-        raise ConfigError(f"{what} must be float32, bfloat16, float16 or auto, got {name!r}")
+    if name not in ("float32", "bfloat16", "float16", "int8", "auto"):
+        raise ConfigError(f"{what} must be float32, bfloat16, float16, int8 or auto, got {name!r}")
+    if name == "int8":
+        if device.type != "cpu":
+            raise ConfigError(f"{what} int8 runs on the CPU only (PyTorch's dynamic quantization); use --device cpu, or bfloat16/float16 on a GPU")
+        return torch.qint8
     native = native_bf16() if device.type == "cpu" else device.type == "cuda" and torch.cuda.is_bf16_supported()
     if name == "auto":
         chosen = torch.bfloat16 if native else torch.float32
@@ -97,25 +106,120 @@ def load_model(path, device: torch.device) -> tuple[Transformer, Tokenizer, Conf
     return model.to(device).eval(), tokenizer, cfg
 
 
-def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], decode, device: torch.device, min_len: int = 0) -> list[list[Hypothesis]]:
-    """Beam-search every line; returns, in input order, each line's n-best list.
+def load_models(paths: list, device: torch.device, dtype: torch.dtype = torch.float32) -> tuple[list[Transformer], Tokenizer, Config]:
+    """Load one checkpoint, or several that decode as an ensemble, in ``dtype`` (see :func:`to_dtype`).
+
+    The tokenizer and the config (hence the decode defaults) are the first checkpoint's.
+
+    Raises:
+        nmt.checkpoint.CheckpointError: a checkpoint is missing or unreadable, or its tokenizer
+            differs from the first one's (the message names the difference).
+    """
+    loaded = [load_model(path, device) for path in paths]
+    models, (tokenizer, cfg) = [m for m, _, _ in loaded], loaded[0][1:]
+    for path, (_, other, _) in zip(paths[1:], loaded[1:]):
+        difference = tokenizer_difference(tokenizer, other)
+        if difference:
+            raise CheckpointError(f"{path}: its tokenizer differs from {paths[0]}'s ({difference}); an ensemble needs one tokenizer")
+    return [to_dtype(m, dtype) for m in models], tokenizer, cfg
+
+
+def tokenizer_difference(a: Tokenizer, b: Tokenizer) -> str | None:
+    """What first differs between two tokenizers, in words; None if they are the same."""
+    if a.joint != b.joint:
+        return f"{'joint' if a.joint else 'separate'} vs {'joint' if b.joint else 'separate'} source/target models"
+    for side in ("src", "tgt"):
+        x, y = getattr(a, side), getattr(b, side)
+        if x.get_piece_size() != y.get_piece_size():
+            return f"{side} vocabulary of {x.get_piece_size()} vs {y.get_piece_size()} pieces"
+        for i in range(x.get_piece_size()):
+            if x.id_to_piece(i) != y.id_to_piece(i):
+                return f"{side} piece {i} is {x.id_to_piece(i)!r} vs {y.id_to_piece(i)!r}"
+        if x.serialized_model_proto() != y.serialized_model_proto():
+            return f"{side} models have the same pieces but other scores or normalisation rules"
+    return None
+
+
+def to_dtype(model: Transformer, dtype: torch.dtype) -> nn.Module:
+    """``model`` for inference in ``dtype`` (from :func:`resolve_dtype`): float32, bfloat16 or
+    float16 weights and activations, or ``torch.qint8``: every ``nn.Linear`` dynamically
+    quantized (int8 weights, one scale per output channel; activations quantized per batch on
+    the fly) with PyTorch's own ``quantize_dynamic``, on the CPU. Embeddings, the tied output
+    projection, LayerNorm and the scores stay float32.
+    """
+    if dtype != torch.qint8:
+        return model.to(dtype)
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao; it still works
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+
+
+def translate_lines(
+    model,
+    tokenizer: Tokenizer,
+    lines: list[str],
+    decode,
+    device: torch.device,
+    min_len: int = 0,
+    *,
+    sampling: Sampling | None = None,
+    first_index: int = 0,
+    alignment: bool = False,
+) -> list[list[Hypothesis]]:
+    """Translate every line; returns, in input order, each line's n-best list.
 
     Lines are sorted by length into batches of at most ``decode.max_tokens`` source tokens
-    (padding included). A blank line yields an empty list without running the model.
+    (padding included). A line with no pieces (blank, or only characters SentencePiece
+    normalises away, such as U+200B) yields an empty list without running the model; so
+    does a line of more than ``decode.max_input_pieces`` pieces, with a warning naming it.
+
+    Args:
+        model: a :class:`~nmt.model.Transformer`, or a list of them decoding as an ensemble.
+        decode: a :class:`~nmt.config.DecodeConfig` (beam size, length penalty and limits, n-best).
+        sampling: draw ``decode.n_best`` samples per line instead of beam search; line ``i``'s
+            draws are seeded by ``sample_seed(sampling.seed, first_index + i)``.
+        first_index: the index of ``lines[0]`` in the whole input (streaming calls this per buffer).
+        alignment: fill in each hypothesis's source-target alignment (:mod:`nmt.align`).
     """
-    stripped = [line.strip() for line in lines]
-    present = [i for i, line in enumerate(stripped) if line]
-    ids = tokenizer.encode_src([stripped[i] for i in present])
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    encoded = tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
+    for i, pieces in enumerate(encoded):
+        if len(pieces) > decode.max_input_pieces:  # one huge line must not take the others down
+            log.warning("input line %d has %d pieces, over the limit of %d (--max-input-pieces): its output line is left empty",
+                        first_index + i + 1, len(pieces), decode.max_input_pieces)
+    present = [i for i, pieces in enumerate(encoded) if 0 < len(pieces) <= decode.max_input_pieces]
+    ids = [encoded[i] for i in present]
     lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
     results: list[list[Hypothesis]] = [[] for _ in lines]
     for batch in token_batches(lengths, decode.max_tokens, np.argsort(lengths, kind="stable")):
-        src = pad_sources([ids[i] for i in batch]).to(device)
+        sources = [ids[i] for i in batch]
+        src = pad_sources(sources).to(device)
+        seeds = [sample_seed(sampling.seed, first_index + present[i]) for i in batch] if sampling is not None else None
         hyps = translate_batch(
-            model, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b, decode.n_best, min_len, normalization=decode.length_normalization
+            models, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b, decode.n_best, min_len,
+            sampling=sampling, seeds=seeds, allow_unk=decode.allow_unk, normalization=decode.length_normalization,
         )
+        if alignment:
+            hyps = add_alignments(models, sources, hyps, device)
         for i, h in zip(batch, hyps):
             results[present[i]] = h
     return results
+
+
+def translate_stream(model, tokenizer: Tokenizer, buffers: Iterable[list[str]], decode, device: torch.device, **options) -> Iterator[tuple[int, list[list[Hypothesis]]]]:
+    """Translate input that arrives in buffers of lines, one buffer at a time, so that memory
+    is bounded by a buffer and each buffer's output can be written before the next is read.
+
+    Yields ``(index of the buffer's first line in the whole input, its n-best lists)``;
+    ``options`` are :func:`translate_lines`' keyword arguments.
+    """
+    first = 0
+    for lines in buffers:
+        yield first, translate_lines(model, tokenizer, lines, decode, device, first_index=first, **options)
+        first += len(lines)
 
 
 def best_strings(tokenizer: Tokenizer, results: list[list[Hypothesis]]) -> list[str]:

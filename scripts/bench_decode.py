@@ -100,11 +100,11 @@ def worker(args, work: Path) -> None:
 
     from nmt.data import pad_sources
     from nmt.search import translate_batch
-    from nmt.translate import load_model
+    from nmt.translate import load_model, resolve_dtype, to_dtype
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}[args.dtype]  # int8: float32 activations between quantized matmuls
     engine = args.worker
     model, tokenizer, cfg = load_model((work / "checkpoint").read_text(), device)
     lines = (work / "src.txt").read_text(encoding="utf-8").splitlines()
@@ -114,7 +114,7 @@ def worker(args, work: Path) -> None:
     sp = tokenizer.src
 
     if engine.startswith("nmt"):
-        model.to(dtype)
+        model = to_dtype(model, resolve_dtype(args.dtype, device))
         scorer = {"nmt": "cached", "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
 
         def run(idx):
@@ -236,7 +236,7 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty for free decoding")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int8"], help="nmt and hf engines; int8: nmt only (dynamic quantization of linear layers, CPU)")
     p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency (0 = none)")
     p.add_argument("--workdir", help="reuse a prepared directory (internal)")
     p.add_argument("--worker", help="measure this engine only (internal)")

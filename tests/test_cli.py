@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -71,7 +72,7 @@ def test_evaluate_hyp_and_checkpoint(trained_run, tmp_path):
     ref.write_text("der Hund sieht eine Katze .\ndie Frau mag das Haus .\n", encoding="utf-8")
     result = invoke("evaluate", "--hyp", ref, "--ref", ref, "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["bleu"] == 100.0
+    assert json.loads(result.stdout)["bleu"] == pytest.approx(100.0)
     src = tmp_path / "src.en"
     src.write_text("the dog sees a cat .\nthe woman likes the house .\n", encoding="utf-8")
     hyp = tmp_path / "hyp.de"
@@ -197,9 +198,11 @@ def test_errors_name_the_flags_given(trained_run, tmp_path):
     import torch
 
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "3", "--beam-size", "2", input="a dog .\n"))
-    assert "--n-best" in line and "--beam-size" in line and "decode." not in line and "(got 2, 3)" in line
+    assert line == "error: --n-best must be <= --beam-size (got 3 > 2)"
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--max-tokens", "0", input="a dog .\n"))
-    assert line == "error: --max-tokens must be positive, got 0"
+    assert line == "error: --max-tokens must be >= 1, got 0"
+    line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--max-input-pieces", "0", input="a dog .\n"))
+    assert line == "error: --max-input-pieces must be >= 1, got 0"
     # A key the command line did not set keeps its config name: it comes from the checkpoint.
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "7", input="a dog .\n"))
     assert "--n-best" in line and "beam_size" in line and "--beam-size" not in line
@@ -419,7 +422,154 @@ def test_dtype_auto_and_the_bf16_warning(trained_run, monkeypatch, caplog):
     auto = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--max-len-b", "4", "--dtype", "auto", input="a dog .\n")
     fp32 = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--max-len-b", "4", input="a dog .\n")
     assert auto.exit_code == 0 and auto.stdout == fp32.stdout
-    assert "float32, bfloat16, float16 or auto" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--dtype", "fp8", input="x\n"))
+    assert "float32, bfloat16, float16, int8 or auto" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--dtype", "fp8", input="x\n"))
+
+
+def test_translate_streams_a_pipe_line_by_line(trained_run):
+    """The first translation comes back while the pipe is still open, before the second line is written."""
+    import select
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "nmt", "translate", "--checkpoint", str(trained_run), "--beam-size", "2", "--max-len-b", "4", "--buffer-size", "100"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    try:
+        proc.stdin.write(b"the dog sees a cat .\n")
+        proc.stdin.flush()
+        assert select.select([proc.stdout], [], [], 300)[0], "no translation of the first line while the pipe stayed open"
+        first = proc.stdout.readline()
+        proc.stdin.write(b"the big man likes the small house .\n")
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    whole = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "4", input="the dog sees a cat .\nthe big man likes the small house .\n")
+    assert (first + rest).decode() == whole.stdout and len(whole.stdout.splitlines()) == 2
+
+
+def test_translate_buffers_keep_order_and_global_n_best_indices(trained_run, tmp_path):
+    text = "a dog .\n\nthe cat .\nthe big man likes the small house .\nthe woman .\n"
+    args = ("translate", "--checkpoint", trained_run, "--beam-size", "2", "--n-best", "2", "--max-len-b", "3")
+    whole = invoke(*args, input=text)
+    small = invoke(*args, "--buffer-size", "2", input=text)
+    assert small.exit_code == 0, small.output
+    def entries(output):  # scores agree to rounding: batches differ in padding
+        rows = [line.split(" ||| ") for line in output.splitlines()]
+        return [(i, text) for i, text, _ in rows], [float(score) for _, _, score in rows]
+
+    assert entries(small.stdout)[0] == entries(whole.stdout)[0] and entries(small.stdout)[1] == pytest.approx(entries(whole.stdout)[1], abs=2e-4)
+    assert [i for i, _ in entries(small.stdout)[0]] == ["0", "0", "1", "2", "2", "3", "3", "4", "4"]
+    src = tmp_path / "in.en"
+    src.write_text(text)
+    out = tmp_path / "out.txt"
+    assert invoke(*args, "--buffer-size", "2", "-i", src, "-o", out).exit_code == 0 and out.read_text() == small.stdout
+    result = invoke("translate", "--checkpoint", trained_run, "--buffer-size", "0", input="x\n")
+    assert result.exit_code == 2 and "--buffer-size must be at least 1" in result.output
+
+
+def test_invalid_utf8_late_in_a_stream_leaves_earlier_output_and_no_partial_file(trained_run, tmp_path):
+    out = tmp_path / "out.de"
+    out.write_text("earlier\n")
+    text = "a dog .\nthe cat .\ncaf\xe9\n".encode("latin-1")
+    result = invoke("translate", "--checkpoint", trained_run, "--buffer-size", "1", "--max-len-b", "3", "-o", out, input=text)
+    assert result.exit_code == 2 and "<stdin>:3: invalid UTF-8" in result.output
+    assert out.read_text() == "earlier\n" and [p.name for p in tmp_path.iterdir()] == ["out.de"]
+    piped = invoke("translate", "--checkpoint", trained_run, "--buffer-size", "1", "--max-len-b", "3", input=text)
+    assert piped.exit_code == 2 and len(piped.stdout.splitlines()) == 2  # the two good lines were already written
+
+
+def test_ensemble_of_a_checkpoint_with_itself_and_tokenizer_mismatch(trained_run, tmp_path):
+    import torch
+
+    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
+    from nmt.config import TokenizerConfig
+    from nmt.corpus import read_lines
+    from nmt.tokenizer import train_tokenizer
+
+    text = "the dog sees a cat .\nthe big man likes the small house .\n"
+    args = ("--beam-size", "3", "--max-len-b", "5", "--n-best", "2")
+    single = invoke("translate", "--checkpoint", trained_run, *args, input=text)
+    double = invoke("translate", "--checkpoint", trained_run, "--checkpoint", trained_run / "best.pt", *args, input=text)
+    assert double.exit_code == 0, double.output
+    assert [line.rsplit(" ||| ", 1)[0] for line in double.stdout.splitlines()] == [line.rsplit(" ||| ", 1)[0] for line in single.stdout.splitlines()]
+    payload = torch.load(trained_run / "best.pt", weights_only=True)
+    src, tgt = read_lines(TOY / "train.en")[:3000], read_lines(TOY / "train.de")[:3000]
+    payload["tokenizer"] = tokenizer_to_tensors(train_tokenizer(src, tgt, TokenizerConfig(vocab_size=150)).protos())
+    save_checkpoint(payload, tmp_path / "other.pt")
+    result = invoke("translate", "--checkpoint", trained_run, "--checkpoint", tmp_path / "other.pt", input=text)
+    assert result.exit_code == 2 and "other.pt: its tokenizer differs from" in result.output and "src vocabulary of 200 vs 150 pieces" in result.output
+
+
+def test_sampling_flags(trained_run):
+    text = "the dog sees a cat .\n\nthe big man likes the small house .\nthe woman .\n"
+    args = ("translate", "--checkpoint", trained_run, "--max-len-b", "5", "--sampling")
+    first = invoke(*args, "--n-best", "4", "--seed", "3", input=text)
+    assert first.exit_code == 0, first.output
+    assert [line.split(" ||| ")[0] for line in first.stdout.splitlines()] == ["0"] * 4 + ["1"] + ["2"] * 4 + ["3"] * 4
+    assert invoke(*args, "--n-best", "4", "--seed", "3", "--buffer-size", "1", "--max-tokens", "8", input=text).stdout == first.stdout  # however batched
+    assert invoke(*args, "--n-best", "4", "--seed", "4", input=text).stdout != first.stdout
+    greedy = invoke("translate", "--checkpoint", trained_run, "--max-len-b", "5", "--beam-size", "1", input=text)
+    assert invoke(*args, "--top-k", "1", input=text).stdout == greedy.stdout
+    bad = invoke("translate", "--checkpoint", trained_run, "--top-p", "0.9", input=text)
+    assert bad.exit_code == 2 and "--top-p only apply with --sampling" in bad.output
+    bad = invoke(*args, "--top-p", "0", input=text)
+    assert bad.exit_code == 2 and "--top-p must be in (0, 1]" in bad.output
+
+
+def test_print_alignment_and_int8(trained_run):
+    import torch
+
+    from nmt.translate import load_model
+
+    _, tokenizer, _ = load_model(trained_run, torch.device("cpu"))
+    text = "the dog sees a cat .\n\nthe big man likes the small house .\n"
+    for dtype in ("float32", "int8"):
+        result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "4", "--print-alignment", "--dtype", dtype, input=text)
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.split("\n")[:-1]
+        assert len(lines) == 3 and lines[1] == " ||| "
+        for source, line in zip(text.splitlines(), lines):
+            pairs = [tuple(map(int, p.split("-"))) for p in line.split(" ||| ")[1].split()]
+            assert [j for _, j in pairs] == list(range(len(pairs))) and bool(pairs) == bool(source)  # one pair per output piece
+            assert all(0 <= i < len(tokenizer.encode_src([source])[0]) for i, _ in pairs)
+
+
+def test_plot_attention_writes_a_png(trained_run, tmp_path):
+    result = invoke("plot", "attention", "the dog sees a cat .", "--checkpoint", trained_run, "--out", tmp_path / "a.png", "--beam-size", "2")
+    assert result.exit_code == 0, result.output
+    data = (tmp_path / "a.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
+    assert invoke("plot", "metrics", trained_run, "--out", tmp_path / "m.png").exit_code == 0 and (tmp_path / "m.png").stat().st_size > 10_000
+    result = invoke("plot", "attention", "  ", "--checkpoint", trained_run, "--out", tmp_path / "b.png")
+    assert result.exit_code == 2 and "empty" in result.output
+
+
+def test_train_checks_every_input_before_writing_anything(tmp_path):
+    (tmp_path / "v.en").write_text("a dog .\n" * 50)
+    (tmp_path / "v.de").write_text("ein Hund .\n" * 49)
+    (tmp_path / "latin.de").write_bytes(b"ein Hund .\n" * 49 + b"ein M\xe4dchen .\n")
+    (tmp_path / "blank.de").write_text("\n" * 50)
+    cache = tmp_path / "shared-cache"
+    for valid_tgt, message in (("v.de", "v.en has 50 lines but .*v.de has 49"), ("latin.de", r"latin.de:50: invalid UTF-8"), ("blank.de", r"the validation set \(.*v.en and .*blank.de\) has no pair")):
+        result = invoke(
+            "train", "--run-dir", tmp_path / "run", "--set", f"data.train_src={TOY / 'train.en'}", "--set", f"data.train_tgt={TOY / 'train.de'}",
+            "--set", f"data.valid_src={tmp_path / 'v.en'}", "--set", f"data.valid_tgt={tmp_path / valid_tgt}", "--set", f"data.cache_dir={cache}",
+        )
+        assert result.exit_code == 2 and re.search(message, result.output), result.output
+        assert not (tmp_path / "run").exists() and not cache.exists()  # no tokenizer, no cache, no run directory
+
+
+def test_lines_without_pieces_and_overlong_lines_give_empty_output_lines(trained_run, tmp_path, caplog):
+    huge = " ".join(["dog"] * 3000)
+    src = tmp_path / "in.en"
+    src.write_text(f"the dog .\n\u200b\n{huge}\nthe cat .\n", encoding="utf-8")
+    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "--beam-size", "2", "--max-len-b", "5", "--max-input-pieces", "2000")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.split("\n")
+    assert len(lines) == 5 and lines[1] == "" and lines[2] == "" and lines[0] and lines[3]
+    assert re.search(r"input line 3 has 3000 pieces, over the limit of 2000 \(--max-input-pieces\)", caplog.text)
+    alone = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "5", input="the dog .\nthe cat .\n")
+    assert alone.stdout.split("\n")[:2] == [lines[0], lines[3]]  # the other lines translate as they do on their own
 
 
 def test_translate_length_normalization_flag(trained_run):

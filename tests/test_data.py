@@ -1,14 +1,31 @@
 import gzip
-import os
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import nmt.corpus as corpus_module
+
 from nmt.config import DataConfig, TokenizerConfig
-from nmt.corpus import DataError, EncodedCorpus, ParallelText, encode_corpus, load_split, read_lines, read_parallel, strip_pairs
+from nmt.corpus import (
+    CleanReport,
+    DataError,
+    EncodedCorpus,
+    ParallelText,
+    check_inputs,
+    clean_pairs,
+    count_lines,
+    encode_chunk,
+    encode_corpus,
+    load_split,
+    read_lines,
+    read_parallel,
+    stream_buffers,
+    strip_pairs,
+)
 from nmt.data import TokenBatchSampler, collate, token_batches
 from nmt.tokenizer import BOS, EOS, PAD, train_tokenizer
 
@@ -193,12 +210,25 @@ def test_damaged_cache_is_encoded_again_and_stale_temporaries_go(tmp_path, toy_t
     del first
     with open(entry / "src_ids.npy", "r+b") as f:  # cut the file short, as an interrupted copy would
         f.truncate(200)
-    stale = tmp_path / f"{entry.name}.tmp999999999-x"  # left by a killed run (no such process)
+    stale = tmp_path / f"{entry.name}.tmp-{corpus_module._HOST}-999999999-x"  # left by a killed run here (no such process)
     stale.mkdir()
+    elsewhere = tmp_path / f"{entry.name}.tmp-another-machine-999999999-x"  # in progress on another host sharing the directory
+    elsewhere.mkdir()
     again, report_again = encode_corpus(text, toy_tokenizer, tmp_path)
     for a, b in zip(expected, _corpus_arrays(again)):
         assert np.array_equal(a, b)
-    assert report_again == report and sorted(p.name for p in tmp_path.iterdir()) == [entry.name]
+    assert report_again == report and sorted(p.name for p in tmp_path.iterdir()) == sorted([entry.name, elsewhere.name])
+
+
+def test_cache_keys_cannot_collide(tmp_path, toy_tokenizer, monkeypatch):
+    def key(src, tgt):
+        return encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path)[0].key
+
+    # Hugging Face rows may hold newlines: joining lines with one made these three corpora one key.
+    keys = [key(["a\nb"], ["c\nd"]), key(["a", "b"], ["c", "d"]), key(["a", "b\nc"], ["d", "x"]), key(["a\nb", "c"], ["d", "x"])]
+    assert len(set(keys)) == 4
+    monkeypatch.setattr(corpus_module, "CACHE_FORMAT", corpus_module.CACHE_FORMAT + 1)  # new cleaning or encoding rules
+    assert key(["a", "b"], ["c", "d"]) != keys[1]
 
 
 def test_gzip_is_recognised_by_content_and_other_files_are_named(tmp_path):
@@ -219,3 +249,81 @@ def test_worker_count_never_exceeds_the_cpus():
 
     cpus = len(os.sched_getaffinity(0))
     assert encoding_workers(100_000) == cpus and encoding_workers(1) == 1 and 1 <= encoding_workers(0) <= min(16, cpus)
+
+
+def test_stream_buffers_hand_over_what_a_pipe_has_so_far():
+    read_fd, write_fd = os.pipe()
+    with open(read_fd, "rb", buffering=0) as reader:
+        chunks = stream_buffers(reader, size=3)
+        os.write(write_fd, "\ufeffone\r\n".encode())
+        assert next(chunks) == ["one"]  # nothing more waiting: handed over at once, BOM and CR removed
+        os.write(write_fd, b"two\nthree\nfour\nfive\nsi")
+        assert next(chunks) == ["two", "three", "four"]  # full buffer
+        assert next(chunks) == ["five"]  # "si" is not a line yet
+        os.write(write_fd, b"x\n\nseven")
+        assert next(chunks) == ["six", ""]
+        os.close(write_fd)
+        assert next(chunks) == ["seven"] and next(chunks, None) is None  # a last line without newline
+
+
+def test_stream_buffers_of_a_file_or_memory_fill_up_and_report_bad_lines(tmp_path):
+    import io
+
+    text = b"".join(b"line %d\n" % i for i in range(7))
+    assert [len(b) for b in stream_buffers(io.BytesIO(text), size=3)] == [3, 3, 1]
+    path = tmp_path / "in.txt"
+    path.write_bytes(text)
+    with open(path, "rb") as f:
+        assert [len(b) for b in stream_buffers(f, size=5)] == [5, 2]
+    chunks = stream_buffers(io.BytesIO(b"a\nb\nc\xff\n"), size=2)
+    assert next(chunks) == ["a", "b"]
+    with pytest.raises(DataError, match="<stdin>:3: invalid UTF-8"):
+        next(chunks)
+
+
+def test_count_lines_agrees_with_iter_lines(tmp_path):
+    cases = {"none": b"", "one_newline": b"\n", "no_final_newline": b"a\nb", "final_newline": b"a\nb\n", "crlf_bom": b"\xef\xbb\xbfa\r\nb\r\n",
+             "block_boundary": b"x" * ((1 << 20) - 1) + "é\nz".encode()}  # é's two bytes straddle the first 1 MiB block
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with gzip.open(tmp_path / f"{name}.gz", "wb") as f:
+            f.write(data)
+        assert count_lines(tmp_path / name) == count_lines(tmp_path / f"{name}.gz") == len(read_lines(tmp_path / name)), name
+    assert [count_lines(tmp_path / n) for n in ("none", "one_newline", "no_final_newline", "final_newline", "block_boundary")] == [0, 1, 2, 2, 2]
+    (tmp_path / "bad").write_bytes(b"ok\nok\n" * 3 + b"caf\xe9\n")
+    with pytest.raises(DataError, match=r"bad:7: invalid UTF-8"):
+        count_lines(tmp_path / "bad")
+    (tmp_path / "cut").write_bytes("ok\né".encode()[:-1])  # a multi-byte character cut at the end of the file
+    with pytest.raises(DataError, match=r"cut:2: invalid UTF-8"):
+        count_lines(tmp_path / "cut")
+
+
+def test_check_inputs_finds_every_input_fault(tmp_path):
+    def files(name, src, tgt):
+        (tmp_path / f"{name}.en").write_bytes(src)
+        (tmp_path / f"{name}.de").write_bytes(tgt)
+        return ParallelText.files(tmp_path / f"{name}.en", tmp_path / f"{name}.de")
+
+    train = files("train", b"a\nb\n", b"A\nB\n")
+    check_inputs(train, files("valid", b"x\n", b"X\n"))
+    with pytest.raises(DataError, match=r"valid50.en has 50 lines but .*valid50.de has 49"):
+        check_inputs(train, files("valid50", b"x\n" * 50, b"X\n" * 49))
+    with pytest.raises(DataError, match=r"latin.de:2: invalid UTF-8"):
+        check_inputs(train, files("latin", b"x\ny\n", b"X\nY\xe9\n"))
+    with pytest.raises(DataError, match=r"badtrain.en:1: invalid UTF-8"):
+        check_inputs(files("badtrain", b"\xff\n", b"A\n"), files("valid", b"x\n", b"X\n"))
+    with pytest.raises(DataError, match=r"the validation set \(.*blank.en and .*blank.de\) has no pair with text on both sides"):
+        check_inputs(train, files("blank", b"x\n \n", b"\nY\n"))
+    with pytest.raises(DataError, match=r"dataset 'd' split 'valid': 2 source lines but 1 target lines"):
+        ParallelText.lists(["a", "b"], ["A"], name="dataset 'd' split 'valid'")
+
+
+def test_lines_with_no_pieces_are_dropped_and_counted(toy_tokenizer):
+    zw = "\u200b"  # not blank to str.strip, but SentencePiece normalises it away: no pieces
+    src = ["the dog .", zw, "  ", "a cat .", f"{zw} {zw}", "the man ."]
+    tgt = ["der Hund .", "die Katze .", "x", zw, "y", "der Mann ."]
+    kept = clean_pairs(toy_tokenizer, src, tgt)
+    assert kept.src == ["the dog .", "the man ."] and kept.tgt == ["der Hund .", "der Mann ."]
+    assert kept.report == CleanReport(total=6, empty=4) and all(kept.src_ids) and all(kept.tgt_ids)
+    chunk = encode_chunk(toy_tokenizer, src, tgt, max_len=100, max_len_ratio=3.0)
+    assert chunk.report.empty == 4 and list(chunk.src_lengths) == [len(i) for i in kept.src_ids]

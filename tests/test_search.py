@@ -2,11 +2,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import nmt.search as search_module
 from nmt.model import CrossAttention
-from nmt.search import LENGTH_NORMALIZATIONS, beam_search, length_penalty, translate_batch
-from nmt.tokenizer import BOS, EOS, PAD
+from nmt.search import LENGTH_NORMALIZATIONS, EnsembleScorer, Sampling, TransformerScorer, beam_search, length_penalty, sample, sample_seed, sampling_probs, translate_batch
+from nmt.tokenizer import BOS, EOS, PAD, UNK
 
 from conftest import random_sources
 
@@ -37,8 +38,8 @@ class ScriptedScorer:
         return state
 
 
-def search(table, beam, alpha=0.0, max_len=10, n_best=1, batch=1, normalization="gnmt"):
-    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), beam, alpha, n_best, normalization=normalization)
+def search(table, beam, alpha=0.0, max_len=10, n_best=1, batch=1, normalization="gnmt", allow_unk=False):
+    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), beam, alpha, n_best, normalization=normalization, allow_unk=allow_unk)
 
 
 def test_best_hypothesis_found_after_a_worse_one_finished():
@@ -113,13 +114,39 @@ def test_pad_and_bos_never_generated():
     assert hyps[0].tokens == [A]
 
 
+def test_unk_never_generated_unless_allowed():
+    # The scorer prefers UNK at every step: "UNK A" has 0.6 · 0.9 = 0.54, "A" only 0.3.
+    table = {(): {UNK: 0.6, A: 0.3, EOS: 0.1}, (UNK,): {A: 0.9, EOS: 0.1}, (UNK, A): {EOS: 1.0}, (A,): {UNK: 0.7, EOS: 0.3}}
+    (allowed,) = search(table, beam=2, allow_unk=True)
+    assert allowed[0].tokens == [UNK, A] and allowed[0].log_prob == pytest.approx(math.log(0.54), abs=1e-6)
+    (banned,) = search(table, beam=2, n_best=2)
+    # Only "A" then EOS (0.3 · 0.3) and "" (0.1) remain; UNK appears in no hypothesis.
+    assert [h.tokens for h in banned] == [[], [A]]
+    assert [h.log_prob for h in banned] == pytest.approx([math.log(0.1), math.log(0.09)], abs=1e-6)
+    (greedy,) = search(table, beam=1)
+    assert UNK not in greedy[0].tokens
+
+
+def test_unk_ban_reaches_the_model_path(model, monkeypatch):
+    """A model whose output favours UNK by 100 nats: translate_batch emits it only when allowed."""
+    favour_unk = torch.zeros(40)
+    favour_unk[UNK] = 100.0
+    monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_unk)
+    src = random_sources([4, 6])
+    for beam in (1, 3):
+        allowed = translate_batch(model, src, beam, 0.6, 1.0, 3, allow_unk=True)
+        assert all(h.tokens == [UNK] * len(h.tokens) and h.tokens for hyps in allowed for h in hyps)
+        banned = translate_batch(model, src, beam, 0.6, 1.0, 3)
+        assert all(UNK not in h.tokens for hyps in banned for h in hyps)
+
+
 def greedy_by_recompute(model, src, max_len):
     """Reference greedy search: argmax over the full-prefix decoder at every step."""
     memory, mask = model.encode(src)
     prefix = torch.tensor([[BOS]])
     for _ in range(max_len):
         lprobs = torch.log_softmax(model.decode(prefix, memory, mask)[:, -1], -1)
-        lprobs[:, [PAD, BOS]] = float("-inf")
+        lprobs[:, [PAD, BOS, UNK]] = float("-inf")
         token = int(lprobs.argmax())
         if token == EOS:
             break
@@ -224,3 +251,104 @@ def test_early_stop_bound_changes_no_result(model, monkeypatch, normalization, a
     for f, s in zip(fast, slow):
         assert [h.tokens for h in f] == [h.tokens for h in s]
         assert [h.score for h in f] == pytest.approx([h.score for h in s], abs=1e-6)
+
+
+# ---------------------------------------------------------------- ensembles
+
+
+def test_ensemble_averages_probabilities_not_log_probabilities():
+    first = ScriptedScorer({(): {A: 0.9, B: 0.1}, (A,): {EOS: 0.5, A: 0.5}})
+    second = ScriptedScorer({(): {A: 0.05, B: 0.5, C: 0.45}, (A,): {EOS: 0.9, B: 0.1}})
+    # Averages: step 1 A 0.475, B 0.3, C 0.225 (a geometric mean would prefer B: 0.224 > 0.212);
+    # after A: EOS 0.7, A 0.25, B 0.05; after B (unscripted in both): EOS 1.
+    ensemble = EnsembleScorer([first, second])
+    (hyps,) = beam_search(ensemble, (None, None), torch.tensor([10]), beam_size=2, n_best=2)
+    assert [h.tokens for h in hyps] == [[A], [B]]
+    assert hyps[0].log_prob == pytest.approx(math.log(0.475 * 0.7), abs=1e-6)
+    assert hyps[1].log_prob == pytest.approx(math.log(0.3), abs=1e-6)
+
+
+def test_ensemble_of_one_equals_the_single_model(model):
+    src = random_sources([4, 11, 17], seed=5)
+    single = translate_batch(model, src, 4, 0.6, max_len_a=1.0, max_len_b=5, n_best=2)
+    with torch.inference_mode():
+        memory, mask = model.encode(src)
+        member, state = TransformerScorer.start(model, memory, mask, 4, capacity=8)
+        max_lens = ((src != PAD).sum(1).double() + 5).long()
+        one = beam_search(EnsembleScorer([member]), (state,), max_lens, 4, 0.6, n_best=2)
+    assert [[h.tokens for h in hyps] for hyps in one] == [[h.tokens for h in hyps] for hyps in single]
+    assert [[h.score for h in hyps] for hyps in one] == [[h.score for h in hyps] for hyps in single]
+
+
+def test_ensemble_of_two_identical_models_equals_one(model):
+    src = random_sources([4, 11, 17, 30], seed=6)
+    single = translate_batch(model, src, 4, 0.6, max_len_a=1.0, max_len_b=5, n_best=3)
+    twice = translate_batch([model, model], src, 4, 0.6, max_len_a=1.0, max_len_b=5, n_best=3)
+    for s, t in zip(single, twice):
+        assert [h.tokens for h in s] == [h.tokens for h in t]
+        assert [h.score for h in s] == pytest.approx([h.score for h in t], abs=1e-5)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_sampling_distribution_by_hand():
+    lprobs = torch.tensor([[0.0, 0.0, 0.0, 0.05, 0.5, 0.3, 0.15]]).log()  # EOS, A, B, C
+    assert sampling_probs(lprobs, Sampling()).tolist()[0] == pytest.approx([0, 0, 0, 0.05, 0.5, 0.3, 0.15], abs=1e-6)
+    # The nucleus for p = 0.7 is {A, B} (0.5 alone falls short, 0.8 reaches it): renormalised 5/8, 3/8.
+    assert sampling_probs(lprobs, Sampling(top_p=0.7)).tolist()[0] == pytest.approx([0, 0, 0, 0, 0.625, 0.375, 0], abs=1e-6)
+    assert sampling_probs(lprobs, Sampling(top_p=0.5)).tolist()[0] == pytest.approx([0, 0, 0, 0, 1, 0, 0], abs=1e-6)
+    assert sampling_probs(lprobs, Sampling(top_k=3)).tolist()[0] == pytest.approx([0, 0, 0, 0, 0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95], abs=1e-6)
+    # Temperature 0.5 squares the probabilities before renormalising: 0.25, 0.09, 0.0225 (top-k 3), then the
+    # nucleus 0.9 of those (0.25 + 0.09 = 0.34 of 0.3625 = 0.938) is {A, B}.
+    sharp = sampling_probs(lprobs, Sampling(temperature=0.5, top_k=3, top_p=0.9)).tolist()[0]
+    assert sharp == pytest.approx([0, 0, 0, 0, 0.25 / 0.34, 0.09 / 0.34, 0], abs=1e-6)
+
+
+def test_samples_follow_the_distribution_and_report_model_log_probs():
+    table = {(): {A: 0.5, B: 0.3, C: 0.2}, (A,): {EOS: 1.0}, (B,): {EOS: 1.0}, (C,): {EOS: 1.0}}
+    n = 3000
+    (samples,) = sample(ScriptedScorer(table), None, torch.tensor([5]), n, Sampling(top_p=0.75), seeds=[1])
+    counts = {t: sum(h.tokens == [t] for h in samples) for t in (A, B, C)}
+    assert counts[C] == 0  # outside the nucleus {A, B}
+    assert abs(counts[A] / n - 0.625) < 3 * math.sqrt(0.625 * 0.375 / n)
+    assert {h.tokens[0]: h.log_prob for h in samples}[B] == pytest.approx(math.log(0.3), abs=1e-6)  # the model's, not the nucleus's
+
+
+def test_top_k_one_is_greedy(model):
+    src = random_sources([3, 8, 13, 21], seed=2)
+    greedy = translate_batch(model, src, 1, 0.0, max_len_a=1.0, max_len_b=5)
+    sampled = translate_batch(model, src, 1, 0.0, max_len_a=1.0, max_len_b=5, sampling=Sampling(top_k=1, temperature=2.0, seed=9))
+    assert [h[0].tokens for h in sampled] == [h[0].tokens for h in greedy]
+    assert [h[0].log_prob for h in sampled] == pytest.approx([h[0].log_prob for h in greedy], abs=1e-5)
+
+
+def test_sampling_is_seeded_and_independent_of_batching(model):
+    src = random_sources([3, 8, 13, 21], seed=2)
+    seeds = [sample_seed(7, i) for i in range(4)]
+    run = lambda s, seed_list: translate_batch(model, s, 1, 0.0, max_len_a=1.0, max_len_b=5, n_best=3, sampling=Sampling(), seeds=seed_list)
+    together = run(src, seeds)
+    assert [[h.tokens for h in hyps] for hyps in together] == [[h.tokens for h in hyps] for hyps in run(src, seeds)]
+    for i in range(4):
+        n = int((src[i] != PAD).sum())
+        assert [h.tokens for h in run(src[i : i + 1, :n], seeds[i : i + 1])[0]] == [h.tokens for h in together[i]]
+    other = run(src, [sample_seed(8, i) for i in range(4)])
+    assert [[h.tokens for h in hyps] for hyps in other] != [[h.tokens for h in hyps] for hyps in together]
+    assert all(len(hyps) == 3 for hyps in together) and len({tuple(h.tokens) for h in together[3]}) > 1
+
+
+def test_ensemble_of_two_models_cached_equals_recompute_and_tiled(model):
+    from nmt.model import Transformer
+
+    from conftest import tiny_config
+
+    torch.manual_seed(1)
+    other = Transformer(tiny_config(n_decoder_layers=1)).eval()  # members need not share a shape
+    src = random_sources([2, 7, 19, 33], seed=11)
+    runs = {name: translate_batch([model, other], src, 4, 0.6, max_len_a=0.5, max_len_b=6, n_best=2, scorer=name) for name in ("cached", "tiled", "recompute")}
+    for name in ("tiled", "recompute"):
+        for ref_hyps, hyps in zip(runs[name], runs["cached"]):
+            assert [h.tokens for h in hyps] == [h.tokens for h in ref_hyps], name
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in ref_hyps], abs=1e-5)
+    alone = translate_batch(model, src, 4, 0.6, max_len_a=0.5, max_len_b=6, n_best=2)
+    assert [[h.tokens for h in hyps] for hyps in alone] != [[h.tokens for h in hyps] for hyps in runs["cached"]]  # the second model counts

@@ -1,0 +1,98 @@
+"""Source-target piece alignments read off the decoder's cross-attention.
+
+Which attention: the penultimate decoder layer (the last one for a one-layer decoder),
+with its heads averaged. Garg et al. 2019 ("Jointly Learning to Align and Translate with
+Transformer Models", §3 and Table 2) found the penultimate layer's attention the closest
+to human alignments in a Transformer trained without alignment supervision, while the last
+layer attends more to what helps predict the next word than to the word being translated.
+Single heads specialise (some look at the source EOS or at neighbouring pieces); their
+average is what fairseq's ``--print-alignment`` uses too. An ensemble averages its models'
+matrices.
+
+Each target piece ``j`` is aligned to the source piece ``i`` that the step predicting ``j``
+attends to most (the source EOS excluded), written ``i-j`` with 0-based piece indices: the
+format of fairseq, Moses and fast_align tools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+from .config import ConfigError
+from .data import pad_sources
+from .search import Hypothesis, translate_batch
+from .tokenizer import BOS, PAD, Tokenizer
+
+
+def alignment_layer(n_layers: int) -> int:
+    """The decoder layer alignments are read from: the penultimate one (see the module docstring)."""
+    return max(n_layers - 2, 0)
+
+
+def attention_matrix(models, src: Tensor, tgt_in: Tensor, layer: int | None = None) -> Tensor:
+    """Heads-averaged cross-attention of decoder layer ``layer`` (default :func:`alignment_layer`),
+    averaged over ``models``: ``(batch, tgt_len, src_len)`` for ``src`` ``(batch, src_len)`` and
+    ``tgt_in`` ``(batch, tgt_len)`` (starting with BOS)."""
+    matrices = []
+    for model in models:
+        weights = model.cross_attention(src, tgt_in)  # (n_layers, batch, n_heads, tgt_len, src_len)
+        matrices.append(weights[alignment_layer(weights.size(0)) if layer is None else layer].mean(1))
+    return torch.stack(matrices).mean(0)
+
+
+def hard_alignment(attention: Tensor, n_src: int, n_tgt: int) -> tuple[tuple[int, int], ...]:
+    """``(i, j)`` pairs: target piece ``j < n_tgt`` aligned to its most attended source piece
+    ``i < n_src`` (the source EOS and padding beyond ``n_src`` excluded), from ``attention``
+    ``(tgt_len, src_len)``."""
+    if n_src == 0:
+        return ()
+    return tuple((int(i), j) for j, i in enumerate(attention[:n_tgt, :n_src].argmax(-1).tolist()))
+
+
+def format_alignment(pairs: tuple[tuple[int, int], ...]) -> str:
+    """``0-0 1-2 ...``: fairseq's and Moses' ``source-target`` format."""
+    return " ".join(f"{i}-{j}" for i, j in pairs)
+
+
+@torch.inference_mode()
+def add_alignments(models, sources: list[list[int]], results: list[list[Hypothesis]], device) -> list[list[Hypothesis]]:
+    """``results`` with every hypothesis's :attr:`~nmt.search.Hypothesis.alignment` filled in.
+
+    ``sources``: each sentence's source piece ids (EOS not included). All hypotheses of the
+    batch are teacher-forced together in one pass per model.
+    """
+    pairs = [(s, h) for s, hyps in enumerate(results) for h in hyps]
+    if not pairs:
+        return results
+    src = pad_sources([sources[s] for s, _ in pairs]).to(device)
+    tgt_in = pad_sequence([torch.tensor([BOS, *h.tokens]) for _, h in pairs], batch_first=True, padding_value=PAD).to(device)
+    attention = attention_matrix(models, src, tgt_in)
+    aligned = iter(replace(h, alignment=hard_alignment(a, len(sources[s]), len(h.tokens))) for (s, h), a in zip(pairs, attention))
+    return [[next(aligned) for _ in hyps] for hyps in results]
+
+
+@torch.inference_mode()
+def sentence_attention(model, tokenizer: Tokenizer, sentence: str, decode, device) -> tuple[list[str], list[str], Tensor]:
+    """Translate ``sentence`` with beam search and return what its decoder read.
+
+    Returns:
+        The source pieces and the output pieces (each ending in ``</s>``), and every decoder
+        layer's cross-attention with heads averaged, ``(n_layers, tgt_len, src_len)``: row
+        ``t`` is the step that produced output piece ``t``.
+
+    Raises:
+        ConfigError: the sentence is blank.
+    """
+    if not sentence.strip():
+        raise ConfigError("the sentence to translate is empty")
+    ids = tokenizer.encode_src([sentence.strip()])[0]
+    src = pad_sources([ids]).to(device)
+    ((best, *_),) = translate_batch(model, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b)
+    tgt_in = torch.tensor([[BOS, *best.tokens]], device=device)
+    weights = model.cross_attention(src, tgt_in)[:, 0].mean(1)  # (n_layers, tgt_len, src_len)
+    pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
+    return pieces(tokenizer.src, ids), pieces(tokenizer.tgt, best.tokens), weights.cpu()

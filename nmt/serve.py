@@ -1,0 +1,329 @@
+"""``nmt serve``: translation over HTTP, with a web page (``pip install "nmt[serve]"``).
+
+Endpoints:
+
+* ``POST /translate``: ``{"text": "..."}`` or ``{"text": ["...", ...]}``, optional
+  ``beam_size``, ``length_penalty``, ``n_best``; answers ``{"translations": [...]}`` in input
+  order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score", "log_prob"}, ...]}``.
+* ``GET /health``: model loaded, device, dtype, checkpoint step, requests queued and running.
+* ``GET /info``: languages, tokenizer, model and decode config, the server's limits.
+* ``GET /``: the page (``nmt/static/index.html``).
+
+Batching. Each request becomes a :class:`Job` on an asyncio queue. One batcher task takes
+the first waiting job, then keeps taking jobs until their source tokens reach
+``max_batch_tokens`` or ``max_wait_ms`` has passed, and hands the batch to one worker thread
+that runs the model (torch releases the GIL while it computes, so the event loop keeps
+accepting and queueing requests meanwhile; under load the next batch is already waiting).
+Each job's future is resolved with its own lines' results, in its input order.
+
+A bad request gets a 4xx answer ``{"error": "one line"}``; a client that leaves before its
+answer only loses the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse
+from starlette.routing import Route
+
+from .checkpoint import load_checkpoint, restore_model
+from .config import Config, ConfigError, config_to_dict
+from .model import Transformer
+from .search import Hypothesis
+from .tokenizer import Tokenizer
+from .translate import translate_lines
+
+FIELDS = ("text", "beam_size", "length_penalty", "n_best")
+MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
+
+
+class RequestError(ValueError):
+    """A request the server refuses; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for, and how requests are gathered into batches.
+
+    ``max_batch_tokens``: source tokens (EOS included) gathered into one batch;
+    ``max_wait_ms``: how long the first request of a batch waits for others (milliseconds);
+    ``max_input_pieces``: SentencePiece pieces in one line; ``max_lines``: lines in one request;
+    ``max_beam_size``: the largest ``beam_size`` (and so ``n_best``) a request may ask for.
+    """
+
+    max_batch_tokens: int = 4096
+    max_wait_ms: float = 5.0
+    max_input_pieces: int = 256
+    max_lines: int = 64
+    max_beam_size: int = 16
+
+    def check(self) -> None:
+        """Raises: ConfigError: a limit out of range, named by its flag."""
+        for name in ("max_batch_tokens", "max_input_pieces", "max_lines", "max_beam_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.max_wait_ms < math.inf:
+            raise ConfigError(f"--max-wait-ms must be a finite number >= 0, got {self.max_wait_ms}")
+        if self.max_batch_tokens < self.max_input_pieces + 1:
+            raise ConfigError(f"--max-batch-tokens ({self.max_batch_tokens}) must hold one line of --max-input-pieces ({self.max_input_pieces}) plus EOS")
+
+
+@dataclass
+class Translator:
+    """A loaded model and what ``/health`` and ``/info`` report about it."""
+
+    model: Transformer
+    tokenizer: Tokenizer
+    cfg: Config
+    device: torch.device
+    checkpoint: str = ""
+    step: int | None = None
+
+    @classmethod
+    def load(cls, checkpoints: list[Path], device: torch.device, dtype: torch.dtype) -> Translator:
+        """Read a checkpoint (a file or a run directory) once.
+
+        Raises:
+            ConfigError: more than one checkpoint (ensembles are not supported by the search yet).
+            nmt.checkpoint.CheckpointError: the checkpoint is missing or damaged.
+        """
+        if len(checkpoints) != 1:
+            raise ConfigError(f"give exactly one --checkpoint (got {len(checkpoints)}); serving an ensemble is not supported")
+        payload = load_checkpoint(checkpoints[0])
+        model, tokenizer, cfg = restore_model(payload, checkpoints[0])
+        return cls(model.to(device, dtype).eval(), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"))
+
+    def translate(self, lines: list[str], beam_size: int, length_penalty: float, n_best: int, max_tokens: int) -> list[list[Hypothesis]]:
+        """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`."""
+        decode = replace(self.cfg.decode, beam_size=beam_size, length_penalty=length_penalty, n_best=n_best, max_tokens=max_tokens)
+        return translate_lines(self.model, self.tokenizer, lines, decode, self.device)
+
+
+@dataclass
+class Job:
+    """One request's lines and options; ``tokens``: its source tokens (EOS included)."""
+
+    lines: list[str]
+    beam_size: int
+    length_penalty: float
+    n_best: int
+    tokens: int
+    future: asyncio.Future = field(repr=False)
+
+
+def _number(body: dict, name: str, default, kind: type, low, high):
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise RequestError(f"{name} must be {'a number' if kind is float else 'an integer'}, got {json.dumps(value)}")
+    if not (low <= value <= high):
+        raise RequestError(f"{name} must be between {low} and {high}, got {value}")
+    return kind(value)
+
+
+def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> tuple[list[str], int, float, int, list[int]]:
+    """Validate a ``/translate`` body: lines, beam_size, length_penalty, n_best and each line's piece count.
+
+    Raises:
+        RequestError: invalid JSON (400), a missing, unknown or ill-typed field (422), too many
+            lines or a line with too many pieces (413).
+    """
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"invalid JSON: {exc}", 400) from None
+    if not isinstance(body, dict):
+        raise RequestError('the body must be a JSON object such as {"text": "a sentence"}')
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
+    if "text" not in body:
+        raise RequestError('missing field "text" (a string, or a list of strings)')
+    text = body["text"]
+    lines = [text] if isinstance(text, str) else text
+    if not isinstance(lines, list) or not lines or not all(isinstance(line, str) for line in lines):
+        raise RequestError("text must be a string or a non-empty list of strings")
+    if len(lines) > limits.max_lines:
+        raise RequestError(f"{len(lines)} lines in one request; the limit is {limits.max_lines} (--max-lines)", 413)
+    decode = translator.cfg.decode
+    beam_size = _number(body, "beam_size", min(decode.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
+    length_penalty = _number(body, "length_penalty", decode.length_penalty, float, 0.0, 10.0)
+    n_best = _number(body, "n_best", 1, int, 1, beam_size)
+    pieces = [len(ids) for ids in translator.tokenizer.encode_src([line.strip() for line in lines], threads=1)]
+    for i, n in enumerate(pieces):
+        if n > limits.max_input_pieces:
+            raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
+    return lines, beam_size, length_penalty, n_best, pieces
+
+
+class Batcher:
+    """Gathers queued jobs into batches and runs them, one batch at a time, on one worker thread."""
+
+    def __init__(self, translator: Translator, limits: Limits):
+        self.translator = translator
+        self.limits = limits
+        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-model")
+        self.batches = 0  # batches run so far, for /health
+        self.running = 0  # requests in the batch the worker is translating now, for /health
+        self._held: Job | None = None  # taken from the queue but over the budget: first in the next batch
+
+    async def gather(self) -> list[Job]:
+        """The next batch: the first waiting job, then more until the token budget or the wait runs out."""
+        first, self._held = self._held or await self.queue.get(), None
+        batch, tokens = [first], first.tokens
+        deadline = asyncio.get_running_loop().time() + self.limits.max_wait_ms / 1000
+        while tokens < self.limits.max_batch_tokens:
+            try:
+                job = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            if tokens + job.tokens > self.limits.max_batch_tokens:
+                self._held = job
+                break
+            batch.append(job)
+            tokens += job.tokens
+        return batch
+
+    def run(self, batch: list[Job]) -> list[list[dict] | Exception]:
+        """Translate a batch (on the worker thread): one call per distinct (beam_size, length_penalty),
+        with the largest n_best asked for; returns each job's translations, or the error it met."""
+        groups: dict[tuple[int, float], list[int]] = {}
+        for i, job in enumerate(batch):
+            groups.setdefault((job.beam_size, job.length_penalty), []).append(i)
+        out: list = [None] * len(batch)
+        for (beam_size, length_penalty), members in groups.items():
+            lines = [line for i in members for line in batch[i].lines]
+            n_best = max(batch[i].n_best for i in members)
+            try:
+                results = self.translator.translate(lines, beam_size, length_penalty, n_best, self.limits.max_batch_tokens)
+            except Exception as exc:  # answered as a 500 to these requests; the server keeps serving
+                for i in members:
+                    out[i] = exc
+                continue
+            start = 0
+            for i in members:
+                job = batch[i]
+                out[i] = [self._entry(hyps[: job.n_best]) for hyps in results[start : start + len(job.lines)]]
+                start += len(job.lines)
+        return out
+
+    def _entry(self, hyps: list[Hypothesis]) -> dict:
+        texts = self.translator.tokenizer.decode_tgt([h.tokens for h in hyps])
+        n_best = [{"text": t, "score": h.score, "log_prob": h.log_prob} for t, h in zip(texts, hyps)]
+        return {**(n_best[0] if n_best else {"text": "", "score": 0.0, "log_prob": 0.0}), "n_best": n_best}
+
+    async def serve_forever(self) -> None:
+        """Gather, run, resolve; a job whose client has gone (future cancelled) is not translated."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [job for job in await self.gather() if not job.future.done()]
+            if not batch:
+                continue
+            self.running = len(batch)
+            results = await loop.run_in_executor(self.executor, self.run, batch)
+            self.running = 0
+            self.batches += 1
+            for job, result in zip(batch, results):
+                if job.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
+    """The Starlette application; the batcher runs for the application's lifespan."""
+    limits.check()
+    page = resources.files("nmt").joinpath("static/index.html").read_text(encoding="utf-8")
+    batcher = Batcher(translator, limits)
+
+    async def translate(request: Request) -> JSONResponse:
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413)
+        try:
+            lines, beam_size, length_penalty, n_best, pieces = parse_request(raw, translator, limits)
+        except RequestError as exc:
+            return _error(str(exc), exc.status)
+        future = asyncio.get_running_loop().create_future()
+        await batcher.queue.put(Job(lines, beam_size, length_penalty, n_best, sum(pieces) + len(pieces), future))
+        try:
+            return JSONResponse({"translations": await future})
+        except Exception as exc:
+            return _error(f"translation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500)
+
+    async def health(request: Request) -> JSONResponse:
+        dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
+        return JSONResponse(
+            {"status": "ok", "device": str(translator.device), "dtype": dtype, "checkpoint": translator.checkpoint, "checkpoint_step": translator.step,
+             "queued_requests": batcher.queue.qsize(), "running_requests": batcher.running, "batches": batcher.batches}
+        )
+
+    async def info(request: Request) -> JSONResponse:
+        cfg = config_to_dict(translator.cfg)
+        tok = translator.tokenizer
+        return JSONResponse(
+            {"src_lang": translator.cfg.data.src_lang, "tgt_lang": translator.cfg.data.tgt_lang,
+             "tokenizer": {"type": translator.cfg.tokenizer.type, "joint": tok.joint, "src_vocab_size": tok.src.get_piece_size(), "tgt_vocab_size": tok.tgt.get_piece_size()},
+             "config": {k: cfg[k] for k in ("model", "tokenizer", "decode")}, "limits": vars(limits)}
+        )
+
+    async def index(request: Request) -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        task = asyncio.create_task(batcher.serve_forever())
+        try:
+            yield
+        finally:
+            task.cancel()
+            batcher.executor.shutdown(wait=True)
+
+    routes = [Route("/translate", translate, methods=["POST"]), Route("/health", health), Route("/info", info), Route("/", index)]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def serve(translator: Translator, limits: Limits, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT, then finish the requests in flight and return.
+
+    uvicorn answers the signal by refusing new connections and waiting for the requests in
+    flight; afterwards it raises the signal again under the handler installed before it
+    started. That handler is a no-op here, so the process ends with exit code 0 once every
+    answer is out instead of being killed by the re-raised signal.
+    """
+    import uvicorn
+
+    app = create_app(translator, limits)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=60)).run()

@@ -1,0 +1,58 @@
+import torch
+
+from nmt.align import add_alignments, alignment_layer, format_alignment, hard_alignment
+from nmt.search import Hypothesis
+from nmt.tokenizer import BOS, PAD
+
+from conftest import random_sources
+
+
+class ScriptedAttention:
+    """A model whose cross-attention is fixed: 3 decoder layers, 2 heads. In the penultimate
+    layer, head 0 looks at source piece (2 - j) and head 1 spreads evenly, so the heads'
+    average peaks at 2 - j; the other layers look elsewhere (piece 0), to show which layer counts."""
+
+    def cross_attention(self, src, tgt_in):
+        batch, src_len = src.shape
+        tgt_len = tgt_in.size(1)
+        weights = torch.zeros(3, batch, 2, tgt_len, src_len)
+        weights[:, :, :, :, 0] = 1.0
+        weights[1] = 0.0
+        weights[1, :, 1] = 1.0 / src_len
+        for j in range(tgt_len):
+            weights[1, :, 0, j, max(2 - j, 0)] = 1.0
+        return weights
+
+
+def test_alignment_of_a_model_whose_attention_is_known():
+    assert alignment_layer(3) == 1 and alignment_layer(1) == 0
+    sources = [[7, 8, 9], [7, 8, 9, 10]]
+    results = [[Hypothesis([4, 5, 6], -1.0, -1.0), Hypothesis([4], -2.0, -2.0)], [Hypothesis([4, 5, 6, 7], -1.0, -1.0)]]
+    aligned = add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"))
+    assert [[h.alignment for h in hyps] for hyps in aligned] == [[((2, 0), (1, 1), (0, 2)), ((2, 0),)], [((2, 0), (1, 1), (0, 2), (0, 3))]]
+    assert [h.tokens for h in aligned[0]] == [[4, 5, 6], [4]] and aligned[0][1].score == -2.0
+    assert format_alignment(aligned[0][0].alignment) == "2-0 1-1 0-2"
+
+
+def test_hard_alignment_ignores_source_eos_and_padding():
+    attention = torch.tensor([[0.1, 0.2, 0.6, 0.1], [0.5, 0.1, 0.1, 0.3]])  # (tgt_len, src_len): piece, piece, EOS, PAD
+    assert hard_alignment(attention, n_src=2, n_tgt=2) == ((1, 0), (0, 1))
+    assert hard_alignment(attention, n_src=0, n_tgt=2) == ()
+
+
+def test_cross_attention_probabilities_are_what_the_layer_uses(model):
+    src = random_sources([5, 9], seed=1)
+    tgt_in = torch.tensor([[BOS, 6, 7, 8], [BOS, 9, PAD, PAD]])
+    captured = []
+    layer = model.decoder[1].cross_attn
+    handle = layer.register_forward_hook(lambda module, args, output: captured.append((args, output)))
+    with torch.inference_mode():
+        weights = model.cross_attention(src, tgt_in)  # (n_layers, batch, n_heads, tgt_len, src_len)
+    handle.remove()
+    assert weights.shape == (2, 2, 4, 4, 10)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 2, 4, 4))
+    assert float(weights[:, 0, :, :, 6:].abs().max()) == 0.0  # sentence 0 has 6 real tokens
+    (x, k, v, src_mask, *_), output = captured[0]
+    heads = weights[1] @ v  # (batch, n_heads, tgt_len, head_dim)
+    merged = heads.transpose(1, 2).reshape(2, 4, -1)
+    assert torch.allclose(layer.out(merged), output, atol=1e-5)

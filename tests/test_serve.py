@@ -1,0 +1,311 @@
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import httpx
+import pytest
+import torch
+from conftest import ROOT, TOY, tiny_config
+from starlette.testclient import TestClient
+
+from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
+from nmt.config import Config, ConfigError, DataConfig, DecodeConfig, config_to_dict
+from nmt.model import Transformer
+from nmt.serve import Limits, Translator, create_app
+from nmt.tokenizer import Tokenizer, train_sentencepiece
+from nmt.translate import translate_lines
+
+SENTENCES = ["the dog sees a cat .", "the big man likes the small house .", "a woman .", "the old teacher gives the child a red book ."]
+
+
+@pytest.fixture(scope="module")
+def translator() -> Translator:
+    """A random tiny model over a SentencePiece model trained on the shipped corpus (outputs are
+    nonsense, but fixed: the server's answers are checked against translate_lines itself)."""
+    lines = (TOY / "train.en").read_text(encoding="utf-8").splitlines()[:2000] + (TOY / "train.de").read_text(encoding="utf-8").splitlines()[:2000]
+    sp = train_sentencepiece(lines, vocab_size=200)
+    torch.manual_seed(0)
+    cfg = Config(model=tiny_config(src_vocab_size=200, tgt_vocab_size=200, dropout=0.0), data=DataConfig(src_lang="en", tgt_lang="de"),
+                 decode=DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.0, max_len_b=4))
+    return Translator(Transformer(cfg.model).eval(), Tokenizer(sp, sp), cfg, torch.device("cpu"), "tiny.pt", 7)
+
+
+@pytest.fixture(scope="module")
+def client(translator):
+    with TestClient(create_app(translator, Limits(max_lines=8, max_input_pieces=40, max_beam_size=6, max_wait_ms=1.0))) as c:
+        yield c
+
+
+def expected(translator, lines, beam_size, n_best, length_penalty=0.6):
+    decode = replace(translator.cfg.decode, beam_size=beam_size, n_best=n_best, length_penalty=length_penalty)
+    results = translate_lines(translator.model, translator.tokenizer, lines, decode, translator.device)
+    return [[(translator.tokenizer.decode_tgt([h.tokens])[0], h.score, h.log_prob) for h in hyps] for hyps in results]
+
+
+def as_tuples(translation):
+    return [(h["text"], h["score"], h["log_prob"]) for h in translation["n_best"]]
+
+
+def test_translate_equals_translate_lines_in_input_order(client, translator):
+    lines = [SENTENCES[1], "", SENTENCES[0]]
+    response = client.post("/translate", json={"text": lines, "beam_size": 3, "n_best": 2, "length_penalty": 1.0})
+    assert response.status_code == 200, response.text
+    got = response.json()["translations"]
+    want = expected(translator, lines, beam_size=3, n_best=2, length_penalty=1.0)
+    assert len(got) == 3
+    for translation, hyps in zip(got, want):
+        assert [t for t, _, _ in as_tuples(translation)] == [t for t, _, _ in hyps]
+        assert [s for _, s, _ in as_tuples(translation)] == pytest.approx([s for _, s, _ in hyps], abs=1e-5)
+        assert [p for _, _, p in as_tuples(translation)] == pytest.approx([p for _, _, p in hyps], abs=1e-5)
+    assert got[1] == {"text": "", "score": 0.0, "log_prob": 0.0, "n_best": []}  # a blank line is not translated
+    assert got[0]["text"] == got[0]["n_best"][0]["text"] and got[0]["score"] >= got[0]["n_best"][1]["score"]
+
+
+def test_single_string_and_checkpoint_defaults(client, translator):
+    response = client.post("/translate", json={"text": SENTENCES[2]})
+    assert response.status_code == 200, response.text
+    (translation,) = response.json()["translations"]
+    assert len(translation["n_best"]) == 1  # n_best defaults to 1, beam_size to the checkpoint's 4
+    (hyp,) = expected(translator, [SENTENCES[2]], beam_size=4, n_best=1)[0]
+    assert translation["text"] == hyp[0] and translation["score"] == pytest.approx(hyp[1], abs=1e-5)
+
+
+def test_concurrent_requests_share_batches_and_each_gets_its_own_answer(translator):
+    limits = Limits(max_wait_ms=300.0, max_batch_tokens=4096)
+    want = {s: expected(translator, [s], beam_size=2, n_best=1)[0][0] for s in SENTENCES}
+    with TestClient(create_app(translator, limits)) as c:
+        order = SENTENCES * 3
+        with ThreadPoolExecutor(len(order)) as pool:
+            answers = list(pool.map(lambda s: c.post("/translate", json={"text": s, "beam_size": 2}).json()["translations"][0], order))
+        batches = c.get("/health").json()["batches"]
+    for sentence, answer in zip(order, answers):
+        assert answer["text"] == want[sentence][0]
+        assert answer["score"] == pytest.approx(want[sentence][1], abs=1e-4)
+    assert batches < len(order)  # requests that arrived within 300 ms of each other were gathered
+
+
+def test_token_budget_splits_batches(translator):
+    """A budget of one long line's tokens lets no two such requests share a batch."""
+    line = SENTENCES[3]
+    tokens = len(translator.tokenizer.encode_src([line])[0]) + 1
+    with TestClient(create_app(translator, Limits(max_wait_ms=300.0, max_batch_tokens=tokens, max_input_pieces=tokens - 1))) as c:
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: c.post("/translate", json={"text": line, "beam_size": 1}).status_code, range(3)))
+        assert answers == [200] * 3 and c.get("/health").json()["batches"] == 3
+
+
+BAD = [
+    (b"{not json", 400, "invalid JSON"),
+    (b'["a"]', 422, "JSON object"),
+    (b"{}", 422, 'missing field "text"'),
+    (b'{"text": 3}', 422, "string or a non-empty list"),
+    (b'{"text": []}', 422, "string or a non-empty list"),
+    (b'{"text": ["a", null]}', 422, "string or a non-empty list"),
+    (b'{"text": "a", "beam": 2}', 422, "unknown field(s) beam"),
+    (b'{"text": "a", "beam_size": 0}', 422, "beam_size must be between 1 and 6"),
+    (b'{"text": "a", "beam_size": 7}', 422, "beam_size must be between 1 and 6"),
+    (b'{"text": "a", "beam_size": "2"}', 422, "beam_size must be an integer"),
+    (b'{"text": "a", "beam_size": true}', 422, "beam_size must be an integer"),
+    (b'{"text": "a", "beam_size": 2.5}', 422, "beam_size must be an integer"),
+    (b'{"text": "a", "beam_size": 2, "n_best": 3}', 422, "n_best must be between 1 and 2"),
+    (b'{"text": "a", "length_penalty": "x"}', 422, "length_penalty must be a number"),
+    (b'{"text": "a", "length_penalty": NaN}', 422, "length_penalty must be between"),
+    (b'{"text": "a", "length_penalty": -1}', 422, "length_penalty must be between"),
+    (json.dumps({"text": ["a"] * 9}).encode(), 413, "9 lines in one request; the limit is 8 (--max-lines)"),
+    (json.dumps({"text": ["a", "the dog " * 30]}).encode(), 413, "text[1] has"),
+    (b'{"text": "' + b"a" * (1 << 20) + b'"}', 413, "larger than"),
+    (b"\xff\xfe", 400, "invalid JSON"),
+]
+
+
+@pytest.mark.parametrize("body,status,reason", BAD, ids=[r for _, _, r in BAD])
+def test_bad_request_gets_4xx_with_one_line_reason(client, body, status, reason):
+    response = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert reason in error and "\n" not in error
+    assert client.post("/translate", json={"text": "a dog ."}).status_code == 200  # the server still serves
+
+
+def test_wrong_method_and_path(client):
+    assert client.get("/translate").status_code == 405
+    assert client.post("/nothing", json={}).status_code == 404
+
+
+def test_model_error_is_500_for_that_request_only(translator, monkeypatch):
+    with TestClient(create_app(translator, Limits(max_wait_ms=0.0))) as c:
+        monkeypatch.setattr(translator, "translate", lambda *args: (_ for _ in ()).throw(RuntimeError("out of memory")))
+        failed = c.post("/translate", json={"text": "a dog ."})
+        monkeypatch.undo()
+        assert failed.status_code == 500 and failed.json()["error"] == "translation failed: RuntimeError: out of memory"
+        assert c.post("/translate", json={"text": "a dog ."}).status_code == 200
+
+
+def test_health_and_info(client, translator):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["device"] == "cpu" and health["dtype"] == "float32"
+    assert health["checkpoint"] == "tiny.pt" and health["checkpoint_step"] == 7 and health["queued_requests"] == health["running_requests"] == 0
+    info = client.get("/info").json()
+    assert (info["src_lang"], info["tgt_lang"]) == ("en", "de")
+    assert info["tokenizer"] == {"type": "bpe", "joint": True, "src_vocab_size": 200, "tgt_vocab_size": 200}
+    assert info["config"]["model"]["d_model"] == 32 and info["config"]["decode"]["beam_size"] == 4
+    assert info["limits"] == {"max_batch_tokens": 4096, "max_wait_ms": 1.0, "max_input_pieces": 40, "max_lines": 8, "max_beam_size": 6}
+
+
+def test_page_is_self_contained(client):
+    response = client.get("/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert 'id="translate"' in page and 'id="source"' in page and 'id="nbest"' in page
+    assert "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
+
+
+@pytest.mark.parametrize("limits,flag", [(Limits(max_lines=0), "--max-lines"), (Limits(max_wait_ms=-1), "--max-wait-ms"),
+                                         (Limits(max_batch_tokens=10, max_input_pieces=10), "--max-batch-tokens")])
+def test_limits_out_of_range(limits, flag):
+    with pytest.raises(ConfigError, match=flag):
+        limits.check()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(translator, tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve") / "tiny.pt"
+    payload = {"model": translator.model.state_dict(), "config": config_to_dict(translator.cfg), "tokenizer": tokenizer_to_tensors(translator.tokenizer.protos()), "progress": {"step": 7}}
+    save_checkpoint(payload, path)
+    return path
+
+
+def start_server(checkpoint, *flags):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "--checkpoint", str(checkpoint), "--port", str(port), "--threads", "1", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    pytest.fail(f"server did not start: {proc.communicate()[0]}")
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint, translator):
+    proc, url = start_server(checkpoint, "--max-wait-ms", "0")
+    try:
+        # A client that sends a request and leaves before the answer costs the server nothing.
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as s:
+            body = json.dumps({"text": SENTENCES}).encode()
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 60
+        while (health := httpx.get(f"{url}/health", timeout=10).json())["batches"] == 0 or health["running_requests"]:
+            assert time.monotonic() < deadline, "the abandoned request was never translated"
+            time.sleep(0.02)
+
+        # 4 lines of 250 pieces, beam 4: the translation takes seconds, so it is
+        # still running when SIGTERM arrives right after /health reports it started.
+        line = translator.tokenizer.src.decode(translator.tokenizer.encode_src([" ".join(SENTENCES * 20)])[0][:250])
+        assert len(translator.tokenizer.encode_src([line])[0]) <= 256
+        lines = [line] * 4
+        answer: dict = {}
+
+        def ask():
+            answer["response"] = httpx.post(f"{url}/translate", json={"text": lines, "beam_size": 4}, timeout=120)
+            answer["at"] = time.monotonic()
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        while httpx.get(f"{url}/health", timeout=10).json()["running_requests"] == 0:
+            assert asker.is_alive(), "the request was answered before it was seen running"
+            time.sleep(0.02)
+        terminated_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        asker.join(timeout=120)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    response = answer["response"]
+    assert response.status_code == 200 and len(response.json()["translations"]) == 4
+    assert answer["at"] > terminated_at  # answered after the signal, not before it
+    assert "Shutting down" in output and "Traceback" not in output
+
+
+def test_serve_cli_errors_are_one_line_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    runner = CliRunner()
+    missing = runner.invoke(app, ["serve", "--checkpoint", str(tmp_path / "none.pt")])
+    assert missing.exit_code == 2 and "not found" in missing.output and len(missing.output.strip().splitlines()) == 1
+    limits = runner.invoke(app, ["serve", "--checkpoint", str(tmp_path / "none.pt"), "--max-lines", "0"])
+    assert limits.exit_code == 2 and "--max-lines must be at least 1" in limits.output
+
+
+def find_chromium() -> str | None:
+    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+@pytest.mark.slow
+def test_page_in_a_real_browser(translator):
+    """Load the page in headless chromium, type, click Translate, read the translation off the page."""
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip("no chromium on PATH: install Debian's chromium package (apt-get install chromium) to run the browser test")
+    import uvicorn
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(translator, Limits(max_beam_size=6)), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        want = expected(translator, SENTENCES[:2], beam_size=3, n_best=2)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_function("document.getElementById('pair').textContent.includes('→')")
+            assert page.text_content("#pair") == "en → de"
+            page.fill("#source", "\n".join(SENTENCES[:2]))
+            page.fill("#beam_size", "3")
+            page.fill("#n_best", "2")
+            page.click("#translate")
+            page.wait_for_function("document.getElementById('translation').textContent.length > 0")
+            assert page.text_content("#translation") == "\n".join(hyps[0][0] for hyps in want)
+            rows = page.locator("#nbest tbody tr")
+            assert rows.count() == 4
+            assert rows.nth(1).locator("td").nth(2).text_content() == want[0][1][0]
+            assert float(rows.nth(1).locator("td").nth(3).text_content()) == pytest.approx(want[0][1][1], abs=1e-4)
+            page.fill("#beam_size", "99")
+            page.click("#translate")
+            page.wait_for_function("document.getElementById('error').textContent.length > 0")
+            assert "beam_size must be between 1 and 6" in page.text_content("#error")
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
