@@ -339,7 +339,7 @@ def _check_evaluate_options(hyp, checkpoint, src, output, decode: DecodeOptions)
 @app.command()
 @decode_options("n_best")
 def evaluate(
-    ref: list[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeat for several references)."),
+    ref: list[Path] = typer.Option(..., "--ref", "-r", metavar="<path>", help="Reference file (repeat for several references)."),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Detokenized hypotheses, one a line."),
     checkpoint: list[Path] = typer.Option([], "--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score."),
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
