@@ -191,11 +191,12 @@ def in_flags(exc: ConfigError, flags: dict[str, str]) -> ConfigError:
     Args:
         flags: ``{"section.key": "--flag"}`` for the keys the command line set.
     """
-    message = str(exc)
+    # A list of known keys names config keys, not flags: it stays as it is.
+    message, known_sep, known = str(exc).partition("; known keys: ")
     for key, flag in flags.items():
         section, name = key.split(".")
         message = re.sub(rf"(?<![\w.-])(?:{section}\.)?{name}\b", flag, message)
-    return ConfigError(message)
+    return ConfigError(message + known_sep + known)
 
 
 def _load_translator(checkpoints: list[Path], options: DecodeOptions):

@@ -570,3 +570,12 @@ def test_lines_without_pieces_and_overlong_lines_give_empty_output_lines(trained
     assert re.search(r"input line 3 has 3000 pieces, over the limit of 2000 \(--max-input-pieces\)", caplog.text)
     alone = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "5", input="the dog .\nthe cat .\n")
     assert alone.stdout.split("\n")[:2] == [lines[0], lines[3]]  # the other lines translate as they do on their own
+
+
+def test_misspelt_config_key_names_the_file_and_lists_config_keys(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("train:\n  max_stepz: 3\n")
+    message = _one_line_error(invoke("train", "--config", config, "--run-dir", tmp_path / "r"))
+    assert message.startswith(f"error: {config}") and ": unknown key(s) in [train]: max_stepz; known keys: " in message
+    assert " run_dir," in message and "--run-dir" not in message  # the keys a config file can hold, not flags
+    assert not (tmp_path / "r").exists()
