@@ -204,11 +204,12 @@ def in_flags(exc: ConfigError, flags: dict[str, str]) -> ConfigError:
     Args:
         flags: ``{"section.key": "--flag"}`` for the keys the command line set.
     """
-    message = str(exc)
+    # A list of known keys names config keys, not flags: it stays as it is.
+    message, known_sep, known = str(exc).partition("; known keys: ")
     for key, flag in flags.items():
         section, name = key.split(".")
         message = re.sub(rf"(?<![\w.-])(?:{section}\.)?{name}\b", flag, message)
-    return ConfigError(message)
+    return ConfigError(message + known_sep + known)
 
 
 def _load_translator(checkpoints: list[Path], options: DecodeOptions):
@@ -352,7 +353,7 @@ def _check_evaluate_options(hyp, checkpoint, src, output, decode: DecodeOptions)
 @app.command()
 @decode_options("n_best")
 def evaluate(
-    ref: list[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeat for several references)."),
+    ref: list[Path] = typer.Option(..., "--ref", "-r", metavar="<path>", help="Reference file (repeat for several references)."),
     hyp: Optional[Path] = typer.Option(None, "--hyp", help="Detokenized hypotheses, one a line."),
     checkpoint: list[Path] = typer.Option([], "--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score."),
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),

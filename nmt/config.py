@@ -295,12 +295,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported type {tp}")
 
 
-def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+def _build(cls: type, values: dict[str, Any], section: str, source: str) -> Any:
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"unknown key(s) in [{section}]: {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
+        raise ConfigError(f"{source}: unknown key(s) in [{section}]: {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
     if cls is ModelConfig and values.get("preset") is not None:
         preset = values["preset"]
         if preset not in PRESETS:
@@ -345,7 +345,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
         raise ConfigError(f"{source}: unknown section(s) {', '.join(unknown)}; known: {', '.join(_SECTIONS)}")
     parts = {}
     for name, cls in _SECTIONS.items():
-        parts[name] = _build(cls, raw.get(name, {}), name)
+        parts[name] = _build(cls, raw.get(name, {}), name, source)
     if "share_embeddings" not in raw.get("model", {}):  # the default: tie exactly when there is one vocabulary
         parts["model"] = replace(parts["model"], share_embeddings=parts["tokenizer"].joint)
     cfg = Config(**parts)

@@ -619,3 +619,12 @@ def test_tune_decode_refuses_test_files_before_reading_them(trained_run, tmp_pat
     assert result.exit_code == 2 and "differ in length (1 and 500 lines)" in result.output
     result = invoke("tune-decode", "--checkpoint", trained_run, "--src", renamed, "--ref", one_ref, "--allow-test-names", "--beam-sizes", "4,x")
     assert result.exit_code == 2 and "--beam-sizes '4,x': expected comma-separated int values" in result.output
+
+
+def test_misspelt_config_key_names_the_file_and_lists_config_keys(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("train:\n  max_stepz: 3\n")
+    message = _one_line_error(invoke("train", "--config", config, "--run-dir", tmp_path / "r"))
+    assert message.startswith(f"error: {config}") and ": unknown key(s) in [train]: max_stepz; known keys: " in message
+    assert " run_dir," in message and "--run-dir" not in message  # the keys a config file can hold, not flags
+    assert not (tmp_path / "r").exists()
