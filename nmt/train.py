@@ -269,6 +269,7 @@ class Trainer:
         """Train until a limit, patience or a signal stops the run; then :meth:`finish`."""
         bar = tqdm(total=self.cfg.train.max_steps, initial=self.progress.step, unit="step", disable=not (self.cfg.train.progress_bar and self.ddp.main) or None, dynamic_ncols=True)
         with StopSignal() as signals, logging_redirect_tqdm():
+            self.maybe_validate(signals)  # resumed at a step whose validation a signal abandoned
             while (reason := self.should_stop(signals)) is None:
                 if self.train_step(self.next_group()):
                     bar.update(1)
@@ -320,7 +321,8 @@ class Trainer:
             self.record(values)
 
     def maybe_validate(self, signals: StopSignal) -> None:
-        if self.progress.step % self.cfg.train.validate_every == 0:
+        p = self.progress
+        if p.step and p.step % self.cfg.train.validate_every == 0 and p.validated_step != p.step:
             self.validate(signals)
 
     def validate(self, signals: StopSignal) -> dict:

@@ -398,3 +398,40 @@ def test_max_epochs_stops_at_the_end_of_the_epoch(tmp_path):
     assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 0)
     assert {r["epoch"] for r in records(tmp_path / "run") if "loss" in r} == {0}
     assert result["stopped_by"] == "steps" and result["step"] == len(step_losses(tmp_path / "run"))
+
+
+def test_a_validation_abandoned_by_a_signal_runs_when_the_run_resumes(tmp_path, monkeypatch):
+    import threading
+
+    import nmt.train
+
+    data = small_corpus(tmp_path, n=40)
+    real_validate = nmt.train.validate
+
+    def interrupted_validation(*args):
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        time.sleep(60)
+
+    monkeypatch.setattr(nmt.train, "validate", interrupted_validation)
+    assert train(tiny_run_config(data, tmp_path / "run", 6, validate_every=2))["step"] == 2
+    monkeypatch.setattr(nmt.train, "validate", real_validate)
+    train(tiny_run_config(data, tmp_path / "run", 6, validate_every=2), resume=True, overrides=["train.max_steps=3"])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "bleu" in r] == [2, 3]  # as an uninterrupted run: step 2's validation is not lost
+
+
+def test_resume_with_the_command_that_started_the_run(tmp_path):
+    from nmt.config import load_config
+
+    data = small_corpus(tmp_path, n=40)
+    run = tmp_path / "run"
+    file = tmp_path / "run.yaml"
+    file.write_text(f"model:\n  preset: tiny\n  d_model: 128\ndata:\n  dir: {data}\ntokenizer:\n  vocab_size: 1000\ntrain:\n  max_tokens: 600\n  validate_every: 1000\n  threads: 1\n")
+    sizes = ["model.d_model=32", "model.d_ff=64", "tokenizer.vocab_size=120", f"train.run_dir={run}"]
+    train(load_config(file, sizes + ["train.max_steps=2"]), overrides=sizes + ["train.max_steps=2"], config_file=file)
+    again = sizes + ["train.max_steps=3"]  # the same sizes again: no change to the model or tokenizer
+    assert train(load_config(file, again), resume=True, overrides=again, config_file=file)["step"] == 3
+    assert load_checkpoint(run / "last.pt")["config"]["model"]["d_model"] == 32
+    changed = ["model.d_model=64", "tokenizer.vocab_size=120", f"train.run_dir={run}", "train.max_steps=4"]
+    with pytest.raises(ConfigError, match=r"cannot change the model or tokenizer of a run \(model\.d_model\)"):
+        train(load_config(file, changed), resume=True, overrides=changed, config_file=file)
