@@ -28,7 +28,7 @@ import torch
 import yaml
 
 from .checkpoint import CheckpointError, load_checkpoint
-from .config import Config, ConfigError, apply_overrides, config_from_dict, config_to_dict, load_config
+from .config import Config, ConfigError, config_from_dict, config_to_dict, load_config
 from .files import OutputError, append_line, atomic_write, reason
 
 log = logging.getLogger("nmt.train")
@@ -194,23 +194,24 @@ def absolute_paths(cfg: Config) -> Config:
 
 
 def resume_config(saved: dict, overrides: list[str], config_file: Path | None, source: Path) -> Config:
-    """The saved config with the keys written in ``config_file`` that differ from it, then ``overrides``, applied.
+    """The saved config with each key written in ``config_file`` or set by ``overrides`` taken
+    from the config they give, where it differs from the saved value.
+
+    Giving the command that started the run again changes nothing: only values that differ count.
 
     Raises:
         ConfigError: a change to the model or tokenizer (a new run is needed for those).
     """
     raw = {section: dict(values) for section, values in saved.items()}
-    changes = [o.split("=", 1)[0].strip() for o in overrides]
-    if config_file is not None:
-        written = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
-        edited = config_to_dict(absolute_paths(load_config(config_file)))
-        applied = [f"{s}.{k}" for s, values in written.items() for k in values or {} if k != "run_dir" and edited[s][k] != raw[s].get(k)]
-        for key in applied:
-            section, name = key.split(".")
-            log.info("--resume: %s = %r from %s (was %r)", key, edited[section][name], config_file, raw[section].get(name))
-            raw[section][name] = edited[section][name]
-        changes += applied
-    fixed = [key for key in changes if key.startswith(("model.", "tokenizer."))]
+    given = config_to_dict(absolute_paths(load_config(config_file, overrides)))
+    written = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {} if config_file is not None else {}
+    keys = [(s, k) for s, values in written.items() for k in values or {}]
+    keys += [tuple(o.split("=", 1)[0].strip().split(".", 1)) for o in overrides]
+    changes = [key for key in dict.fromkeys(keys) if given[key[0]][key[1]] != raw[key[0]].get(key[1])]
+    fixed = [f"{s}.{k}" for s, k in changes if s in ("model", "tokenizer")]
     if fixed:
         raise ConfigError(f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a new run instead")
-    return absolute_paths(config_from_dict(apply_overrides(raw, overrides), f"{source} with the changes given"))
+    for section, name in changes:
+        log.info("--resume: %s.%s = %r (was %r)", section, name, given[section][name], raw[section].get(name))
+        raw[section][name] = given[section][name]
+    return absolute_paths(config_from_dict(raw, f"{source} with the changes given"))
