@@ -64,6 +64,21 @@ def test_a_flipped_bit_in_a_weight_is_detected(tmp_path, protos):
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize("field, value", [(8, 0x01), (10, 0x08)])  # general-purpose flags: "encrypted"; compression method: deflate
+def test_a_flipped_bit_in_the_zip_directory_is_a_damaged_checkpoint(tmp_path, protos, field, value):
+    path = tmp_path / "a.pt"
+    write(path, protos)
+    with zipfile.ZipFile(path) as z:
+        name = max(z.infolist(), key=lambda i: i.file_size).filename.encode()
+    data = bytearray(path.read_bytes())
+    entry = data.rfind(name) - 46  # the entry's central-directory header: 46 fixed bytes, then its name
+    assert data[entry : entry + 4] == b"PK\x01\x02"
+    data[entry + field] ^= value
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"^damaged checkpoint: .*a\.pt \("):
+        load_checkpoint(path)
+
+
 def test_a_truncated_checkpoint_gives_a_whole_sentence(tmp_path, protos):
     path = tmp_path / "a.pt"
     write(path, protos)
