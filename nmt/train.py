@@ -370,7 +370,7 @@ class Trainer:
     def finish(self, reason: str, signals: StopSignal) -> dict:
         """Validate unless this step was validated (or a signal stopped the run), save ``last.pt``, report."""
         metrics = {}
-        if reason == "patience":
+        if reason == "patience" and self.ddp.main:
             log.info("early stop: %d validations without a BLEU improvement", self.progress.bad_validations)
         if self.progress.validated_step != self.progress.step and reason != "signal":
             metrics = self.validate(signals)

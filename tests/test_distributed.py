@@ -114,6 +114,7 @@ def test_patience_stops_every_rank(tmp_path, corpus):
     progress = load_checkpoint(run / "last.pt")["progress"]
     assert (progress["step"], progress["bad_validations"]) == (3, 2)
     assert [r["step"] for r in records(run) if "bleu" in r] == [1, 2, 3]
+    assert ["early stop" in err for _, err in results] == [True, False]  # said once, by rank 0
 
 
 def test_sigterm_to_one_rank_stops_both_after_saving(tmp_path, corpus):
