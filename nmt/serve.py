@@ -3,8 +3,13 @@
 Endpoints:
 
 * ``POST /translate``: ``{"text": "..."}`` or ``{"text": ["...", ...]}``, optional
-  ``beam_size``, ``length_penalty``, ``n_best``; answers ``{"translations": [...]}`` in input
-  order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score", "log_prob"}, ...]}``.
+  ``beam_size``, ``length_penalty``, ``n_best``, ``alignment``; answers ``{"translations": [...]}``
+  in input order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score", "log_prob"}, ...]}``.
+  With ``"alignment": true`` every n-best entry also has ``"alignment"`` (``i-j`` pairs, as
+  ``nmt translate --print-alignment``) and each translation ``"attention"``: its best
+  hypothesis's source and output pieces (each ending in ``</s>``) and ``weights``
+  ``[tgt_len][src_len]``, the heads-averaged cross-attention of the layer alignments are read
+  from (:mod:`nmt.align`), which the page draws as a heatmap.
 * ``GET /health``: model loaded, device, dtype, checkpoint step, requests queued and running.
 * ``GET /info``: languages, tokenizer, model and decode config, the server's limits.
 * ``GET /``: the page (``nmt/static/index.html``).
@@ -38,14 +43,16 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
+from .align import attention_matrix, format_alignment
 from .checkpoint import load_checkpoint, restore_model
 from .config import Config, ConfigError, config_to_dict
+from .data import pad_sources
 from .model import Transformer
 from .search import Hypothesis
-from .tokenizer import Tokenizer
+from .tokenizer import BOS, Tokenizer
 from .translate import translate_lines
 
-FIELDS = ("text", "beam_size", "length_penalty", "n_best")
+FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment")
 MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
 
 
@@ -109,10 +116,22 @@ class Translator:
         model, tokenizer, cfg = restore_model(payload, checkpoints[0])
         return cls(model.to(device, dtype).eval(), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"))
 
-    def translate(self, lines: list[str], beam_size: int, length_penalty: float, n_best: int, max_tokens: int) -> list[list[Hypothesis]]:
+    def translate(self, lines: list[str], beam_size: int, length_penalty: float, n_best: int, max_tokens: int, alignment: bool = False) -> list[list[Hypothesis]]:
         """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`."""
         decode = replace(self.cfg.decode, beam_size=beam_size, length_penalty=length_penalty, n_best=n_best, max_tokens=max_tokens)
-        return translate_lines(self.model, self.tokenizer, lines, decode, self.device)
+        return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment)
+
+    @torch.inference_mode()
+    def attention(self, line: str, hyp: Hypothesis) -> dict:
+        """``{"src_pieces", "tgt_pieces", "weights"}`` for ``hyp``, a translation of ``line``:
+        ``weights`` ``[tgt_len][src_len]`` (EOS included on both sides), row ``t`` the step that
+        produced output piece ``t``; from :func:`nmt.align.attention_matrix`."""
+        ids = self.tokenizer.encode_src([line])[0]
+        src = pad_sources([ids]).to(self.device)
+        tgt_in = torch.tensor([[BOS, *hyp.tokens]], device=self.device)
+        weights = attention_matrix([self.model], src, tgt_in)[0]  # (tgt_len, src_len)
+        pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
+        return {"src_pieces": pieces(self.tokenizer.src, ids), "tgt_pieces": pieces(self.tokenizer.tgt, hyp.tokens), "weights": weights.float().cpu().tolist()}
 
 
 @dataclass
@@ -125,6 +144,7 @@ class Job:
     n_best: int
     tokens: int
     future: asyncio.Future = field(repr=False)
+    alignment: bool = False
 
 
 def _number(body: dict, name: str, default, kind: type, low, high):
@@ -136,8 +156,9 @@ def _number(body: dict, name: str, default, kind: type, low, high):
     return kind(value)
 
 
-def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> tuple[list[str], int, float, int, list[int]]:
-    """Validate a ``/translate`` body: lines, beam_size, length_penalty, n_best and each line's piece count.
+def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> tuple[list[str], int, float, int, list[int], bool]:
+    """Validate a ``/translate`` body: lines, beam_size, length_penalty, n_best, each line's piece
+    count, and whether alignments are asked for.
 
     Raises:
         RequestError: invalid JSON (400), a missing, unknown or ill-typed field (422), too many
@@ -164,11 +185,14 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     beam_size = _number(body, "beam_size", min(decode.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
     length_penalty = _number(body, "length_penalty", decode.length_penalty, float, 0.0, 10.0)
     n_best = _number(body, "n_best", 1, int, 1, beam_size)
+    alignment = body.get("alignment", False)
+    if not isinstance(alignment, bool):
+        raise RequestError(f"alignment must be true or false, got {json.dumps(alignment)}")
     pieces = [len(ids) for ids in translator.tokenizer.encode_src([line.strip() for line in lines], threads=1)]
     for i, n in enumerate(pieces):
         if n > limits.max_input_pieces:
             raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
-    return lines, beam_size, length_penalty, n_best, pieces
+    return lines, beam_size, length_penalty, n_best, pieces, alignment
 
 
 class Batcher:
@@ -207,32 +231,37 @@ class Batcher:
         return batch
 
     def run(self, batch: list[Job]) -> list[list[dict] | Exception]:
-        """Translate a batch (on the worker thread): one call per distinct (beam_size, length_penalty),
-        with the largest n_best asked for; returns each job's translations, or the error it met."""
-        groups: dict[tuple[int, float], list[int]] = {}
+        """Translate a batch (on the worker thread): one call per distinct (beam_size, length_penalty,
+        alignment), with the largest n_best asked for; returns each job's translations, or the error it met."""
+        groups: dict[tuple[int, float, bool], list[int]] = {}
         for i, job in enumerate(batch):
-            groups.setdefault((job.beam_size, job.length_penalty), []).append(i)
+            groups.setdefault((job.beam_size, job.length_penalty, job.alignment), []).append(i)
         out: list = [None] * len(batch)
-        for (beam_size, length_penalty), members in groups.items():
+        for (beam_size, length_penalty, alignment), members in groups.items():
             lines = [line for i in members for line in batch[i].lines]
             n_best = max(batch[i].n_best for i in members)
             try:
-                results = self.translator.translate(lines, beam_size, length_penalty, n_best, self.limits.max_batch_tokens)
+                results = self.translator.translate(lines, beam_size, length_penalty, n_best, self.limits.max_batch_tokens, alignment)
+                start = 0
+                for i in members:
+                    job = batch[i]
+                    out[i] = [self._entry(line, hyps[: job.n_best], alignment) for line, hyps in zip(job.lines, results[start : start + len(job.lines)])]
+                    start += len(job.lines)
             except Exception as exc:  # answered as a 500 to these requests; the server keeps serving
                 for i in members:
                     out[i] = exc
-                continue
-            start = 0
-            for i in members:
-                job = batch[i]
-                out[i] = [self._entry(hyps[: job.n_best]) for hyps in results[start : start + len(job.lines)]]
-                start += len(job.lines)
         return out
 
-    def _entry(self, hyps: list[Hypothesis]) -> dict:
+    def _entry(self, line: str, hyps: list[Hypothesis], alignment: bool) -> dict:
         texts = self.translator.tokenizer.decode_tgt([h.tokens for h in hyps])
         n_best = [{"text": t, "score": h.score, "log_prob": h.log_prob} for t, h in zip(texts, hyps)]
-        return {**(n_best[0] if n_best else {"text": "", "score": 0.0, "log_prob": 0.0}), "n_best": n_best}
+        if alignment:
+            for entry, h in zip(n_best, hyps):
+                entry["alignment"] = format_alignment(h.alignment)
+        entry = {**(n_best[0] if n_best else {"text": "", "score": 0.0, "log_prob": 0.0}), "n_best": n_best}
+        if alignment and hyps:
+            entry["attention"] = self.translator.attention(line, hyps[0])
+        return entry
 
     async def serve_forever(self) -> None:
         """Gather, run, resolve; a job whose client has gone (future cancelled) is not translated."""
@@ -271,11 +300,11 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
             if len(raw) > MAX_BODY_BYTES:
                 return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413)
         try:
-            lines, beam_size, length_penalty, n_best, pieces = parse_request(raw, translator, limits)
+            lines, beam_size, length_penalty, n_best, pieces, alignment = parse_request(raw, translator, limits)
         except RequestError as exc:
             return _error(str(exc), exc.status)
         future = asyncio.get_running_loop().create_future()
-        await batcher.queue.put(Job(lines, beam_size, length_penalty, n_best, sum(pieces) + len(pieces), future))
+        await batcher.queue.put(Job(lines, beam_size, length_penalty, n_best, sum(pieces) + len(pieces), future, alignment))
         try:
             return JSONResponse({"translations": await future})
         except Exception as exc:

@@ -123,6 +123,7 @@ BAD = [
     (json.dumps({"text": ["a", "the dog " * 30]}).encode(), 413, "text[1] has"),
     (b'{"text": "' + b"a" * (1 << 20) + b'"}', 413, "larger than"),
     (b"\xff\xfe", 400, "invalid JSON"),
+    (b'{"text": "a", "alignment": "yes"}', 422, 'alignment must be true or false, got "yes"'),
 ]
 
 
@@ -133,6 +134,30 @@ def test_bad_request_gets_4xx_with_one_line_reason(client, body, status, reason)
     error = response.json()["error"]
     assert reason in error and "\n" not in error
     assert client.post("/translate", json={"text": "a dog ."}).status_code == 200  # the server still serves
+
+
+def test_alignment_and_attention_equal_the_translate_path(client, translator):
+    from nmt.align import format_alignment
+
+    lines = [SENTENCES[3], "", SENTENCES[0]]
+    response = client.post("/translate", json={"text": lines, "beam_size": 3, "n_best": 2, "alignment": True})
+    assert response.status_code == 200, response.text
+    got = response.json()["translations"]
+    decode = replace(translator.cfg.decode, beam_size=3, n_best=2)
+    want = translate_lines(translator.model, translator.tokenizer, lines, decode, translator.device, alignment=True)
+    assert [[h["alignment"] for h in t["n_best"]] for t in got] == [[format_alignment(h.alignment) for h in hyps] for hyps in want]
+    assert "attention" not in got[1] and "alignment" not in client.post("/translate", json={"text": "a dog ."}).json()["translations"][0]
+    for line, translation, hyps in zip(lines, got, want):
+        if not hyps:
+            continue
+        attention = translation["attention"]
+        src_ids = translator.tokenizer.encode_src([line])[0]
+        weights = torch.tensor(attention["weights"])
+        assert attention["src_pieces"] == [translator.tokenizer.src.id_to_piece(i) for i in src_ids] + ["</s>"]
+        assert weights.shape == (len(hyps[0].tokens) + 1, len(src_ids) + 1)  # one row per output piece and EOS
+        assert torch.allclose(weights.sum(1), torch.ones(weights.size(0)), atol=1e-5)  # each row a distribution over the source
+        # The hard alignment is the row-wise argmax of these weights, source EOS excluded.
+        assert [(int(weights[j, : len(src_ids)].argmax()), j) for j in range(len(hyps[0].tokens))] == list(hyps[0].alignment)
 
 
 def test_wrong_method_and_path(client):
@@ -301,6 +326,16 @@ def test_page_in_a_real_browser(translator):
             assert rows.count() == 4
             assert rows.nth(1).locator("td").nth(2).text_content() == want[0][1][0]
             assert float(rows.nth(1).locator("td").nth(3).text_content()) == pytest.approx(want[0][1][1], abs=1e-4)
+            page.check("#alignment")
+            page.click("#translate")
+            page.wait_for_function("document.querySelectorAll('#heatmaps table').length === 2")
+            first = page.locator("#heatmaps table").first
+            src_pieces = [translator.tokenizer.src.id_to_piece(i) for i in translator.tokenizer.encode_src([SENTENCES[0]])[0]] + ["</s>"]
+            assert first.locator("thead th.src").all_text_contents() == src_pieces
+            decode = replace(translator.cfg.decode, beam_size=3, n_best=2)
+            best = translate_lines(translator.model, translator.tokenizer, SENTENCES[:1], decode, translator.device)[0][0]
+            assert first.locator("tbody tr").count() == len(best.tokens) + 1  # one row per output piece and EOS
+            assert first.locator("tbody td").count() == (len(best.tokens) + 1) * len(src_pieces)
             page.fill("#beam_size", "99")
             page.click("#translate")
             page.wait_for_function("document.getElementById('error').textContent.length > 0")
