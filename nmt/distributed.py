@@ -78,11 +78,15 @@ class Distributed:
         return out
 
     def agree(self, **flags: bool) -> dict[str, bool]:
-        """Each flag true on every rank if it is true on any rank (one small all-reduce)."""
+        """Each flag true on every rank if it is true on any rank (one small all-reduce).
+
+        The flags are host values, so they travel over the CPU (Gloo) group: on GPUs an NCCL
+        all-reduce here would make every training step wait for the device to drain.
+        """
         if not self.enabled:
             return flags
-        values = torch.tensor([int(v) for v in flags.values()], device=self.device)
-        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        values = torch.tensor([int(v) for v in flags.values()])
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.waits)
         return dict(zip(flags, (bool(v) for v in values.tolist())))
 
     def on_main(self, work: Callable[[], Any]) -> Any:

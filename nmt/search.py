@@ -180,10 +180,10 @@ def _settled(done: list[Hypothesis], best_running: float, beam: int, n_best: int
     return min(h.score for h in sorted(done, key=lambda h: -h.score)[:n_best]) >= bound
 
 
-def _restrict(lprobs: Tensor, step: int, min_len: int, at_limit: Tensor, allow_unk: bool = False) -> None:
-    """Forbid, in place, what no search may generate in ``lprobs`` ``(rows, vocab)``: PAD and BOS
-    always, UNK unless ``allow_unk``, EOS before ``min_len`` pieces; rows ``at_limit`` ``(rows,)``
-    (bool) may only end."""
+def _restrict(lprobs: Tensor, step: int, min_len: int, at_limit: Tensor, rows_per_sentence: int, allow_unk: bool = False) -> None:
+    """Forbid, in place, what no search may generate in ``lprobs`` ``(batch*rows_per_sentence, vocab)``:
+    PAD and BOS always, UNK unless ``allow_unk``, EOS before ``min_len`` pieces; the rows of the
+    sentences ``at_limit`` ``(batch,)`` (bool) may only end."""
     lprobs[:, PAD] = float("-inf")
     lprobs[:, BOS] = float("-inf")
     if not allow_unk:
@@ -191,6 +191,7 @@ def _restrict(lprobs: Tensor, step: int, min_len: int, at_limit: Tensor, allow_u
     if step < min_len:
         lprobs[:, EOS] = float("-inf")
     if bool(at_limit.any()):
+        at_limit = at_limit.repeat_interleave(rows_per_sentence)  # (batch*rows_per_sentence,)
         eos = lprobs[at_limit, EOS]
         lprobs[at_limit] = float("-inf")
         lprobs[at_limit, EOS] = eos
@@ -249,7 +250,7 @@ def beam_search(
         n = len(sentence_ids)
         lprobs, state = scorer.step(tokens, state)  # (n*beam, vocab)
         vocab = lprobs.size(-1)
-        _restrict(lprobs, step, min_len, (step >= max_lens).repeat_interleave(beam), allow_unk)
+        _restrict(lprobs, step, min_len, step >= max_lens, beam, allow_unk)
 
         candidates = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
         top_scores, top_index = candidates.topk(2 * beam, dim=1)  # (n, 2*beam)
@@ -363,7 +364,7 @@ def sample(
     step = 0
     while sentence_ids:
         lprobs, state = scorer.step(tokens, state)  # (rows, vocab)
-        _restrict(lprobs, step, min_len, (step >= max_lens).repeat_interleave(n), allow_unk)
+        _restrict(lprobs, step, min_len, step >= max_lens, n, allow_unk)
         uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in sentence_ids]).to(device)
         cdf = sampling_probs(lprobs, sampling).cumsum(-1)
         token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)

@@ -239,6 +239,22 @@ def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg, seed: int = 1) 
     return Tokenizer(train(("source",)), train(("target",)))
 
 
+def tokenizer_difference(a: Tokenizer, b: Tokenizer) -> str | None:
+    """What first differs between two tokenizers, in words; None if they are the same."""
+    if a.joint != b.joint:
+        return f"{'joint' if a.joint else 'separate'} vs {'joint' if b.joint else 'separate'} source/target models"
+    for side in ("src", "tgt"):
+        x, y = getattr(a, side), getattr(b, side)
+        if x.get_piece_size() != y.get_piece_size():
+            return f"{side} vocabulary of {x.get_piece_size()} vs {y.get_piece_size()} pieces"
+        for i in range(x.get_piece_size()):
+            if x.id_to_piece(i) != y.id_to_piece(i):
+                return f"{side} piece {i} is {x.id_to_piece(i)!r} vs {y.id_to_piece(i)!r}"
+        if x.serialized_model_proto() != y.serialized_model_proto():
+            return f"{side} models have the same pieces but other scores or normalisation rules"
+    return None
+
+
 def tokenizer_from_config(cfg) -> Tokenizer | None:
     """Load the models named in ``cfg``, or None when the config asks for training."""
     if cfg.joint and cfg.model:

@@ -17,7 +17,7 @@ from .config import Config, ConfigError
 from .data import pad_sources, token_batches
 from .model import Transformer
 from .search import Hypothesis, Sampling, sample_seed, translate_batch
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, tokenizer_difference
 
 log = logging.getLogger("nmt.translate")
 
@@ -122,22 +122,6 @@ def load_models(paths: list, device: torch.device, dtype: torch.dtype = torch.fl
         if difference:
             raise CheckpointError(f"{path}: its tokenizer differs from {paths[0]}'s ({difference}); an ensemble needs one tokenizer")
     return [to_dtype(m, dtype) for m in models], tokenizer, cfg
-
-
-def tokenizer_difference(a: Tokenizer, b: Tokenizer) -> str | None:
-    """What first differs between two tokenizers, in words; None if they are the same."""
-    if a.joint != b.joint:
-        return f"{'joint' if a.joint else 'separate'} vs {'joint' if b.joint else 'separate'} source/target models"
-    for side in ("src", "tgt"):
-        x, y = getattr(a, side), getattr(b, side)
-        if x.get_piece_size() != y.get_piece_size():
-            return f"{side} vocabulary of {x.get_piece_size()} vs {y.get_piece_size()} pieces"
-        for i in range(x.get_piece_size()):
-            if x.id_to_piece(i) != y.id_to_piece(i):
-                return f"{side} piece {i} is {x.id_to_piece(i)!r} vs {y.id_to_piece(i)!r}"
-        if x.serialized_model_proto() != y.serialized_model_proto():
-            return f"{side} models have the same pieces but other scores or normalisation rules"
-    return None
 
 
 def to_dtype(model: Transformer, dtype: torch.dtype) -> nn.Module:
