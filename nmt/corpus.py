@@ -1,22 +1,22 @@
 """Parallel text on disk: reading, cleaning, and encoding into a memory-mapped id cache.
 
-Text files are streamed line by line and encoded in chunks by several processes, so
-memory does not grow with the corpus: a 4.5-million-pair corpus is encoded into flat
-``.npy`` arrays that training then reads through ``numpy.memmap`` (see
-``docs/performance.md``, "Data at scale"). This module needs no torch; batching lives in
-:mod:`nmt.data`.
+Text files are streamed line by line and encoded in blocks by several processes
+(``datasets.Dataset.map(num_proc=...)``), so memory does not grow with the corpus: a
+4.5-million-pair corpus is encoded into Arrow ``list<int32>`` columns that training then
+reads, memory-mapped, as NumPy views (see ``docs/performance.md``, "Data at scale").
+This module needs no torch; batching lives in :mod:`nmt.data`.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import ctypes
 import gzip
 import hashlib
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 import re
 import select
@@ -29,10 +29,7 @@ import threading
 import time
 import typing
 import zlib
-from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -229,11 +226,11 @@ class ParallelText:
     name: str = "the in-memory corpus"  # for messages: the two files, or the dataset and split
 
     @classmethod
-    def files(cls, src_path: str | Path, tgt_path: str | Path) -> "ParallelText":
+    def files(cls, src_path: str | Path, tgt_path: str | Path) -> ParallelText:
         return cls(src_path=Path(src_path), tgt_path=Path(tgt_path), name=f"{src_path} and {tgt_path}")
 
     @classmethod
-    def lists(cls, src: list[str], tgt: list[str], name: str = "the in-memory corpus") -> "ParallelText":
+    def lists(cls, src: list[str], tgt: list[str], name: str = "the in-memory corpus") -> ParallelText:
         if len(src) != len(tgt):
             raise DataError(f"{name}: {len(src)} source lines but {len(tgt)} target lines: a parallel corpus needs one target line per source line")
         return cls(src_lines=src, tgt_lines=tgt, name=name)
@@ -397,7 +394,7 @@ class CleanReport:
     def kept(self) -> int:
         return self.total - self.empty - self.too_long - self.bad_ratio
 
-    def add(self, other: "CleanReport") -> None:
+    def add(self, other: CleanReport) -> None:
         for name, value in asdict(other).items():
             setattr(self, name, getattr(self, name) + value)
 
@@ -420,6 +417,40 @@ def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], C
     return out_src, out_tgt, report
 
 
+# Why encode_rows dropped a pair (one int8 a pair in the cache: the cleaning counts come from it).
+KEPT, EMPTY, TOO_LONG, BAD_RATIO = 0, 1, 2, 3
+
+
+def encode_rows(tokenizer: Tokenizer, src: list[str], tgt: list[str], max_len: int | None = None, max_len_ratio: float | None = None, threads: int = -1) -> tuple[list[list[int]], list[list[int]], np.ndarray]:
+    """Piece ids of every pair, and why each pair is dropped (:data:`KEPT` if it is not).
+
+    A pair is :data:`EMPTY` when a side has no pieces. Lines are encoded as they are, as
+    ``nmt translate`` encodes them: SentencePiece's normalisation removes leading, trailing
+    and repeated whitespace itself, and a line of only U+200B (not blank to ``str.strip``)
+    has no pieces either. With ``max_len``, a pair is :data:`TOO_LONG` when a side has more
+    than ``max_len`` pieces, and :data:`BAD_RATIO` when the longer side has more than
+    ``max_len_ratio`` times the pieces of the shorter.
+
+    Returns:
+        source ids, target ids (one list a pair, in order) and the reasons, int8 ``(n,)``.
+    """
+    src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
+    s = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))
+    t = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))
+    reason = np.where((s == 0) | (t == 0), EMPTY, KEPT).astype(np.int8)
+    if max_len is not None:
+        reason[(reason == KEPT) & ((s > max_len) | (t > max_len))] = TOO_LONG
+        if max_len_ratio:
+            reason[(reason == KEPT) & (np.maximum(s, t) > max_len_ratio * np.maximum(1, np.minimum(s, t)))] = BAD_RATIO
+    return src_ids, tgt_ids, reason
+
+
+def report_of(reason: np.ndarray) -> CleanReport:
+    """The cleaning counts of :func:`encode_rows`'s reasons."""
+    counts = np.bincount(reason, minlength=4)
+    return CleanReport(total=len(reason), empty=int(counts[EMPTY]), too_long=int(counts[TOO_LONG]), bad_ratio=int(counts[BAD_RATIO]))
+
+
 @dataclass
 class CleanPairs:
     """Pairs kept by :func:`clean_pairs`: stripped lines, their piece ids, and the counts."""
@@ -432,19 +463,12 @@ class CleanPairs:
 
 
 def clean_pairs(tokenizer: Tokenizer, src: list[str], tgt: list[str], threads: int = -1) -> CleanPairs:
-    """Tokenize, and drop every pair with an empty side, where empty means no pieces.
-
-    Lines are encoded as they are, as ``nmt translate`` encodes them: SentencePiece's
-    normalisation removes leading, trailing and repeated whitespace itself, and a line of
-    only U+200B (not blank to ``str.strip``) has no pieces either. The kept text is
-    stripped. Dropped pairs are counted in ``report.empty``.
-    """
-    src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
-    keep = [bool(s) and bool(t) for s, t in zip(src_ids, tgt_ids)]
-    report = CleanReport(total=len(src), empty=keep.count(False))
-    if report.empty:
-        src, tgt, src_ids, tgt_ids = (list(itertools.compress(x, keep)) for x in (src, tgt, src_ids, tgt_ids))
-    return CleanPairs([s.strip() for s in src], [t.strip() for t in tgt], src_ids, tgt_ids, report)
+    """Tokenize, and drop every pair with a side of no pieces (:func:`encode_rows`, no length
+    filter). The kept text is stripped; dropped pairs are counted in ``report.empty``."""
+    src_ids, tgt_ids, reason = encode_rows(tokenizer, src, tgt, threads=threads)
+    keep = (reason == KEPT).tolist()
+    src, tgt, src_ids, tgt_ids = (list(itertools.compress(x, keep)) for x in (src, tgt, src_ids, tgt_ids))
+    return CleanPairs([s.strip() for s in src], [t.strip() for t in tgt], src_ids, tgt_ids, report_of(reason))
 
 
 def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
@@ -454,7 +478,7 @@ def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
         DataError: as :meth:`ParallelText.pairs`, or no pair has text on both sides.
     """
     kept = 0
-    for block in text.chunks(CHUNK_LINES):  # encoding then decides by pieces (clean_pairs)
+    for block in text.chunks(CHUNK_LINES):  # encoding then decides by pieces (encode_rows)
         lines = strip_pairs(*block)[side]
         kept += len(lines)
         yield from lines
@@ -465,109 +489,99 @@ def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
 # --------------------------------------------------------------------------- encoding
 
 
-@dataclass
 class EncodedCorpus:
-    """Token ids of a parallel corpus in two flat arrays with offsets (memory-mappable).
+    """Token ids of the kept pairs of a parallel corpus, read without copying.
 
-    Example ``i`` is ``src_ids[src_offsets[i]:src_offsets[i+1]]`` (no EOS yet). Ids are
-    int32, offsets int64: 4 bytes a piece plus 16 bytes a pair on disk.
+    Each side is a list of blocks ``(ids, offsets)``: in a cache, the Arrow record batches of
+    a ``list<int32>`` column, memory-mapped (``datasets`` writes them); in memory, one block.
+    Example ``i`` is row ``rows[i]`` (all rows when ``rows`` is None), whose ids are
+    ``ids[offsets[j]:offsets[j + 1]]`` of its block, ``j`` its row within the block (no EOS yet).
     """
 
-    src_ids: np.ndarray
-    src_offsets: np.ndarray
-    tgt_ids: np.ndarray
-    tgt_offsets: np.ndarray
-    key: str = ""  # cache key: a hash of the text, tokenizer and filters
+    def __init__(self, src_blocks: list[tuple[np.ndarray, np.ndarray]], tgt_blocks: list[tuple[np.ndarray, np.ndarray]], rows: np.ndarray | None = None, key: str = ""):
+        self.src_blocks, self.tgt_blocks, self.rows, self.key = src_blocks, tgt_blocks, rows, key  # key: the cache key
+        sizes = [len(offsets) - 1 for _, offsets in src_blocks]
+        self.starts = np.zeros(len(sizes) + 1, dtype=np.int64)  # first row of each block
+        np.cumsum(sizes, out=self.starts[1:])
+        self.src_lengths, self.tgt_lengths = (self._lengths(blocks) for blocks in (src_blocks, tgt_blocks))
 
-    FILES = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
+    def _lengths(self, blocks: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Pieces per example plus one (EOS, or BOS on the decoder input), int64 ``(n,)``."""
+        lengths = np.concatenate([np.diff(offsets) for _, offsets in blocks] or [np.zeros(0, np.int64)]).astype(np.int64) + 1
+        return lengths if self.rows is None else lengths[self.rows]
 
     def __len__(self) -> int:
-        return len(self.src_offsets) - 1
+        return len(self.src_lengths)
+
+    def _ids(self, blocks: list[tuple[np.ndarray, np.ndarray]], i: int) -> np.ndarray:
+        row = int(i if self.rows is None else self.rows[i])
+        block = int(np.searchsorted(self.starts, row, side="right")) - 1
+        ids, offsets = blocks[block]
+        j = row - int(self.starts[block])
+        return ids[offsets[j] : offsets[j + 1]]
 
     def src(self, i: int) -> np.ndarray:
-        return self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]]
+        """Source piece ids of example ``i``, int32 ``(src_len - 1,)``."""
+        return self._ids(self.src_blocks, i)
 
     def tgt(self, i: int) -> np.ndarray:
-        return self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
-
-    @property
-    def src_lengths(self) -> np.ndarray:
-        """Pieces per source sentence plus EOS, shape ``(n,)``."""
-        return np.diff(self.src_offsets) + 1
-
-    @property
-    def tgt_lengths(self) -> np.ndarray:
-        """Pieces per target sentence plus BOS (input) or EOS (output), shape ``(n,)``."""
-        return np.diff(self.tgt_offsets) + 1
+        """Target piece ids of example ``i``, int32 ``(tgt_len - 1,)``."""
+        return self._ids(self.tgt_blocks, i)
 
     @classmethod
-    def from_lists(cls, src: list[list[int]], tgt: list[list[int]]) -> "EncodedCorpus":
-        (src_ids, src_lengths), (tgt_ids, tgt_lengths) = _flatten(src), _flatten(tgt)
-        return cls(src_ids, _offsets([src_lengths]), tgt_ids, _offsets([tgt_lengths]))
+    def from_lists(cls, src: list[list[int]], tgt: list[list[int]]) -> EncodedCorpus:
+        """One in-memory block of every pair given."""
+        return cls([_flatten(src)], [_flatten(tgt)])
 
     @classmethod
-    def load(cls, directory: Path, key: str, mmap: bool = True) -> "EncodedCorpus":
-        """Open a cache directory; ``mmap`` maps the files instead of reading them into memory."""
-        return cls(*(np.load(directory / f"{n}.npy", mmap_mode="r" if mmap else None) for n in cls.FILES), key=key)
+    def from_table(cls, table, key: str = "") -> tuple[EncodedCorpus, CleanReport]:
+        """The kept pairs of an Arrow table written by :func:`encode_corpus` (columns
+        ``src_ids``, ``tgt_ids``: ``list<int32>``; ``reason``: int8), and its cleaning counts.
+
+        Raises:
+            ValueError: the table does not hold such columns (a damaged or foreign cache).
+        """
+        import pyarrow as pa
+
+        def blocks(name: str) -> list[tuple[np.ndarray, np.ndarray]]:
+            column = table.column(name)
+            if column.type != pa.list_(pa.int32()):
+                raise ValueError(f"column {name} is {column.type}, not list<int32>")
+            return [(chunk.values.to_numpy(), chunk.offsets.to_numpy()) for chunk in column.chunks if len(chunk)]
+
+        reason = table.column("reason").to_numpy().astype(np.int8, copy=False)
+        kept = reason == KEPT
+        corpus = cls(blocks("src_ids"), blocks("tgt_ids"), None if kept.all() else np.flatnonzero(kept), key)
+        if len(corpus.starts) - 1 and corpus.starts[-1] != len(reason):
+            raise ValueError("columns of different lengths")
+        return corpus, report_of(reason)
 
 
 def _flatten(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, offsets)``: the sequences back to back (int32) and where each starts (int64, ``(n + 1,)``)."""
     lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
-    return ids, lengths
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return ids, offsets
 
 
-def _offsets(lengths: list[np.ndarray]) -> np.ndarray:
-    total = sum(len(x) for x in lengths)
-    offsets = np.zeros(total + 1, dtype=np.int64)
-    if total:
-        np.cumsum(np.concatenate(lengths), out=offsets[1:])
-    return offsets
+_worker_tokenizers: dict[bytes, Tokenizer] = {}
+_watched_parent: int | None = None
+_encoding_parent: int | None = None  # while encode_corpus maps: its process id, inherited by forked children
 
 
-@dataclass
-class _Chunk:
-    """One encoded block: flat ids and per-pair lengths of the kept pairs, and its cleaning counts."""
+def _watch_parent(parent: int) -> None:
+    """In a child of ``parent`` (the encoder process, or one of its pool workers): exit when the
+    parent is gone, even killed with SIGKILL (a pool worker would otherwise wait on its task
+    queue forever: forked siblings keep the queue open). Portable; on Linux
+    :func:`_die_with_parent` also asks the kernel."""
+    global _watched_parent
+    if parent == os.getpid() or _watched_parent == parent:
+        return
+    _watched_parent = parent
 
-    src_ids: np.ndarray
-    src_lengths: np.ndarray
-    tgt_ids: np.ndarray
-    tgt_lengths: np.ndarray
-    report: CleanReport
-
-
-def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], max_len: int | None, max_len_ratio: float | None, threads: int = -1) -> _Chunk:
-    """Clean (:func:`clean_pairs`), encode and length-filter one block of pairs.
-
-    A pair is dropped when a side has more than ``max_len`` pieces, or when the longer
-    side exceeds ``max_len_ratio`` times the shorter (both only if ``max_len`` is set).
-    """
-    cleaned = clean_pairs(tokenizer, src, tgt, threads)
-    src_ids, tgt_ids, report = cleaned.src_ids, cleaned.tgt_ids, cleaned.report
-    s = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))
-    t = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))
-    if max_len is not None and len(s):
-        too_long = (s > max_len) | (t > max_len)
-        bad_ratio = ~too_long & (np.maximum(s, t) > max_len_ratio * np.maximum(1, np.minimum(s, t))) if max_len_ratio else np.zeros_like(too_long)
-        report.too_long, report.bad_ratio = int(too_long.sum()), int(bad_ratio.sum())
-        keep = ~(too_long | bad_ratio)
-        if not keep.all():
-            src_ids = list(itertools.compress(src_ids, keep))
-            tgt_ids = list(itertools.compress(tgt_ids, keep))
-    (si, sl), (ti, tl) = _flatten(src_ids), _flatten(tgt_ids)
-    return _Chunk(si, sl, ti, tl, report)
-
-
-_worker_tokenizer: Tokenizer | None = None
-
-
-def _start_worker(protos: dict[str, bytes]) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = Tokenizer.from_protos(protos)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops the pool
-    parent = os.getppid()
-
-    def exit_with_parent() -> None:  # a parent killed with SIGKILL cannot stop its pool
+    def exit_with_parent() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
         os._exit(1)
@@ -575,34 +589,65 @@ def _start_worker(protos: dict[str, bytes]) -> None:
     threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
-def _encode_in_worker(src: list[str], tgt: list[str], max_len: int | None, max_len_ratio: float | None) -> _Chunk:
-    return encode_chunk(_worker_tokenizer, src, tgt, max_len, max_len_ratio, threads=1)
+def _die_with_parent(parent: int | None = None) -> None:
+    """In a child of an encoding process (at fork, or at the start of the encoder process):
+    ask the kernel (Linux) for SIGKILL when the parent dies. This reaches the processes that
+    run none of nmt's code, such as the ``multiprocess`` manager that ``datasets`` starts."""
+    parent = parent or _encoding_parent
+    if parent is None:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the workers' own watch remains
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
-class _ArrayFile:
-    """A 1-D ``.npy`` file written by appending, its length set in the header at the end."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_die_with_parent)
 
-    def __init__(self, path: Path, dtype: np.dtype):
-        self.path, self.dtype, self.length = path, np.dtype(dtype), 0
-        self.file = open(path, "wb")
-        self.header_bytes = self._header()
 
-    def _header(self) -> int:
-        self.file.seek(0)
-        np.lib.format.write_array_header_1_0(self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (self.length,)})
-        return self.file.tell()
+def _encode_batch(table, protos: dict[str, bytes], max_len: int | None, max_len_ratio: float | None, parent: int):
+    """``datasets.Dataset.map`` function: a block of text pairs (columns ``src``, ``tgt``) as
+    ``list<int32>`` id columns and the int8 ``reason`` of :func:`encode_rows`. A dropped pair
+    keeps its row, with no ids, so that its reason is counted. ``parent``: the encoding
+    process's id (:func:`_watch_parent` in a worker)."""
+    import pyarrow as pa
 
-    def append(self, values: np.ndarray) -> None:
-        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
-        self.length += len(values)
+    _watch_parent(parent)
+    digest = hashlib.sha1(b"".join(protos[k] for k in sorted(protos))).digest()
+    if digest not in _worker_tokenizers:  # one tokenizer a process, loaded once
+        _worker_tokenizers.clear()
+        _worker_tokenizers[digest] = Tokenizer.from_protos(protos)
+    tokenizer = _worker_tokenizers[digest]
+    src_ids, tgt_ids, reason = encode_rows(tokenizer, table.column("src").to_pylist(), table.column("tgt").to_pylist(), max_len, max_len_ratio, threads=1)
+    dropped = np.flatnonzero(reason != KEPT)
+    for i in dropped:
+        src_ids[i] = tgt_ids[i] = []
 
-    def close(self) -> None:
-        # numpy pads the header to a fixed size (room for growth), so rewriting it in place is safe
-        if self._header() != self.header_bytes:
-            raise RuntimeError(f"{self.path}: .npy header changed size; cannot finalise in place")
-        self.file.flush()
-        os.fsync(self.file.fileno())  # on disk before the directory is renamed into place
-        self.file.close()
+    def column(seqs: list[list[int]]):
+        ids, offsets = _flatten(seqs)
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids, type=pa.int32()))
+
+    return pa.table({"src_ids": column(src_ids), "tgt_ids": column(tgt_ids), "reason": pa.array(reason, type=pa.int8())})
+
+
+def _text_rows(text: ParallelText) -> Iterator[dict[str, str]]:
+    for s, t in text.pairs():
+        yield {"src": s, "tgt": t}
+
+
+def cache_key(text: ParallelText, tokenizer: Tokenizer, max_len: int | None, max_len_ratio: float | None) -> str:
+    """16 hex digits hashing :data:`CACHE_FORMAT`, the text (file bytes or lines, length-prefixed),
+    the tokenizer and the filter settings: equal keys mean equal encodings."""
+    key = hashlib.sha1(f"nmt encoded corpus, format {CACHE_FORMAT}\0".encode())
+    for proto in tokenizer.protos().values():
+        key.update(len(proto).to_bytes(8, "little"))
+        key.update(proto)
+    key.update(repr((max_len, max_len_ratio)).encode())
+    text.fingerprint(key)
+    return key.hexdigest()[:16]
 
 
 def encode_corpus(
@@ -615,29 +660,25 @@ def encode_corpus(
     workers: int = 1,
     chunk_lines: int = CHUNK_LINES,
 ) -> tuple[EncodedCorpus, CleanReport]:
-    """Strip, encode and (with ``max_len``) length-filter a parallel corpus into a cache.
+    """Encode and (with ``max_len``) length-filter a parallel corpus (:func:`encode_rows`) into
+    an Arrow cache written by the ``datasets`` library.
 
-    The text is read in blocks of ``chunk_lines`` pairs; with ``workers > 1`` and more
-    than one block, ``workers`` processes encode blocks in parallel (at most two blocks
-    a worker in flight, so memory stays flat) and the main process appends their ids, in
-    order, to ``.npy`` files. The result does not depend on ``workers``.
+    The text is streamed into a ``datasets.Dataset`` (``Dataset.from_generator``), which
+    ``Dataset.map`` encodes in blocks of ``chunk_lines`` pairs, in ``workers`` processes when
+    there is more than one block (``num_proc``). The result does not depend on ``workers``.
+    The text's own Arrow copy is deleted once the ids are written, so the cache holds only
+    ids (4 bytes a piece, 9 bytes a pair).
 
-    The cache key hashes :data:`CACHE_FORMAT`, the text (file bytes or lines), the
-    tokenizer and the filter settings; a later run on the same input maps ``cache_dir/KEY`` read-only without
-    tokenizing. A cache directory appears only when complete (written under a temporary
-    name, then renamed). ``write=False`` reads the cache but never writes it; without a
-    cache (or with ``write=False`` on a miss) the ids are held in memory.
+    The cache directory ``cache_dir/KEY`` (:func:`cache_key`) appears only when complete
+    (written under a temporary name, then renamed); a later run on the same input maps its
+    files read-only without tokenizing. ``write=False`` reads the cache but never writes
+    it; without a cache (or with ``write=False`` on a miss) the ids are held in memory.
 
     Raises:
-        DataError: unreadable text or line counts that differ (nothing is left behind).
+        DataError: unreadable text or line counts that differ (nothing is left behind), or
+            the cache cannot be written.
     """
-    key = hashlib.sha1(f"nmt encoded corpus, format {CACHE_FORMAT}\0".encode())
-    for proto in tokenizer.protos().values():
-        key.update(len(proto).to_bytes(8, "little"))
-        key.update(proto)
-    key.update(repr((max_len, max_len_ratio)).encode())
-    text.fingerprint(key)
-    name = key.hexdigest()[:16]
+    name = cache_key(text, tokenizer, max_len, max_len_ratio)
     path = cache_dir / name if cache_dir is not None else None
     if cache_dir is not None and cache_dir.is_dir():
         _remove_stale_temporaries(cache_dir)
@@ -646,37 +687,162 @@ def encode_corpus(
         if cached is not None:
             return cached
     keep = path is not None and write
-    if keep:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(name), dir=path.parent))
-    else:
-        tmp = Path(tempfile.mkdtemp(prefix="nmt-encode-"))
+    try:
+        if keep:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(name), dir=path.parent))
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix="nmt-encode-"))
+    except OSError as exc:
+        raise DataError(f"cannot write the encoded corpus under {path.parent if keep else tempfile.gettempdir()} ({exc.strerror or exc}); free some space or set data.cache_dir elsewhere") from None
     try:
         try:
-            report = _encode_into(tmp, text, tokenizer, max_len, max_len_ratio, workers, chunk_lines)
+            _encode_into(tmp, name, text, tokenizer, max_len, max_len_ratio, workers, chunk_lines)
         except OSError as exc:
             raise DataError(f"cannot write the encoded corpus under {tmp.parent} ({exc.strerror or exc}); free some space or set data.cache_dir elsewhere") from None
-        except BrokenProcessPool:
-            raise DataError("an encoding worker process died (out of memory?); lower data.workers") from None
         if not keep:
-            return EncodedCorpus.load(tmp, name, mmap=False), report
+            return _open(tmp, name, in_memory=True)
         try:
             os.replace(tmp, path)
         except OSError:  # another process finished the same cache first; theirs is identical
             pass
-        return EncodedCorpus.load(path, name), report
+        return _open(path, name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _encode_into(directory: Path, name: str, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, workers: int, chunk_lines: int) -> None:
+    """Write ``directory/ids*.arrow`` and, last, ``report.json``.
+
+    With ``workers > 1`` and more than one block of text, the work runs in an encoder
+    process (spawned) whose ``map`` forks ``workers`` processes. The encoder and its
+    children ignore Ctrl-C: an interrupt reaches this process only, which kills the encoder
+    (and the kernel its children). Interrupting ``multiprocess``' pool in the middle of its
+    own bookkeeping instead hung it about one time in fourteen.
+    """
+    protos = tokenizer.protos()
+    if workers > 1 and sum(1 for _ in itertools.islice(text.pairs(), chunk_lines + 1)) > chunk_lines:
+        _in_encoder_process(directory, name, text, protos, max_len, max_len_ratio, workers, chunk_lines)
+    else:
+        _map_to_arrow(directory, name, text, protos, max_len, max_len_ratio, 1, chunk_lines)
+    corpus, report = _open(directory, name)
+    del corpus
+    _write_synced(directory / "report.json", json.dumps(asdict(report)))  # written last: marks a complete cache
+
+
+def _map_to_arrow(directory: Path, name: str, text: ParallelText, protos: dict[str, bytes], max_len, max_len_ratio, workers: int, chunk_lines: int) -> None:
+    """``Dataset.from_generator`` over the text, then ``map`` (``num_proc=workers`` when above 1)
+    writing ``directory/ids*.arrow``; the text's own Arrow copy is deleted after."""
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+
+    datasets.disable_progress_bars()
+    text_dir = directory / "text"
+    features = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
+    try:
+        rows = datasets.Dataset.from_generator(_text_rows, features=features, gen_kwargs={"text": text}, cache_dir=str(text_dir), fingerprint=f"{name}-text")
+    except DatasetGenerationError as exc:  # reading the text failed: report the reader's own error
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, (DataError, OSError)):
+            raise cause from None
+        raise
+    global _encoding_parent
+    _encoding_parent = os.getpid()
+    try:
+        rows.with_format("arrow").map(
+            _encode_batch,
+            batched=True,
+            batch_size=chunk_lines,
+            writer_batch_size=chunk_lines,
+            num_proc=workers if workers > 1 else None,
+            remove_columns=["src", "tgt"],
+            fn_kwargs={"protos": protos, "max_len": max_len, "max_len_ratio": max_len_ratio, "parent": os.getpid()},
+            cache_file_name=str(directory / "ids.arrow"),
+            new_fingerprint=name,
+        )
+    finally:
+        _encoding_parent = None
+    del rows
+    shutil.rmtree(text_dir)  # the ids are written; the text's Arrow copy is not needed again
+
+
+def _encoder_job(send, parent: int, *args) -> None:
+    """The encoder process: :func:`_map_to_arrow`, then ``None`` or the error through ``send``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C; forked workers inherit this
+    _die_with_parent(parent)
+    _watch_parent(parent)
+    try:
+        _map_to_arrow(*args)
+        send.send(None)
+    except BaseException as exc:  # noqa: BLE001 - every error goes to the parent, which raises it
+        try:
+            send.send(exc)
+        except Exception:  # noqa: BLE001 - an error that does not pickle
+            send.send(RuntimeError(f"{type(exc).__name__}: {exc}"))
+
+
+def _in_encoder_process(*args) -> None:
+    """Run :func:`_map_to_arrow` in a spawned process; its error is raised here.
+
+    Raises:
+        DataError: as :func:`_map_to_arrow`, or the process died (out of memory?).
+        KeyboardInterrupt: after killing the encoder (and, through the kernel, its workers).
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # not fork: this process may run threads (OpenMP, CUDA)
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_encoder_job, args=(send, os.getpid(), *args), name="nmt-encoder")
+    process.start()
+    send.close()
+    try:
+        try:
+            message = receive.recv()
+        except EOFError:
+            process.join()
+            message = DataError(f"the encoding process died (exit code {process.exitcode}; out of memory?); lower data.workers")
+        process.join()
+    except BaseException:
+        process.kill()
+        process.join()
+        raise
+    if message is not None:
+        raise message
+
+
+def _write_synced(path: Path, text: str) -> None:
+    """Write ``text`` and flush it, and every Arrow file beside it, to disk (before the rename)."""
+    for arrow in path.parent.glob("*.arrow"):
+        with open(arrow, "rb") as f:
+            os.fsync(f.fileno())
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _open(directory: Path, name: str, in_memory: bool = False) -> tuple[EncodedCorpus, CleanReport]:
+    """The corpus in ``directory``'s Arrow files (memory-mapped unless ``in_memory``), in the
+    order ``datasets`` wrote them (``ids.arrow``, or ``ids_00000_of_0000N.arrow``...)."""
+    import datasets
+
+    files = sorted(directory.glob("ids*.arrow"))
+    if not files:
+        raise ValueError("no Arrow files")
+    tables = [datasets.Dataset.from_file(str(f), in_memory=in_memory).data.table for f in files]
+    import pyarrow as pa
+
+    return EncodedCorpus.from_table(pa.concat_tables(tables) if len(tables) > 1 else tables[0], key=name)
 
 
 def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
     """The cache at ``path``, or None (after moving it out of the way) if it is incomplete or damaged."""
     try:
-        report = CleanReport(**json.loads((path / "report.json").read_text()))
-        corpus = EncodedCorpus.load(path, path.name)
-        if corpus.src_offsets[-1] != len(corpus.src_ids) or corpus.tgt_offsets[-1] != len(corpus.tgt_ids) or len(corpus.src_offsets) != len(corpus.tgt_offsets):
-            raise ValueError("offsets and ids disagree")
-    except (OSError, ValueError, TypeError, IndexError, json.JSONDecodeError) as exc:
+        expected = CleanReport(**json.loads((path / "report.json").read_text()))
+        corpus, report = _open(path, path.name)
+        if report != expected:
+            raise ValueError(f"its counts {report} are not the recorded {expected}")
+    except (OSError, ValueError, TypeError, KeyError, IndexError, json.JSONDecodeError) as exc:  # pyarrow's errors are ValueError or OSError
         log.warning("cache %s is damaged (%s); encoding again", path, exc)
         trash = path.with_name(f"{_temporary_prefix(path.name)}damaged")
         try:
@@ -714,54 +880,6 @@ def _remove_stale_temporaries(cache_dir: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         except PermissionError:  # alive, another user's
             pass
-
-
-def _encode_into(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, workers: int, chunk_lines: int) -> CleanReport:
-    files = {"src_ids": _ArrayFile(directory / "src_ids.npy", np.int32), "tgt_ids": _ArrayFile(directory / "tgt_ids.npy", np.int32)}
-    lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
-    report = CleanReport()
-
-    def add(chunk: _Chunk) -> None:
-        files["src_ids"].append(chunk.src_ids)
-        files["tgt_ids"].append(chunk.tgt_ids)
-        lengths["src"].append(chunk.src_lengths)
-        lengths["tgt"].append(chunk.tgt_lengths)
-        report.add(chunk.report)
-
-    try:
-        blocks = text.chunks(chunk_lines)
-        first = next(blocks, None)
-        second = next(blocks, None) if first is not None else None
-        blocks = itertools.chain([b for b in (first, second) if b is not None], blocks)
-        if workers > 1 and second is not None:
-            # spawn, not fork: the parent may already run threads (OpenMP, NCCL, CUDA)
-            context = multiprocessing.get_context("spawn")
-            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(tokenizer.protos(),))
-            try:
-                pending = deque()
-                for src, tgt in blocks:
-                    pending.append(pool.submit(_encode_in_worker, src, tgt, max_len, max_len_ratio))
-                    if len(pending) >= 2 * workers:
-                        add(pending.popleft().result())
-                while pending:
-                    add(pending.popleft().result())
-            except BaseException:  # an error or an interrupt: drop queued blocks, let running ones end (about a second)
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-            pool.shutdown()
-        else:
-            for src, tgt in blocks:  # one process; SentencePiece's own threads, as many as workers
-                add(encode_chunk(tokenizer, src, tgt, max_len, max_len_ratio, threads=max(1, workers)))
-    finally:
-        for f in files.values():
-            f.close()
-    for side in ("src", "tgt"):
-        with open(directory / f"{side}_offsets.npy", "wb") as f:
-            np.save(f, _offsets(lengths[side]))
-            f.flush()
-            os.fsync(f.fileno())
-    (directory / "report.json").write_text(json.dumps(asdict(report)))  # written last: marks a complete cache
-    return report
 
 
 def encoding_workers(requested: int = 0) -> int:

@@ -23,12 +23,9 @@ Example (2 CPU cores)::
 
     python scripts/bench_data.py --workers 1,2 --steps 100
 
-``--compare-datasets ROUNDS`` instead measures nmt's encoding cache against
-``datasets.Dataset.map(num_proc=...)`` writing a fingerprinted Arrow cache, by the same
-cleaning and encoding rules, alternating the two in child processes; it prints encoding
-time, time to the first batch, cache size and peak memory (Pss, summed over workers) per run::
-
-    python scripts/bench_data.py --workers 2 --compare-datasets 2
+Encoding is ``datasets.Dataset.map(num_proc=workers)`` into an Arrow cache (see
+:func:`nmt.corpus.encode_corpus`); docs/performance.md has the measurement that chose it
+over the hand-written ``.npy`` cache it replaced.
 
 Data: ``--data`` or $MULTI30K (default ``../shared/data/multi30k`` beside the checkout).
 """
@@ -134,7 +131,7 @@ def run(args, src: Path, tgt: Path, spm_model: Path, run_dir: Path, workers: int
     reader.join()
     if proc.returncode != 0:
         sys.exit("nmt train failed:\n" + "".join(log_lines[-30:]))
-    encode = next((float(x) for line in log_lines for x in re.findall(r"encoded or loaded in ([\d.]+) s", line)), None)
+    encode = next((float(x) for line in log_lines for x in re.findall(r"encoded or loaded from .* in ([\d.]+) s", line)), None)
     warm = [s for s in samples if s["step"] >= 10]
     cache = run_dir / "cache"
     train_cache = max(cache.iterdir(), key=du)
@@ -156,133 +153,6 @@ def run(args, src: Path, tgt: Path, spm_model: Path, run_dir: Path, workers: int
     }
 
 
-# ------------------------------------------------------------------ nmt's cache against datasets'
-
-
-def _encode_arrow(table, proto: bytes, max_len: int, max_len_ratio: float):
-    """``datasets.map`` function: the block ``table`` (columns src, tgt) encoded by nmt's own
-    rules (:func:`nmt.corpus.encode_chunk`), returned as list<int32> columns."""
-    import numpy as np
-    import pyarrow as pa
-
-    from nmt.corpus import encode_chunk
-    from nmt.tokenizer import Tokenizer
-
-    global _ARROW_TOKENIZER
-    if _ARROW_TOKENIZER is None:
-        _ARROW_TOKENIZER = Tokenizer.from_protos({"joint": proto})
-    chunk = encode_chunk(_ARROW_TOKENIZER, table.column("src").to_pylist(), table.column("tgt").to_pylist(), max_len, max_len_ratio, threads=1)
-
-    def column(ids, lengths):
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, type=pa.int32()))
-
-    return pa.table({"src_ids": column(chunk.src_ids, chunk.src_lengths), "tgt_ids": column(chunk.tgt_ids, chunk.tgt_lengths)})
-
-
-_ARROW_TOKENIZER = None
-
-
-def _pairs(src: str, tgt: str):
-    from nmt.corpus import ParallelText
-
-    for s, t in ParallelText.files(src, tgt).pairs():  # nmt's reading rules, so both variants read the same text
-        yield {"src": s, "tgt": t}
-
-
-class _ArrowCorpus:
-    """The two list<int32> columns of a memory-mapped Arrow table, read as :func:`nmt.data.collate` reads a corpus."""
-
-    def __init__(self, table):
-        import numpy as np
-        import pyarrow.compute as pc
-
-        self.columns = table.column("src_ids"), table.column("tgt_ids")
-        self.src_lengths, self.tgt_lengths = (np.concatenate([pc.list_value_length(c).to_numpy() for c in col.chunks]).astype(np.int64) + 1 for col in self.columns)
-
-    def src(self, i):
-        return self.columns[0][int(i)].values.to_numpy()
-
-    def tgt(self, i):
-        return self.columns[1][int(i)].values.to_numpy()
-
-
-def prepare_variant(variant: str, src: Path, tgt: Path, spm_model: Path, cache: Path, workers: int) -> dict:
-    """In this process: encode (or load from ``cache``) with ``variant`` ("nmt" or "datasets"),
-    then build the first batch of the first epoch as training would."""
-    start = time.perf_counter()
-    from nmt.data import TokenBatchSampler, collate
-    from nmt.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.load_dir(spm_model.parent)
-    if variant == "nmt":
-        from nmt.corpus import ParallelText, encode_corpus
-
-        corpus, report = encode_corpus(ParallelText.files(src, tgt), tokenizer, cache, max_len=128, max_len_ratio=3.0, workers=workers)
-    else:
-        import datasets
-
-        datasets.disable_progress_bars()
-        text = datasets.Dataset.from_generator(_pairs, gen_kwargs={"src": str(src), "tgt": str(tgt)}, cache_dir=str(cache))
-        encoded = text.with_format("arrow").map(
-            _encode_arrow, batched=True, batch_size=50_000, num_proc=workers, remove_columns=["src", "tgt"],
-            fn_kwargs={"proto": tokenizer.protos()["joint"], "max_len": 128, "max_len_ratio": 3.0},
-        )
-        corpus = _ArrowCorpus(encoded.data)
-    encoded_s = time.perf_counter() - start
-    sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, 4096, seed=1)
-    batch = collate(corpus, sampler.epoch_batches(0)[0])
-    return {"pairs_kept": len(corpus.src_lengths), "encode_s": round(encoded_s, 1), "first_batch_s": round(time.perf_counter() - start, 1), "batch_shape": list(batch.tgt_out.shape)}
-
-
-def _tree_memory(pid: int) -> tuple[float, float]:
-    """Proportional set size (Pss) and its anonymous part, in MB, of ``pid`` and all its
-    descendants: pages shared by forked workers count once in the sum, not once a process."""
-    pss = anon = 0.0
-    pending = [pid]
-    while pending:
-        p = pending.pop()
-        try:
-            with open(f"/proc/{p}/smaps_rollup") as f:
-                for line in f:
-                    key, _, value = line.partition(":")
-                    if key == "Pss":
-                        pss += int(value.split()[0]) / 1024
-                    elif key == "Pss_Anon":
-                        anon += int(value.split()[0]) / 1024
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                pending += [int(c) for c in f.read().split()]
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            pass
-    return pss, anon
-
-
-def compare_with_datasets(args, src: Path, tgt: Path, spm_model: Path, work: Path) -> None:
-    """Both variants in child processes, alternating (nmt, datasets, then datasets, nmt, ...),
-    each with an empty cache and then with its cache present; memory (Pss) summed over the
-    child and its workers every 100 ms."""
-    workers = int(args.workers.split(",")[-1])
-    for round_ in range(args.compare_datasets):
-        for variant in ("nmt", "datasets") if round_ % 2 == 0 else ("datasets", "nmt"):
-            cache = work / f"compare_{variant}"
-            shutil.rmtree(cache, ignore_errors=True)
-            for hit in (False, True):
-                cmd = [sys.executable, __file__, "--variant", variant, "--cache", str(cache), "--data", args.data, "--work", args.work, "--workers", str(workers), "--repeats", str(args.repeats)]
-                start = time.perf_counter()
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-                peak_rss = peak_anon = 0.0
-                while proc.poll() is None:
-                    rss, anon = _tree_memory(proc.pid)
-                    peak_rss, peak_anon = max(peak_rss, rss), max(peak_anon, anon)
-                    time.sleep(0.1)
-                result = json.loads(proc.stdout.read().strip().splitlines()[-1])
-                ids_bytes = du(cache) if variant == "nmt" else sum(f.stat().st_size for f in cache.rglob("cache-*.arrow"))
-                print(json.dumps({"round": round_, "variant": variant, "cache_hit": hit, "workers": workers, **result, "wall_s": round(time.perf_counter() - start, 1),
-                                  "cache_bytes": du(cache), "ids_cache_bytes": ids_bytes, "peak_tree_pss_mb": round(peak_rss), "peak_tree_anon_pss_mb": round(peak_anon),
-                                  "load_avg_1min": os.getloadavg()[0]}), flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")))
@@ -291,20 +161,10 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to compare")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compare-datasets", type=int, default=0, metavar="ROUNDS",
-                        help="instead: compare nmt's encoding cache with datasets.map(num_proc=workers)'s Arrow cache, ROUNDS alternating rounds")
-    parser.add_argument("--variant", choices=("nmt", "datasets"), help=argparse.SUPPRESS)  # one side of the comparison, in a child process
-    parser.add_argument("--cache", help=argparse.SUPPRESS)
     args = parser.parse_args()
     data, work = Path(args.data), Path(args.work)
     src, tgt, pairs = build_corpus(data, work / "corpus", args.repeats)
     spm_model = train_tokenizer_once(data, work)
-    if args.variant:
-        print(json.dumps(prepare_variant(args.variant, src, tgt, spm_model, Path(args.cache), int(args.workers))))
-        return
-    if args.compare_datasets:
-        compare_with_datasets(args, src, tgt, spm_model, work)
-        return
     base = {"pairs": pairs, "corpus_bytes": src.stat().st_size + tgt.stat().st_size, "cpus": len(os.sched_getaffinity(0))}
     run_dir = None
     for workers in [int(w) for w in args.workers.split(",")]:

@@ -18,8 +18,8 @@ from nmt.corpus import (
     check_inputs,
     clean_pairs,
     count_lines,
-    encode_chunk,
     encode_corpus,
+    encode_rows,
     load_split,
     read_lines,
     read_parallel,
@@ -131,8 +131,9 @@ def test_encoding_is_cached_and_filters_are_counted(tmp_path, toy_tokenizer, mon
 
     monkeypatch.setattr(type(toy_tokenizer), "encode_src", fail)
     again, report_again = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
-    assert np.array_equal(again.tgt_ids, corpus.tgt_ids) and np.array_equal(again.src_offsets, corpus.src_offsets)
-    assert isinstance(again.src_ids, np.memmap) and report_again == report
+    assert _examples(again) == _examples(corpus) and report_again == report
+    (arrow,) = (tmp_path / again.key).glob("*.arrow")  # the ids only: the text's Arrow copy is gone
+    assert str(arrow) in Path("/proc/self/maps").read_text()  # read through a memory map, not copied
 
 
 def test_hugging_face_datasets_from_local_json(tmp_path):
@@ -168,12 +169,13 @@ def test_damaged_gzip_is_a_clear_error(tmp_path):
         read_lines(tmp_path)
 
 
-def _corpus_arrays(corpus):
-    return [np.asarray(getattr(corpus, name)) for name in EncodedCorpus.FILES]
+def _examples(corpus):
+    """Every example's (source ids, target ids), as lists."""
+    return [(corpus.src(i).tolist(), corpus.tgt(i).tolist()) for i in range(len(corpus))]
 
 
 def test_worker_processes_and_blocks_give_the_same_cache_as_one_pass(tmp_path, toy_tokenizer):
-    """Streaming in blocks through 2 spawned processes == encoding the lists at once."""
+    """Streaming in blocks through 2 processes (datasets' map, num_proc=2) == encoding the lists at once."""
     src, tgt = read_parallel(TOY / "valid.en", TOY / "valid.de")
     src[7], tgt[11] = "   ", "x " * 25  # one empty side, one over the length ratio
     (tmp_path / "t.en").write_text("\n".join(src) + "\n")
@@ -182,8 +184,9 @@ def test_worker_processes_and_blocks_give_the_same_cache_as_one_pass(tmp_path, t
     one, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=50, max_len_ratio=3.0)
     many, report_many = encode_corpus(ParallelText.files(tmp_path / "t.en", tmp_path / "t.de.gz"), toy_tokenizer, tmp_path / "cache", max_len=50, max_len_ratio=3.0, workers=2, chunk_lines=64)
     assert (report.total, report.empty, report.bad_ratio, report.kept) == (500, 1, 1, 498) and report_many == report
-    for a, b in zip(_corpus_arrays(one), _corpus_arrays(many)):
-        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert _examples(one) == _examples(many) and many.src(0).dtype == np.int32
+    assert np.array_equal(one.src_lengths, many.src_lengths) and np.array_equal(one.tgt_lengths, many.tgt_lengths)
+    assert len(list((tmp_path / "cache" / many.key).glob("ids_*.arrow"))) == 2  # one file a process
     assert toy_tokenizer.src.decode(many.src(0).tolist()) == src[0]
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [next((tmp_path / "cache").iterdir()).name]  # no temporary left
 
@@ -206,17 +209,17 @@ def test_damaged_cache_is_encoded_again_and_stale_temporaries_go(tmp_path, toy_t
     text = ParallelText.lists(src, tgt)
     first, report = encode_corpus(text, toy_tokenizer, tmp_path)
     (entry,) = list(tmp_path.iterdir())
-    expected = [np.array(a) for a in _corpus_arrays(first)]
+    expected = _examples(first)
     del first
-    with open(entry / "src_ids.npy", "r+b") as f:  # cut the file short, as an interrupted copy would
-        f.truncate(200)
+    (arrow,) = entry.glob("*.arrow")
+    with open(arrow, "r+b") as f:  # cut the file short, as an interrupted copy would
+        f.truncate(arrow.stat().st_size // 2)
     stale = tmp_path / f"{entry.name}.tmp-{corpus_module._HOST}-999999999-x"  # left by a killed run here (no such process)
     stale.mkdir()
     elsewhere = tmp_path / f"{entry.name}.tmp-another-machine-999999999-x"  # in progress on another host sharing the directory
     elsewhere.mkdir()
     again, report_again = encode_corpus(text, toy_tokenizer, tmp_path)
-    for a, b in zip(expected, _corpus_arrays(again)):
-        assert np.array_equal(a, b)
+    assert _examples(again) == expected
     assert report_again == report and sorted(p.name for p in tmp_path.iterdir()) == sorted([entry.name, elsewhere.name])
 
 
@@ -325,5 +328,80 @@ def test_lines_with_no_pieces_are_dropped_and_counted(toy_tokenizer):
     kept = clean_pairs(toy_tokenizer, src, tgt)
     assert kept.src == ["the dog .", "the man ."] and kept.tgt == ["der Hund .", "der Mann ."]
     assert kept.report == CleanReport(total=6, empty=4) and all(kept.src_ids) and all(kept.tgt_ids)
-    chunk = encode_chunk(toy_tokenizer, src, tgt, max_len=100, max_len_ratio=3.0)
-    assert chunk.report.empty == 4 and list(chunk.src_lengths) == [len(i) for i in kept.src_ids]
+    src_ids, _, reason = encode_rows(toy_tokenizer, src, tgt, max_len=100, max_len_ratio=3.0)
+    assert reason.tolist() == [0, 1, 1, 1, 1, 0] and [src_ids[0], src_ids[5]] == kept.src_ids
+    corpus, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=100, max_len_ratio=3.0)
+    assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
+
+
+_ENCODE_SCRIPT = """
+import signal, sys
+from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with Ctrl-C ignored
+from nmt.corpus import ParallelText, encode_corpus
+from nmt.tokenizer import Tokenizer
+d = Path(sys.argv[1])
+try:
+    encode_corpus(ParallelText.files(d / "big.en", d / "big.de"), Tokenizer.load_dir(d), d / "cache", workers=2, chunk_lines=500)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+print("finished", flush=True)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    found = _children(pid)
+    for child in list(found):
+        found += _descendants(child)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("how", ["SIGKILL", "Ctrl-C"])
+def test_stopping_the_encoding_process_leaves_no_process_and_no_cache(tmp_path, toy_tokenizer, how):
+    """Killed (SIGKILL) or interrupted (SIGINT to the process group, as a terminal sends it)
+    while datasets' pool encodes: every descendant (the encoder process, its pool workers and
+    datasets' manager) is gone within seconds, an interrupt is reported as one, and no cache
+    directory is left complete."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
+    (tmp_path / "big.en").write_text("\n".join(src * 8) + "\n")
+    (tmp_path / "big.de").write_text("\n".join(tgt * 8) + "\n")
+    toy_tokenizer.save(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", _ENCODE_SCRIPT, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(len(_children(c)) >= 3 for c in _children(proc.pid)):  # the encoder's 2 pool workers and manager
+            assert proc.poll() is None and time.monotonic() < deadline, "the pool never started"
+            time.sleep(0.05)
+        children = _descendants(proc.pid)
+        if how == "SIGKILL":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{c}").exists() and "zombie" not in Path(f"/proc/{c}/status").read_text() for c in children):
+            assert time.monotonic() < deadline, f"children left: {[c for c in children if Path(f'/proc/{c}').exists()]}"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if how == "Ctrl-C":
+        assert (proc.returncode, out.strip()) == (130, "interrupted")
+        assert list((tmp_path / "cache").iterdir()) == []  # the temporary directory went too
+    else:
+        assert proc.returncode == -signal.SIGKILL
+        assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" not in p.name]  # only a temporary, swept by the next run
