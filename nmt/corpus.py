@@ -633,6 +633,14 @@ def _encode_batch(table, protos: dict[str, bytes], max_len: int | None, max_len_
     return pa.table({"src_ids": column(src_ids), "tgt_ids": column(tgt_ids), "reason": pa.array(reason, type=pa.int8())})
 
 
+def _ids_features():
+    """The cache's columns, as ``datasets`` features."""
+    import datasets
+
+    ids = datasets.List(datasets.Value("int32")) if hasattr(datasets, "List") else datasets.Sequence(datasets.Value("int32"))
+    return datasets.Features({"src_ids": ids, "tgt_ids": ids, "reason": datasets.Value("int8")})
+
+
 def _text_rows(text: ParallelText) -> Iterator[dict[str, str]]:
     for s, t in text.pairs():
         yield {"src": s, "tgt": t}
@@ -682,7 +690,8 @@ def encode_corpus(
     path = cache_dir / name if cache_dir is not None else None
     if cache_dir is not None and cache_dir.is_dir():
         _remove_stale_temporaries(cache_dir)
-    if path is not None and path.is_dir():
+    _remove_stale_temporaries(Path(tempfile.gettempdir()), f"{_UNCACHED}.tmp-*")
+    if path is not None and (path.is_dir() or path.is_symlink() or path.exists()):
         cached = _load_cache(path)
         if cached is not None:
             return cached
@@ -691,8 +700,8 @@ def encode_corpus(
         if keep:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(name), dir=path.parent))
-        else:
-            tmp = Path(tempfile.mkdtemp(prefix="nmt-encode-"))
+        else:  # held in memory once read; named like a cache's temporary, so a killed run's copy is swept
+            tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(_UNCACHED)))
     except OSError as exc:
         raise DataError(f"cannot write the encoded corpus under {path.parent if keep else tempfile.gettempdir()} ({exc.strerror or exc}); free some space or set data.cache_dir elsewhere") from None
     try:
@@ -704,8 +713,11 @@ def encode_corpus(
             return _open(tmp, name, in_memory=True)
         try:
             os.replace(tmp, path)
-        except OSError:  # another process finished the same cache first; theirs is identical
-            pass
+        except OSError:  # another process finished the same cache first (theirs is identical), or path is not a cache
+            cached = _load_cache(path)  # moves anything but a complete cache aside
+            if cached is not None:
+                return cached
+            os.replace(tmp, path)
         return _open(path, name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -721,7 +733,13 @@ def _encode_into(directory: Path, name: str, text: ParallelText, tokenizer: Toke
     own bookkeeping instead hung it about one time in fourteen.
     """
     protos = tokenizer.protos()
-    if workers > 1 and sum(1 for _ in itertools.islice(text.pairs(), chunk_lines + 1)) > chunk_lines:
+    first_pairs = sum(1 for _ in itertools.islice(text.pairs(), chunk_lines + 1))
+    if first_pairs == 0:  # datasets makes no dataset of no rows: write the empty table itself
+        from datasets.arrow_writer import ArrowWriter
+
+        with ArrowWriter(features=_ids_features(), path=str(directory / "ids.arrow")) as writer:
+            writer.finalize()
+    elif workers > 1 and first_pairs > chunk_lines:
         _in_encoder_process(directory, name, text, protos, max_len, max_len_ratio, workers, chunk_lines)
     else:
         _map_to_arrow(directory, name, text, protos, max_len, max_len_ratio, 1, chunk_lines)
@@ -759,6 +777,7 @@ def _map_to_arrow(directory: Path, name: str, text: ParallelText, protos: dict[s
             fn_kwargs={"protos": protos, "max_len": max_len, "max_len_ratio": max_len_ratio, "parent": os.getpid()},
             cache_file_name=str(directory / "ids.arrow"),
             new_fingerprint=name,
+            features=_ids_features(),
         )
     finally:
         _encoding_parent = None
@@ -766,41 +785,49 @@ def _map_to_arrow(directory: Path, name: str, text: ParallelText, protos: dict[s
     shutil.rmtree(text_dir)  # the ids are written; the text's Arrow copy is not needed again
 
 
-def _encoder_job(send, parent: int, *args) -> None:
-    """The encoder process: :func:`_map_to_arrow`, then ``None`` or the error through ``send``."""
+def _encoder_job(connection, parent: int) -> None:
+    """The encoder process: receives :func:`_map_to_arrow`'s arguments through ``connection``,
+    and sends back ``None`` or the error."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C; forked workers inherit this
     _die_with_parent(parent)
     _watch_parent(parent)
     try:
-        _map_to_arrow(*args)
-        send.send(None)
+        _map_to_arrow(*connection.recv())
+        connection.send(None)
     except BaseException as exc:  # noqa: BLE001 - every error goes to the parent, which raises it
         try:
-            send.send(exc)
+            connection.send(exc)
         except Exception:  # noqa: BLE001 - an error that does not pickle
-            send.send(RuntimeError(f"{type(exc).__name__}: {exc}"))
+            connection.send(RuntimeError(f"{type(exc).__name__}: {exc}"))
 
 
 def _in_encoder_process(*args) -> None:
     """Run :func:`_map_to_arrow` in a spawned process; its error is raised here.
 
+    The arguments (the tokenizer alone is hundreds of KB) go through a pipe after the start,
+    not as the process's start-up data: a child that dies while starting (out of memory, a
+    script without an ``if __name__ == "__main__":`` guard) then gives an error here, not a
+    parent blocked forever on a full pipe.
+
     Raises:
-        DataError: as :func:`_map_to_arrow`, or the process died (out of memory?).
+        DataError: as :func:`_map_to_arrow`, or the process died.
         KeyboardInterrupt: after killing the encoder (and, through the kernel, its workers).
     """
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")  # not fork: this process may run threads (OpenMP, CUDA)
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_encoder_job, args=(send, os.getpid(), *args), name="nmt-encoder")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_encoder_job, args=(theirs, os.getpid()), name="nmt-encoder")
     process.start()
-    send.close()
+    theirs.close()
     try:
         try:
-            message = receive.recv()
-        except EOFError:
+            ours.send(args)
+            message = ours.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
             process.join()
-            message = DataError(f"the encoding process died (exit code {process.exitcode}; out of memory?); lower data.workers")
+            message = DataError(f"the encoding process died (exit code {process.exitcode}): out of memory (lower data.workers), or a script "
+                                "that calls nmt without an `if __name__ == \"__main__\":` guard (multiprocessing's spawn imports the script again)")
         process.join()
     except BaseException:
         process.kill()
@@ -849,7 +876,10 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
             os.replace(path, trash)
         except OSError:
             pass
-        shutil.rmtree(trash, ignore_errors=True)
+        if trash.is_dir() and not trash.is_symlink():
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            trash.unlink(missing_ok=True)
         return None
     return corpus, report
 
@@ -860,17 +890,19 @@ def _temporary_prefix(name: str) -> str:
     return f"{name}.tmp-{_HOST}-{os.getpid()}-"
 
 
+_UNCACHED = "nmt-encode"  # the temporary directory of an encoding that no cache keeps
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown"
 _TEMPORARY = re.compile(r"\.tmp-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[^/]*$")
 
 
-def _remove_stale_temporaries(cache_dir: Path) -> None:
-    """Delete temporary directories that this machine's killed runs left behind.
+def _remove_stale_temporaries(directory: Path, pattern: str = "*.tmp-*") -> None:
+    """Delete the temporary directories matching ``pattern`` in ``directory`` (a cache
+    directory, or the system's temporary directory) that this machine's killed runs left.
 
     Only this host's are judged: a process id means nothing on another machine, whose
-    work in progress in a shared ``cache_dir`` must survive.
+    work in progress in a shared cache directory must survive.
     """
-    for tmp in cache_dir.glob("*.tmp-*"):
+    for tmp in directory.glob(pattern):
         match = _TEMPORARY.search(tmp.name)
         if match is None or match["host"] != _HOST:
             continue

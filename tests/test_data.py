@@ -405,3 +405,52 @@ def test_stopping_the_encoding_process_leaves_no_process_and_no_cache(tmp_path, 
     else:
         assert proc.returncode == -signal.SIGKILL
         assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" not in p.name]  # only a temporary, swept by the next run
+
+
+def test_empty_corpus_and_a_cache_entry_that_is_not_a_directory(tmp_path, toy_tokenizer):
+    for cache in (tmp_path / "cache", None):
+        for workers in (1, 2):
+            corpus, report = encode_corpus(ParallelText.lists([], []), toy_tokenizer, cache, workers=workers)
+            assert (len(corpus), report, corpus.src_lengths.shape) == (0, CleanReport(), (0,))
+    text = ParallelText.lists(["the dog ."], ["der Hund ."])
+    key = encode_corpus(text, toy_tokenizer, tmp_path / "k")[0].key
+    for make in (lambda p: p.write_text("x"), lambda p: os.symlink(tmp_path / "nowhere", p)):  # a file, a dangling link
+        import shutil
+
+        shutil.rmtree(tmp_path / "k" / key)
+        make(tmp_path / "k" / key)
+        corpus, _ = encode_corpus(text, toy_tokenizer, tmp_path / "k")
+        assert toy_tokenizer.tgt.decode(corpus.tgt(0).tolist()) == "der Hund ." and (tmp_path / "k" / key / "report.json").is_file()
+
+
+def test_uncached_encodings_killed_midway_are_swept(tmp_path, toy_tokenizer, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / f"nmt-encode.tmp-{corpus_module._HOST}-999999999-x"  # a killed run's copy (no such process)
+    dead.mkdir()
+    alive = tmp_path / f"nmt-encode.tmp-{corpus_module._HOST}-{os.getpid()}-y"
+    alive.mkdir()
+    other = tmp_path / "someone-else.tmp-x-999999999-z"  # not nmt's: never touched
+    other.mkdir()
+    encode_corpus(ParallelText.lists(["a ."], ["b ."]), toy_tokenizer, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])
+
+
+def test_a_script_without_a_main_guard_gets_an_error_not_a_hang(tmp_path, toy_tokenizer):
+    """multiprocessing's spawn imports the calling script again; the encoder then dies at start."""
+    import subprocess
+    import sys
+
+    src, tgt = read_parallel(TOY / "valid.en", TOY / "valid.de")
+    (tmp_path / "t.en").write_text("\n".join(src) + "\n")
+    (tmp_path / "t.de").write_text("\n".join(tgt) + "\n")
+    toy_tokenizer.save(tmp_path)
+    script = tmp_path / "noguard.py"
+    script.write_text(
+        "from pathlib import Path\nfrom nmt.corpus import ParallelText, encode_corpus\nfrom nmt.tokenizer import Tokenizer\n"
+        f"d = Path({str(tmp_path)!r})\n"
+        "encode_corpus(ParallelText.files(d / 't.en', d / 't.de'), Tokenizer.load_dir(d), None, workers=2, chunk_lines=100)\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "DataError: the encoding process died" in proc.stderr and "__main__" in proc.stderr
