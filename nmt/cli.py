@@ -350,6 +350,12 @@ def _check_evaluate_options(hyp, checkpoint, src, output, decode: DecodeOptions)
             raise ConfigError(f"{', '.join(given)}: these set how --checkpoint translates; with --hyp nothing is translated")
 
 
+TOKENIZE = typer.Option(
+    None, "--tokenize", "-t", help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config (eval.tokenize, data.tgt_lang), else 13a."
+)
+TGT_LANG = typer.Option(None, "--tgt-lang", "-l", help="Target language code; picks the tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a.")
+
+
 @app.command()
 @decode_options("n_best")
 def evaluate(
@@ -359,10 +365,8 @@ def evaluate(
     src: Optional[Path] = typer.Option(None, "--src", help="Source text to translate (with --checkpoint)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --checkpoint: also write the translations here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (unrounded scores) instead of text."),
-    tokenize: Optional[str] = typer.Option(
-        None, "--tokenize", "-t", help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config (eval.tokenize, data.tgt_lang), else 13a."
-    ),
-    tgt_lang: Optional[str] = typer.Option(None, "--tgt-lang", "-l", help="Target language code; picks the tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a."),
+    tokenize: Optional[str] = TOKENIZE,
+    tgt_lang: Optional[str] = TGT_LANG,
     quiet: bool = QUIET,
     decode: DecodeOptions = DecodeOptions(),
 ) -> None:
@@ -424,6 +428,8 @@ def tune_decode(
     max_sentences: Optional[int] = typer.Option(None, "--max-sentences", help="Use only the first N lines (a fixed, faster sample)."),
     allow_test_names: bool = typer.Option(False, "--allow-test-names", help="Accept a file whose name says test (e.g. WMT's newstest2013 used as a validation set)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (rows and best) instead of a table."),
+    tokenize: Optional[str] = TOKENIZE,
+    tgt_lang: Optional[str] = TGT_LANG,
     decode: DecodeOptions = DecodeOptions(),
 ) -> None:
     """Choose beam size, length normalisation and α on a validation set: prints BLEU for each
@@ -451,8 +457,13 @@ def tune_decode(
         src_lines, ref_lines = read_lines(src)[:max_sentences], read_lines(ref)[:max_sentences]
         if len(src_lines) != len(ref_lines):
             raise ConfigError(f"--src {src} and --ref {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); they must match line for line")
-        (model,), tokenizer, settings, dev, _ = _load_translator([checkpoint], decode)
-        rows = run_grid(model, tokenizer, src_lines, ref_lines, settings, dev, grid(beams, names, exponents))
+        chosen = None if tokenize is None and tgt_lang is None else bleu_tokenizer(tokenize, tgt_lang)
+        if chosen:
+            check_tokenizer(chosen)  # before translating, not after
+        (model,), tokenizer, settings, dev, cfg = _load_translator([checkpoint], decode)
+        chosen = chosen or config_tokenizer(cfg)  # as validation scored this run
+        check_tokenizer(chosen)
+        rows = run_grid(model, tokenizer, src_lines, ref_lines, settings, dev, grid(beams, names, exponents), tokenize=chosen)
     except user_errors() as exc:
         _fail(exc)
     best = max(rows, key=lambda r: r["bleu"])  # the first of equals: the smallest beam, in grid order

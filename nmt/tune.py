@@ -66,12 +66,14 @@ def rerank(hyps: list[Hypothesis], normalization: str, alpha: float) -> list[int
     return max(hyps, key=lambda h: h.log_prob / length_penalty(len(h.tokens) + 1, alpha, normalization)).tokens
 
 
-def tune_decode(model, tokenizer, src_lines: list[str], ref_lines: list[str], decode, device, settings: list[Setting]) -> list[dict]:
+def tune_decode(model, tokenizer, src_lines: list[str], ref_lines: list[str], decode, device, settings: list[Setting], tokenize: str = "13a") -> list[dict]:
     """Translate ``src_lines`` once per beam size and score every setting against ``ref_lines``.
 
     Args:
         decode: the checkpoint's :class:`~nmt.config.DecodeConfig` (length limits, batch budget).
         settings: from :func:`grid`.
+        tokenize: sacreBLEU's BLEU tokenizer (``nmt tune-decode`` passes the checkpoint's, as
+            validation scored it: ``ja-mecab`` for a Japanese target).
 
     Returns:
         One row per setting, in order: its fields, ``bleu``, ``chrf``, ``length_ratio``
@@ -85,7 +87,7 @@ def tune_decode(model, tokenizer, src_lines: list[str], ref_lines: list[str], de
         seconds = round(time.perf_counter() - start, 1)
         for s in (s for s in settings if s.beam_size == beam):
             hyps = tokenizer.decode_tgt([rerank(r, s.length_normalization, s.length_penalty) for r in results])
-            result = score(hyps, [ref_lines])
+            result = score(hyps, [ref_lines], tokenize=tokenize)
             rows.append({**asdict(s), **{k: result[k] for k in ("bleu", "chrf", "length_ratio")}, "search_s": seconds,
                          **{k: result[k] for k in ("bleu_signature", "chrf_signature")}})
     return rows

@@ -92,6 +92,18 @@ def test_evaluate_flags_choose_the_tokenizer(zh_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_tune_decode_scores_as_validation_did(zh_run):
+    """tune-decode on a Chinese run uses the checkpoint's tokenizer (zh): its greedy row is the
+    last validation's BLEU, where 13a would score nearly every line as one wrong word."""
+    last = [json.loads(line) for line in lines(zh_run / "metrics.jsonl") if '"bleu"' in line][-1]
+    args = ["tune-decode", "--checkpoint", zh_run / "last.pt", "--src", TOY_ZH / "valid.en", "--ref", TOY_ZH / "valid.zh", "--beam-sizes", "1", "--json"]
+    rows = json.loads(invoke(*args).stdout)["rows"]
+    assert "|tok:zh|" in rows[0]["bleu_signature"] and rows[0]["bleu"] == last["bleu"]
+    forced = json.loads(invoke(*args, "--tokenize", "13a").stdout)["rows"]
+    assert "|tok:13a|" in forced[0]["bleu_signature"] and forced[0]["bleu"] < rows[0]["bleu"]
+
+
+@pytest.mark.slow
 def test_translate_allow_unk_reaches_the_search(zh_run, monkeypatch):
     seen = []
     search = nmt.search.beam_search
