@@ -495,6 +495,11 @@ def average(
         if run_dir is not None and not run_dir.is_dir():
             raise ConfigError(f"--run-dir {run_dir} is not a directory")
         _check_output(out, "--out")
+        if re.fullmatch(r"(last|best|step_\d+)\.pt", out.name) and (out.parent / "metrics.jsonl").is_file():
+            raise ConfigError(
+                f"--out {out} would replace a training checkpoint of the run in {out.parent} (--resume reads last.pt, translate uses best.pt);"
+                f" write the average under another name, e.g. {out.parent / 'average.pt'}"
+            )
         paths = list(checkpoints or [])
         if run_dir is not None:
             paths += step_checkpoints(run_dir)[-last:]

@@ -72,3 +72,14 @@ def test_average_command_checks_its_options(tmp_path):
     result = CliRunner().invoke(app, ["average", str(tmp_path / "a.pt"), "--out", str(tmp_path / "missing" / "avg.pt")])
     assert result.exit_code == 2 and "missing does not exist; create it first" in result.output
     assert not (tmp_path / "missing").exists()
+    # Writing the average over a run's own checkpoint would change what --resume and translate read.
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    write(tmp_path / "run" / "step_4.pt", 1)
+    write(tmp_path / "run" / "last.pt", 1)
+    before = (tmp_path / "run" / "last.pt").read_bytes()
+    for name in ("last.pt", "best.pt", "step_8.pt"):
+        result = CliRunner().invoke(app, ["average", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "run" / name)])
+        assert result.exit_code == 2 and "would replace a training checkpoint" in result.output and "average.pt" in result.output
+    assert (tmp_path / "run" / "last.pt").read_bytes() == before and not (tmp_path / "run" / "best.pt").exists()
+    result = CliRunner().invoke(app, ["average", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "average.pt")])
+    assert result.exit_code == 0 and (tmp_path / "run" / "average.pt").is_file()
