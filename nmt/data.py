@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .corpus import EncodedCorpus
+from .encoded import EncodedCorpus
 from .tokenizer import BOS, EOS, PAD
 
 

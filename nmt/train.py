@@ -31,7 +31,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from . import evaluate
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, tokenizer_from_tensors, tokenizer_to_tensors
 from .config import Config, config_from_dict, config_to_dict, with_vocab
-from .corpus import DataError, EncodedCorpus, ParallelText, check_inputs, clean_pairs, encode_corpus, encoding_workers, load_split, stripped_side
+from .encoded import EncodedCorpus, encode_corpus, encoding_workers
+from .corpus import DataError, ParallelText, check_inputs, clean_pairs, load_split, stripped_side
 from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
 from .files import atomic_write

@@ -24,7 +24,7 @@ Example (2 CPU cores)::
     python scripts/bench_data.py --workers 1,2 --steps 100
 
 Encoding is ``datasets.Dataset.map(num_proc=workers)`` into an Arrow cache (see
-:func:`nmt.corpus.encode_corpus`); docs/performance.md has the measurement that chose it
+:func:`nmt.encoded.encode_corpus`); docs/performance.md has the measurement that chose it
 over the hand-written ``.npy`` cache it replaced.
 
 Data: ``--data`` or $MULTI30K (default ``../shared/data/multi30k`` beside the checkout).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Encoding time of a corpus into an empty cache (``nmt.corpus.encode_corpus``), per worker
+"""Encoding time of a corpus into an empty cache (``nmt.encoded.encode_corpus``), per worker
 count, and the time to open the cache once present. Prints one JSON line.
 
 Example (Multi30k's 29,000 training pairs, the tokenizer the recipe trains)::
@@ -32,7 +32,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from nmt.config import TokenizerConfig
-    from nmt.corpus import ParallelText, encode_corpus, find_split_file, stripped_side
+    from nmt.encoded import encode_corpus
+    from nmt.corpus import ParallelText, find_split_file, stripped_side
     from nmt.tokenizer import train_tokenizer
 
     text = ParallelText.files(find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de"))

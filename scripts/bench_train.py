@@ -94,7 +94,8 @@ def child(args) -> None:
     import torch
 
     from nmt.config import config_from_dict, with_vocab
-    from nmt.corpus import ParallelText, encode_corpus
+    from nmt.encoded import encode_corpus
+    from nmt.corpus import ParallelText
     from nmt.data import TokenBatchSampler, collate
     from nmt.loss import LossOutput, label_smoothed_loss
     from nmt.model import Transformer, count_parameters

@@ -7,18 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import nmt.corpus as corpus_module
+import nmt.encoded as encoded_module
 
 from nmt.config import DataConfig, TokenizerConfig
 from nmt.corpus import (
     CleanReport,
     DataError,
-    EncodedCorpus,
     ParallelText,
     check_inputs,
     clean_pairs,
     count_lines,
-    encode_corpus,
     encode_rows,
     load_split,
     read_lines,
@@ -26,6 +24,7 @@ from nmt.corpus import (
     stream_buffers,
     strip_pairs,
 )
+from nmt.encoded import EncodedCorpus, encode_corpus
 from nmt.data import TokenBatchSampler, collate, token_batches
 from nmt.tokenizer import BOS, EOS, PAD, train_tokenizer
 
@@ -214,7 +213,7 @@ def test_damaged_cache_is_encoded_again_and_stale_temporaries_go(tmp_path, toy_t
     (arrow,) = entry.glob("*.arrow")
     with open(arrow, "r+b") as f:  # cut the file short, as an interrupted copy would
         f.truncate(arrow.stat().st_size // 2)
-    stale = tmp_path / f"{entry.name}.tmp-{corpus_module._HOST}-999999999-x"  # left by a killed run here (no such process)
+    stale = tmp_path / f"{entry.name}.tmp-{encoded_module._HOST}-999999999-x"  # left by a killed run here (no such process)
     stale.mkdir()
     elsewhere = tmp_path / f"{entry.name}.tmp-another-machine-999999999-x"  # in progress on another host sharing the directory
     elsewhere.mkdir()
@@ -230,7 +229,7 @@ def test_cache_keys_cannot_collide(tmp_path, toy_tokenizer, monkeypatch):
     # Hugging Face rows may hold newlines: joining lines with one made these three corpora one key.
     keys = [key(["a\nb"], ["c\nd"]), key(["a", "b"], ["c", "d"]), key(["a", "b\nc"], ["d", "x"]), key(["a\nb", "c"], ["d", "x"])]
     assert len(set(keys)) == 4
-    monkeypatch.setattr(corpus_module, "CACHE_FORMAT", corpus_module.CACHE_FORMAT + 1)  # new cleaning or encoding rules
+    monkeypatch.setattr(encoded_module, "CACHE_FORMAT", encoded_module.CACHE_FORMAT + 1)  # new cleaning or encoding rules
     assert key(["a", "b"], ["c", "d"]) != keys[1]
 
 
@@ -248,7 +247,7 @@ def test_gzip_is_recognised_by_content_and_other_files_are_named(tmp_path):
 
 
 def test_worker_count_never_exceeds_the_cpus():
-    from nmt.corpus import encoding_workers
+    from nmt.encoded import encoding_workers
 
     cpus = len(os.sched_getaffinity(0))
     assert encoding_workers(100_000) == cpus and encoding_workers(1) == 1 and 1 <= encoding_workers(0) <= min(16, cpus)
@@ -338,7 +337,8 @@ _ENCODE_SCRIPT = """
 import signal, sys
 from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with Ctrl-C ignored
-from nmt.corpus import ParallelText, encode_corpus
+from nmt.encoded import encode_corpus
+from nmt.corpus import ParallelText
 from nmt.tokenizer import Tokenizer
 d = Path(sys.argv[1])
 try:
@@ -427,9 +427,9 @@ def test_uncached_encodings_killed_midway_are_swept(tmp_path, toy_tokenizer, mon
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = tmp_path / f"nmt-encode.tmp-{corpus_module._HOST}-999999999-x"  # a killed run's copy (no such process)
+    dead = tmp_path / f"nmt-encode.tmp-{encoded_module._HOST}-999999999-x"  # a killed run's copy (no such process)
     dead.mkdir()
-    alive = tmp_path / f"nmt-encode.tmp-{corpus_module._HOST}-{os.getpid()}-y"
+    alive = tmp_path / f"nmt-encode.tmp-{encoded_module._HOST}-{os.getpid()}-y"
     alive.mkdir()
     other = tmp_path / "someone-else.tmp-x-999999999-z"  # not nmt's: never touched
     other.mkdir()
@@ -448,9 +448,27 @@ def test_a_script_without_a_main_guard_gets_an_error_not_a_hang(tmp_path, toy_to
     toy_tokenizer.save(tmp_path)
     script = tmp_path / "noguard.py"
     script.write_text(
-        "from pathlib import Path\nfrom nmt.corpus import ParallelText, encode_corpus\nfrom nmt.tokenizer import Tokenizer\n"
+        "from pathlib import Path\nfrom nmt.encoded import encode_corpus\nfrom nmt.corpus import ParallelText\nfrom nmt.tokenizer import Tokenizer\n"
         f"d = Path({str(tmp_path)!r})\n"
         "encode_corpus(ParallelText.files(d / 't.en', d / 't.de'), Tokenizer.load_dir(d), None, workers=2, chunk_lines=100)\n"
     )
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "DataError: the encoding process died" in proc.stderr and "__main__" in proc.stderr
+
+
+def test_a_full_disk_while_encoding_is_one_error_and_leaves_nothing(tmp_path, toy_tokenizer, monkeypatch):
+    import errno
+    import tempfile
+
+    text = ParallelText.lists(["the dog ."], ["der Hund ."])
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(encoded_module, "_map_to_arrow", full)  # the disk fills while the ids are written
+    with pytest.raises(DataError, match=r"cannot write the encoded corpus under .*cache \(No space left on device\); free some space"):
+        encode_corpus(text, toy_tokenizer, tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []  # neither a cache nor a temporary
+    monkeypatch.setattr(tempfile, "mkdtemp", full)  # no room even for the temporary directory
+    with pytest.raises(DataError, match=r"No space left on device\); free some space or set data.cache_dir elsewhere"):
+        encode_corpus(text, toy_tokenizer, tmp_path / "cache")
