@@ -181,7 +181,8 @@ class DecodeConfig:
     CTranslate2); ``"none"``, 1. ``max_tokens`` is the source-side batch budget in tokens,
     padding included; a source
     line of more than ``max_input_pieces`` pieces is left untranslated, with a warning.
-    UNK is never generated (like PAD and BOS) unless ``allow_unk``.
+    UNK is never generated (like PAD and BOS) unless ``allow_unk``; EOS is not generated
+    before ``min_len`` output pieces (fairseq's ``--min-len``, Hugging Face's ``min_length``).
     """
 
     beam_size: int = 5
@@ -191,6 +192,7 @@ class DecodeConfig:
     max_len_a: float = 1.5
     max_len_b: int = 10
     n_best: int = 1
+    min_len: int = 0  # EOS is forbidden before this many output pieces
     max_tokens: int = 4096
     max_input_pieces: int = 1024  # a longer source line is not translated (its output line stays empty)
     allow_unk: bool = False
@@ -401,7 +403,7 @@ RANGES: dict[str, Range] = {
     "train.save_every": _AT_LEAST_0, "train.keep_last": _AT_LEAST_1, "train.valid_beam_size": _AT_LEAST_1, "train.patience": _AT_LEAST_0,
     "train.update_freq": _AT_LEAST_1,
     "decode.beam_size": _AT_LEAST_1, "decode.length_penalty": Range(), "decode.max_len_a": _AT_LEAST_0, "decode.max_len_b": _AT_LEAST_0,
-    "decode.n_best": _AT_LEAST_1, "decode.max_tokens": _AT_LEAST_1, "decode.max_input_pieces": _AT_LEAST_1,
+    "decode.n_best": _AT_LEAST_1, "decode.min_len": _AT_LEAST_0, "decode.max_tokens": _AT_LEAST_1, "decode.max_input_pieces": _AT_LEAST_1,
 }
 
 # Numbers that may also be written "auto" (decided from the data; see their sections).
