@@ -91,7 +91,7 @@ def sentence_attention(model, tokenizer: Tokenizer, sentence: str, decode, devic
         raise ConfigError("the sentence to translate is empty")
     ids = tokenizer.encode_src([sentence.strip()])[0]
     src = pad_sources([ids]).to(device)
-    ((best, *_),) = translate_batch(model, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b)
+    ((best, *_),) = translate_batch(model, src, replace(decode, n_best=1), rules=tokenizer.output_rules)
     tgt_in = torch.tensor([[BOS, *best.tokens]], device=device)
     weights = model.cross_attention(src, tgt_in)[:, 0].mean(1)  # (n_layers, tgt_len, src_len)
     pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]

@@ -1,7 +1,7 @@
 """The Transformer encoder-decoder of Vaswani et al. 2017 ("Attention Is All You Need").
 
 Read top to bottom: positions, attention, feed-forward, encoder layer, decoder layer,
-the decoder cache, the model.
+the model; the decoder cache it extends one step at a time is in :mod:`nmt.cache`.
 
 Notation for tensor shapes, used in every docstring and comment::
 
@@ -18,37 +18,40 @@ no query row is ever fully masked and attention never produces NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cache import DecoderCache, LayerCache
 from .config import ModelConfig
 from .tokenizer import PAD
 
 
 def sinusoidal_positions(length: int, d_model: int, device=None) -> Tensor:
-    """Sinusoidal position encodings, ``(length, d_model)`` (Vaswani et al. 2017, §3.5).
+    """Sinusoidal position encodings, ``(length, d_model)`` in float32 (Vaswani et al. 2017, §3.5).
 
     ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))`` and ``PE[pos, 2i+1] = cos(...)``:
-    sine on even dimensions, cosine on odd ones, interleaved.
+    sine on even dimensions, cosine on odd ones, interleaved. Computed in float64 on the
+    CPU (some devices, such as Apple's MPS, have no float64), then moved to ``device``.
     """
-    position = torch.arange(length, dtype=torch.float64, device=device).unsqueeze(1)
-    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64, device=device) / d_model)
+    position = torch.arange(length, dtype=torch.float64).unsqueeze(1)
+    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angles = position * inv_freq  # (length, d_model / 2)
-    table = torch.empty(length, d_model, dtype=torch.float64, device=device)
+    table = torch.empty(length, d_model, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
-    return table.float()
+    return table.float().to(device)
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """``(batch, len, d_model)`` → ``(batch, n_heads, len, head_dim)``."""
     batch, length, d_model = x.shape
     return x.view(batch, length, n_heads, d_model // n_heads).transpose(1, 2)  # (batch, n_heads, len, head_dim)
 
 
 def merge_heads(x: Tensor) -> Tensor:
+    """``(batch, n_heads, len, head_dim)`` → ``(batch, len, d_model)``."""
     batch, n_heads, length, head_dim = x.shape
     return x.transpose(1, 2).reshape(batch, length, n_heads * head_dim)  # (batch, len, d_model)
 
@@ -62,25 +65,21 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False, cache: Tensor | None = None, position: int = 0) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False, cache: LayerCache | None = None) -> Tensor:
         """Attend ``x`` ``(batch, len, d_model)`` to itself, after the cached positions if given.
 
         Args:
             mask: ``(batch, 1, 1, len)`` key mask, True = may attend; None for no padding.
             causal: each position attends only to itself and earlier ones.
-            cache: keys and values of earlier positions, ``(2, batch, n_heads, capacity,
-                head_dim)`` filled below ``position``; ``x``'s keys and values are written
-                at ``position..position+len-1`` (in place) and attended to with them.
+            cache: this layer's part of a :class:`DecoderCache`; ``x``'s keys and values are
+                appended to it (by the cache) and ``x`` attends to every cached position.
 
         Returns:
             ``(batch, len, d_model)``.
         """
         q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
         if cache is not None:
-            end = position + x.size(1)
-            cache[0, :, :, position:end] = k
-            cache[1, :, :, position:end] = v
-            k, v = cache[0, :, :, :end], cache[1, :, :, :end]
+            k, v = cache.append(k, v)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         return self.out(merge_heads(y))
@@ -138,6 +137,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        """``(..., d_model)`` → ``(..., d_model)``."""
         return self.fc2(self.dropout(self.activation(self.fc1(x))))
 
 
@@ -153,14 +153,18 @@ class Residual(nn.Module):
         self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
 
     def before(self, x: Tensor) -> Tensor:
+        """The sublayer's input: ``x`` itself (Post-LN) or normalised (Pre-LN)."""
         return self.norm(x) if self.pre_norm else x
 
     def after(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
+        """The residual sum of ``x`` and the dropped-out ``sublayer_out``, normalised after (Post-LN) or not (Pre-LN)."""
         y = x + self.dropout(sublayer_out)
         return y if self.pre_norm else self.norm(y)
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each in a :class:`Residual` (§3.1)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm_position == "pre"
@@ -175,6 +179,8 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the encoder output, then feed-forward, each in a :class:`Residual` (§3.1)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm_position == "pre"
@@ -183,87 +189,14 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
         self.res_self, self.res_cross, self.res_ffn = (Residual(cfg.d_model, cfg.dropout, pre) for _ in range(3))
 
-    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, cache: Tensor | None = None, position: int = 0, beam: int = 1) -> Tensor:
+    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, cache: LayerCache | None = None, beam: int = 1) -> Tensor:
         """``x`` ``(batch*beam, tgt_len, d_model)`` → same shape. Without ``cache``, self-attention is
-        causal over ``x``; with it (``(2, batch*beam, n_heads, capacity, head_dim)``, see
-        :class:`SelfAttention`) ``x`` holds positions from ``position`` on and attends to all
-        cached ones. ``cross_k``/``cross_v``: ``(batch, n_heads, src_len, head_dim)``."""
-        h = self.self_attn(self.res_self.before(x), causal=cache is None, cache=cache, position=position)
+        causal over ``x``; with it, ``x`` holds the positions after the cached ones and attends to
+        all of them (see :class:`SelfAttention`). ``cross_k``/``cross_v``: ``(batch, n_heads, src_len, head_dim)``."""
+        h = self.self_attn(self.res_self.before(x), causal=cache is None, cache=cache)
         x = self.res_self.after(x, h)
         x = self.res_cross.after(x, self.cross_attn(self.res_cross.before(x), cross_k, cross_v, src_mask, beam))
         return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
-
-
-def beam_rows(keep: Tensor, beam: int) -> Tensor:
-    """Flat ``(len(keep)*beam,)`` row indices of every beam of sentences ``keep`` ``(n,)``."""
-    return (keep.unsqueeze(1) * beam + torch.arange(beam, device=keep.device)).view(-1)
-
-
-@dataclass(frozen=True)
-class DecoderCache:
-    """Everything a decode step needs besides the new tokens.
-
-    ``self_kv``: ``(n_layers, 2, batch*beam, n_heads, capacity, head_dim)``, every layer's
-    self-attention keys (``[:, 0]``) and values (``[:, 1]``), one row per hypothesis; positions
-    below ``length`` are filled. One tensor, so that following the beams' back-pointers is a
-    single ``index_select``. ``capacity`` grows by doubling when a step needs more.
-
-    ``cross_kv``: ``(n_layers, 2, batch, n_heads, src_len, head_dim)``, computed once from the
-    encoder output and shared by each sentence's beams. ``src_mask``: ``(batch, 1, 1,
-    src_len)``, True on real source tokens.
-
-    A step writes its position into ``self_kv`` in place and returns a cache one longer;
-    positions below the old ``length`` never change, so earlier values stay valid to read.
-
-    ``spare``: a buffer like ``self_kv``, with at least as many rows, that :meth:`reorder`
-    and :meth:`select_sentences` write into (its first rows), so that following the beams
-    every step alternates between two buffers instead of allocating (and, on a CPU,
-    page-faulting in) a new one each time. Hence those two consume a cache: after
-    ``new = cache.reorder(i)``, use ``new`` and no longer ``cache``, whose buffer ``new``
-    will overwrite in its turn.
-    """
-
-    self_kv: Tensor
-    cross_kv: Tensor
-    src_mask: Tensor
-    beam: int
-    length: int = 0
-    spare: Tensor | None = None
-
-    def _gather_rows(self, index: Tensor) -> Tensor:
-        """``self_kv``'s rows ``index`` (positions below ``length``), in the spare buffer when it fits."""
-        if self.self_kv.requires_grad:  # out= cannot record autograd; decoding normally runs without it
-            return self.self_kv.index_select(2, index)
-        n, shape, spare = index.numel(), self.self_kv.shape, self.spare
-        if spare is None or spare.size(2) < n or spare.shape[:2] != shape[:2] or spare.shape[3:] != shape[3:]:
-            spare = self.self_kv.new_empty((*shape[:2], n, *shape[3:]))
-        out = spare[:, :, :n]
-        torch.index_select(self.self_kv[..., : self.length, :], 2, index, out=out[..., : self.length, :])
-        return out
-
-    def reorder(self, index: Tensor) -> "DecoderCache":
-        """Keep hypothesis rows ``index`` ``(batch*beam,)`` (flat back-pointers).
-
-        Only the per-hypothesis self-attention keys/values move; the source side is
-        shared by a sentence's beams and stays where it is.
-        """
-        return replace(self, self_kv=self._gather_rows(index), spare=self.self_kv)
-
-    def select_sentences(self, keep: Tensor) -> "DecoderCache":
-        """Keep sentences ``keep`` ``(new_batch,)`` (dropping finished ones), all their beams."""
-        self_kv = self._gather_rows(beam_rows(keep, self.beam))
-        return replace(self, self_kv=self_kv, cross_kv=self.cross_kv.index_select(2, keep), src_mask=self.src_mask.index_select(0, keep), spare=self.self_kv)
-
-    def with_capacity(self, needed: int) -> "DecoderCache":
-        """This cache with room for at least ``needed`` positions (doubling)."""
-        capacity = self.self_kv.size(4)
-        if needed <= capacity:
-            return self
-        shape = list(self.self_kv.shape)
-        shape[4] = max(needed, 2 * capacity)
-        grown = self.self_kv.new_empty(shape)
-        grown[..., : self.length, :] = self.self_kv[..., : self.length, :]
-        return replace(self, self_kv=grown, spare=None)
 
 
 class Transformer(nn.Module):
@@ -300,6 +233,7 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Xavier-uniform linear weights and zero biases; embeddings ``N(0, d_model^-0.5)`` with the PAD row zero."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
@@ -313,7 +247,7 @@ class Transformer(nn.Module):
         """``tokens`` ``(batch, len)`` at positions ``start..start+len-1`` → ``(batch, len, d_model)``."""
         end = start + tokens.size(1)
         if end > self.positions.size(0):
-            self.positions = sinusoidal_positions(max(end, 2 * self.positions.size(0)), self.cfg.d_model, tokens.device)
+            self.positions = sinusoidal_positions(max(end, 2 * self.positions.size(0)), self.cfg.d_model, self.positions.device)
         x = embedding(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start:end].to(embedding.weight.dtype)
         return self.dropout(x)
 
@@ -372,9 +306,9 @@ class Transformer(nn.Module):
         return torch.stack(weights)
 
     def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32) -> DecoderCache:
-        """An empty cache for ``beam`` hypotheses per sentence and ``capacity`` target positions
-        (it grows if needed), with every layer's cross-attention keys/values computed once
-        from ``memory`` ``(batch, src_len, d_model)``."""
+        """An empty cache for ``beam`` hypotheses per sentence with room for ``capacity`` target
+        positions (it grows if needed), with every layer's cross-attention keys/values computed
+        once from ``memory`` ``(batch, src_len, d_model)``."""
         cfg = self.cfg
         rows, head_dim = memory.size(0) * beam, cfg.d_model // cfg.n_heads
         self_kv = memory.new_empty(cfg.n_decoder_layers, 2, rows, cfg.n_heads, capacity, head_dim)
@@ -386,19 +320,18 @@ class Transformer(nn.Module):
 
         Args:
             tokens: the latest token of each hypothesis, ``(batch*beam,)``.
-            cache: the state after the previous steps (positions ``0..cache.length-1``).
+            cache: the state after the previous steps (positions ``0..cache.length-1``);
+                extended in place by this position.
 
         Returns:
-            log-probabilities ``(batch*beam, vocab)`` in float32 for the next token, and the
-            cache extended by this position.
+            log-probabilities ``(batch*beam, vocab)`` in float32 for the next token, and the cache.
         """
-        t = cache.length
-        cache = cache.with_capacity(t + 1)
-        x = self._embed(tokens.unsqueeze(1), self.tgt_embed, start=t)  # (batch*beam, 1, d_model)
+        x = self._embed(tokens.unsqueeze(1), self.tgt_embed, start=cache.length)  # (batch*beam, 1, d_model)
         for i, layer in enumerate(self.decoder):
-            x = layer(x, cache.cross_kv[i, 0], cache.cross_kv[i, 1], cache.src_mask, cache=cache.self_kv[i], position=t, beam=cache.beam)
+            x = layer(x, cache.cross_kv[i, 0], cache.cross_kv[i, 1], cache.src_mask, cache=cache.layer(i), beam=cache.beam)
+        cache.advance_()
         logits = self.project(self.decoder_norm(x[:, 0]))
-        return F.log_softmax(logits.float(), dim=-1), replace(cache, length=t + 1)
+        return F.log_softmax(logits.float(), dim=-1), cache
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,9 +1,15 @@
-"""Batched beam search (greedy search is beam size 1).
+"""Batched beam search (greedy search is beam size 1) and sampling.
 
-The search only needs a :class:`Scorer`: something that gives next-token
+The search only needs a :class:`~nmt.scorers.Scorer`: something that gives next-token
 log-probabilities for every hypothesis and can reorder or shrink its state. The
-Transformer's cached decoder is one (:class:`TransformerScorer`); tests drive the same
-search with scripted scorers whose probabilities are fixed by hand.
+Transformer's cached decoder is one (:class:`~nmt.scorers.TransformerScorer`); tests drive the same
+search with scripted scorers whose probabilities are fixed by hand. Its settings travel as
+one value, the :class:`~nmt.config.DecodeConfig` built from the config and the flags.
+
+Each step of :func:`beam_search` is named: score, restrict (:class:`~nmt.restrictions.Restrictions`), take
+the best :class:`Candidates`, finish those that end, advance the others (the scorer's state
+follows their back-pointers), keep the sentences not yet settled. What moves together when
+sentences leave the batch lives in one record, :class:`Beams`.
 
 Shapes: ``batch`` active sentences, ``beam`` hypotheses each, rows of
 ``(batch*beam, ...)`` tensors ordered sentence-major (row ``b*beam + k``).
@@ -11,16 +17,18 @@ Shapes: ``batch`` active sentences, ``beam`` hypotheses each, rows of
 
 from __future__ import annotations
 
-import math
+import itertools
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .model import beam_rows
-from .tokenizer import BOS, EOS, PAD, UNK
+from .config import DecodeConfig
+from .restrictions import Restrictions
+from .scorers import SCORERS, EnsembleScorer, Scorer
+from .tokenizer import BOS, EOS, PAD, OutputRules
 
 
 @dataclass(frozen=True)
@@ -33,101 +41,6 @@ class Hypothesis:
     score: float
     log_prob: float
     alignment: tuple[tuple[int, int], ...] | None = None
-
-
-class Scorer(Protocol):
-    def step(self, prefix: Tensor, state: Any) -> tuple[Tensor, Any]:
-        """Log-probabilities ``(batch*beam, vocab)`` of the token after ``prefix`` ``(batch*beam, t)``
-        (which starts with BOS), and the state extended by that prefix's last token."""
-
-    def reorder(self, state: Any, index: Tensor) -> Any:
-        """Keep hypothesis rows ``index`` ``(batch*beam,)``."""
-
-    def select_sentences(self, state: Any, keep: Tensor) -> Any:
-        """Keep sentences ``keep`` ``(new_batch,)`` with all their beams."""
-
-
-class TransformerScorer:
-    """The production path: :meth:`nmt.model.Transformer.decode_step` over a
-    :class:`~nmt.model.DecoderCache` whose source side is shared by each sentence's beams."""
-
-    def __init__(self, model):
-        self.model = model
-
-    @classmethod
-    def start(cls, model, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32):
-        """The scorer and its first state; ``capacity``: target positions to allocate for."""
-        return cls(model), model.start_decoding(memory, src_mask, beam, capacity)
-
-    def step(self, prefix, cache):
-        return self.model.decode_step(prefix[:, -1], cache)
-
-    def reorder(self, cache, index):
-        return cache.reorder(index)
-
-    def select_sentences(self, cache, keep):
-        return cache.select_sentences(keep)
-
-
-class TiledScorer(TransformerScorer):
-    """Reference: the source side copied ``beam`` times, one copy per hypothesis (what most
-    toolkits do). Kept to prove, and to measure, what sharing it saves."""
-
-    @classmethod
-    def start(cls, model, memory, src_mask, beam, capacity=32):
-        scorer = cls(model)
-        scorer.beam = beam
-        return scorer, model.start_decoding(memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0), 1, capacity)
-
-    def select_sentences(self, cache, keep):
-        return cache.select_sentences(beam_rows(keep, self.beam))
-
-
-class RecomputeScorer:
-    """Reference: no cache; the whole decoder reruns over the full prefix at every step
-    (against a tiled source). Kept to prove the cache exact and to measure what it saves."""
-
-    def __init__(self, model, beam: int):
-        self.model, self.beam = model, beam
-
-    @classmethod
-    def start(cls, model, memory, src_mask, beam, capacity=0):
-        return cls(model, beam), (memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0))
-
-    def step(self, prefix, state):
-        logits = self.model.decode(prefix, *state)[:, -1]
-        return torch.log_softmax(logits.float(), dim=-1), state
-
-    def reorder(self, state, index):
-        return state[0].index_select(0, index), state[1].index_select(0, index)
-
-    def select_sentences(self, state, keep):
-        return self.reorder(state, beam_rows(keep, self.beam))
-
-
-class EnsembleScorer:
-    """Several models decoding as one: at every step their next-token probabilities are
-    averaged, ``log (1/M · Σ_m P_m(y | prefix, X))`` (fairseq's ensemble rule), and the
-    beam search sees one scorer. Each member keeps its own state (for Transformers, its own
-    cache), which follows the same back-pointers; the state is the tuple of members' states.
-    """
-
-    def __init__(self, members: list):
-        self.members = members
-
-    def step(self, prefix, states):
-        outputs = [member.step(prefix, state) for member, state in zip(self.members, states)]
-        lprobs = torch.stack([lp for lp, _ in outputs])  # (n_models, batch*beam, vocab)
-        return torch.logsumexp(lprobs, dim=0) - math.log(len(outputs)), tuple(state for _, state in outputs)
-
-    def reorder(self, states, index):
-        return tuple(member.reorder(state, index) for member, state in zip(self.members, states))
-
-    def select_sentences(self, states, keep):
-        return tuple(member.select_sentences(state, keep) for member, state in zip(self.members, states))
-
-
-SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}
 
 
 def _gnmt(length: int, alpha: float) -> float:
@@ -160,10 +73,10 @@ def length_penalty(length: int, alpha: float, normalization: str) -> float:
     return LENGTH_NORMALIZATIONS[normalization](length, alpha)
 
 
-def _settled(done: list[Hypothesis], best_running: float, beam: int, n_best: int, alpha: float, step: int, max_len: int, normalization: str) -> bool:
+def _settled(done: list[Hypothesis], best_running: float, step: int, max_len: int, decode: DecodeConfig) -> bool:
     """Whether a sentence's result can no longer change.
 
-    Either ``beam`` hypotheses have finished (the usual rule), or the ``n_best`` best
+    Either ``beam_size`` hypotheses have finished (the usual rule), or the ``n_best`` best
     finished ones all score at least what the best running hypothesis could still reach:
     its log-probability can only fall, so its score is at most ``best_running / lp(L)``
     for the most favourable final length ``L`` (EOS counted). Every normalisation is
@@ -171,125 +84,147 @@ def _settled(done: list[Hypothesis], best_running: float, beam: int, n_best: int
     This bound is exact: stopping then returns the same n-best list as searching on, in
     fewer steps.
     """
-    if len(done) >= beam:
+    if len(done) >= decode.beam_size:
         return True
-    if len(done) < n_best:
+    if len(done) < decode.n_best:
         return False
+    alpha, normalization = decode.length_penalty, decode.length_normalization
     lp = max(length_penalty(step + 2, alpha, normalization), length_penalty(max_len + 1, alpha, normalization))
     bound = best_running / lp if best_running < 0 else best_running
-    return min(h.score for h in sorted(done, key=lambda h: -h.score)[:n_best]) >= bound
+    return min(h.score for h in sorted(done, key=lambda h: -h.score)[: decode.n_best]) >= bound
 
 
-def _restrict(lprobs: Tensor, step: int, min_len: int, at_limit: Tensor, rows_per_sentence: int, allow_unk: bool = False) -> None:
-    """Forbid, in place, what no search may generate in ``lprobs`` ``(batch*rows_per_sentence, vocab)``:
-    PAD and BOS always, UNK unless ``allow_unk``, EOS before ``min_len`` pieces; the rows of the
-    sentences ``at_limit`` ``(batch,)`` (bool) may only end."""
-    lprobs[:, PAD] = float("-inf")
-    lprobs[:, BOS] = float("-inf")
-    if not allow_unk:
-        lprobs[:, UNK] = float("-inf")
-    if step < min_len:
-        lprobs[:, EOS] = float("-inf")
-    if bool(at_limit.any()):
-        at_limit = at_limit.repeat_interleave(rows_per_sentence)  # (batch*rows_per_sentence,)
-        eos = lprobs[at_limit, EOS]
-        lprobs[at_limit] = float("-inf")
-        lprobs[at_limit, EOS] = eos
+@dataclass
+class Beams:
+    """The running hypotheses of the sentences still searched: what is re-indexed together.
+
+    ``tokens``: ``(n*beam, t)`` prefixes, BOS first; ``scores``: ``(n, beam)`` their
+    log-probabilities (nats); ``sentences``: each active sentence's index in the batch;
+    ``max_lens``: its length limit (pieces, EOS not counted); ``state``: the scorer's.
+    """
+
+    tokens: Tensor
+    scores: Tensor
+    sentences: list[int]
+    max_lens: list[int]
+    state: Any
+
+    @classmethod
+    def start(cls, state: Any, max_lens: list[int], beam: int, device: torch.device) -> Beams:
+        """Every sentence's ``beam`` rows start as BOS; only the first counts, as all are identical."""
+        scores = torch.zeros(len(max_lens), beam, device=device)
+        scores[:, 1:] = float("-inf")
+        return cls(torch.full((len(max_lens) * beam, 1), BOS, dtype=torch.long, device=device), scores, list(range(len(max_lens))), list(max_lens), state)
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    def at_limit(self, step: int) -> list[bool]:
+        """Per sentence: whether its hypotheses have reached the length limit at ``step``."""
+        return [step >= m for m in self.max_lens]
+
+    def advance(self, top: Candidates, scorer: Scorer) -> None:
+        """The ``beam`` best candidates that do not end continue; the scorer's state follows their back-pointers."""
+        n, beam = self.scores.shape
+        rank = top.is_eos.long() * (2 * beam) + torch.arange(2 * beam, device=self.scores.device)
+        chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
+        self.scores = top.scores.gather(1, chosen)
+        back = (torch.arange(n, device=chosen.device).unsqueeze(1) * beam + top.beam.gather(1, chosen)).view(-1)  # flat back-pointers
+        self.tokens = torch.cat([self.tokens.index_select(0, back), top.token.gather(1, chosen).view(-1, 1)], dim=1)
+        if beam > 1:
+            self.state = scorer.reorder(self.state, back)
+
+    def keep(self, keep: list[int], scorer: Scorer) -> None:
+        """Only the active sentences at positions ``keep`` go on."""
+        if len(keep) == len(self.sentences) or not keep:
+            self.sentences = [self.sentences[r] for r in keep]
+            return
+        n, beam = self.scores.shape
+        rows = torch.tensor(keep, device=self.scores.device)
+        self.sentences, self.max_lens = [self.sentences[r] for r in keep], [self.max_lens[r] for r in keep]
+        self.scores = self.scores.index_select(0, rows)
+        self.tokens = self.tokens.view(n, beam, -1).index_select(0, rows).view(len(keep) * beam, -1)
+        self.state = scorer.keep_sentences(self.state, rows)
 
 
-def beam_search(
-    scorer: Scorer,
-    state: Any,
-    max_lens: Tensor,
-    beam_size: int,
-    alpha: float = 0.0,
-    n_best: int = 1,
-    min_len: int = 0,
-    normalization: str = "length",
-    allow_unk: bool = False,
-) -> list[list[Hypothesis]]:
+@dataclass(frozen=True)
+class Candidates:
+    """The ``2·beam`` best extensions of each sentence's hypotheses, each ``(n, 2*beam)``:
+    ``scores`` (log-probabilities), ``beam`` (which hypothesis), ``token``, ``is_eos`` (ends, finitely)."""
+
+    scores: Tensor
+    beam: Tensor
+    token: Tensor
+    is_eos: Tensor
+
+    @classmethod
+    def best(cls, scores: Tensor, lprobs: Tensor) -> Candidates:
+        """Of every hypothesis (``scores`` ``(n, beam)``) extended by every token (``lprobs`` ``(n*beam, vocab)``)."""
+        n, beam = scores.shape
+        vocab = lprobs.size(-1)
+        top_scores, top_index = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab).topk(2 * beam, dim=1)
+        token = top_index % vocab
+        return cls(top_scores, top_index // vocab, token, (token == EOS) & torch.isfinite(top_scores))
+
+
+def _finish(top: Candidates, beams: Beams, finished: list[list[Hypothesis]], step: int, decode: DecodeConfig) -> None:
+    """Set aside the hypotheses that end (EOS among the first ``beam`` candidates) while their sentence has room."""
+    beam = decode.beam_size
+    eos_rows, eos_cols = top.is_eos[:, :beam].nonzero(as_tuple=True)
+    if not eos_rows.numel():
+        return
+    penalty = length_penalty(step + 1, decode.length_penalty, decode.length_normalization)
+    src_rows = (eos_rows * beam + top.beam[eos_rows, eos_cols]).tolist()
+    for r, src_row, log_prob in zip(eos_rows.tolist(), src_rows, top.scores[eos_rows, eos_cols].tolist()):
+        done = finished[beams.sentences[r]]
+        if len(done) < beam:
+            done.append(Hypothesis(beams.tokens[src_row, 1:].tolist(), log_prob / penalty, log_prob))
+
+
+def _check_normalization(decode: DecodeConfig) -> None:
+    if decode.length_normalization not in LENGTH_NORMALIZATIONS:
+        raise ValueError(f"unknown length normalization {decode.length_normalization!r}; choose one of {', '.join(LENGTH_NORMALIZATIONS)}")
+
+
+def beam_search(scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConfig, rules: OutputRules | None = None) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences.
 
-    Each step scores ``beam`` hypotheses per sentence over the whole vocabulary and keeps
-    the ``2·beam`` best extensions. Those ending in EOS among the first ``beam`` are set
-    aside as finished, and the best ``beam`` that do not end in EOS continue, so finished
-    hypotheses never starve the beam. A sentence stops once it has ``beam`` finished
+    Each step scores ``beam_size`` hypotheses per sentence over the whole vocabulary and
+    keeps the ``2·beam`` best extensions. Those ending in EOS among the first ``beam`` are
+    set aside as finished, and the best ``beam`` that do not end in EOS continue, so
+    finished hypotheses never starve the beam. A sentence stops once it has ``beam`` finished
     hypotheses, once no running hypothesis can still enter its n-best list (see
     :func:`_settled`), or at its length limit (then EOS is forced); it then leaves the batch.
 
     Args:
         scorer: see :class:`Scorer`; ``state`` must already hold ``beam_size`` rows per sentence.
         max_lens: ``(batch,)`` most pieces to generate per sentence, EOS not counted.
-        beam_size: hypotheses per sentence; 1 is greedy search.
-        alpha: length-penalty exponent for ranking finished hypotheses.
-        n_best: hypotheses returned per sentence (at most ``beam_size``).
-        min_len: EOS is forbidden before this many pieces (benchmarks force a length).
-        normalization: how finished hypotheses are ranked, a key of
-            :data:`LENGTH_NORMALIZATIONS` (see :func:`length_penalty`).
-        allow_unk: let hypotheses contain UNK; otherwise it is never generated, like PAD and BOS.
+        decode: the search settings: ``beam_size`` (1 is greedy search), ``n_best`` (at most
+            ``beam_size``), ``length_penalty`` (α) and ``length_normalization`` (how finished
+            hypotheses are ranked, see :func:`length_penalty`), ``min_len``, ``allow_unk``.
+        rules: what the target vocabulary may never generate (:class:`Restrictions`).
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
 
     Raises:
-        ValueError: ``normalization`` is not a known name.
+        ValueError: ``decode.length_normalization`` is not a known name.
     """
-    if normalization not in LENGTH_NORMALIZATIONS:
-        raise ValueError(f"unknown length normalization {normalization!r}; choose one of {', '.join(LENGTH_NORMALIZATIONS)}")
-    batch, beam = max_lens.size(0), beam_size
-    device = max_lens.device
-    max_lens_cpu = max_lens.tolist()
-    tokens = torch.full((batch * beam, 1), BOS, dtype=torch.long, device=device)
-    scores = torch.zeros(batch, beam, device=device)
-    scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    sentence_ids = list(range(batch))  # original index of each active sentence
-    beam_offsets = torch.arange(batch, device=device).unsqueeze(1) * beam
-    step = 0
-    while sentence_ids:
-        n = len(sentence_ids)
-        lprobs, state = scorer.step(tokens, state)  # (n*beam, vocab)
-        vocab = lprobs.size(-1)
-        _restrict(lprobs, step, min_len, step >= max_lens, beam, allow_unk)
-
-        candidates = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
-        top_scores, top_index = candidates.topk(2 * beam, dim=1)  # (n, 2*beam)
-        top_beam, top_token = top_index // vocab, top_index % vocab
-        is_eos = (top_token == EOS) & torch.isfinite(top_scores)
-
-        # Finished hypotheses: EOS among the first `beam` candidates.
-        eos_rows, eos_cols = is_eos[:, :beam].nonzero(as_tuple=True)
-        if eos_rows.numel():
-            penalty = length_penalty(step + 1, alpha, normalization)
-            src_rows = (eos_rows * beam + top_beam[eos_rows, eos_cols]).tolist()
-            for r, src_row, log_prob in zip(eos_rows.tolist(), src_rows, top_scores[eos_rows, eos_cols].tolist()):
-                done = finished[sentence_ids[r]]
-                if len(done) < beam:
-                    done.append(Hypothesis(tokens[src_row, 1:].tolist(), log_prob / penalty, log_prob))
-
-        # Continuing hypotheses: the first `beam` candidates that are not EOS.
-        rank = is_eos.long() * (2 * beam) + torch.arange(2 * beam, device=device)
-        chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
-        scores = top_scores.gather(1, chosen)
-        back = (beam_offsets[:n] + top_beam.gather(1, chosen)).view(-1)  # flat back-pointers
-        tokens = torch.cat([tokens.index_select(0, back), top_token.gather(1, chosen).view(-1, 1)], dim=1)
-        if beam > 1:
-            state = scorer.reorder(state, back)
-
-        best_running = scores[:, 0].tolist()
-        keep = [r for r, s in enumerate(sentence_ids) if step < max_lens_cpu[r] and not _settled(finished[s], best_running[r], beam, n_best, alpha, step, max_lens_cpu[r], normalization)]
-        if len(keep) < n:
-            sentence_ids = [sentence_ids[r] for r in keep]
-            max_lens_cpu = [max_lens_cpu[r] for r in keep]
-            if not keep:
-                break
-            keep_t = torch.tensor(keep, device=device)
-            max_lens = max_lens.index_select(0, keep_t)
-            scores = scores.index_select(0, keep_t)
-            tokens = tokens.view(n, beam, -1).index_select(0, keep_t).view(len(keep) * beam, -1)
-            state = scorer.select_sentences(state, keep_t)
-        step += 1
-    return [sorted(h, key=lambda hyp: -hyp.score)[:n_best] for h in finished]
+    _check_normalization(decode)
+    finished: list[list[Hypothesis]] = [[] for _ in range(max_lens.size(0))]
+    beams, restrict = Beams.start(state, max_lens.tolist(), decode.beam_size, max_lens.device), None
+    for step in itertools.count():
+        lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (n*beam, vocab)
+        restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
+        restrict(lprobs, beams.tokens, step, beams.at_limit(step), decode.beam_size)
+        top = Candidates.best(beams.scores, lprobs)
+        _finish(top, beams, finished, step, decode)
+        beams.advance(top, scorer)
+        best_running = beams.scores[:, 0].tolist()
+        beams.keep([r for r, s in enumerate(beams.sentences) if step < beams.max_lens[r] and not _settled(finished[s], best_running[r], step, beams.max_lens[r], decode)], scorer)
+        if not beams:
+            break
+    return [sorted(h, key=lambda hyp: -hyp.score)[: decode.n_best] for h in finished]
 
 
 @dataclass(frozen=True)
@@ -334,100 +269,90 @@ def sampling_probs(lprobs: Tensor, sampling: Sampling) -> Tensor:
 
 
 def sample(
-    scorer: Scorer, state: Any, max_lens: Tensor, n: int, sampling: Sampling, seeds: list[int], alpha: float = 0.0, min_len: int = 0,
-    allow_unk: bool = False, normalization: str = "length",
+    scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConfig, sampling: Sampling, seeds: list[int], rules: OutputRules | None = None
 ) -> list[list[Hypothesis]]:
-    """``n`` independent samples per sentence (ancestral sampling, see :class:`Sampling`).
+    """``decode.n_best`` independent samples per sentence (ancestral sampling, see :class:`Sampling`).
 
-    Each sentence's ``n`` rows draw from their own distributions with uniform numbers from a
+    Each sentence's rows draw from their own distributions with uniform numbers from a
     generator seeded by ``seeds[sentence]``, so results are reproducible and independent of
-    batching (up to floating-point rounding of the model's scores). Length limits and the
-    PAD/BOS/UNK/EOS rules are those of :func:`beam_search`.
+    batching (up to floating-point rounding of the model's scores). Length limits and what
+    may never be generated are those of :func:`beam_search` (:class:`Restrictions`).
 
     Args:
-        scorer: see :class:`Scorer`; ``state`` must hold ``n`` rows per sentence.
+        scorer: see :class:`Scorer`; ``state`` must hold ``decode.n_best`` rows per sentence.
         max_lens: ``(batch,)`` most pieces per sample, EOS not counted.
+        decode: ``n_best`` samples; ``length_penalty`` and ``length_normalization`` give the
+            reported ``score`` (see :func:`length_penalty`); ``min_len``, ``allow_unk``.
         seeds: one per sentence.
-        alpha, normalization: the length normalisation of the reported ``score`` (see :func:`length_penalty`).
 
     Returns:
-        For each sentence, its ``n`` samples, best ``score`` first; ``log_prob`` is the
+        For each sentence, its samples, best ``score`` first; ``log_prob`` is the
         sample's log-probability under the model (temperature 1, no top-k/top-p).
     """
-    batch, device = max_lens.size(0), max_lens.device
+    _check_normalization(decode)
+    n = decode.n_best
     generators = [torch.Generator().manual_seed(s) for s in seeds]
-    tokens = torch.full((batch * n, 1), BOS, dtype=torch.long, device=device)
-    log_probs = torch.zeros(batch * n, device=device)
-    done = torch.zeros(batch * n, dtype=torch.bool, device=device)
-    samples: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    sentence_ids = list(range(batch))
-    step = 0
-    while sentence_ids:
-        lprobs, state = scorer.step(tokens, state)  # (rows, vocab)
-        _restrict(lprobs, step, min_len, step >= max_lens, n, allow_unk)
-        uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in sentence_ids]).to(device)
+    beams = Beams.start(state, max_lens.tolist(), n, max_lens.device)
+    beams.scores.zero_()  # (batch, n): each sample's log-probability so far
+    samples: list[list[Hypothesis]] = [[] for _ in seeds]
+    done = torch.zeros_like(beams.scores, dtype=torch.bool)
+    restrict = None
+    for step in itertools.count():
+        lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (rows, vocab)
+        restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
+        restrict(lprobs, beams.tokens, step, beams.at_limit(step), n)
+        uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in beams.sentences]).to(lprobs.device)
         cdf = sampling_probs(lprobs, sampling).cumsum(-1)
         token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
-        log_probs += torch.where(done, 0.0, lprobs.gather(1, token.unsqueeze(1)).squeeze(1))
-        tokens = torch.cat([tokens, token.unsqueeze(1)], dim=1)
-        ended = (token == EOS) & ~done
+        flat_done = done.view(-1)
+        beams.scores += torch.where(flat_done, 0.0, lprobs.gather(1, token.unsqueeze(1)).squeeze(1)).view_as(beams.scores)
+        beams.tokens = torch.cat([beams.tokens, token.unsqueeze(1)], dim=1)
+        ended = (token == EOS) & ~flat_done
+        penalty = length_penalty(step + 1, decode.length_penalty, decode.length_normalization)
         for row in ended.nonzero().view(-1).tolist():
-            log_prob = float(log_probs[row])
-            samples[sentence_ids[row // n]].append(Hypothesis(tokens[row, 1:-1].tolist(), log_prob / length_penalty(step + 1, alpha, normalization), log_prob))
-        done |= ended
-        keep = (~done.view(-1, n).all(1)).nonzero().view(-1)
-        if keep.numel() < len(sentence_ids):
-            sentence_ids = [sentence_ids[r] for r in keep.tolist()]
-            if not sentence_ids:
-                break
-            rows = beam_rows(keep, n)
-            tokens, log_probs, done = tokens.index_select(0, rows), log_probs.index_select(0, rows), done.index_select(0, rows)
-            max_lens = max_lens.index_select(0, keep)
-            state = scorer.select_sentences(state, keep)
-        step += 1
+            log_prob = float(beams.scores.view(-1)[row])
+            samples[beams.sentences[row // n]].append(Hypothesis(beams.tokens[row, 1:-1].tolist(), log_prob / penalty, log_prob))
+        done |= ended.view_as(done)
+        keep = (~done.all(1)).nonzero().view(-1).tolist()
+        done = done[keep]
+        beams.keep(keep, scorer)
+        if not beams:
+            break
     return [sorted(s, key=lambda hyp: -hyp.score) for s in samples]
+
+
+INITIAL_CAPACITY = 64  # target positions a decoder cache starts with; it doubles when a hypothesis needs more
 
 
 @torch.inference_mode()
 def translate_batch(
-    model,
-    src: Tensor,
-    beam_size: int,
-    alpha: float,
-    max_len_a: float,
-    max_len_b: int,
-    n_best: int = 1,
-    min_len: int = 0,
-    scorer: str = "cached",
-    sampling: Sampling | None = None,
-    seeds: list[int] | None = None,
-    allow_unk: bool = False,
-    normalization: str = "length",
+    model, src: Tensor, decode: DecodeConfig, *, sampling: Sampling | None = None, seeds: list[int] | None = None, rules: OutputRules | None = None, scorer: str = "cached"
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
     ``model`` is a :class:`~nmt.model.Transformer`, or a list of them that decode as an
-    ensemble (:class:`EnsembleScorer`). The length limit is ``max_len_a · src_len +
-    max_len_b`` pieces, ``src_len`` counting the sentence's non-pad source tokens (EOS
-    included). ``scorer`` picks the production path (``"cached"``) or a reference
-    (``"tiled"``, ``"recompute"``; see :data:`SCORERS`). With ``sampling``, each sentence
-    gets ``n_best`` independent samples (:func:`sample`) instead, its draws seeded by
-    ``seeds[i]`` (default: :func:`sample_seed` of ``sampling.seed`` and ``i``).
-    ``normalization`` ranks finished hypotheses (see :func:`length_penalty`).
+    ensemble (:class:`EnsembleScorer`). ``decode`` holds every search setting (see
+    :func:`beam_search`); the length limit is ``max_len_a · src_len + max_len_b`` pieces,
+    ``src_len`` counting the sentence's non-pad source tokens (EOS included). ``scorer``
+    picks the production path (``"cached"``) or a reference (``"tiled"``, ``"recompute"``;
+    see :data:`SCORERS`). With ``sampling``, each sentence gets ``decode.n_best``
+    independent samples (:func:`sample`) instead, its draws seeded by ``seeds[i]``
+    (default: :func:`sample_seed` of ``sampling.seed`` and ``i``). ``rules``: what the
+    target vocabulary may never generate (:class:`Restrictions`).
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     src_lens = (src != PAD).sum(1)
-    max_lens = (max_len_a * src_lens.double() + max_len_b).long()
-    rows = n_best if sampling is not None else beam_size
+    max_lens = (decode.max_len_a * src_lens.double() + decode.max_len_b).long()
+    rows = decode.n_best if sampling is not None else decode.beam_size
+    capacity = min(int(max_lens.max()) + 1, INITIAL_CAPACITY)  # grown on demand: a generous limit allocates nothing
     members, states = [], []
     for m in models:
         memory, src_mask = m.encode(src)
-        # Room for the longest possible output (pieces + EOS): the cache never has to grow.
-        member, state = SCORERS[scorer].start(m, memory, src_mask, rows, capacity=int(max_lens.max()) + 1)
+        member, state = SCORERS[scorer].start(m, memory, src_mask, rows, capacity=capacity)
         members.append(member)
         states.append(state)
     step_scorer, state = (members[0], states[0]) if len(members) == 1 else (EnsembleScorer(members), tuple(states))
     if sampling is not None:
         seeds = seeds if seeds is not None else [sample_seed(sampling.seed, i) for i in range(src.size(0))]
-        return sample(step_scorer, state, max_lens, n_best, sampling, seeds, alpha, min_len, allow_unk, normalization)
-    return beam_search(step_scorer, state, max_lens, beam_size, alpha, n_best, min_len, normalization=normalization, allow_unk=allow_unk)
+        return sample(step_scorer, state, max_lens, decode, sampling, seeds, rules)
+    return beam_search(step_scorer, state, max_lens, decode, rules)

@@ -45,12 +45,12 @@ from starlette.routing import Route
 
 from .align import attention_matrix, format_alignment
 from .checkpoint import load_checkpoint, restore_model
-from .config import Config, ConfigError, config_to_dict
+from .config import Config, ConfigError, DecodeConfig, config_to_dict
 from .data import pad_sources
 from .model import Transformer
 from .search import Hypothesis
 from .tokenizer import BOS, Tokenizer
-from .translate import translate_lines
+from .translate import to_dtype, translate_lines
 
 FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment")
 MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
@@ -101,24 +101,26 @@ class Translator:
     device: torch.device
     checkpoint: str = ""
     step: int | None = None
+    dtype: str = "float32"
 
     @classmethod
     def load(cls, checkpoints: list[Path], device: torch.device, dtype: torch.dtype) -> Translator:
-        """Read a checkpoint (a file or a run directory) once.
+        """Read a checkpoint (a file or a run directory) once, in ``dtype`` as ``nmt translate``
+        does (:func:`nmt.translate.to_dtype`: float32, bfloat16, float16 or int8).
 
         Raises:
-            ConfigError: more than one checkpoint (ensembles are not supported by the search yet).
+            ConfigError: more than one checkpoint (ensembles are not supported by the server yet).
             nmt.checkpoint.CheckpointError: the checkpoint is missing or damaged.
         """
         if len(checkpoints) != 1:
             raise ConfigError(f"give exactly one --checkpoint (got {len(checkpoints)}); serving an ensemble is not supported")
         payload = load_checkpoint(checkpoints[0])
         model, tokenizer, cfg = restore_model(payload, checkpoints[0])
-        return cls(model.to(device, dtype).eval(), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"))
+        name = "int8" if dtype == torch.qint8 else str(dtype).removeprefix("torch.")
+        return cls(to_dtype(model.to(device).eval(), dtype), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"), name)
 
-    def translate(self, lines: list[str], beam_size: int, length_penalty: float, n_best: int, max_tokens: int, alignment: bool = False) -> list[list[Hypothesis]]:
+    def translate(self, lines: list[str], decode: DecodeConfig, alignment: bool = False) -> list[list[Hypothesis]]:
         """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`."""
-        decode = replace(self.cfg.decode, beam_size=beam_size, length_penalty=length_penalty, n_best=n_best, max_tokens=max_tokens)
         return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment)
 
     @torch.inference_mode()
@@ -136,12 +138,11 @@ class Translator:
 
 @dataclass
 class Job:
-    """One request's lines and options; ``tokens``: its source tokens (EOS included)."""
+    """One request: its lines, the search settings it asked for (``decode``, the checkpoint's
+    with the request's fields), whether alignments are wanted, its source tokens (EOS included)."""
 
     lines: list[str]
-    beam_size: int
-    length_penalty: float
-    n_best: int
+    decode: DecodeConfig
     tokens: int
     future: asyncio.Future = field(repr=False)
     alignment: bool = False
@@ -156,9 +157,11 @@ def _number(body: dict, name: str, default, kind: type, low, high):
     return kind(value)
 
 
-def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> tuple[list[str], int, float, int, list[int], bool]:
-    """Validate a ``/translate`` body: lines, beam_size, length_penalty, n_best, each line's piece
-    count, and whether alignments are asked for.
+def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> tuple[list[str], DecodeConfig, list[int], bool]:
+    """Validate a ``/translate`` body: its lines, the search settings (the checkpoint's
+    ``decode`` with the request's ``beam_size``, ``length_penalty`` and ``n_best``, and
+    ``max_tokens`` the server's batch budget), each line's piece count, and whether alignments
+    are asked for.
 
     Raises:
         RequestError: invalid JSON (400), a missing, unknown or ill-typed field (422), too many
@@ -181,10 +184,10 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
         raise RequestError("text must be a string or a non-empty list of strings")
     if len(lines) > limits.max_lines:
         raise RequestError(f"{len(lines)} lines in one request; the limit is {limits.max_lines} (--max-lines)", 413)
-    decode = translator.cfg.decode
-    beam_size = _number(body, "beam_size", min(decode.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
-    length_penalty = _number(body, "length_penalty", decode.length_penalty, float, 0.0, 10.0)
-    n_best = _number(body, "n_best", 1, int, 1, beam_size)
+    default = translator.cfg.decode
+    beam_size = _number(body, "beam_size", min(default.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
+    decode = replace(default, beam_size=beam_size, length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
+                     n_best=_number(body, "n_best", 1, int, 1, beam_size), max_tokens=limits.max_batch_tokens)
     alignment = body.get("alignment", False)
     if not isinstance(alignment, bool):
         raise RequestError(f"alignment must be true or false, got {json.dumps(alignment)}")
@@ -192,7 +195,7 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     for i, n in enumerate(pieces):
         if n > limits.max_input_pieces:
             raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
-    return lines, beam_size, length_penalty, n_best, pieces, alignment
+    return lines, decode, pieces, alignment
 
 
 class Batcher:
@@ -231,21 +234,22 @@ class Batcher:
         return batch
 
     def run(self, batch: list[Job]) -> list[list[dict] | Exception]:
-        """Translate a batch (on the worker thread): one call per distinct (beam_size, length_penalty,
-        alignment), with the largest n_best asked for; returns each job's translations, or the error it met."""
-        groups: dict[tuple[int, float, bool], list[int]] = {}
+        """Translate a batch (on the worker thread): one call per distinct search setting and
+        alignment choice, with the largest n_best asked for; returns each job's translations, or
+        the error it met."""
+        groups: dict[tuple[DecodeConfig, bool], list[int]] = {}
         for i, job in enumerate(batch):
-            groups.setdefault((job.beam_size, job.length_penalty, job.alignment), []).append(i)
+            groups.setdefault((replace(job.decode, n_best=1), job.alignment), []).append(i)
         out: list = [None] * len(batch)
-        for (beam_size, length_penalty, alignment), members in groups.items():
+        for (decode, alignment), members in groups.items():
             lines = [line for i in members for line in batch[i].lines]
-            n_best = max(batch[i].n_best for i in members)
+            n_best = max(batch[i].decode.n_best for i in members)
             try:
-                results = self.translator.translate(lines, beam_size, length_penalty, n_best, self.limits.max_batch_tokens, alignment)
+                results = self.translator.translate(lines, replace(decode, n_best=n_best), alignment)
                 start = 0
                 for i in members:
                     job = batch[i]
-                    out[i] = [self._entry(line, hyps[: job.n_best], alignment) for line, hyps in zip(job.lines, results[start : start + len(job.lines)])]
+                    out[i] = [self._entry(line, hyps[: job.decode.n_best], alignment) for line, hyps in zip(job.lines, results[start : start + len(job.lines)])]
                     start += len(job.lines)
             except Exception as exc:  # answered as a 500 to these requests; the server keeps serving
                 for i in members:
@@ -300,20 +304,19 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
             if len(raw) > MAX_BODY_BYTES:
                 return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413)
         try:
-            lines, beam_size, length_penalty, n_best, pieces, alignment = parse_request(raw, translator, limits)
+            lines, decode, pieces, alignment = parse_request(raw, translator, limits)
         except RequestError as exc:
             return _error(str(exc), exc.status)
         future = asyncio.get_running_loop().create_future()
-        await batcher.queue.put(Job(lines, beam_size, length_penalty, n_best, sum(pieces) + len(pieces), future, alignment))
+        await batcher.queue.put(Job(lines, decode, sum(pieces) + len(pieces), future, alignment))
         try:
             return JSONResponse({"translations": await future})
         except Exception as exc:
             return _error(f"translation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500)
 
     async def health(request: Request) -> JSONResponse:
-        dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
         return JSONResponse(
-            {"status": "ok", "device": str(translator.device), "dtype": dtype, "checkpoint": translator.checkpoint, "checkpoint_step": translator.step,
+            {"status": "ok", "device": str(translator.device), "dtype": translator.dtype, "checkpoint": translator.checkpoint, "checkpoint_step": translator.step,
              "queued_requests": batcher.queue.qsize(), "running_requests": batcher.running, "batches": batcher.batches}
         )
 

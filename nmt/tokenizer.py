@@ -13,6 +13,7 @@ EOS     3   ends every source and every target
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import logging
@@ -36,11 +37,30 @@ AUTO_COVERAGE_SENTENCES = 10_000
 #: syllables) are in the thousands too.
 LARGE_CHARACTER_SET = 500
 
+#: Characters no translation may contain: every C0 control (NUL, tab, line feed, carriage return ...),
+#: DEL, every C1 control (U+0085 NEXT LINE among them) and the Unicode line and paragraph separators.
+#: Each ends a line for some reader (``str.splitlines``, editors, JavaScript) or is invisible in one.
+NEVER_OUTPUT = frozenset(map(chr, [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]))
+_NEVER_OUTPUT_TO_SPACE = dict.fromkeys(map(ord, NEVER_OUTPUT), " ")
+
 log = logging.getLogger(__name__)
 
 
 class TokenizerError(ValueError):
     """A SentencePiece model is missing, unreadable or has other special-token ids."""
+
+
+@dataclass(frozen=True)
+class OutputRules:
+    """What a target vocabulary may never generate (enforced by :class:`nmt.search.Restrictions`).
+
+    ``unwritable``: ids of pieces whose text holds a character of :data:`NEVER_OUTPUT`, the
+    byte pieces of such single bytes among them. ``byte_values``: per id, the byte a byte
+    piece stands for (``<0x41>`` → 65), -1 for other pieces; empty without byte fallback.
+    """
+
+    unwritable: tuple[int, ...] = ()
+    byte_values: tuple[int, ...] = ()
 
 
 @dataclass
@@ -62,7 +82,27 @@ class Tokenizer:
         return self.tgt.encode(lines, num_threads=threads)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return self.tgt.decode(ids)
+        """Target text of each id sequence; always one line, whatever the ids.
+
+        The search never generates what would break that (:class:`nmt.search.Restrictions`);
+        this is the last guard, for ids from elsewhere and for a character the length limit
+        cut: byte pieces that do not spell valid UTF-8 are dropped (SentencePiece would write
+        U+FFFD for them), and a character of :data:`NEVER_OUTPUT` becomes a space.
+        """
+        values = self.output_rules.byte_values
+        if values:
+            ids = [_drop_broken_characters(seq, values) for seq in ids]
+        return [text.translate(_NEVER_OUTPUT_TO_SPACE) for text in self.tgt.decode(ids)]
+
+    @functools.cached_property
+    def output_rules(self) -> OutputRules:
+        """The target vocabulary's :class:`OutputRules`, worked out once. A byte piece is unwritable
+        when it is a whole character (below 0x80) of :data:`NEVER_OUTPUT`; multi-byte characters
+        are judged as they are spelt, by the search."""
+        sp = self.tgt
+        values = [int(sp.id_to_piece(i)[3:5], 16) if sp.is_byte(i) else -1 for i in range(sp.get_piece_size())]
+        unwritable = [i for i, v in enumerate(values) if (0 <= v < 0x80 and chr(v) in NEVER_OUTPUT) or (v < 0 and not NEVER_OUTPUT.isdisjoint(sp.id_to_piece(i)))]
+        return OutputRules(tuple(unwritable), tuple(values) if max(values, default=-1) >= 0 else ())
 
     def protos(self) -> dict[str, bytes]:
         """Serialized models, for storing inside a checkpoint."""
@@ -108,6 +148,34 @@ def _load(*, model_file: str | None = None, model_proto: bytes | None = None, wh
             "retrain it with pad_id=0 unk_id=1 bos_id=2 eos_id=3 or let nmt train train one"
         )
     return sp
+
+
+def _drop_broken_characters(ids: list[int], byte_values: tuple[int, ...]) -> list[int]:
+    """``ids`` without the byte pieces that are not part of a valid UTF-8 character (RFC 3629)."""
+    if all(i >= len(byte_values) or byte_values[i] < 0 for i in ids):
+        return ids
+    out: list[int] = []
+    run: list[int] = []
+    for i in [*ids, -1]:
+        if 0 <= i < len(byte_values) and byte_values[i] >= 0:
+            run.append(i)
+            continue
+        start = 0
+        while start < len(run):  # keep each complete, valid character of the run of byte pieces
+            lead = byte_values[run[start]]
+            size = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            chunk = run[start : start + size]
+            try:
+                bytes(byte_values[j] for j in chunk).decode("utf-8")
+            except UnicodeDecodeError:
+                start += 1
+                continue
+            out += chunk
+            start += size
+        run = []
+        if i >= 0:
+            out.append(i)
+    return out
 
 
 def load_model_file(path: str) -> spm.SentencePieceProcessor:

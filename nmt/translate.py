@@ -147,7 +147,6 @@ def translate_lines(
     lines: list[str],
     decode,
     device: torch.device,
-    min_len: int = 0,
     *,
     sampling: Sampling | None = None,
     first_index: int = 0,
@@ -162,7 +161,9 @@ def translate_lines(
 
     Args:
         model: a :class:`~nmt.model.Transformer`, or a list of them decoding as an ensemble.
-        decode: a :class:`~nmt.config.DecodeConfig` (beam size, length penalty and limits, n-best).
+        decode: a :class:`~nmt.config.DecodeConfig`: the search settings (beam size, length
+            penalty and limits, n-best, ...), passed whole to :func:`~nmt.search.translate_batch`,
+            and the batch budget ``max_tokens`` and ``max_input_pieces``.
         sampling: draw ``decode.n_best`` samples per line instead of beam search; line ``i``'s
             draws are seeded by ``sample_seed(sampling.seed, first_index + i)``.
         first_index: the index of ``lines[0]`` in the whole input (streaming calls this per buffer).
@@ -182,10 +183,7 @@ def translate_lines(
         sources = [ids[i] for i in batch]
         src = pad_sources(sources).to(device)
         seeds = [sample_seed(sampling.seed, first_index + present[i]) for i in batch] if sampling is not None else None
-        hyps = translate_batch(
-            models, src, decode.beam_size, decode.length_penalty, decode.max_len_a, decode.max_len_b, decode.n_best, min_len,
-            sampling=sampling, seeds=seeds, allow_unk=decode.allow_unk, normalization=decode.length_normalization,
-        )
+        hyps = translate_batch(models, src, decode, sampling=sampling, seeds=seeds, rules=tokenizer.output_rules)
         if alignment:
             hyps = add_alignments(models, sources, hyps, device)
         for i, h in zip(batch, hyps):

@@ -24,6 +24,7 @@ ct2-float32, ct2-int8, ct2-float16, ct2-bfloat16 (CTranslate2 on the converted m
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import os
 import subprocess
@@ -120,9 +121,10 @@ def worker(args, work: Path) -> None:
         def run(idx):
             src = pad_sources([ids[i] for i in idx]).to(device)
             if forced:
-                hyps = translate_batch(model, src, beam, 0.0, 0.0, forced, min_len=forced, scorer=scorer)
+                decode = replace(cfg.decode, beam_size=beam, length_penalty=0.0, max_len_a=0.0, max_len_b=forced, min_len=forced, n_best=1)
             else:
-                hyps = translate_batch(model, src, beam, args.alpha, cfg.decode.max_len_a, cfg.decode.max_len_b, scorer=scorer)
+                decode = replace(cfg.decode, beam_size=beam, length_penalty=args.alpha, n_best=1)
+            hyps = translate_batch(model, src, decode, scorer=scorer, rules=tokenizer.output_rules)
             return [h[0].tokens for h in hyps]
 
     elif engine == "hf":

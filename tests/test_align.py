@@ -56,3 +56,28 @@ def test_cross_attention_probabilities_are_what_the_layer_uses(model):
     heads = weights[1] @ v  # (batch, n_heads, tgt_len, head_dim)
     merged = heads.transpose(1, 2).reshape(2, 4, -1)
     assert torch.allclose(layer.out(merged), output, atol=1e-5)
+
+
+def test_plot_attention_search_honours_every_decode_setting(monkeypatch):
+    """``nmt plot attention`` once passed six settings positionally and lost ``allow_unk`` and the
+    normalisation; the search now receives the decode settings whole."""
+    import torch.nn.functional as F
+
+    from conftest import TOY, tiny_config
+    from nmt.align import sentence_attention
+    from nmt.config import DecodeConfig
+    from nmt.model import Transformer
+    from nmt.tokenizer import UNK, Tokenizer, train_sentencepiece
+
+    sp = train_sentencepiece((TOY / "train.en").read_text(encoding="utf-8").splitlines()[:500], vocab_size=100)
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=100, tgt_vocab_size=100)).eval()
+    favour_unk = torch.zeros(100)
+    favour_unk[UNK] = 100.0
+    monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_unk)
+    decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=3)
+    tokenizer = Tokenizer(sp, sp)
+    _, allowed, _ = sentence_attention(model, tokenizer, "the dog", DecodeConfig(**{**vars(decode), "allow_unk": True}), torch.device("cpu"))
+    _, banned, weights = sentence_attention(model, tokenizer, "the dog", decode, torch.device("cpu"))
+    assert allowed == ["<unk>"] * 3 + ["</s>"]
+    assert "<unk>" not in banned and weights.shape[:2] == (2, len(banned))

@@ -337,6 +337,7 @@ def test_export_slim_checkpoint_translates_the_same(trained_run, tmp_path):
 def test_export_ctranslate2_command_translates_like_nmt(trained_run, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     pytest.importorskip("transformers")
+    from nmt.config import DecodeConfig
     from nmt.data import pad_sources
     from nmt.search import translate_batch
     from nmt.tokenizer import EOS
@@ -348,7 +349,7 @@ def test_export_ctranslate2_command_translates_like_nmt(trained_run, tmp_path):
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
     sp = tokenizer.src
     ids = tokenizer.encode_src(["the big dog sees a small cat ."])[0]
-    (hyps,) = translate_batch(model, pad_sources([ids]), beam_size=1, alpha=0.0, max_len_a=0.0, max_len_b=8)
+    (hyps,) = translate_batch(model, pad_sources([ids]), DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=0.0, max_len_b=8))
     output = translator.translate_batch([[sp.id_to_piece(i) for i in ids] + [sp.id_to_piece(EOS)]], beam_size=1, max_decoding_length=8)
     assert [sp.piece_to_id(p) for p in output[0].hypotheses[0]] == hyps[0].tokens
 

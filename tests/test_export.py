@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from nmt.config import TokenizerConfig
+from nmt.config import DecodeConfig, TokenizerConfig
 from nmt.corpus import read_parallel
 from nmt.data import pad_sources
 from nmt.export import ExportError, export_huggingface, marian_permutation
@@ -46,7 +46,7 @@ def test_greedy_output_identical(exported):
     model, tokenizer, hf, _ = exported
     for sentence in ["the big dog sees a small cat .", "because the man likes the house , the child sees two dogs ."]:
         src = pad_sources(tokenizer.encode_src([sentence]))
-        (hyps,) = translate_batch(model, src, beam_size=1, alpha=0.0, max_len_a=0.0, max_len_b=12)
+        (hyps,) = translate_batch(model, src, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=0.0, max_len_b=12))
         with torch.no_grad():
             generated = hf.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=1, do_sample=False, max_new_tokens=13)
         theirs = [t for t in generated[0, 1:].tolist() if t not in (EOS, PAD)]
@@ -97,7 +97,7 @@ def test_ctranslate2_conversion_translates_like_nmt(exported, tmp_path):
     sp = tokenizer.src
     for sentence in ["the big dog sees a small cat .", "a woman ."]:
         ids = tokenizer.encode_src([sentence])[0]
-        (hyps,) = translate_batch(model, pad_sources([ids]), beam_size=1, alpha=0.0, max_len_a=0.0, max_len_b=12)
+        (hyps,) = translate_batch(model, pad_sources([ids]), DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=0.0, max_len_b=12))
         pieces = [sp.id_to_piece(i) for i in ids] + [sp.id_to_piece(EOS)]
         result = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12)  # pieces, EOS not counted
         theirs = [sp.piece_to_id(p) for p in result[0].hypotheses[0]]

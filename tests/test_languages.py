@@ -107,7 +107,7 @@ def test_tune_decode_scores_as_validation_did(zh_run):
 def test_translate_allow_unk_reaches_the_search(zh_run, monkeypatch):
     seen = []
     search = nmt.search.beam_search
-    monkeypatch.setattr(nmt.search, "beam_search", lambda *a, **k: seen.append(inspect.signature(search).bind(*a, **k).arguments["allow_unk"]) or search(*a, **k))
+    monkeypatch.setattr(nmt.search, "beam_search", lambda *a, **k: seen.append(inspect.signature(search).bind(*a, **k).arguments["decode"].allow_unk) or search(*a, **k))
     for flags, expected in (((), False), (("--allow-unk",), True), (("--no-allow-unk",), False)):
         result = invoke("translate", "--checkpoint", zh_run, "--beam-size", "2", *flags, input="He drinks tea .\n")
         assert result.exit_code == 0, result.output

@@ -104,15 +104,64 @@ def test_beams_share_one_source_copy_and_match_tiled_recompute(model):
 def test_cache_reorder_follows_back_pointers(model):
     beam = 2
     src = random_sources([5, 8])
-    tgt = _prefixes(4, 4)
+    tgt = _prefixes(4, 5)
     memory, mask = model.encode(src)
+    tiled = memory.repeat_interleave(beam, 0), mask.repeat_interleave(beam, 0)
     cache = model.start_decoding(memory, mask, beam)
     for t in range(3):
         _, cache = model.decode_step(tgt[:, t], cache)
     back = torch.tensor([1, 1, 3, 2])  # rows chosen as parents of the new rows
-    lprobs, _ = model.decode_step(tgt[back, 3], cache.reorder(back))
-    expected = torch.log_softmax(model.decode(tgt[back], memory.repeat_interleave(beam, 0), mask.repeat_interleave(beam, 0)), -1)[:, 3]
+    cache.reorder_(back)
+    lprobs, cache = model.decode_step(tgt[back, 3], cache)
+    expected = torch.log_softmax(model.decode(tgt[back], *tiled), -1)[:, 3]
     torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=0)
+    # A second reorder reads the buffer the first one wrote, and writes into the one it left.
+    again = torch.tensor([1, 0, 3, 3])  # back-pointers stay within a sentence
+    cache.reorder_(again)
+    lprobs, _ = model.decode_step(tgt[back][again, 4], cache)
+    expected = torch.log_softmax(model.decode(tgt[back][again], *tiled), -1)[:, 4]
+    torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=0)
+
+
+def test_cache_grows_on_demand_and_stays_exact(model):
+    src = random_sources([4, 9])
+    tgt = _prefixes(2, 11)
+    memory, mask = model.encode(src)
+    full = torch.log_softmax(model.decode(tgt, memory, mask), -1)
+    cache = model.start_decoding(memory, mask, beam=1, capacity=1)
+    for t in range(11):
+        lprobs, cache = model.decode_step(tgt[:, t], cache)
+        torch.testing.assert_close(lprobs, full[:, t], atol=1e-5, rtol=0)
+    assert cache.length == 11 and cache.self_kv.size(4) == 16  # 1, 2, 4, 8, 16: doubled when needed
+
+
+def test_dropping_sentences_keeps_the_others_exact(model):
+    beam = 2
+    src = random_sources([6, 3, 9])
+    tgt = _prefixes(3 * beam, 4)
+    memory, mask = model.encode(src)
+    cache = model.start_decoding(memory, mask, beam)
+    for t in range(3):
+        _, cache = model.decode_step(tgt[:, t], cache)
+    cache.keep_sentences_(torch.tensor([0, 2]))
+    rows = torch.tensor([0, 1, 4, 5])
+    lprobs, cache = model.decode_step(tgt[rows, 3], cache)
+    keep = torch.tensor([0, 2])
+    expected = torch.log_softmax(model.decode(tgt[rows], memory[keep].repeat_interleave(beam, 0), mask[keep].repeat_interleave(beam, 0)), -1)[:, 3]
+    torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=0)
+    assert cache.cross_kv.size(2) == 2 and cache.src_mask.size(0) == 2
+
+
+def test_position_table_grows_on_the_cpu_in_float64_and_matches_the_formula(model):
+    table = model.positions
+    assert table.size(0) == 256
+    model._embed(torch.full((1, 300), 5), model.tgt_embed)
+    grown = model.positions
+    assert grown.size(0) == 512 and grown.dtype == torch.float32
+    torch.testing.assert_close(grown[:256], table, atol=0, rtol=0)
+    pos, i, d = 400, 3, model.cfg.d_model
+    assert float(grown[pos, 2 * i]) == pytest.approx(math.sin(pos / 10000 ** (2 * i / d)), abs=1e-6)
+    assert float(grown[pos, 2 * i + 1]) == pytest.approx(math.cos(pos / 10000 ** (2 * i / d)), abs=1e-6)
 
 
 def test_causality_later_tokens_do_not_change_earlier_logits(model):

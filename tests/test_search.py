@@ -3,11 +3,15 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import nmt.search as search_module
+from nmt.config import DecodeConfig
 from nmt.model import CrossAttention
-from nmt.search import LENGTH_NORMALIZATIONS, EnsembleScorer, Sampling, TransformerScorer, beam_search, length_penalty, sample, sample_seed, sampling_probs, translate_batch
-from nmt.tokenizer import BOS, EOS, PAD, UNK
+from nmt.scorers import EnsembleScorer, TransformerScorer
+from nmt.search import LENGTH_NORMALIZATIONS, Sampling, beam_search, length_penalty, sample, sample_seed, sampling_probs, translate_batch
+from nmt.tokenizer import BOS, EOS, NEVER_OUTPUT, PAD, UNK
 
 from conftest import random_sources
 
@@ -34,12 +38,13 @@ class ScriptedScorer:
     def reorder(self, state, index):
         return state
 
-    def select_sentences(self, state, keep):
+    def keep_sentences(self, state, keep):
         return state
 
 
 def search(table, beam, alpha=0.0, max_len=10, n_best=1, batch=1, normalization="gnmt", allow_unk=False):
-    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), beam, alpha, n_best, normalization=normalization, allow_unk=allow_unk)
+    decode = DecodeConfig(beam_size=beam, length_penalty=alpha, n_best=n_best, length_normalization=normalization, allow_unk=allow_unk)
+    return beam_search(ScriptedScorer(table), None, torch.full((batch,), max_len), decode)
 
 
 def test_best_hypothesis_found_after_a_worse_one_finished():
@@ -134,9 +139,9 @@ def test_unk_ban_reaches_the_model_path(model, monkeypatch):
     monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_unk)
     src = random_sources([4, 6])
     for beam in (1, 3):
-        allowed = translate_batch(model, src, beam, 0.6, 1.0, 3, allow_unk=True)
+        allowed = translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=0.6, max_len_a=1.0, max_len_b=3, allow_unk=True))
         assert all(h.tokens == [UNK] * len(h.tokens) and h.tokens for hyps in allowed for h in hyps)
-        banned = translate_batch(model, src, beam, 0.6, 1.0, 3)
+        banned = translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=0.6, max_len_a=1.0, max_len_b=3))
         assert all(UNK not in h.tokens for hyps in banned for h in hyps)
 
 
@@ -157,17 +162,17 @@ def greedy_by_recompute(model, src, max_len):
 def test_beam_one_equals_greedy(model):
     for i, n in enumerate([3, 8, 13]):
         src = random_sources([n], seed=i)
-        (hyps,) = translate_batch(model, src, beam_size=1, alpha=0.0, max_len_a=1.0, max_len_b=5)
+        (hyps,) = translate_batch(model, src, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5))
         assert hyps[0].tokens == greedy_by_recompute(model, src, n + 1 + 5)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_sentence_alone_equals_in_padded_batch(model, beam):
     batch = random_sources([3, 25, 40, 9], seed=3)
-    together = translate_batch(model, batch, beam, alpha=0.6, max_len_a=1.2, max_len_b=4, n_best=beam)
+    together = translate_batch(model, batch, DecodeConfig(beam_size=beam, length_penalty=0.6, max_len_a=1.2, max_len_b=4, n_best=beam))
     for i in range(4):
         n = int((batch[i] != PAD).sum())
-        alone = translate_batch(model, batch[i : i + 1, :n], beam, alpha=0.6, max_len_a=1.2, max_len_b=4, n_best=beam)[0]
+        alone = translate_batch(model, batch[i : i + 1, :n], DecodeConfig(beam_size=beam, length_penalty=0.6, max_len_a=1.2, max_len_b=4, n_best=beam))[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
         for a, t in zip(alone, together[i]):
             assert a.score == pytest.approx(t.score, abs=1e-4)
@@ -182,13 +187,13 @@ def test_cross_attention_keys_values_computed_once_per_layer(model, monkeypatch)
         return original(self, memory)
 
     monkeypatch.setattr(CrossAttention, "memory_kv", counting)
-    translate_batch(model, random_sources([5, 9, 2]), beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=8)
+    translate_batch(model, random_sources([5, 9, 2]), DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.0, max_len_b=8))
     assert len(calls) == model.cfg.n_decoder_layers
     assert all(shape[0] == 3 for shape in calls)  # per sentence, not per beam
 
 
 def test_n_best_sorted_and_distinct(model):
-    (hyps,) = translate_batch(model, random_sources([6]), beam_size=5, alpha=0.6, max_len_a=1.0, max_len_b=3, n_best=5)
+    (hyps,) = translate_batch(model, random_sources([6]), DecodeConfig(beam_size=5, length_penalty=0.6, max_len_a=1.0, max_len_b=3, n_best=5))
     assert len(hyps) == 5
     scores = [h.score for h in hyps]
     assert scores == sorted(scores, reverse=True)
@@ -198,7 +203,7 @@ def test_n_best_sorted_and_distinct(model):
 @pytest.mark.parametrize("beam,n_best,alpha", [(1, 1, 0.0), (4, 1, 0.6), (4, 4, 0.0), (8, 4, 1.0)])
 def test_production_search_equals_recompute_and_tiled_references(model, beam, n_best, alpha):
     src = random_sources([1, 2, 7, 19, 33, 60], seed=beam)
-    runs = {name: translate_batch(model, src, beam, alpha, max_len_a=0.25, max_len_b=6, n_best=n_best, scorer=name) for name in ("cached", "tiled", "recompute")}
+    runs = {name: translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best), scorer=name) for name in ("cached", "tiled", "recompute")}
     for name in ("tiled", "recompute"):
         for ref_hyps, hyps in zip(runs[name], runs["cached"]):
             assert [h.tokens for h in hyps] == [h.tokens for h in ref_hyps], name
@@ -217,7 +222,7 @@ def test_search_stops_once_no_running_hypothesis_can_win():
             return super().step(prefix, state)
 
     table = {(): {EOS: 0.9, A: 0.1}, (A,): {A: 1.0}, (A, A): {A: 1.0}}
-    (hyps,) = beam_search(Counting(table), None, torch.tensor([10]), beam_size=2)
+    (hyps,) = beam_search(Counting(table), None, torch.tensor([10]), DecodeConfig(beam_size=2, length_penalty=0.0))
     assert hyps[0].tokens == [] and Counting.calls == 1  # "A…" can score at most log 0.1 < log 0.9
 
 
@@ -235,7 +240,7 @@ def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win(normalizati
     # taken at the running hypothesis' current length (|Y| = 2: -0.758 and -0.602) would stop
     # after the first step and return "".
     table = {(): {EOS: 0.7, A: 0.3}, **{(A,) * n: {A: 1.0} for n in range(1, 5)}, (A,) * 5: {EOS: 1.0}}
-    (hyps,) = beam_search(Counting(table), None, torch.tensor([10]), 2, alpha, normalization=normalization)
+    (hyps,) = beam_search(Counting(table), None, torch.tensor([10]), DecodeConfig(beam_size=2, length_penalty=alpha, length_normalization=normalization))
     assert hyps[0].tokens == [A] * 5
     assert hyps[0].score == pytest.approx(math.log(0.3) / length_penalty(6, alpha, normalization), abs=1e-6)
     assert Counting.calls == 6
@@ -245,9 +250,9 @@ def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win(normalizati
 @pytest.mark.parametrize("alpha,n_best", [(0.0, 1), (0.6, 1), (1.0, 3), (2.0, 1), (-0.5, 2)])
 def test_early_stop_bound_changes_no_result(model, monkeypatch, normalization, alpha, n_best):
     src = random_sources([3, 9, 14, 22], seed=7)
-    fast = translate_batch(model, src, 4, alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, normalization=normalization)
-    monkeypatch.setattr(search_module, "_settled", lambda done, best, beam, *rest: len(done) >= beam)
-    slow = translate_batch(model, src, 4, alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, normalization=normalization)
+    fast = translate_batch(model, src, DecodeConfig(beam_size=4, length_penalty=alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, length_normalization=normalization))
+    monkeypatch.setattr(search_module, "_settled", lambda done, best, step, max_len, decode: len(done) >= decode.beam_size)
+    slow = translate_batch(model, src, DecodeConfig(beam_size=4, length_penalty=alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, length_normalization=normalization))
     for f, s in zip(fast, slow):
         assert [h.tokens for h in f] == [h.tokens for h in s]
         assert [h.score for h in f] == pytest.approx([h.score for h in s], abs=1e-6)
@@ -262,7 +267,7 @@ def test_ensemble_averages_probabilities_not_log_probabilities():
     # Averages: step 1 A 0.475, B 0.3, C 0.225 (a geometric mean would prefer B: 0.224 > 0.212);
     # after A: EOS 0.7, A 0.25, B 0.05; after B (unscripted in both): EOS 1.
     ensemble = EnsembleScorer([first, second])
-    (hyps,) = beam_search(ensemble, (None, None), torch.tensor([10]), beam_size=2, n_best=2)
+    (hyps,) = beam_search(ensemble, (None, None), torch.tensor([10]), DecodeConfig(beam_size=2, length_penalty=0.0, n_best=2))
     assert [h.tokens for h in hyps] == [[A], [B]]
     assert hyps[0].log_prob == pytest.approx(math.log(0.475 * 0.7), abs=1e-6)
     assert hyps[1].log_prob == pytest.approx(math.log(0.3), abs=1e-6)
@@ -270,20 +275,20 @@ def test_ensemble_averages_probabilities_not_log_probabilities():
 
 def test_ensemble_of_one_equals_the_single_model(model):
     src = random_sources([4, 11, 17], seed=5)
-    single = translate_batch(model, src, 4, 0.6, max_len_a=1.0, max_len_b=5, n_best=2)
+    single = translate_batch(model, src, DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.0, max_len_b=5, n_best=2))
     with torch.inference_mode():
         memory, mask = model.encode(src)
         member, state = TransformerScorer.start(model, memory, mask, 4, capacity=8)
         max_lens = ((src != PAD).sum(1).double() + 5).long()
-        one = beam_search(EnsembleScorer([member]), (state,), max_lens, 4, 0.6, n_best=2)
+        one = beam_search(EnsembleScorer([member]), (state,), max_lens, DecodeConfig(beam_size=4, length_penalty=0.6, n_best=2))
     assert [[h.tokens for h in hyps] for hyps in one] == [[h.tokens for h in hyps] for hyps in single]
     assert [[h.score for h in hyps] for hyps in one] == [[h.score for h in hyps] for hyps in single]
 
 
 def test_ensemble_of_two_identical_models_equals_one(model):
     src = random_sources([4, 11, 17, 30], seed=6)
-    single = translate_batch(model, src, 4, 0.6, max_len_a=1.0, max_len_b=5, n_best=3)
-    twice = translate_batch([model, model], src, 4, 0.6, max_len_a=1.0, max_len_b=5, n_best=3)
+    single = translate_batch(model, src, DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.0, max_len_b=5, n_best=3))
+    twice = translate_batch([model, model], src, DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.0, max_len_b=5, n_best=3))
     for s, t in zip(single, twice):
         assert [h.tokens for h in s] == [h.tokens for h in t]
         assert [h.score for h in s] == pytest.approx([h.score for h in t], abs=1e-5)
@@ -308,7 +313,7 @@ def test_sampling_distribution_by_hand():
 def test_samples_follow_the_distribution_and_report_model_log_probs():
     table = {(): {A: 0.5, B: 0.3, C: 0.2}, (A,): {EOS: 1.0}, (B,): {EOS: 1.0}, (C,): {EOS: 1.0}}
     n = 3000
-    (samples,) = sample(ScriptedScorer(table), None, torch.tensor([5]), n, Sampling(top_p=0.75), seeds=[1])
+    (samples,) = sample(ScriptedScorer(table), None, torch.tensor([5]), DecodeConfig(n_best=n, length_penalty=0.0), Sampling(top_p=0.75), seeds=[1])
     counts = {t: sum(h.tokens == [t] for h in samples) for t in (A, B, C)}
     assert counts[C] == 0  # outside the nucleus {A, B}
     assert abs(counts[A] / n - 0.625) < 3 * math.sqrt(0.625 * 0.375 / n)
@@ -317,8 +322,8 @@ def test_samples_follow_the_distribution_and_report_model_log_probs():
 
 def test_top_k_one_is_greedy(model):
     src = random_sources([3, 8, 13, 21], seed=2)
-    greedy = translate_batch(model, src, 1, 0.0, max_len_a=1.0, max_len_b=5)
-    sampled = translate_batch(model, src, 1, 0.0, max_len_a=1.0, max_len_b=5, sampling=Sampling(top_k=1, temperature=2.0, seed=9))
+    greedy = translate_batch(model, src, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5))
+    sampled = translate_batch(model, src, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5), sampling=Sampling(top_k=1, temperature=2.0, seed=9))
     assert [h[0].tokens for h in sampled] == [h[0].tokens for h in greedy]
     assert [h[0].log_prob for h in sampled] == pytest.approx([h[0].log_prob for h in greedy], abs=1e-5)
 
@@ -326,7 +331,7 @@ def test_top_k_one_is_greedy(model):
 def test_sampling_is_seeded_and_independent_of_batching(model):
     src = random_sources([3, 8, 13, 21], seed=2)
     seeds = [sample_seed(7, i) for i in range(4)]
-    run = lambda s, seed_list: translate_batch(model, s, 1, 0.0, max_len_a=1.0, max_len_b=5, n_best=3, sampling=Sampling(), seeds=seed_list)
+    run = lambda s, seed_list: translate_batch(model, s, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5, n_best=3), sampling=Sampling(), seeds=seed_list)
     together = run(src, seeds)
     assert [[h.tokens for h in hyps] for hyps in together] == [[h.tokens for h in hyps] for hyps in run(src, seeds)]
     for i in range(4):
@@ -345,10 +350,142 @@ def test_ensemble_of_two_models_cached_equals_recompute_and_tiled(model):
     torch.manual_seed(1)
     other = Transformer(tiny_config(n_decoder_layers=1)).eval()  # members need not share a shape
     src = random_sources([2, 7, 19, 33], seed=11)
-    runs = {name: translate_batch([model, other], src, 4, 0.6, max_len_a=0.5, max_len_b=6, n_best=2, scorer=name) for name in ("cached", "tiled", "recompute")}
+    runs = {name: translate_batch([model, other], src, DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2), scorer=name) for name in ("cached", "tiled", "recompute")}
     for name in ("tiled", "recompute"):
         for ref_hyps, hyps in zip(runs[name], runs["cached"]):
             assert [h.tokens for h in hyps] == [h.tokens for h in ref_hyps], name
             assert [h.score for h in hyps] == pytest.approx([h.score for h in ref_hyps], abs=1e-5)
-    alone = translate_batch(model, src, 4, 0.6, max_len_a=0.5, max_len_b=6, n_best=2)
+    alone = translate_batch(model, src, DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2))
     assert [[h.tokens for h in hyps] for hyps in alone] != [[h.tokens for h in hyps] for hyps in runs["cached"]]  # the second model counts
+
+
+# ---------------------------------------------------------------- what may never be generated
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer():
+    """A SentencePiece model with byte fallback: every byte has a piece (``<0x0A>`` decodes to a line feed)."""
+    from nmt.tokenizer import Tokenizer, train_sentencepiece
+
+    sp = train_sentencepiece(["a dog runs on the beach", "the cat sees a dog", "犬が走る", "猫が見る"] * 50, vocab_size=280, byte_fallback=True)
+    return Tokenizer(sp, sp)
+
+
+def _byte(tokenizer, value: int) -> int:
+    return tokenizer.tgt.piece_to_id(f"<0x{value:02X}>")
+
+
+class PreferenceScorer:
+    """Next-token scores: ``prefer`` (prefix → {token: logit}) over a flat floor; other tokens get -20."""
+
+    def __init__(self, vocab: int, prefer):
+        self.vocab, self.prefer = vocab, prefer
+
+    def step(self, prefix, state):
+        rows = []
+        for row in prefix.tolist():
+            logits = torch.full((self.vocab,), -20.0)
+            for token, value in self.prefer(tuple(row[1:])).items():
+                logits[token] = value
+            rows.append(torch.log_softmax(logits, -1))
+        return torch.stack(rows), state
+
+    def reorder(self, state, index):
+        return state
+
+    def keep_sentences(self, state, keep):
+        return state
+
+
+def test_search_never_writes_line_breaks_controls_or_broken_characters(byte_tokenizer):
+    tok = byte_tokenizer
+    b = lambda v: _byte(tok, v)
+    (dog, *_) = tok.encode_tgt(["dog"])[0]  # a piece of an ordinary word
+    vocab = tok.tgt.get_piece_size()
+
+    def prefer(prefix):
+        # Tempting at every step, best first: a line feed, NUL, a stray continuation byte,
+        # U+2028 (E2 80 A8) and U+0085 (C2 85) byte by byte, EOS right after a lead byte; "▁dog" last.
+        last = prefix[-2:]
+        if last == (b(0xE2), b(0x80)):
+            return {b(0xA8): 9.0, b(0xA9): 8.5, b(0x94): 1.0, EOS: 9.5}  # U+2014 EM DASH is the one allowed
+        if prefix[-1:] == (b(0xE2),):
+            return {b(0x80): 9.0, EOS: 9.5}
+        if prefix[-1:] == (b(0xC2),):
+            return {b(0x85): 9.0, b(0x9F): 8.9, b(0xA9): 1.0, EOS: 9.5}  # U+00A9 © is allowed
+        if len(prefix) >= 6:
+            return {EOS: 5.0}
+        return {b(0x0A): 10.0, b(0x00): 9.9, b(0x0D): 9.8, b(0x85): 9.7, b(0xE2): 9.6, b(0xC2): 9.5, dog: 1.0}
+
+    decode = DecodeConfig(beam_size=3, length_penalty=0.0, n_best=3, max_len_b=20)
+    scorer = PreferenceScorer(vocab, prefer)
+    (beams,) = beam_search(scorer, None, torch.tensor([20]), decode, tok.output_rules)
+    (samples,) = sample(scorer, None, torch.tensor([20]), decode, Sampling(), [3], tok.output_rules)
+    for h in beams + samples:
+        raw = bytes(tok.output_rules.byte_values[i] for i in h.tokens if tok.output_rules.byte_values[i] >= 0)
+        raw.decode("utf-8")  # valid UTF-8: no stray or unfinished byte
+        (text,) = tok.decode_tgt([h.tokens])
+        assert not set(text) & NEVER_OUTPUT and "\ufffd" not in text and len(text.splitlines()) <= 1, (h.tokens, text)
+    assert any("\u2014" in text for text in tok.decode_tgt([h.tokens for h in beams]))  # the allowed character is reachable
+    # Unrestricted, the same scorer writes a line feed first.
+    (free,) = beam_search(scorer, None, torch.tensor([20]), decode)
+    assert b(0x0A) in free[0].tokens
+
+
+def test_decoding_drops_what_the_search_could_not_prevent(byte_tokenizer):
+    """A character cut by the length limit, and ids from elsewhere, never break a line."""
+    tok = byte_tokenizer
+    b = lambda v: _byte(tok, v)
+    dog = tok.encode_tgt(["dog"])[0]
+    texts = tok.decode_tgt([[*dog, b(0xE2)], [*dog, b(0x0A), *dog], [b(0xE2), b(0x80), b(0xA8)], [b(0xC3), b(0xA9), b(0x80)], [b(0x80), *dog]])
+    assert texts == ["dog", "dog  dog", " ", "é", "dog"]  # the line feed became a space before " dog"
+
+
+def test_length_limit_wins_over_an_unfinished_character(byte_tokenizer):
+    tok = byte_tokenizer
+    lead = _byte(tok, 0xE3)
+    scorer = PreferenceScorer(tok.tgt.get_piece_size(), lambda prefix: {lead: 5.0, _byte(tok, 0x81): 4.0, EOS: 0.0})
+    (hyps,) = beam_search(scorer, None, torch.tensor([2]), DecodeConfig(beam_size=2, length_penalty=0.0), tok.output_rules)
+    assert hyps and all(len(h.tokens) <= 2 for h in hyps)  # every sentence gets a translation, however cut
+    assert all("\ufffd" not in t for t in tok.decode_tgt([h.tokens for h in hyps]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), beam=st.integers(1, 4), bias=st.floats(0.0, 8.0), sampling=st.booleans())
+def test_any_scores_give_one_valid_line_per_sentence(byte_tokenizer, seed, beam, bias, sampling):
+    """Whatever the model prefers (byte pieces made tempting by ``bias``), outputs are valid
+    UTF-8 text on one line with no control character."""
+    tok = byte_tokenizer
+    values = torch.tensor(tok.output_rules.byte_values)
+    vocab = len(values)
+
+    class RandomScorer(PreferenceScorer):
+        def step(self, prefix, state):
+            rows = []
+            for row in prefix.tolist():
+                g = torch.Generator().manual_seed(hash((seed, *row)) % 2**63)
+                rows.append(torch.log_softmax(torch.randn(vocab, generator=g) * 3 + bias * (values >= 0), -1))
+            return torch.stack(rows), state
+
+    decode = DecodeConfig(beam_size=beam, n_best=beam, length_penalty=1.0, max_len_b=12)
+    scorer = RandomScorer(vocab, None)
+    if sampling:
+        (hyps,) = sample(scorer, None, torch.tensor([12]), decode, Sampling(), [seed], tok.output_rules)
+    else:
+        (hyps,) = beam_search(scorer, None, torch.tensor([12]), decode, tok.output_rules)
+    assert hyps
+    for h in hyps:
+        assert PAD not in h.tokens and BOS not in h.tokens and UNK not in h.tokens
+        (text,) = tok.decode_tgt([h.tokens])
+        assert "\ufffd" not in text and not set(text) & NEVER_OUTPUT and len(text.splitlines()) <= 1
+        if len(h.tokens) < 12:  # ended by choice, not cut by the limit: every byte piece belongs to a whole character
+            bytes(int(values[i]) for i in h.tokens if values[i] >= 0).decode("utf-8")
+
+
+def test_a_huge_length_limit_allocates_nothing_up_front(model, monkeypatch):
+    """``max_len_b`` 10^9 once preallocated a decoder cache of that many positions; it now grows on demand."""
+    favour_eos = torch.zeros(40)
+    favour_eos[EOS] = 5.0
+    monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_eos * (torch.arange(1) + 1))
+    hyps = translate_batch(model, random_sources([4, 6]), DecodeConfig(beam_size=2, max_len_a=1e6, max_len_b=10**9))
+    assert all(len(h[0].tokens) < 50 for h in hyps)

@@ -344,3 +344,17 @@ def test_page_in_a_real_browser(translator):
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_int8_loads_through_the_translate_dtype_path(checkpoint, translator):
+    """``nmt serve --dtype int8`` once crashed at start (``nn.Module.to`` with ``torch.qint8``)."""
+    from nmt.translate import load_models
+
+    int8 = Translator.load([checkpoint], torch.device("cpu"), torch.qint8)
+    assert int8.dtype == "int8" and any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.model.modules())
+    decode = replace(translator.cfg.decode, beam_size=2)
+    (expected,), tokenizer, _ = load_models([checkpoint], torch.device("cpu"), torch.qint8)
+    assert [h.tokens for h in int8.translate(SENTENCES[:2], decode)[0]] == [h.tokens for h in translate_lines(expected, tokenizer, SENTENCES[:2], decode, torch.device("cpu"))[0]]
+    with TestClient(create_app(int8, Limits(max_wait_ms=0.0))) as c:
+        assert c.get("/health").json()["dtype"] == "int8"
+        assert c.post("/translate", json={"text": SENTENCES[0]}).status_code == 200

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from nmt.config import ConfigError
+from nmt.config import ConfigError, DecodeConfig
 from nmt.search import translate_batch
 from nmt.translate import resolve_dtype, to_dtype
 
@@ -24,7 +24,7 @@ def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
         got = int8.decode(torch.full((2, 1), 2), *int8.encode(src)).log_softmax(-1)
     assert got.dtype == torch.float32
     assert float((got - expected).abs().max()) < 0.05  # int8 weights and activations: close, not equal
-    (hyps, _) = translate_batch(int8, src, 3, 0.6, 1.0, 4, n_best=2)
+    (hyps, _) = translate_batch(int8, src, DecodeConfig(beam_size=3, length_penalty=0.6, max_len_a=1.0, max_len_b=4, n_best=2))
     assert len(hyps) == 2 and hyps[0].score >= hyps[1].score
 
 

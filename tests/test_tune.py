@@ -3,7 +3,7 @@ import re
 import pytest
 import yaml
 
-from nmt.config import config_from_dict
+from nmt.config import DecodeConfig, config_from_dict
 from nmt.search import translate_batch
 from nmt.tune import Setting, grid, looks_like_test_data, rerank
 
@@ -13,10 +13,10 @@ from conftest import ROOT, random_sources
 @pytest.mark.parametrize("beam", [2, 5])
 def test_one_search_reranked_equals_a_search_per_setting(model, beam):
     src = random_sources([2, 6, 11, 17, 30], seed=11)
-    pool = translate_batch(model, src, beam, 0.0, max_len_a=1.0, max_len_b=8, n_best=beam)
+    pool = translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=0.0, max_len_a=1.0, max_len_b=8, n_best=beam))
     compared = 0
     for setting in grid([beam], ["gnmt", "length", "none"], [0.0, 0.6, 1.0, 2.0, -0.5]):
-        direct = translate_batch(model, src, beam, setting.length_penalty, max_len_a=1.0, max_len_b=8, normalization=setting.length_normalization)
+        direct = translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=setting.length_penalty, max_len_a=1.0, max_len_b=8, length_normalization=setting.length_normalization))
         assert [rerank(p, setting.length_normalization, setting.length_penalty) for p in pool] == [d[0].tokens for d in direct], setting
         compared += 1
     assert compared == 9

@@ -1,0 +1,109 @@
+"""The decoder cache: what one decoding step of the Transformer reads and extends.
+
+Shapes as in :mod:`nmt.model`: ``batch`` sentences, ``beam`` hypotheses each, rows of
+``(batch*beam, ...)`` tensors ordered sentence-major (row ``b*beam + k``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def beam_rows(keep: Tensor, beam: int) -> Tensor:
+    """Flat ``(len(keep)*beam,)`` row indices of every beam of sentences ``keep`` ``(n,)``."""
+    return (keep.unsqueeze(1) * beam + torch.arange(beam, device=keep.device)).view(-1)
+
+
+class DecoderCache:
+    """Everything a decode step needs besides the new tokens; the only writer of its tensors.
+
+    ``self_kv``: ``(n_layers, 2, batch*beam, n_heads, capacity, head_dim)``, every layer's
+    self-attention keys (``[:, 0]``) and values (``[:, 1]``), one row per hypothesis; positions
+    below ``length`` are filled. One tensor, so that following the beams' back-pointers is a
+    single ``index_select``. ``capacity`` grows by doubling when a step needs more, so a
+    generous length limit costs nothing until a hypothesis gets that long.
+
+    ``cross_kv``: ``(n_layers, 2, batch, n_heads, src_len, head_dim)``, computed once from the
+    encoder output and shared by each sentence's beams. ``src_mask``: ``(batch, 1, 1,
+    src_len)``, True on real source tokens.
+
+    It changes only through its own methods, each in place: :meth:`append` (one layer's
+    keys and values of the new position) and :meth:`advance_` (the position then counts),
+    :meth:`reorder_` (follow back-pointers) and :meth:`keep_sentences_` (drop finished
+    sentences). The last two copy rows into a spare buffer and swap the two, so that following
+    the beams every step alternates between two buffers instead of allocating (and, on a
+    CPU, page-faulting in) a new one each time.
+    """
+
+    def __init__(self, self_kv: Tensor, cross_kv: Tensor, src_mask: Tensor, beam: int):
+        self.self_kv, self.cross_kv, self.src_mask, self.beam = self_kv, cross_kv, src_mask, beam
+        self.length = 0
+        self._spare: Tensor | None = None
+
+    def layer(self, i: int) -> LayerCache:
+        """Decoder layer ``i``'s view: what its self-attention appends to."""
+        return LayerCache(self, i)
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``layer``'s keys and values ``k``/``v`` ``(batch*beam, n_heads, new, head_dim)`` at
+        positions ``length..length+new-1`` (growing the capacity if needed), and return that
+        layer's keys and values of every position so far, ``(batch*beam, n_heads, length+new, head_dim)``."""
+        end = self.length + k.size(2)
+        if end > self.self_kv.size(4):
+            self._grow(end)
+        kv = self.self_kv[layer]
+        kv[0, :, :, self.length : end] = k
+        kv[1, :, :, self.length : end] = v
+        return kv[0, :, :, :end], kv[1, :, :, :end]
+
+    def advance_(self, new: int = 1) -> None:
+        """Count the ``new`` positions every layer has appended."""
+        self.length += new
+
+    def reorder_(self, index: Tensor) -> None:
+        """Keep hypothesis rows ``index`` ``(batch*beam,)`` (flat back-pointers).
+
+        Only the per-hypothesis self-attention keys/values move; the source side is
+        shared by a sentence's beams and stays where it is.
+        """
+        self._gather_rows_(index)
+
+    def keep_sentences_(self, keep: Tensor) -> None:
+        """Keep sentences ``keep`` ``(new_batch,)`` (dropping finished ones), all their beams."""
+        self._gather_rows_(beam_rows(keep, self.beam))
+        self.cross_kv, self.src_mask = self.cross_kv.index_select(2, keep), self.src_mask.index_select(0, keep)
+
+    def _gather_rows_(self, index: Tensor) -> None:
+        """``self_kv`` becomes its rows ``index`` (positions below ``length``), written into the spare buffer when it fits."""
+        if self.self_kv.requires_grad:  # out= cannot record autograd; decoding normally runs without it
+            self.self_kv = self.self_kv.index_select(2, index)
+            return
+        n, shape, spare = index.numel(), self.self_kv.shape, self._spare
+        if spare is None or spare.size(2) < n or spare.shape[:2] != shape[:2] or spare.shape[3:] != shape[3:]:
+            spare = self.self_kv.new_empty((*shape[:2], n, *shape[3:]))
+        out = spare[:, :, :n]
+        torch.index_select(self.self_kv[..., : self.length, :], 2, index, out=out[..., : self.length, :])
+        self._spare, self.self_kv = self.self_kv, out
+
+    def _grow(self, needed: int) -> None:
+        """Room for at least ``needed`` positions: the capacity doubles (at least)."""
+        shape = list(self.self_kv.shape)
+        shape[4] = max(needed, 2 * shape[4])
+        grown = self.self_kv.new_empty(shape)
+        grown[..., : self.length, :] = self.self_kv[..., : self.length, :]
+        self.self_kv, self._spare = grown, None
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One decoder layer's part of a :class:`DecoderCache`: its self-attention calls :meth:`append`."""
+
+    cache: DecoderCache
+    index: int
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """See :meth:`DecoderCache.append`."""
+        return self.cache.append(self.index, k, v)

@@ -1,0 +1,79 @@
+"""What a search may generate, enforced on the log-probabilities of every step."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .config import DecodeConfig
+from .tokenizer import BOS, EOS, PAD, UNK, OutputRules
+
+
+class Restrictions:
+    """Forbids, in place, what no search may generate (Hugging Face calls these logits processors).
+
+    * PAD and BOS always, UNK unless ``decode.allow_unk``, the pieces of ``rules.unwritable``
+      (:class:`~nmt.tokenizer.OutputRules`: pieces that hold a line break or another control);
+    * EOS before ``decode.min_len`` pieces;
+    * byte pieces that would not spell valid UTF-8 (RFC 3629: no stray continuation byte, no
+      overlong form, surrogate or code point above U+10FFFF) or would spell a character of
+      :data:`~nmt.tokenizer.NEVER_OUTPUT` (C1 controls, U+2028, U+2029); while a character is
+      incomplete only its continuation bytes may follow, not EOS or another piece;
+    * at its length limit a hypothesis may only end (this wins over the rule above: a
+      character cut there is dropped when the output is decoded, see
+      :meth:`nmt.tokenizer.Tokenizer.decode_tgt`).
+
+    Everything but the length limit depends only on the hypothesis' own tokens, so it follows
+    the beams without state of its own.
+    """
+
+    def __init__(self, decode: DecodeConfig, rules: OutputRules | None, vocab: int, device: torch.device):
+        self.min_len = decode.min_len
+        banned = [PAD, BOS] + ([] if decode.allow_unk else [UNK]) + [i for i in (rules.unwritable if rules else ()) if i < vocab]
+        self.banned = torch.tensor(sorted(set(banned)), device=device)  # column ids: filling them is cheaper than a (rows, vocab) mask
+        self.byte_values = None
+        if rules is not None and rules.byte_values:
+            values = torch.tensor(rules.byte_values[:vocab], dtype=torch.long)
+            # After a complete character: no continuation byte (0x80-0xBF) and no byte that never starts one (0xC0, 0xC1, 0xF5-0xFF).
+            self.not_a_start = torch.nonzero(((values >= 0x80) & (values <= 0xC1)) | (values >= 0xF5)).squeeze(1).to(device)
+            self.byte_values = values.to(device)
+
+    def __call__(self, lprobs: Tensor, tokens: Tensor, step: int, at_limit: list[bool], rows_per_sentence: int) -> None:
+        """Restrict ``lprobs`` ``(rows, vocab)`` of hypotheses ``tokens`` ``(rows, t)`` (BOS first) at
+        ``step`` (pieces so far); ``at_limit``: per sentence, whose ``rows_per_sentence`` rows may only end."""
+        limit = torch.tensor(at_limit, device=lprobs.device).repeat_interleave(rows_per_sentence) if any(at_limit) else None  # (rows,)
+        eos = lprobs[limit, EOS] if limit is not None else None
+        lprobs.index_fill_(1, self.banned, float("-inf"))
+        if step < self.min_len:
+            lprobs[:, EOS] = float("-inf")
+        if self.byte_values is not None:
+            self._complete_characters(lprobs, tokens)
+        if limit is not None:  # the limit wins over every rule: a hypothesis there ends, so each sentence gets one
+            lprobs[limit] = float("-inf")
+            lprobs[limit, EOS] = eos
+
+    def _complete_characters(self, lprobs: Tensor, tokens: Tensor) -> None:
+        """Byte pieces spell whole, valid characters: a new character starts only with a byte that
+        can start one; in the middle of one, only the continuation bytes RFC 3629 allows there follow."""
+        tail = self.byte_values[tokens[:, -3:]]  # (rows, <=3): the last pieces' byte values, -1 for other pieces
+        if tail.size(1) < 3:
+            tail = torch.cat([tail.new_full((tail.size(0), 3 - tail.size(1)), -1), tail], 1)
+        lead_at = torch.where(tail[:, 2] >= 0xC0, 2, torch.where(tail[:, 1] >= 0xC0, 1, 0))  # (rows,) where the last character starts
+        lead = tail.gather(1, lead_at.unsqueeze(1)).squeeze(1)
+        have, need = 3 - lead_at, 2 + (lead >= 0xE0).long() + (lead >= 0xF0).long()
+        pending = (tail[:, 2] >= 0x80) & (lead >= 0xC0) & (have < need)  # (rows,) in the middle of a character
+        rows = pending.nonzero().squeeze(1) if bool(pending.any()) else None
+        middle = lprobs[rows] if rows is not None else None  # (pending rows, vocab), before the next line
+        lprobs.index_fill_(1, self.not_a_start, float("-inf"))
+        if rows is None:
+            return
+        lead, have, second = lead[rows], have[rows], tail[rows, 2]
+        low, high = torch.full_like(lead, 0x80), torch.full_like(lead, 0xBF)
+        first = have == 1  # the byte after the lead: no overlong form, surrogate, code point over U+10FFFF, or C1 control
+        low = torch.where(first & ((lead == 0xE0) | (lead == 0xC2)), 0xA0, torch.where(first & (lead == 0xF0), 0x90, low))
+        high = torch.where(first & (lead == 0xED), 0x9F, torch.where(first & (lead == 0xF4), 0x8F, high))
+        values = self.byte_values.unsqueeze(0)  # (1, vocab)
+        allowed = (values >= low.unsqueeze(1)) & (values <= high.unsqueeze(1))  # (pending rows, vocab)
+        separator = ((have == 2) & (lead == 0xE2) & (second == 0x80)).unsqueeze(1)  # E2 80 A8/A9: U+2028, U+2029
+        allowed &= ~(separator & ((values == 0xA8) | (values == 0xA9)))
+        lprobs[rows] = middle.masked_fill(~allowed, float("-inf"))
