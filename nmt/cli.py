@@ -90,7 +90,7 @@ def train(
     finally:
         signal.signal(signal.SIGTERM, previous)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one result line
-        typer.echo(json.dumps({k: v for k, v in result.items() if k != "example"}))
+        typer.echo(json.dumps(result))
     if result["interrupted"]:
         raise typer.Exit(code=130)
 

@@ -149,6 +149,19 @@ class RunDir:
             log.info("%s: dropping %d records after step %d (not in the history this run continues)", metrics, len(lines) - len(kept), step)
             atomic_write(metrics, "".join(line + "\n" for line in kept))
 
+    def last_validation(self) -> dict | None:
+        """The newest validation record of ``metrics.jsonl`` (one with ``bleu``), or None."""
+        metrics = self.path / METRICS
+        lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.is_file() else []
+        for line in reversed(lines):
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line cut by a kill mid-write
+                continue
+            if isinstance(record, dict) and "bleu" in record:
+                return record
+        return None
+
     def record(self, values: dict) -> None:
         append_line(self.path / METRICS, json.dumps(values))
 

@@ -56,6 +56,7 @@ class Progress:
     best_bleu: float = -1.0
     bad_validations: int = 0  # validations since the last BLEU improvement
     validated_step: int = -1  # step of the last completed validation
+    batching: list[int] | None = None  # [max_tokens, seed, processes] this epoch's batches were cut with
 
 
 @dataclass
@@ -131,6 +132,20 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, cfg
     return {"valid_loss": loss_sum / max(1, n_tokens), "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"], "example": hyps[0] if hyps else ""}
 
 
+RESULT_METRICS = ("bleu", "chrf", "valid_loss", "valid_nll", "valid_ppl", "bleu_signature")
+
+
+def result_line(step: int, seconds: float, best_bleu: float, stopped_by: str, validation: dict | None) -> dict:
+    """What ``nmt train`` prints when it ends: always the same keys, None where there is no value.
+
+    ``validation`` is the run's newest validation record (of this invocation or, when there was
+    none, of the run's history); ``valid_step`` says which step it scored.
+    """
+    validation = validation or {}
+    return {"step": step, "train_seconds": seconds, "best_bleu": best_bleu if best_bleu >= 0 else None, "interrupted": stopped_by == "signal",
+            "stopped_by": stopped_by, "valid_step": validation.get("step"), **{k: validation.get(k) for k in RESULT_METRICS}}
+
+
 def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None, config_file: Path | None = None) -> dict:
     """Train a model as ``cfg`` says, or continue the run in ``cfg.train.run_dir``.
 
@@ -142,9 +157,11 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
     process trains on its own share of each epoch's batches.
 
     Returns:
-        The final validation metrics plus ``step``, ``train_seconds``, ``best_bleu``,
-        ``interrupted`` (a signal stopped the run after saving ``last.pt``) and
-        ``stopped_by`` (steps, time, patience, signal, or done: nothing was left to do).
+        :func:`result_line`: ``step``, ``train_seconds``, ``best_bleu``, ``interrupted`` (a
+        signal stopped the run after saving ``last.pt``), ``stopped_by`` (steps, time,
+        patience, signal, or done: nothing was left to do), and the newest validation's
+        ``valid_step``, ``bleu``, ``chrf``, ``valid_loss``, ``valid_nll``, ``valid_ppl`` and
+        ``bleu_signature`` (None where no validation ran).
 
     Raises:
         ConfigError: a fresh run would overwrite an existing run's checkpoints, another
@@ -164,7 +181,7 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
         if opened.done:
             if ddp.main:
                 log.info("%s", opened.done["message"])
-            return {"step": opened.done["step"], "train_seconds": 0.0, "best_bleu": opened.done["best_bleu"], "interrupted": False, "stopped_by": "done"}
+            return result_line(opened.done["step"], 0.0, opened.done["best_bleu"], "done", run.last_validation())
         return Trainer(opened, ddp, run).run()
     finally:
         run.release()
@@ -237,18 +254,19 @@ class Trainer:
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg.model).to(ddp.device)
         self.updater = Updater(self.model, tc, ddp.device, ddp)
-        self.sampler = TokenBatchSampler(self.corpus.src_lengths, self.corpus.tgt_lengths, tc.max_tokens, tc.seed, ddp.rank, ddp.world_size)
-        self.progress = Progress()
+        self.batching = [tc.max_tokens, tc.seed, ddp.world_size]  # what cuts this run's epochs into batches
+        self.progress = Progress(batching=list(self.batching))
         if opened.payload:
             self.restore(opened.payload)
         self._batches: tuple[int, list] = (-1, [])
         self.epoch_batches()  # fewer batches than processes fails here, before any step
         self.window = Window(ddp.device)
+        self.last_validation = run.last_validation() if opened.payload else None  # the newest validation record, for the result
         self.writer = run.tensorboard(self.progress.step) if ddp.main and tc.tensorboard else None
         self.started = time.perf_counter()
         if ddp.main:
             log.info("model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d process(es) × update_freq %d × max_tokens %d",
-                     f"{count_parameters(self.model):,}", len(self.corpus), 100 * self.sampler.padding_fraction(self.progress.epoch), ddp.world_size, tc.update_freq, tc.max_tokens)
+                     f"{count_parameters(self.model):,}", len(self.corpus), 100 * self.sampler(self.batching).padding_fraction(self.progress.epoch), ddp.world_size, tc.update_freq, tc.max_tokens)
 
     def restore(self, payload: dict) -> None:
         """Weights, optimizer, schedule, scaler, position and this process's RNG states from ``payload``."""
@@ -256,10 +274,14 @@ class Trainer:
         self.model.load_state_dict(payload["model"])
         u.optimizer.load_state_dict(payload["optimizer"])
         u.scheduler.load_state_dict(payload["scheduler"])
+        u.apply_settings()  # what --resume changed in the optimizer or the schedule counts from this step on
         if "scaler" in payload:
             u.scaler.load_state_dict(payload["scaler"])
         self.progress = Progress(**payload["progress"])
         states = payload["rng"] if isinstance(payload["rng"], list) else [payload["rng"]]  # one dict: written before per-process states
+        saved = payload["config"]["train"]
+        self.progress.batching = self.progress.batching or [saved["max_tokens"], saved["seed"], len(states)]  # before this was recorded
+        self.keep_epoch_batching()
         if len(states) != self.ddp.world_size:
             log.warning("%s was written by %d process(es), this run has %d: resuming, but random draws (dropout) differ from an uninterrupted run", self.checkpoint_from, len(states), self.ddp.world_size)
         set_rng_state(states[self.ddp.rank % len(states)])
@@ -281,10 +303,34 @@ class Trainer:
             bar.close()
             return self.finish(reason, signals)
 
+    def keep_epoch_batching(self) -> None:
+        """A resumed epoch goes on with the batches it started with, so that its saved position
+        still points into them: a changed ``train.max_tokens`` or ``train.seed`` applies from the
+        next epoch on. With another number of processes the batches cannot be cut as before;
+        the rest of that epoch is then skipped, with a warning."""
+        p = self.progress
+        if p.batching == self.batching:
+            return
+        if p.batch_in_epoch == 0:
+            p.batching = list(self.batching)
+        elif p.batching[2] == self.batching[2]:
+            log.info("train.max_tokens %d and train.seed %d apply from epoch %d on; epoch %d goes on with the batches it started with (max_tokens %d, seed %d)",
+                     self.batching[0], self.batching[1], p.epoch + 1, p.epoch, *p.batching[:2])
+        else:
+            log.warning("%s was written by %d process(es), this run has %d: the rest of epoch %d cannot be cut into the same batches and is skipped",
+                        self.checkpoint_from, p.batching[2], self.batching[2], p.epoch)
+            p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, list(self.batching)
+
+    def sampler(self, batching: list[int]) -> TokenBatchSampler:
+        """The batch sampler of ``batching`` (``[max_tokens, seed, processes]``), this process's share."""
+        max_tokens, seed, world_size = batching
+        return TokenBatchSampler(self.corpus.src_lengths, self.corpus.tgt_lengths, max_tokens, seed, self.ddp.rank, world_size)
+
     def epoch_batches(self) -> list:
+        """This process's batches of the current epoch, in training order."""
         epoch = self.progress.epoch
         if self._batches[0] != epoch:
-            batches = self.sampler.epoch_batches(epoch)
+            batches = self.sampler(self.progress.batching).epoch_batches(epoch)
             if not batches:
                 raise DataError(f"{len(self.corpus)} training pairs make fewer batches of train.max_tokens {self.cfg.train.max_tokens} tokens than the {self.ddp.world_size} processes (epoch {epoch}); "
                                 "every process needs at least one batch: lower train.max_tokens, add training data or start fewer processes")
@@ -292,9 +338,10 @@ class Trainer:
         return self._batches[1]
 
     def maybe_end_epoch(self) -> None:
+        """Past the epoch's last batch: the next epoch begins, cut with this run's batching."""
         p = self.progress
         if p.batch_in_epoch >= len(self.epoch_batches()):
-            p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+            p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, list(self.batching)
 
     def next_group(self) -> list[Batch]:
         """The next ``update_freq`` batches of this process (host tensors)."""
@@ -338,6 +385,7 @@ class Trainer:
         metrics = self.ddp.share(metrics)
         if metrics is None:
             return {}
+        self.last_validation = {"step": p.step, **metrics}
         improved = metrics["bleu"] > p.best_bleu
         p.best_bleu, p.bad_validations = (metrics["bleu"], 0) if improved else (p.best_bleu, p.bad_validations + 1)
         p.validated_step = p.step
@@ -369,12 +417,11 @@ class Trainer:
         return next((name for name, value in flags.items() if value), None)
 
     def finish(self, reason: str, signals: StopSignal) -> dict:
-        """Validate unless this step was validated (or a signal stopped the run), save ``last.pt``, report."""
-        metrics = {}
+        """Validate unless this step was validated (or a signal stopped the run), save ``last.pt``, report (:func:`result_line`)."""
         if reason == "patience" and self.ddp.main:
             log.info("early stop: %d validations without a BLEU improvement", self.progress.bad_validations)
         if self.progress.validated_step != self.progress.step and reason != "signal":
-            metrics = self.validate(signals)
+            self.validate(signals)
         if self.progress.validated_step != self.progress.step:  # no validation saved last.pt at this step
             self.checkpoint("last.pt")
         if self.writer is not None:
@@ -383,7 +430,7 @@ class Trainer:
         if self.ddp.main:
             best = f"{self.progress.best_bleu:.2f}" if self.progress.best_bleu >= 0 else "none (no validation ran)"
             log.info("done (%s): at step %d after %.0f s of training in this invocation; best validation BLEU %s", reason, self.progress.step, seconds, best)
-        return {**metrics, "step": self.progress.step, "train_seconds": seconds, "best_bleu": self.progress.best_bleu, "interrupted": reason == "signal", "stopped_by": reason}
+        return result_line(self.progress.step, seconds, self.progress.best_bleu, reason, self.last_validation)
 
     def checkpoint(self, name: str) -> None:
         """Save the full training state as ``run_dir/name`` (a collective: every process gives its RNG states)."""

@@ -51,6 +51,15 @@ class Updater:
         self.last_lr = 0.0  # the learning rate the last update used
         self.skipped = False  # fp16: the gradient scaler skipped the last update
 
+    def apply_settings(self) -> None:
+        """Make the optimizer use this config's Adam settings and this schedule's rate for the next
+        update: after ``load_state_dict`` (``--resume``) they hold the values the checkpoint was
+        written with, and a changed ``adam_betas``, ``adam_eps``, ``weight_decay`` or schedule
+        (``warmup_steps``, ``lr``, ...) would otherwise be ignored, or apply one step late."""
+        tc, scheduler = self.tc, self.scheduler
+        for group, base, rate in zip(self.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group.update(betas=tuple(tc.adam_betas), eps=tc.adam_eps, weight_decay=tc.weight_decay, lr=base * rate(scheduler.last_epoch))
+
     def step(self, group: list[Batch]) -> list[LossOutput]:
         """Train on ``group`` (host tensors, up to ``update_freq`` batches) and update once.
 

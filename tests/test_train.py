@@ -435,3 +435,68 @@ def test_resume_with_the_command_that_started_the_run(tmp_path):
     changed = ["model.d_model=64", "tokenizer.vocab_size=120", f"train.run_dir={run}", "train.max_steps=4"]
     with pytest.raises(ConfigError, match=r"cannot change the model or tokenizer of a run \(model\.d_model\)"):
         train(load_config(file, changed), resume=True, overrides=changed, config_file=file)
+
+
+def test_the_result_line_has_every_key_however_the_run_ends(tmp_path, monkeypatch):
+    """The final JSON line once lacked bleu/chrf/valid_loss when the last step was a validation
+    step, and said best_bleu -1.0 when no validation ran."""
+    import threading
+
+    import nmt.train
+    from nmt.train import RESULT_METRICS
+
+    data = small_corpus(tmp_path, n=40)
+    keys = {"step", "train_seconds", "best_bleu", "interrupted", "stopped_by", "valid_step", *RESULT_METRICS}
+    validated_last = train(tiny_run_config(data, tmp_path / "a", 4, validate_every=2))  # step 4 validated inside the loop
+    assert set(validated_last) == keys and validated_last["valid_step"] == 4 and validated_last["stopped_by"] == "steps"
+    record = records(tmp_path / "a")[-1]
+    assert {k: validated_last[k] for k in RESULT_METRICS} == {k: record[k] for k in RESULT_METRICS}
+    assert validated_last["best_bleu"] == max(r["bleu"] for r in records(tmp_path / "a") if "bleu" in r)
+    validated_at_end = train(tiny_run_config(data, tmp_path / "b", 3, validate_every=2))  # step 3 validated by finish
+    assert set(validated_at_end) == keys and validated_at_end["valid_step"] == 3 and isinstance(validated_at_end["bleu"], float)
+    done = train(tiny_run_config(data, tmp_path / "a", 4), resume=True)
+    assert set(done) == keys and done["stopped_by"] == "done" and {k: done[k] for k in RESULT_METRICS} == {k: record[k] for k in RESULT_METRICS}
+    timed = train(tiny_run_config(data, tmp_path / "c", 1000, max_time_s=1e-9))
+    assert set(timed) == keys and timed["stopped_by"] == "time" and timed["valid_step"] == timed["step"]
+    monkeypatch.setattr(nmt.train, "validate", lambda *args: (threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start(), time.sleep(30)))
+    stopped = train(tiny_run_config(data, tmp_path / "d", 10, validate_every=2))
+    assert set(stopped) == keys and stopped["stopped_by"] == "signal" and stopped["interrupted"]
+    assert stopped["best_bleu"] is None and all(stopped[k] is None for k in ("valid_step", *RESULT_METRICS))
+    json.dumps(stopped)  # the line nmt train prints
+
+
+def test_resume_applies_changed_optimizer_and_schedule_settings_at_once(tmp_path):
+    """Changed weight_decay, adam_eps and adam_betas were logged as applied while the optimizer
+    kept the old values, and a changed warm-up took effect one step late."""
+    from nmt.schedule import noam_lr
+
+    data = small_corpus(tmp_path, n=40)
+    run = tmp_path / "run"
+    train(tiny_run_config(data, run, 3))
+    changes = ["train.max_steps=5", "train.weight_decay=0.01", "train.adam_eps=1e-6", "train.adam_betas=[0.8, 0.95]", "train.warmup_steps=2"]
+    train(tiny_run_config(data, run, 3), resume=True, overrides=changes)
+    (group,) = load_checkpoint(run / "last.pt")["optimizer"]["param_groups"]
+    assert (group["weight_decay"], group["eps"], tuple(group["betas"])) == (0.01, 1e-6, (0.8, 0.95))
+    lrs = {r["step"]: r["lr"] for r in records(run) if "lr" in r}
+    assert [lrs[k] for k in (1, 2, 3)] == pytest.approx([noam_lr(k, 32, 4) for k in (1, 2, 3)])
+    assert [lrs[k] for k in (4, 5)] == pytest.approx([noam_lr(k, 32, 2) for k in (4, 5)])  # the new warm-up from the first resumed step
+
+
+def test_a_changed_batch_budget_on_resume_applies_from_the_next_epoch(tmp_path):
+    """Doubling train.max_tokens on --resume once made the saved position point into other
+    batches (5,926 of 12,000 pairs skipped, 1,035 repeated): the resumed epoch now keeps its batches."""
+    data = small_corpus(tmp_path, n=100)
+    whole = tmp_path / "whole"
+    train(tiny_run_config(data, whole, 30))
+    by_step = {r["step"]: r for r in records(whole) if "loss" in r}
+    first_epoch = [k for k, r in by_step.items() if r["epoch"] == 0]
+    assert len(first_epoch) > 4
+    split = tmp_path / "split"
+    stop = first_epoch[len(first_epoch) // 2]
+    train(tiny_run_config(data, split, stop))
+    train(tiny_run_config(data, split, stop), resume=True, overrides=["train.max_steps=30", "train.max_tokens=1200"])
+    resumed = {r["step"]: r for r in records(split) if "loss" in r}
+    assert [resumed[k]["loss"] for k in first_epoch] == [by_step[k]["loss"] for k in first_epoch]  # the same batches to the epoch's end
+    after = [k for k in resumed if k > first_epoch[-1]]
+    assert after and resumed[after[0]]["epoch"] == 1 and resumed[after[0]]["loss"] != by_step[after[0]]["loss"]  # then the new budget
+    assert load_checkpoint(split / "last.pt")["progress"]["batching"] == [1200, 1, 1]
