@@ -151,8 +151,10 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
     from .model import Transformer
 
+    cfg = _config(payload, path)
+    _check_tokenizer(payload, cfg, path)
     with torch.device("meta"):  # names and shapes only: no memory, no initialisation
-        expected = Transformer(_config(payload, path).model).state_dict()
+        expected = Transformer(cfg.model).state_dict()
     check_state_fits(expected, payload["model"], path, written_by(payload))
     if training:
         absent = [k for k in TRAINING_STATE if k not in payload]
@@ -171,6 +173,24 @@ def _config(payload: dict[str, Any], path: Path):
         return config_from_dict(payload["config"], f"{path} (config)")
     except ConfigError as exc:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
+
+
+def _check_tokenizer(payload: dict[str, Any], cfg, path: Path) -> None:
+    """The stored tokenizer loads as SentencePiece and its vocabularies are the model's.
+
+    Raises:
+        CheckpointError: naming what is wrong and the version that wrote the file.
+    """
+    from .tokenizer import Tokenizer, TokenizerError
+
+    try:
+        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"]))
+    except TokenizerError as exc:
+        raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
+    sizes = (tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
+    if sizes != (cfg.model.src_vocab_size, cfg.model.tgt_vocab_size):
+        raise CheckpointError(f"{path}: inconsistent checkpoint: its tokenizer has {sizes[0]} source and {sizes[1]} target pieces, its model "
+                              f"{cfg.model.src_vocab_size} and {cfg.model.tgt_vocab_size} (written by {written_by(payload)})")
 
 
 def restore_model(payload: dict[str, Any], path: Path):

@@ -140,7 +140,8 @@ def _load(*, model_file: str | None = None, model_proto: bytes | None = None, wh
         else:
             sp.load_from_serialized_proto(model_proto)
     except (OSError, RuntimeError) as exc:
-        raise TokenizerError(f"{what}: cannot load SentencePiece model: {exc}") from None
+        reason = f"{len(model_proto):,} bytes that are not one" if model_proto is not None else " ".join(str(exc).split())
+        raise TokenizerError(f"{what}: cannot load SentencePiece model: {reason}") from None
     ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if ids != (PAD, UNK, BOS, EOS):
         raise TokenizerError(

@@ -1,3 +1,4 @@
+import functools
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,14 @@ def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> torch.
         src[i, :n] = torch.randint(4, vocab, (n,), generator=g)
         src[i, n] = EOS
     return src
+
+
+@functools.lru_cache(maxsize=None)
+def toy_tokenizer(vocab_size: int = 40, lines: int = 300):
+    """A joint SentencePiece tokenizer trained on the first ``lines`` English lines of the shipped
+    toy corpus (few enough characters for 40 pieces), trained once per session for every test that asks for it."""
+    from nmt.config import TokenizerConfig
+    from nmt.tokenizer import train_tokenizer
+
+    en = (TOY / "train.en").read_text(encoding="utf-8").splitlines()[:lines]
+    return train_tokenizer(en, en, TokenizerConfig(vocab_size=vocab_size))

@@ -12,15 +12,14 @@ from nmt.files import OutputError, atomic_write, check_writable
 from nmt.model import Transformer
 from nmt.tokenizer import train_tokenizer
 
-from conftest import TOY
+from conftest import TOY, toy_tokenizer
 
 MODEL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "src_vocab_size": 40, "tgt_vocab_size": 40}
 
 
 @pytest.fixture(scope="module")
 def protos():
-    lines = (TOY / "train.en").read_text().splitlines()[:300]
-    return train_tokenizer(lines, lines, TokenizerConfig(vocab_size=40)).protos()
+    return toy_tokenizer(40).protos()
 
 
 def write(path, protos, seed=0, **model):
@@ -177,3 +176,24 @@ def test_read_only_mount_is_refused_before_work(tmp_path):
     finally:
         os.system(f"umount {ro}")
 
+
+
+def test_a_tokenizer_that_is_not_sentencepiece_or_not_the_models_is_refused_by_every_reader(tmp_path, protos):
+    """nmt info, export --format nmt and average once accepted tokenizer bytes that are not a
+    SentencePiece model (info even said it could be resumed); translate then refused what they wrote."""
+    from nmt.average import average_checkpoints
+    from nmt.export import export_slim
+    from nmt.info import checkpoint_info
+
+    path = tmp_path / "a.pt"
+    write(path, protos)
+    payload = load_checkpoint(path)
+    save_checkpoint({**payload, "tokenizer": tokenizer_to_tensors({"joint": b"\x00not a model"})}, path)
+    for read in (load_checkpoint, checkpoint_info, lambda p: export_slim(p, tmp_path / "slim.pt"), lambda p: average_checkpoints([p], tmp_path / "avg.pt")):
+        with pytest.raises(CheckpointError, match=r"a\.pt: inconsistent checkpoint: checkpoint tokenizer: cannot load SentencePiece model"):
+            read(path)
+    assert not (tmp_path / "slim.pt").exists() and not (tmp_path / "avg.pt").exists()
+    bigger = config_from_dict({"model": {**MODEL, "src_vocab_size": 50, "tgt_vocab_size": 50}})
+    save_checkpoint({**payload, "config": config_to_dict(bigger), "model": Transformer(bigger.model).state_dict()}, path)
+    with pytest.raises(CheckpointError, match=r"its tokenizer has 40 source and 40 target pieces, its model 50 and 50"):
+        load_checkpoint(path)

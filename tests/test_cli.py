@@ -494,11 +494,11 @@ def test_ensemble_of_a_checkpoint_with_itself_and_tokenizer_mismatch(trained_run
     assert double.exit_code == 0, double.output
     assert [line.rsplit(" ||| ", 1)[0] for line in double.stdout.splitlines()] == [line.rsplit(" ||| ", 1)[0] for line in single.stdout.splitlines()]
     payload = torch.load(trained_run / "best.pt", weights_only=True)
-    src, tgt = read_lines(TOY / "train.en")[:3000], read_lines(TOY / "train.de")[:3000]
-    payload["tokenizer"] = tokenizer_to_tensors(train_tokenizer(src, tgt, TokenizerConfig(vocab_size=150)).protos())
+    src, tgt = read_lines(TOY / "train.en")[:300], read_lines(TOY / "train.de")[:300]
+    payload["tokenizer"] = tokenizer_to_tensors(train_tokenizer(src, tgt, TokenizerConfig(vocab_size=200)).protos())  # as many pieces, other ones
     save_checkpoint(payload, tmp_path / "other.pt")
     result = invoke("translate", "--checkpoint", trained_run, "--checkpoint", tmp_path / "other.pt", input=text)
-    assert result.exit_code == 2 and "other.pt: its tokenizer differs from" in result.output and "src vocabulary of 200 vs 150 pieces" in result.output
+    assert result.exit_code == 2 and "other.pt: its tokenizer differs from" in result.output and re.search(r"src piece \d+ is '.*' vs '.*'", result.output)
 
 
 def test_sampling_flags(trained_run):
