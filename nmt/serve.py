@@ -31,7 +31,9 @@ import asyncio
 import contextlib
 import json
 import math
+import logging
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -51,6 +53,8 @@ from .model import Transformer
 from .search import Hypothesis
 from .tokenizer import BOS, Tokenizer
 from .translate import to_dtype, translate_lines
+
+log = logging.getLogger("nmt.serve")
 
 FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment")
 MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
@@ -182,6 +186,11 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     lines = [text] if isinstance(text, str) else text
     if not isinstance(lines, list) or not lines or not all(isinstance(line, str) for line in lines):
         raise RequestError("text must be a string or a non-empty list of strings")
+    for i, line in enumerate(lines):
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON's "\ud800" escapes decode to a lone surrogate, which is no character
+            raise RequestError(f"text[{i}] holds a lone UTF-16 surrogate ({ascii(line[exc.start])}) at character {exc.start}: send valid Unicode text") from None
     if len(lines) > limits.max_lines:
         raise RequestError(f"{len(lines)} lines in one request; the limit is {limits.max_lines} (--max-lines)", 413)
     default = translator.cfg.decode
@@ -288,7 +297,8 @@ class Batcher:
 
 
 def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    """``{"error": message}`` with ``status``; what a message repeats of the request is escaped if it is not valid Unicode."""
+    return JSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8")}, status_code=status)
 
 
 def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
@@ -298,21 +308,28 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
     batcher = Batcher(translator, limits)
 
     async def translate(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        response, job = await answer(request)
+        log.info("POST /translate %d %d lines %d tokens %.0f ms", response.status_code, len(job.lines) if job else 0, job.tokens if job else 0, 1000 * (time.perf_counter() - started))
+        return response
+
+    async def answer(request: Request) -> tuple[JSONResponse, Job | None]:
+        """The answer to one ``/translate`` request, and its job (None when the request was refused)."""
         raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
             if len(raw) > MAX_BODY_BYTES:
-                return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413)
+                return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413), None
         try:
             lines, decode, pieces, alignment = parse_request(raw, translator, limits)
         except RequestError as exc:
-            return _error(str(exc), exc.status)
-        future = asyncio.get_running_loop().create_future()
-        await batcher.queue.put(Job(lines, decode, sum(pieces) + len(pieces), future, alignment))
+            return _error(str(exc), exc.status), None
+        job = Job(lines, decode, sum(pieces) + len(pieces), asyncio.get_running_loop().create_future(), alignment)
+        await batcher.queue.put(job)
         try:
-            return JSONResponse({"translations": await future})
+            return JSONResponse({"translations": await job.future}), job
         except Exception as exc:
-            return _error(f"translation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500)
+            return _error(f"translation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500), job
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(
@@ -345,8 +362,11 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def serve(translator: Translator, limits: Limits, host: str, port: int) -> None:
+def serve(translator: Translator, limits: Limits, host: str, port: int, quiet: bool = False) -> None:
     """Serve until SIGTERM or SIGINT, then finish the requests in flight and return.
+
+    Each request is logged in one line on stderr (status, lines, source tokens, milliseconds),
+    unless ``quiet``, which leaves warnings and errors only.
 
     uvicorn answers the signal by refusing new connections and waiting for the requests in
     flight; afterwards it raises the signal again under the handler installed before it
@@ -358,4 +378,7 @@ def serve(translator: Translator, limits: Limits, host: str, port: int) -> None:
     app = create_app(translator, limits)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=60)).run()
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info", access_log=False, timeout_graceful_shutdown=60)
+    uvicorn.Server(config).run()

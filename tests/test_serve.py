@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -13,6 +14,8 @@ from dataclasses import replace
 import httpx
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from conftest import ROOT, TOY, tiny_config
 from starlette.testclient import TestClient
 
@@ -358,3 +361,43 @@ def test_int8_loads_through_the_translate_dtype_path(checkpoint, translator):
     with TestClient(create_app(int8, Limits(max_wait_ms=0.0))) as c:
         assert c.get("/health").json()["dtype"] == "int8"
         assert c.post("/translate", json={"text": SENTENCES[0]}).status_code == 200
+
+
+def test_a_lone_surrogate_gets_a_json_4xx(client):
+    """``"\\ud800"`` once gave a plain-text 500 (the tokenizer could not encode it)."""
+    for body in (b'{"text": "a \\ud800 b"}', b'{"text": ["ok", "\\udfff"]}', b'{"text": "a", "\\ud800": 1}'):
+        response = client.post("/translate", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422 and "\n" not in response.json()["error"], response.text
+    assert "lone UTF-16 surrogate ('\\ud800') at character 2" in client.post("/translate", content=b'{"text": "a \\ud800 b"}').json()["error"]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=True) | st.text(st.characters(), max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+FIELD_VALUES = st.fixed_dictionaries({}, optional={"text": JSON | st.text(st.characters(), max_size=40) | st.lists(st.text(st.characters(), max_size=30), min_size=1, max_size=3),
+                                                   "beam_size": JSON | st.integers(-2, 8), "n_best": JSON | st.integers(-2, 8), "length_penalty": JSON, "alignment": JSON})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=FIELD_VALUES | JSON)
+def test_any_json_request_gets_a_json_answer(client, body):
+    """Random JSON (valid fields with random values, random documents): 200 or a 4xx, always JSON."""
+    raw = json.dumps(body, ensure_ascii=True).encode()  # \\uXXXX escapes: lone surrogates travel as JSON allows
+    response = client.post("/translate", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 200 or 400 <= response.status_code < 500, response.text
+    answer = response.json()
+    if response.status_code == 200:
+        texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
+        assert len(answer["translations"]) == len(texts) and all("\n" not in t["text"] for t in answer["translations"])
+    else:
+        assert "\n" not in answer["error"]
+
+
+def test_each_request_is_logged_in_one_line(client, caplog):
+    with caplog.at_level("INFO", logger="nmt.serve"):
+        client.post("/translate", json={"text": [SENTENCES[0], SENTENCES[2]]})
+        client.post("/translate", json={"text": "a", "n_best": 99})
+    first, refused = [r.getMessage() for r in caplog.records if r.name == "nmt.serve"]
+    assert re.fullmatch(r"POST /translate 200 2 lines \d+ tokens \d+ ms", first) and re.fullmatch(r"POST /translate 422 0 lines 0 tokens \d+ ms", refused)
