@@ -5,13 +5,21 @@ through :func:`atomic_write`: the bytes go to a hidden temporary file beside the
 are flushed to disk, and replace the target in one rename. An interruption or a full disk
 leaves the old file (or none), never a partial one, and no temporary file. Outputs are
 checked with :func:`check_writable` before the work that produces them starts.
+
+Atomic replacement is for regular files only. A symbolic link is followed and its target
+replaced (as ``cp`` and shell redirection write through links); a character device
+(``/dev/null``, a terminal) or a FIFO is written to directly, as it comes, since replacing
+it would put a regular file where the device or pipe was.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
+import re
+import stat
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -47,18 +55,39 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+def is_stream(path: Path) -> bool:
+    """Whether ``path`` (after links) is a character device, FIFO or socket: written as it comes, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def resolve_output(path: Path) -> Path:
+    """Where writing ``path`` lands: the final target of a symbolic link (which need not exist yet), else ``path``."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def check_writable(path: Path, what: str = "output") -> None:
     """Fail before any work if a file cannot be created at ``path``.
 
-    A probe file is created and removed beside ``path``: this catches read-only mounts and
-    missing permissions, which ``os.access`` misses for root.
+    A probe file is created and removed beside ``path`` (beside a symbolic link's target):
+    this catches read-only mounts and missing permissions, which ``os.access`` misses for
+    root. A device or FIFO is checked with ``os.access`` instead, and nothing is created
+    beside it.
 
     Raises:
         OutputError: ``path`` is a directory, its directory is missing, or nothing can be created there.
     """
-    path = Path(path)
+    path = resolve_output(Path(path))
     if path.is_dir():
         raise OutputError(f"{what} {path} is a directory; give a file name")
+    if is_stream(path):
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"cannot write {what} {path}: permission denied")
+        return
     if not path.parent.is_dir():
         raise OutputError(f"{what} {path}: directory {path.parent} does not exist; create it first")
     probe = path.with_name(f".{path.name}.probe{os.getpid()}")
@@ -74,29 +103,105 @@ def check_writable(path: Path, what: str = "output") -> None:
 def atomic_write(path: Path, content: bytes | str | Callable[[BinaryIO], None]) -> None:
     """Replace ``path`` with ``content`` (bytes, UTF-8 text, or a function writing to a binary file) atomically.
 
+    A symbolic link's target is replaced, the link kept; a device or FIFO is written
+    directly (see the module docstring). Temporary files that killed writers of the same
+    target left behind are removed first.
+
     Raises:
         OutputError: the disk is full, the place is read-only, or another OS error; the
             temporary file is removed and ``path`` is left as it was.
     """
-    path = Path(path)
+    path = resolve_output(Path(path))
+    if is_stream(path):
+        return _write_through(path, content)
+    remove_dead_temporaries(path)
     tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            _write(f, content)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except Exception as exc:  # torch.save reports a failed write as a RuntimeError raised while handling the OSError
-        cause = os_error(exc)
-        if cause is None:
-            raise
-        raise OutputError(f"cannot write {path}: {reason(cause)}") from None
+        _raise_output_error(exc, path)
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def _write(f: BinaryIO, content: bytes | str | Callable[[BinaryIO], None]) -> None:
+    if callable(content):
+        content(f)
+    else:
+        f.write(content.encode("utf-8") if isinstance(content, str) else content)
+
+
+def _write_through(path: Path, content) -> None:
+    """Write to a device or FIFO as it comes (opening a FIFO waits for its reader, as ``cat > fifo`` does)."""
+    try:
+        with open(path, "wb") as f:
+            _write(f, content)
+    except Exception as exc:
+        _raise_output_error(exc, path)
+
+
+def _raise_output_error(exc: Exception, path: Path):
+    cause = os_error(exc)
+    if cause is None:
+        raise exc
+    if cause.errno == errno.EPIPE:  # the reader of a FIFO left: as a pipe's reader leaving, not an error of ours
+        raise BrokenPipeError(errno.EPIPE, f"the reader of {path} left") from None
+    raise OutputError(f"cannot write {path}: {reason(cause)}") from None
+
+
+_TEMPORARY_PID = re.compile(r"\.tmp(\d+)$")
+
+
+def remove_dead_temporaries(path: Path) -> None:
+    """Remove the temporaries (``.NAME.tmpPID``) of ``path`` whose writer is no longer running."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
+        match = _TEMPORARY_PID.search(tmp.name)
+        if match is None or not tmp.is_file() or tmp.is_symlink() or tmp.name != f".{path.name}.tmp{match[1]}":
+            continue
+        if not _alive(int(match[1])):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user's counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
+
+
+def check_not_an_input(output: Path, inputs: list[tuple[str, Path]], what: str = "--output") -> None:
+    """Refuse an ``output`` that is one of the ``inputs`` (``(flag, path)`` pairs): the same file by
+    device and inode, through links and other names too, which writing would destroy before (or
+    while) it is read.
+
+    Raises:
+        OutputError: naming both flags.
+    """
+    try:
+        out = os.stat(output)
+    except OSError:
+        return  # a file that does not exist yet is no input
+    if not stat.S_ISREG(out.st_mode):
+        return  # /dev/null or a FIFO as both input and output is the user's plumbing
+    for flag, path in inputs:
+        try:
+            same = os.path.samestat(out, os.stat(path))
+        except OSError:
+            continue
+        if same:
+            raise OutputError(f"{what} {output} is the same file as {flag} {path}: writing it would destroy the input; write to another file")
 
 
 def append_line(path: Path, line: str) -> None:

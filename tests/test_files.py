@@ -1,0 +1,144 @@
+"""Writing outputs: regular files replaced atomically, links followed, devices and FIFOs written through.
+
+Every special file is made in the test's own temporary directory; no test touches the
+system's /dev entries.
+"""
+
+import os
+import stat
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nmt.files import OutputError, atomic_write, check_not_an_input, check_writable, remove_dead_temporaries
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000  # near Linux's largest pid_max (4,194,304); search downwards for a free one
+    while pid > 1000:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid -= 7919
+    pytest.skip("no free process id found")
+
+
+def test_a_symlink_is_followed_and_its_target_replaced(tmp_path):
+    target = tmp_path / "real.de"
+    target.write_text("old\n")
+    link = tmp_path / "link.de"
+    link.symlink_to(target)
+    atomic_write(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    dangling = tmp_path / "dangling.de"
+    dangling.symlink_to(tmp_path / "made.de")
+    atomic_write(dangling, "made\n")
+    assert dangling.is_symlink() and (tmp_path / "made.de").read_text() == "made\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.de", "link.de", "made.de", "real.de"]
+
+
+def test_a_fifo_is_written_through_to_its_reader(tmp_path):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    check_writable(fifo, "--output")
+    atomic_write(fifo, lambda f: (f.write(b"one\n"), f.flush(), f.write(b"two\n")))
+    reader.join(timeout=10)
+    assert received == [b"one\ntwo\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.fifo"]  # no temporary, no probe
+
+
+def test_a_character_device_is_written_through_not_replaced(tmp_path):
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # the kernel's null device, made here
+    except (PermissionError, OSError):
+        pytest.skip("cannot make a device node here")
+    check_writable(null)
+    atomic_write(null, "thrown away\n")
+    assert stat.S_ISCHR(os.stat(null).st_mode) and os.stat(null).st_rdev == os.makedev(1, 3)
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]
+
+
+def test_temporaries_of_dead_writers_of_the_same_target_are_swept(tmp_path):
+    out = tmp_path / "avg.pt"
+    dead, alive = tmp_path / f".avg.pt.tmp{_dead_pid()}", tmp_path / f".avg.pt.tmp{os.getppid()}"
+    other = tmp_path / f".other.pt.tmp{_dead_pid()}"
+    for path in (dead, alive, other):
+        path.write_bytes(b"partial")
+    atomic_write(out, b"complete")
+    assert out.read_bytes() == b"complete" and not dead.exists() and alive.exists() and other.exists()
+    remove_dead_temporaries(tmp_path / "other.pt")
+    assert not other.exists()
+
+
+def test_an_output_that_is_an_input_is_refused(tmp_path):
+    src = tmp_path / "same.en"
+    src.write_text("a dog\n")
+    (tmp_path / "hard.en").hardlink_to(src)
+    (tmp_path / "soft.en").symlink_to(src)
+    for name in ("same.en", "hard.en", "soft.en"):
+        with pytest.raises(OutputError, match=rf"--output {tmp_path / name} is the same file as --input {src}: writing it would destroy the input"):
+            check_not_an_input(tmp_path / name, [("--input", src)])
+    check_not_an_input(tmp_path / "new.de", [("--input", src)])
+    (tmp_path / "copy.en").write_text("a dog\n")
+    check_not_an_input(tmp_path / "copy.en", [("--input", src)])  # equal content, another file
+    assert src.read_text() == "a dog\n"
+
+
+KINDS = ("absent", "regular", "symlink", "dangling symlink", "link to link", "directory", "missing parent", "fifo")
+
+
+def _make(tmp_path, kind):
+    out = tmp_path / "out.txt"
+    if kind == "regular":
+        out.write_bytes(b"before")
+    elif kind == "symlink":
+        (tmp_path / "target.txt").write_bytes(b"before")
+        out.symlink_to(tmp_path / "target.txt")
+    elif kind == "dangling symlink":
+        out.symlink_to(tmp_path / "target.txt")
+    elif kind == "link to link":
+        (tmp_path / "target.txt").write_bytes(b"before")
+        (tmp_path / "middle.txt").symlink_to(tmp_path / "target.txt")
+        out.symlink_to(tmp_path / "middle.txt")
+    elif kind == "directory":
+        out.mkdir()
+    elif kind == "missing parent":
+        out = tmp_path / "nowhere" / "out.txt"
+    elif kind == "fifo":
+        os.mkfifo(out)
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(KINDS), content=st.binary(max_size=300), data=st.data())
+def test_any_output_place_is_written_whole_or_refused_in_one_line(tmp_path_factory, kind, content, data):
+    tmp_path = tmp_path_factory.mktemp("out")
+    out = _make(tmp_path, kind)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(out.read_bytes())) if kind == "fifo" else None
+    if reader:
+        reader.start()
+    before = {p.name: (p.is_symlink(), p.is_dir()) for p in tmp_path.iterdir()}
+    try:
+        check_writable(out, "--output")
+        atomic_write(out, content if data.draw(st.booleans()) else (lambda f: f.write(content)))
+    except OutputError as exc:
+        assert kind in ("directory", "missing parent") and "\n" not in str(exc) and str(out) in str(exc)
+        assert {p.name: (p.is_symlink(), p.is_dir()) for p in tmp_path.iterdir()} == before
+        return
+    if reader:
+        reader.join(timeout=10)
+        assert received == [content] and stat.S_ISFIFO(os.stat(out).st_mode)
+    else:
+        assert out.read_bytes() == content
+    assert out.is_symlink() == ("link" in kind)  # links stay links
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name or ".probe" in p.name]
