@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import warnings
 from pathlib import Path
 
 from .corpus import DataError
+
+log = logging.getLogger("nmt.plot")
+
+#: Where a font for Chinese, Japanese or Korean labels comes from, for the warning when none is installed.
+CJK_FONT_HINT = "install one: Debian's fonts-noto-cjk (apt install fonts-noto-cjk), or for Japanese pip's japanize-matplotlib"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -68,11 +76,54 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _characters(font_path: str) -> frozenset[int]:
+    """The code points a font file has glyphs for."""
+    from matplotlib import ft2font
+
+    try:
+        return frozenset(ft2font.FT2Font(font_path).get_charmap())
+    except (OSError, RuntimeError, ValueError):  # a font FreeType cannot open draws nothing
+        return frozenset()
+
+
+def label_fonts(labels: list[str], candidates: list[tuple[str, str]] | None = None) -> list[str] | None:
+    """Font families that draw every character of ``labels``: matplotlib's DejaVu Sans first, then the
+    first of ``candidates`` (``(family, file)``; default: every font matplotlib finds installed, by
+    name) that has the characters DejaVu Sans lacks, for matplotlib's per-glyph fallback.
+
+    Returns:
+        None when DejaVu Sans has them all (the default font will do) or no candidate has them
+        (then one warning names the characters and how to install a font).
+    """
+    from matplotlib import font_manager
+
+    needed = {ord(c) for label in labels for c in label if not c.isspace()}
+    missing = needed - _characters(font_manager.findfont("DejaVu Sans"))
+    if not missing:
+        return None
+    if candidates is None:
+        candidates = sorted({(f.name, f.fname) for f in font_manager.fontManager.ttflist})
+    for family, path in candidates:
+        if missing <= _characters(path):
+            return ["DejaVu Sans", family]
+    sample = "".join(sorted(map(chr, missing))[:8])
+    log.warning("warning: no installed font has %d of the labels' characters (%s...): they are drawn as boxes; %s", len(missing), sample, CJK_FONT_HINT)
+    return None
+
+
 def plot_attention(weights, src_pieces: list[str], tgt_pieces: list[str], out: Path, marked_layer: int | None = None) -> Path:
     """Write heatmaps of cross-attention ``weights`` ``(n_layers, tgt_len, src_len)`` (heads
     averaged; each row sums to 1), one panel per decoder layer: source pieces across, output
     pieces down, darker = more attention. ``marked_layer``'s title says that alignments come from it."""
     plt = _pyplot()
+    fonts = label_fonts(src_pieces + tgt_pieces)
+    with plt.rc_context({"font.family": fonts} if fonts else {}), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from")  # said once above, not once per glyph
+        return _draw_attention(plt, weights, src_pieces, tgt_pieces, Path(out), marked_layer)
+
+
+def _draw_attention(plt, weights, src_pieces: list[str], tgt_pieces: list[str], out: Path, marked_layer: int | None) -> Path:
     n_layers, tgt_len, src_len = weights.shape
     fig, axes = plt.subplots(1, n_layers, figsize=(1.5 + n_layers * (1.8 + 0.35 * src_len), 1.5 + 0.3 * tgt_len), squeeze=False, layout="constrained")
     for layer, ax in enumerate(axes[0]):
@@ -82,7 +133,6 @@ def plot_attention(weights, src_pieces: list[str], tgt_pieces: list[str], out: P
         ax.set(xlabel="source piece", title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""))
     axes[0][0].set_ylabel("output piece")
     fig.colorbar(image, ax=axes[0].tolist(), label="attention (heads averaged)")
-    out = Path(out)
     fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return out

@@ -81,3 +81,27 @@ def test_plot_attention_search_honours_every_decode_setting(monkeypatch):
     _, banned, weights = sentence_attention(model, tokenizer, "the dog", decode, torch.device("cpu"))
     assert allowed == ["<unk>"] * 3 + ["</s>"]
     assert "<unk>" not in banned and weights.shape[:2] == (2, len(banned))
+
+
+def test_plot_labels_get_a_font_that_has_their_characters(tmp_path, caplog):
+    """A Japanese model's labels were drawn as empty boxes with 12 font warnings when no CJK font was installed."""
+    import warnings
+
+    import numpy as np
+    from matplotlib import font_manager
+
+    from nmt.plot import label_fonts, plot_attention
+
+    dejavu = font_manager.findfont("DejaVu Sans")
+    mono = font_manager.findfont("DejaVu Sans Mono")
+    assert label_fonts(["▁a", "dog", "Straße"]) is None  # the default font has them
+    with caplog.at_level("WARNING", logger="nmt.plot"):
+        assert label_fonts(["▁猫", "が"], candidates=[("DejaVu Sans Mono", mono), ("DejaVu Sans", dejavu)]) is None
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "no installed font has 2 of the labels' characters (が猫...)" in warning and "fonts-noto-cjk" in warning
+    serif = font_manager.findfont("DejaVu Serif")  # it has U+2900 (⤀), which DejaVu Sans lacks
+    assert label_fonts(["a⤀"], candidates=[("Nothing", str(tmp_path / "missing.ttf")), ("DejaVu Sans Mono", mono), ("DejaVu Serif", serif)]) == ["DejaVu Sans", "DejaVu Serif"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning per missing glyph
+        out = plot_attention(np.full((2, 3, 3), 1 / 3), ["▁猫", "が", "</s>"], ["▁a", "▁cat", "</s>"], tmp_path / "a.png", marked_layer=0)
+    assert out.stat().st_size > 1000
