@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .beams import Beams
 from .config import DecodeConfig
 from .tokenizer import BOS, EOS, PAD, UNK, OutputRules
 
@@ -19,12 +20,17 @@ class Restrictions:
       overlong form, surrogate or code point above U+10FFFF) or would spell a character of
       :data:`~nmt.tokenizer.NEVER_OUTPUT` (C1 controls, U+2028, U+2029); while a character is
       incomplete only its continuation bytes may follow, not EOS or another piece;
-    * at its length limit a hypothesis may only end (this wins over the rule above: a
-      character cut there is dropped when the output is decoded, see
-      :meth:`nmt.tokenizer.Tokenizer.decode_tgt`).
+    * what a sentence's :class:`~nmt.beams.Steering` says: during its prefix, only the prefix's
+      pieces (this wins over every rule above but the limit: the user wrote them); after it, no
+      banned phrase's last piece where the hypothesis ends with the rest of the phrase; and no
+      EOS while a constraint is unmet;
+    * at its length limit a hypothesis may only end (this wins over every rule: a character
+      cut there is dropped when the output is decoded, see
+      :meth:`nmt.tokenizer.Tokenizer.decode_tgt`, and an unmet constraint is reported).
 
-    Everything but the length limit depends only on the hypothesis' own tokens, so it follows
-    the beams without state of its own.
+    Everything but the length limit and the constraints depends only on the hypothesis' own
+    tokens, so it follows the beams without state of its own; constraint progress lives in
+    :class:`~nmt.beams.ConstraintProgress`, which the beams carry.
     """
 
     def __init__(self, decode: DecodeConfig, rules: OutputRules | None, vocab: int, device: torch.device):
@@ -38,19 +44,43 @@ class Restrictions:
             self.not_a_start = torch.nonzero(((values >= 0x80) & (values <= 0xC1)) | (values >= 0xF5)).squeeze(1).to(device)
             self.byte_values = values.to(device)
 
-    def __call__(self, lprobs: Tensor, tokens: Tensor, step: int, at_limit: list[bool], rows_per_sentence: int) -> None:
-        """Restrict ``lprobs`` ``(rows, vocab)`` of hypotheses ``tokens`` ``(rows, t)`` (BOS first) at
-        ``step`` (pieces so far); ``at_limit``: per sentence, whose ``rows_per_sentence`` rows may only end."""
+    def __call__(self, lprobs: Tensor, beams: Beams, step: int) -> None:
+        """Restrict ``lprobs`` ``(rows, vocab)`` of the hypotheses ``beams`` at ``step`` (pieces so far)."""
+        rows_per_sentence, at_limit = lprobs.size(0) // len(beams), beams.at_limit(step)
         limit = torch.tensor(at_limit, device=lprobs.device).repeat_interleave(rows_per_sentence) if any(at_limit) else None  # (rows,)
         eos = lprobs[limit, EOS] if limit is not None else None
+        forced = [i for i, s in enumerate(beams.steering) if step < len(s.prefix)]
+        written = {i: lprobs[i * rows_per_sentence : (i + 1) * rows_per_sentence].clone() for i in forced}  # before any rule
         lprobs.index_fill_(1, self.banned, float("-inf"))
         if step < self.min_len:
             lprobs[:, EOS] = float("-inf")
         if self.byte_values is not None:
-            self._complete_characters(lprobs, tokens)
+            self._complete_characters(lprobs, beams.tokens)
+        if beams.steering:
+            self._steer(lprobs, beams, step, written)
         if limit is not None:  # the limit wins over every rule: a hypothesis there ends, so each sentence gets one
             lprobs[limit] = float("-inf")
             lprobs[limit, EOS] = eos
+
+    @staticmethod
+    def _steer(lprobs: Tensor, beams: Beams, step: int, written: dict[int, Tensor]) -> None:
+        """Prefixes, banned phrases and unmet constraints (see the class docstring)."""
+        k = lprobs.size(0) // len(beams)
+        for i, steering in enumerate(beams.steering):
+            rows = slice(i * k, (i + 1) * k)
+            if i in written:
+                allowed = torch.tensor(steering.prefix[step], device=lprobs.device)
+                lprobs[rows] = float("-inf")
+                lprobs[rows, allowed] = written[i][:, allowed]
+                continue
+            for phrase in steering.bans:
+                if len(phrase) == 1:
+                    lprobs[rows, phrase[0]] = float("-inf")
+                elif beams.tokens.size(1) > len(phrase) - 1:  # the tokens hold BOS too
+                    ends_with = (beams.tokens[rows, 1 - len(phrase) :] == torch.tensor(phrase[:-1], device=lprobs.device)).all(1)
+                    lprobs[rows][ends_with, phrase[-1]] = float("-inf")
+        if beams.progress is not None:
+            lprobs[beams.progress.unmet(torch.arange(lprobs.size(0), device=lprobs.device)) > 0, EOS] = float("-inf")
 
     def _complete_characters(self, lprobs: Tensor, tokens: Tensor) -> None:
         """Byte pieces spell whole, valid characters: a new character starts only with a byte that

@@ -25,7 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .beams import Beams, Candidates, Steering
 from .config import DecodeConfig
+from .constraints import allocate
 from .restrictions import Restrictions
 from .scorers import SCORERS, EnsembleScorer, Scorer
 from .tokenizer import BOS, EOS, PAD, OutputRules
@@ -35,12 +37,14 @@ from .tokenizer import BOS, EOS, PAD, OutputRules
 class Hypothesis:
     """A finished translation: ``tokens`` without BOS/EOS, ``log_prob`` = log P(Y|X) summed
     over the tokens and EOS (nats), ``score`` = ``log_prob / lp(|Y|)``; ``alignment``:
-    ``(source piece, target piece)`` index pairs when asked for (:mod:`nmt.align`)."""
+    ``(source piece, target piece)`` index pairs when asked for (:mod:`nmt.align`); ``unmet``:
+    how many of its sentence's constraints it lacks (see :mod:`nmt.constraints`)."""
 
     tokens: list[int]
     score: float
     log_prob: float
     alignment: tuple[tuple[int, int], ...] | None = None
+    unmet: int = 0  # constraints the hypothesis does not hold: only when its length limit forced the end
 
 
 def _gnmt(length: int, alpha: float) -> float:
@@ -94,79 +98,6 @@ def _settled(done: list[Hypothesis], best_running: float, step: int, max_len: in
     return min(h.score for h in sorted(done, key=lambda h: -h.score)[: decode.n_best]) >= bound
 
 
-@dataclass
-class Beams:
-    """The running hypotheses of the sentences still searched: what is re-indexed together.
-
-    ``tokens``: ``(n*beam, t)`` prefixes, BOS first; ``scores``: ``(n, beam)`` their
-    log-probabilities (nats); ``sentences``: each active sentence's index in the batch;
-    ``max_lens``: its length limit (pieces, EOS not counted); ``state``: the scorer's.
-    """
-
-    tokens: Tensor
-    scores: Tensor
-    sentences: list[int]
-    max_lens: list[int]
-    state: Any
-
-    @classmethod
-    def start(cls, state: Any, max_lens: list[int], beam: int, device: torch.device) -> Beams:
-        """Every sentence's ``beam`` rows start as BOS; only the first counts, as all are identical."""
-        scores = torch.zeros(len(max_lens), beam, device=device)
-        scores[:, 1:] = float("-inf")
-        return cls(torch.full((len(max_lens) * beam, 1), BOS, dtype=torch.long, device=device), scores, list(range(len(max_lens))), list(max_lens), state)
-
-    def __len__(self) -> int:
-        return len(self.sentences)
-
-    def at_limit(self, step: int) -> list[bool]:
-        """Per sentence: whether its hypotheses have reached the length limit at ``step``."""
-        return [step >= m for m in self.max_lens]
-
-    def advance(self, top: Candidates, scorer: Scorer) -> None:
-        """The ``beam`` best candidates that do not end continue; the scorer's state follows their back-pointers."""
-        n, beam = self.scores.shape
-        rank = top.is_eos.long() * (2 * beam) + torch.arange(2 * beam, device=self.scores.device)
-        chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
-        self.scores = top.scores.gather(1, chosen)
-        back = (torch.arange(n, device=chosen.device).unsqueeze(1) * beam + top.beam.gather(1, chosen)).view(-1)  # flat back-pointers
-        self.tokens = torch.cat([self.tokens.index_select(0, back), top.token.gather(1, chosen).view(-1, 1)], dim=1)
-        if beam > 1:
-            self.state = scorer.reorder(self.state, back)
-
-    def keep(self, keep: list[int], scorer: Scorer) -> None:
-        """Only the active sentences at positions ``keep`` go on."""
-        if len(keep) == len(self.sentences) or not keep:
-            self.sentences = [self.sentences[r] for r in keep]
-            return
-        n, beam = self.scores.shape
-        rows = torch.tensor(keep, device=self.scores.device)
-        self.sentences, self.max_lens = [self.sentences[r] for r in keep], [self.max_lens[r] for r in keep]
-        self.scores = self.scores.index_select(0, rows)
-        self.tokens = self.tokens.view(n, beam, -1).index_select(0, rows).view(len(keep) * beam, -1)
-        self.state = scorer.keep_sentences(self.state, rows)
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """The ``2·beam`` best extensions of each sentence's hypotheses, each ``(n, 2*beam)``:
-    ``scores`` (log-probabilities), ``beam`` (which hypothesis), ``token``, ``is_eos`` (ends, finitely)."""
-
-    scores: Tensor
-    beam: Tensor
-    token: Tensor
-    is_eos: Tensor
-
-    @classmethod
-    def best(cls, scores: Tensor, lprobs: Tensor) -> Candidates:
-        """Of every hypothesis (``scores`` ``(n, beam)``) extended by every token (``lprobs`` ``(n*beam, vocab)``)."""
-        n, beam = scores.shape
-        vocab = lprobs.size(-1)
-        top_scores, top_index = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab).topk(2 * beam, dim=1)
-        token = top_index % vocab
-        return cls(top_scores, top_index // vocab, token, (token == EOS) & torch.isfinite(top_scores))
-
-
 def _finish(top: Candidates, beams: Beams, finished: list[list[Hypothesis]], step: int, decode: DecodeConfig) -> None:
     """Set aside the hypotheses that end (EOS among the first ``beam`` candidates) while their sentence has room."""
     beam = decode.beam_size
@@ -174,11 +105,12 @@ def _finish(top: Candidates, beams: Beams, finished: list[list[Hypothesis]], ste
     if not eos_rows.numel():
         return
     penalty = length_penalty(step + 1, decode.length_penalty, decode.length_normalization)
-    src_rows = (eos_rows * beam + top.beam[eos_rows, eos_cols]).tolist()
-    for r, src_row, log_prob in zip(eos_rows.tolist(), src_rows, top.scores[eos_rows, eos_cols].tolist()):
+    src_rows = eos_rows * beam + top.beam[eos_rows, eos_cols]
+    unmet = beams.progress.unmet(src_rows).tolist() if beams.progress is not None else [0] * len(src_rows)
+    for r, src_row, log_prob, lacking in zip(eos_rows.tolist(), src_rows.tolist(), top.scores[eos_rows, eos_cols].tolist(), unmet):
         done = finished[beams.sentences[r]]
         if len(done) < beam:
-            done.append(Hypothesis(beams.tokens[src_row, 1:].tolist(), log_prob / penalty, log_prob))
+            done.append(Hypothesis(beams.tokens[src_row, 1:].tolist(), log_prob / penalty, log_prob, unmet=lacking))
 
 
 def _check_normalization(decode: DecodeConfig) -> None:
@@ -186,7 +118,9 @@ def _check_normalization(decode: DecodeConfig) -> None:
         raise ValueError(f"unknown length normalization {decode.length_normalization!r}; choose one of {', '.join(LENGTH_NORMALIZATIONS)}")
 
 
-def beam_search(scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConfig, rules: OutputRules | None = None) -> list[list[Hypothesis]]:
+def beam_search(
+    scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConfig, rules: OutputRules | None = None, steering: list[Steering] | None = None
+) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences.
 
     Each step scores ``beam_size`` hypotheses per sentence over the whole vocabulary and
@@ -203,6 +137,8 @@ def beam_search(scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConf
             ``beam_size``), ``length_penalty`` (α) and ``length_normalization`` (how finished
             hypotheses are ranked, see :func:`length_penalty`), ``min_len``, ``allow_unk``.
         rules: what the target vocabulary may never generate (:class:`Restrictions`).
+        steering: per sentence, a prefix, constraints and banned phrases (:class:`~nmt.beams.Steering`);
+            a sentence with constraints chooses its beam by dynamic beam allocation (:mod:`nmt.constraints`).
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -212,15 +148,15 @@ def beam_search(scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConf
     """
     _check_normalization(decode)
     finished: list[list[Hypothesis]] = [[] for _ in range(max_lens.size(0))]
-    beams, restrict = Beams.start(state, max_lens.tolist(), decode.beam_size, max_lens.device), None
+    beams, restrict = Beams.start(state, max_lens.tolist(), decode.beam_size, max_lens.device, steering), None
     for step in itertools.count():
         lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (n*beam, vocab)
         restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
-        restrict(lprobs, beams.tokens, step, beams.at_limit(step), decode.beam_size)
-        top = Candidates.best(beams.scores, lprobs)
+        restrict(lprobs, beams, step)
+        top = allocate(Candidates.best(beams.scores, lprobs), beams, lprobs)
         _finish(top, beams, finished, step, decode)
         beams.advance(top, scorer)
-        best_running = beams.scores[:, 0].tolist()
+        best_running = beams.scores.max(1).values.tolist()  # the first column, unless constraints shared the beam out
         beams.keep([r for r, s in enumerate(beams.sentences) if step < beams.max_lens[r] and not _settled(finished[s], best_running[r], step, beams.max_lens[r], decode)], scorer)
         if not beams:
             break
@@ -269,7 +205,8 @@ def sampling_probs(lprobs: Tensor, sampling: Sampling) -> Tensor:
 
 
 def sample(
-    scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConfig, sampling: Sampling, seeds: list[int], rules: OutputRules | None = None
+    scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConfig, sampling: Sampling, seeds: list[int], rules: OutputRules | None = None,
+    steering: list[Steering] | None = None,
 ) -> list[list[Hypothesis]]:
     """``decode.n_best`` independent samples per sentence (ancestral sampling, see :class:`Sampling`).
 
@@ -284,15 +221,22 @@ def sample(
         decode: ``n_best`` samples; ``length_penalty`` and ``length_normalization`` give the
             reported ``score`` (see :func:`length_penalty`); ``min_len``, ``allow_unk``.
         seeds: one per sentence.
+        steering: per sentence, a prefix and banned phrases (:class:`~nmt.beams.Steering`).
 
     Returns:
         For each sentence, its samples, best ``score`` first; ``log_prob`` is the
         sample's log-probability under the model (temperature 1, no top-k/top-p).
+
+    Raises:
+        ValueError: an unknown length normalization, or constraints (sampling cannot promise
+            them: a sample is drawn, not searched for).
     """
     _check_normalization(decode)
+    if steering and any(s.constraints for s in steering):
+        raise ValueError("constraints need beam search: sampling draws each piece and cannot make a sample hold a phrase")
     n = decode.n_best
     generators = [torch.Generator().manual_seed(s) for s in seeds]
-    beams = Beams.start(state, max_lens.tolist(), n, max_lens.device)
+    beams = Beams.start(state, max_lens.tolist(), n, max_lens.device, steering)
     beams.scores.zero_()  # (batch, n): each sample's log-probability so far
     samples: list[list[Hypothesis]] = [[] for _ in seeds]
     done = torch.zeros_like(beams.scores, dtype=torch.bool)
@@ -300,7 +244,7 @@ def sample(
     for step in itertools.count():
         lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (rows, vocab)
         restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
-        restrict(lprobs, beams.tokens, step, beams.at_limit(step), n)
+        restrict(lprobs, beams, step)
         uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in beams.sentences]).to(lprobs.device)
         cdf = sampling_probs(lprobs, sampling).cumsum(-1)
         token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
@@ -326,7 +270,8 @@ INITIAL_CAPACITY = 64  # target positions a decoder cache starts with; it double
 
 @torch.inference_mode()
 def translate_batch(
-    model, src: Tensor, decode: DecodeConfig, *, sampling: Sampling | None = None, seeds: list[int] | None = None, rules: OutputRules | None = None, scorer: str = "cached"
+    model, src: Tensor, decode: DecodeConfig, *, sampling: Sampling | None = None, seeds: list[int] | None = None, rules: OutputRules | None = None,
+    steering: list[Steering] | None = None, scorer: str = "cached",
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
@@ -338,11 +283,16 @@ def translate_batch(
     see :data:`SCORERS`). With ``sampling``, each sentence gets ``decode.n_best``
     independent samples (:func:`sample`) instead, its draws seeded by ``seeds[i]``
     (default: :func:`sample_seed` of ``sampling.seed`` and ``i``). ``rules``: what the
-    target vocabulary may never generate (:class:`Restrictions`).
+    target vocabulary may never generate (:class:`Restrictions`); ``steering``: each
+    sentence's prefix, constraints and banned phrases (:class:`~nmt.beams.Steering`), whose
+    length limit then leaves room for at least the prefix and the constraints plus ``max_len_b``.
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     src_lens = (src != PAD).sum(1)
     max_lens = (decode.max_len_a * src_lens.double() + decode.max_len_b).long()
+    if steering:
+        needed = torch.tensor([len(s.prefix) + sum(map(len, s.constraints)) for s in steering], device=max_lens.device)
+        max_lens = torch.maximum(max_lens, needed + decode.max_len_b)
     rows = decode.n_best if sampling is not None else decode.beam_size
     capacity = min(int(max_lens.max()) + 1, INITIAL_CAPACITY)  # grown on demand: a generous limit allocates nothing
     members, states = [], []
@@ -354,5 +304,5 @@ def translate_batch(
     step_scorer, state = (members[0], states[0]) if len(members) == 1 else (EnsembleScorer(members), tuple(states))
     if sampling is not None:
         seeds = seeds if seeds is not None else [sample_seed(sampling.seed, i) for i in range(src.size(0))]
-        return sample(step_scorer, state, max_lens, decode, sampling, seeds, rules)
-    return beam_search(step_scorer, state, max_lens, decode, rules)
+        return sample(step_scorer, state, max_lens, decode, sampling, seeds, rules, steering)
+    return beam_search(step_scorer, state, max_lens, decode, rules, steering)

@@ -95,6 +95,11 @@ class Tokenizer:
         return [text.translate(_NEVER_OUTPUT_TO_SPACE) for text in self.tgt.decode(ids)]
 
     @functools.cached_property
+    def tgt_pieces(self) -> tuple[str, ...]:
+        """Every target piece's text by id (``▁`` marks a word's start), looked up once."""
+        return tuple(self.tgt.id_to_piece(i) for i in range(self.tgt.get_piece_size()))
+
+    @functools.cached_property
     def output_rules(self) -> OutputRules:
         """The target vocabulary's :class:`OutputRules`, worked out once. A byte piece is unwritable
         when it is a whole character (below 0x80) of :data:`NEVER_OUTPUT`; multi-byte characters

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
 from collections.abc import Iterable, Iterator
@@ -16,8 +17,9 @@ from .checkpoint import CheckpointError, load_checkpoint, restore_model
 from .config import Config, ConfigError
 from .data import pad_sources, token_batches
 from .model import Transformer
+from .beams import Steering
 from .search import Hypothesis, Sampling, sample_seed, translate_batch
-from .tokenizer import Tokenizer, tokenizer_difference
+from .tokenizer import EOS, Tokenizer, tokenizer_difference
 
 log = logging.getLogger("nmt.translate")
 
@@ -141,6 +143,31 @@ def to_dtype(model: Transformer, dtype: torch.dtype) -> nn.Module:
         return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
+def steering(tokenizer: Tokenizer, prefix: str = "", constraints: Iterable[str] = (), bans: Iterable[str] = ()) -> Steering:
+    """What one line's translation must start with, hold and avoid, from text (:class:`~nmt.beams.Steering`).
+
+    Each text is segmented with the target tokenizer, as the model writes it (a word that
+    starts a phrase gets its word-initial piece, ``▁Hund``), so a constraint or ban matches the
+    output's own pieces; an empty phrase is ignored. A prefix's pieces are forced, except its
+    last one when the prefix ends inside a word (no trailing space): the search may then use
+    any piece that begins with that piece's text (``▁Hu`` may become ``▁Hund``), so the word
+    can be finished in the model's own segmentation rather than as the typed fragment was cut
+    (what CTranslate2 calls a prefix "in the middle of a word"). After a prefix that ends with
+    a space, the next piece starts a word (or the translation ends there).
+    """
+    def pieces(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode_tgt([text])[0]) if text.strip() else ()
+
+    steps: list[tuple[int, ...]] = [(i,) for i in pieces(prefix)]
+    texts = tokenizer.tgt_pieces
+    if steps and prefix[-1:].isspace():
+        steps.append(tuple(i for i, t in enumerate(texts) if t.startswith("\u2581")) + (EOS,))
+    elif steps:
+        last = texts[steps[-1][0]]
+        steps[-1] = tuple(i for i, t in enumerate(texts) if t.startswith(last) and not tokenizer.tgt.is_control(i))
+    return Steering(tuple(steps), tuple(p for p in map(pieces, constraints) if p), tuple(p for p in map(pieces, bans) if p))
+
+
 def translate_lines(
     model,
     tokenizer: Tokenizer,
@@ -151,6 +178,7 @@ def translate_lines(
     sampling: Sampling | None = None,
     first_index: int = 0,
     alignment: bool = False,
+    steering: list[Steering] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate every line; returns, in input order, each line's n-best list.
 
@@ -168,6 +196,8 @@ def translate_lines(
             draws are seeded by ``sample_seed(sampling.seed, first_index + i)``.
         first_index: the index of ``lines[0]`` in the whole input (streaming calls this per buffer).
         alignment: fill in each hypothesis's source-target alignment (:mod:`nmt.align`).
+        steering: per line, its prefix, constraints and banned phrases (:func:`steering`); a line
+            whose length limit ended it before its constraints appeared is named in a warning.
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     encoded = tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
@@ -183,24 +213,32 @@ def translate_lines(
         sources = [ids[i] for i in batch]
         src = pad_sources(sources).to(device)
         seeds = [sample_seed(sampling.seed, first_index + present[i]) for i in batch] if sampling is not None else None
-        hyps = translate_batch(models, src, decode, sampling=sampling, seeds=seeds, rules=tokenizer.output_rules)
+        steer = [steering[present[i]] for i in batch] if steering else None
+        hyps = translate_batch(models, src, decode, sampling=sampling, seeds=seeds, rules=tokenizer.output_rules, steering=steer)
         if alignment:
             hyps = add_alignments(models, sources, hyps, device)
         for i, h in zip(batch, hyps):
             results[present[i]] = h
+            if h and h[0].unmet:
+                log.warning("input line %d: its length limit ended the translation before %d of its constraints appeared; raise --max-len-a or --max-len-b",
+                            first_index + present[i] + 1, h[0].unmet)
     return results
 
 
-def translate_stream(model, tokenizer: Tokenizer, buffers: Iterable[list[str]], decode, device: torch.device, **options) -> Iterator[tuple[int, list[list[Hypothesis]]]]:
+def translate_stream(
+    model, tokenizer: Tokenizer, buffers: Iterable[list[str]], decode, device: torch.device, steering: Iterable[Steering] | None = None, **options
+) -> Iterator[tuple[int, list[list[Hypothesis]]]]:
     """Translate input that arrives in buffers of lines, one buffer at a time, so that memory
     is bounded by a buffer and each buffer's output can be written before the next is read.
 
     Yields ``(index of the buffer's first line in the whole input, its n-best lists)``;
+    ``steering`` gives one :class:`~nmt.beams.Steering` per input line, read as the lines are;
     ``options`` are :func:`translate_lines`' keyword arguments.
     """
-    first = 0
+    first, steering = 0, iter(steering) if steering is not None else None
     for lines in buffers:
-        yield first, translate_lines(model, tokenizer, lines, decode, device, first_index=first, **options)
+        steer = list(itertools.islice(steering, len(lines))) if steering is not None else None
+        yield first, translate_lines(model, tokenizer, lines, decode, device, first_index=first, steering=steer, **options)
         first += len(lines)
 
 

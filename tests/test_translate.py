@@ -33,3 +33,44 @@ def test_int8_names_its_limits():
         resolve_dtype("int4", torch.device("cpu"), "--dtype")
     with pytest.raises(ConfigError, match="--dtype int8 runs on the CPU only"):
         resolve_dtype("int8", torch.device("meta"), "--dtype")
+
+
+def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
+    from conftest import toy_tokenizer
+    from nmt.tokenizer import EOS
+    from nmt.translate import steering
+
+    tok = toy_tokenizer(200, lines=2000)
+    pieces = tok.tgt_pieces
+    cut = steering(tok, prefix="the do")
+    *forced, last = cut.prefix
+    assert [pieces[i] for (i,) in forced] == [pieces[i] for i in tok.encode_tgt(["the do"])[0][:-1]]
+    typed = pieces[tok.encode_tgt(["the do"])[0][-1]]
+    assert {pieces[i] for i in last} == {p for p in pieces if p.startswith(typed)} and len(last) > 1  # the typed fragment, and the words it begins
+    spaced = steering(tok, prefix="the dog ")
+    assert [i for (i,) in spaced.prefix[:-1]] == tok.encode_tgt(["the dog"])[0]
+    assert EOS in spaced.prefix[-1] and all(pieces[i].startswith("\u2581") for i in spaced.prefix[-1] if i != EOS)
+    terms = steering(tok, constraints=["dog", "", " "], bans=["cat sees"])
+    assert terms.constraints == (tuple(tok.encode_tgt(["dog"])[0]),) and terms.bans == (tuple(tok.encode_tgt(["cat sees"])[0]),)
+    assert not steering(tok) and not steering(tok, prefix="  ")
+
+
+def test_a_translation_starts_with_its_prefix_holds_its_terms_and_avoids_its_bans(model):
+    from conftest import tiny_config, toy_tokenizer
+    from nmt.model import Transformer
+    from nmt.translate import steering, translate_lines
+
+    tok = toy_tokenizer(200, lines=2000)
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200)).eval()
+    lines = ["the dog sees a cat .", "a man .", "the house is big ."]
+    decode = DecodeConfig(beam_size=4, max_len_a=1.0, max_len_b=4, n_best=2)
+    wishes = [steering(tok, prefix="the big ", constraints=["house"]), steering(tok), steering(tok, prefix="a wom", bans=["man"])]
+    results = translate_lines(model, tok, lines, decode, torch.device("cpu"), steering=wishes)
+    texts = [[t for t in tok.decode_tgt([h.tokens for h in hyps])] for hyps in results]
+    assert all(t.startswith("the big ") and "house" in t for t in texts[0])
+    (banned,) = wishes[2].bans
+    generated = [h.tokens[len(wishes[2].prefix) :] for h in results[2]]  # beyond the prefix, which the user wrote
+    assert all(t.startswith("a wom") for t in texts[2])
+    assert not any(g[j : j + len(banned)] == list(banned) for g in generated for j in range(len(g)))
+    assert texts[1] == [tok.decode_tgt([h.tokens])[0] for h in translate_lines(model, tok, lines[1:2], decode, torch.device("cpu"))[0]]

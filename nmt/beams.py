@@ -1,0 +1,202 @@
+"""What a search carries from step to step: the running hypotheses, the candidates of a step,
+what each sentence's output must or must not hold (:class:`Steering`) and how far each
+hypothesis has come in meeting its constraints (:class:`ConstraintProgress`).
+
+Shapes: ``n`` active sentences, ``beam`` hypotheses each, rows of ``(n*beam, ...)`` tensors
+ordered sentence-major (row ``s*beam + k``); ``C`` constraints and ``L`` pieces at most per
+constraint in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .tokenizer import BOS, EOS
+
+
+@dataclass(frozen=True)
+class Steering:
+    """What one sentence's translation must or must not hold, as target piece ids.
+
+    ``prefix``: the pieces allowed at each of the first steps (one piece: it is forced; several:
+    any of them, as for a prefix that ends inside a word, see :func:`nmt.translate.steering`).
+    ``constraints``: phrases that must each appear, in any order, exactly as these pieces
+    (a hypothesis may end only once all have; Hu et al. 2019). ``bans``: phrases that must
+    never appear as these pieces (beyond the prefix, which the user wrote).
+    """
+
+    prefix: tuple[tuple[int, ...], ...] = ()
+    constraints: tuple[tuple[int, ...], ...] = ()
+    bans: tuple[tuple[int, ...], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.prefix or self.constraints or self.bans)
+
+
+@dataclass
+class ConstraintProgress:
+    """Per hypothesis, the constraints met so far and the one in progress (Post and Vilar 2018, §3).
+
+    ``phrases``: ``(n, C, L)`` each sentence's constraints, padded with -1; ``lengths``: ``(n, C)``
+    (0 where a sentence has fewer). ``met``: ``(rows, C)``; ``current``: ``(rows,)`` the constraint
+    being spelt (-1: none) and ``position``: ``(rows,)`` how many of its pieces are spelt. A
+    piece that does not continue the constraint in progress abandons it (its pieces no longer
+    count); one that starts an unmet constraint starts it (the first unmet one, if several do).
+    """
+
+    phrases: Tensor
+    lengths: Tensor
+    met: Tensor
+    current: Tensor
+    position: Tensor
+    beam: int
+
+    @classmethod
+    def start(cls, constraints: list[tuple[tuple[int, ...], ...]], beam: int, device: torch.device) -> ConstraintProgress:
+        """Nothing met yet, for sentences with ``constraints`` each (piece-id tuples)."""
+        n, c = len(constraints), max(1, max(map(len, constraints)))
+        longest = max([len(p) for cs in constraints for p in cs] or [1])
+        phrases = torch.full((n, c, longest), -1, dtype=torch.long)
+        lengths = torch.zeros(n, c, dtype=torch.long)
+        for s, cs in enumerate(constraints):
+            for j, phrase in enumerate(cs):
+                phrases[s, j, : len(phrase)] = torch.tensor(phrase)
+                lengths[s, j] = len(phrase)
+        rows = n * beam
+        return cls(phrases.to(device), lengths.to(device), torch.zeros(rows, c, dtype=torch.bool, device=device),
+                   torch.full((rows,), -1, dtype=torch.long, device=device), torch.zeros(rows, dtype=torch.long, device=device), beam)
+
+    def after(self, rows: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(met, current, position)`` of hypothesis rows ``rows`` ``(m,)`` extended by ``tokens`` ``(m,)``."""
+        sentence = torch.div(rows, self.beam, rounding_mode="floor")
+        met, current, position = self.met[rows].clone(), self.current[rows], self.position[rows]
+        phrases, lengths = self.phrases[sentence], self.lengths[sentence]  # (m, C, L), (m, C)
+        spelling = current >= 0
+        expected = phrases.gather(1, current.clamp(min=0).view(-1, 1, 1).expand(-1, 1, phrases.size(2))).squeeze(1)  # (m, L)
+        goes_on = spelling & (expected.gather(1, position.view(-1, 1)).squeeze(1) == tokens)
+        position = torch.where(goes_on, position + 1, 0)
+        current = torch.where(goes_on, current, -1)
+        starts = (phrases[:, :, 0] == tokens.unsqueeze(1)) & ~met  # (m, C)
+        first = starts.float().argmax(1)
+        start = ~goes_on & starts.any(1)
+        current = torch.where(start, first, current)
+        position = torch.where(start, 1, position)
+        length = lengths.gather(1, current.clamp(min=0).unsqueeze(1)).squeeze(1)
+        done = (current >= 0) & (position >= length)
+        met[done, current[done]] = True
+        return met, torch.where(done, -1, current), torch.where(done, 0, position)
+
+    def spelt(self, met: Tensor, position: Tensor, rows: Tensor) -> Tensor:
+        """Constraint pieces spelt (met constraints' pieces plus the one in progress), ``(m,)``."""
+        lengths = self.lengths[torch.div(rows, self.beam, rounding_mode="floor")]
+        return (met * lengths).sum(1) + position
+
+    def total(self) -> Tensor:
+        """Each sentence's constraint pieces, ``(n,)``."""
+        return self.lengths.sum(1)
+
+    def unmet(self, rows: Tensor) -> Tensor:
+        """Constraints not met by hypothesis rows ``rows``, ``(m,)``."""
+        lengths = self.lengths[torch.div(rows, self.beam, rounding_mode="floor")]
+        return ((lengths > 0) & ~self.met[rows]).sum(1)
+
+    def advance(self, back: Tensor, tokens: Tensor) -> None:
+        """Follow the back-pointers ``back`` ``(rows,)`` and extend each row by ``tokens`` ``(rows,)``."""
+        self.met, self.current, self.position = self.after(back, tokens)
+
+    def keep(self, sentences: Tensor) -> None:
+        """Keep sentences ``sentences`` ``(new_n,)``, all their rows."""
+        rows = (sentences.unsqueeze(1) * self.beam + torch.arange(self.beam, device=sentences.device)).view(-1)
+        self.phrases, self.lengths = self.phrases.index_select(0, sentences), self.lengths.index_select(0, sentences)
+        self.met, self.current, self.position = self.met.index_select(0, rows), self.current.index_select(0, rows), self.position.index_select(0, rows)
+
+
+@dataclass
+class Beams:
+    """The running hypotheses of the sentences still searched: what is re-indexed together.
+
+    ``tokens``: ``(n*beam, t)`` prefixes, BOS first; ``scores``: ``(n, beam)`` their
+    log-probabilities (nats); ``sentences``: each active sentence's index in the batch;
+    ``max_lens``: its length limit (pieces, EOS not counted); ``state``: the scorer's;
+    ``steering``: each active sentence's :class:`Steering` (empty when none has any), and
+    ``progress`` towards their constraints (None when none has a constraint).
+    """
+
+    tokens: Tensor
+    scores: Tensor
+    sentences: list[int]
+    max_lens: list[int]
+    state: Any
+    steering: list[Steering] = field(default_factory=list)
+    progress: ConstraintProgress | None = None
+
+    @classmethod
+    def start(cls, state: Any, max_lens: list[int], beam: int, device: torch.device, steering: list[Steering] | None = None) -> Beams:
+        """Every sentence's ``beam`` rows start as BOS; only the first counts, as all are identical."""
+        scores = torch.zeros(len(max_lens), beam, device=device)
+        scores[:, 1:] = float("-inf")
+        steering = list(steering) if steering and any(steering) else []
+        progress = ConstraintProgress.start([s.constraints for s in steering], beam, device) if any(s.constraints for s in steering) else None
+        tokens = torch.full((len(max_lens) * beam, 1), BOS, dtype=torch.long, device=device)
+        return cls(tokens, scores, list(range(len(max_lens))), list(max_lens), state, steering, progress)
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    def at_limit(self, step: int) -> list[bool]:
+        """Per sentence: whether its hypotheses have reached the length limit at ``step``."""
+        return [step >= m for m in self.max_lens]
+
+    def advance(self, top: Candidates, scorer) -> None:
+        """The ``beam`` best candidates that do not end continue; the scorer's state (and the
+        constraint progress) follows their back-pointers."""
+        n, beam = self.scores.shape
+        rank = top.is_eos.long() * (2 * beam) + torch.arange(2 * beam, device=self.scores.device)
+        chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
+        self.scores = top.scores.gather(1, chosen)
+        back = (torch.arange(n, device=chosen.device).unsqueeze(1) * beam + top.beam.gather(1, chosen)).view(-1)  # flat back-pointers
+        new = top.token.gather(1, chosen).view(-1)
+        self.tokens = torch.cat([self.tokens.index_select(0, back), new.unsqueeze(1)], dim=1)
+        if self.progress is not None:
+            self.progress.advance(back, new)
+        if beam > 1:
+            self.state = scorer.reorder(self.state, back)
+
+    def keep(self, keep: list[int], scorer) -> None:
+        """Only the active sentences at positions ``keep`` go on."""
+        if len(keep) == len(self.sentences) or not keep:
+            self.sentences = [self.sentences[r] for r in keep]
+            return
+        n, beam = self.scores.shape
+        rows = torch.tensor(keep, device=self.scores.device)
+        self.sentences, self.max_lens = [self.sentences[r] for r in keep], [self.max_lens[r] for r in keep]
+        self.steering = [self.steering[r] for r in keep] if self.steering else []
+        self.scores = self.scores.index_select(0, rows)
+        self.tokens = self.tokens.view(n, beam, -1).index_select(0, rows).view(len(keep) * beam, -1)
+        if self.progress is not None:
+            self.progress.keep(rows)
+        self.state = scorer.keep_sentences(self.state, rows)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The ``2·beam`` best extensions of each sentence's hypotheses, each ``(n, 2*beam)``:
+    ``scores`` (log-probabilities), ``beam`` (which hypothesis), ``token``, ``is_eos`` (ends, finitely)."""
+
+    scores: Tensor
+    beam: Tensor
+    token: Tensor
+    is_eos: Tensor
+
+    @classmethod
+    def best(cls, scores: Tensor, lprobs: Tensor) -> Candidates:
+        """Of every hypothesis (``scores`` ``(n, beam)``) extended by every token (``lprobs`` ``(n*beam, vocab)``)."""
+        n, beam = scores.shape
+        vocab = lprobs.size(-1)
+        top_scores, top_index = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab).topk(2 * beam, dim=1)
+        token = top_index % vocab
+        return cls(top_scores, top_index // vocab, token, (token == EOS) & torch.isfinite(top_scores))
