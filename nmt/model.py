@@ -273,10 +273,14 @@ class Transformer(nn.Module):
 
         Returns logits ``(batch, tgt_len, vocab)``; position ``t`` sees ``tgt_in[:, :t+1]`` only.
         """
+        return self.project(self.decode_states(tgt_in, memory, src_mask))
+
+    def decode_states(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """The decoder's output states ``(batch, tgt_len, d_model)`` that :meth:`decode` projects to logits."""
         x = self._embed(tgt_in, self.tgt_embed)
         for layer in self.decoder:
             x = layer(x, *layer.cross_attn.memory_kv(memory), src_mask)
-        return self.project(self.decoder_norm(x))
+        return self.decoder_norm(x)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Logits ``(batch, tgt_len, vocab)`` for ``src`` ``(batch, src_len)`` and ``tgt_in`` ``(batch, tgt_len)``."""
@@ -330,8 +334,11 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder):
             x = layer(x, cache.cross_kv[i, 0], cache.cross_kv[i, 1], cache.src_mask, cache=cache.layer(i), beam=cache.beam)
         cache.advance_()
-        logits = self.project(self.decoder_norm(x[:, 0]))
-        return F.log_softmax(logits.float(), dim=-1), cache
+        return self.log_probs(self.decoder_norm(x[:, 0])), cache
+
+    def log_probs(self, h: Tensor) -> Tensor:
+        """Next-token log-probabilities ``(..., vocab)`` in float32 from decoder states ``(..., d_model)``."""
+        return F.log_softmax(self.project(h).float(), dim=-1)
 
 
 def count_parameters(model: nn.Module) -> int:

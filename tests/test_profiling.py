@@ -1,0 +1,39 @@
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.model import Transformer
+from nmt.profiling import PARTS, TRAIN_PARTS, Shape, cache_bytes, format_profile, profile
+
+from conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def result():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=60, tgt_vocab_size=60)).eval()
+    return profile(model, Shape(batch=3, src_len=7, tgt_len=6, beam=4), torch.device("cpu"))
+
+
+def test_time_shares_are_the_parts_of_the_whole(result):
+    for section, parts in (("decode", PARTS), ("train", TRAIN_PARTS)):
+        timed = result[section]["parts"]
+        assert list(timed) == list(parts)
+        assert sum(v["share"] for v in timed.values()) == pytest.approx(1.0, abs=1e-9)
+        assert sum(v["ms"] for v in timed.values()) == pytest.approx(1000 * result[section]["seconds"], rel=1e-6)
+        assert all(v["ms"] >= 0 for v in timed.values()) and all(timed[p]["ms"] > 0 for p in parts if p != "other")
+    assert result["decode"]["tokens_per_s"] == pytest.approx(result["decode"]["sentences_per_s"] * 6)
+    assert result["decode"]["peak_memory_bytes"] > 0 and set(result["latency_ms_per_piece"]) == {"beam 1", "beam 5"}
+    assert "decoder self-attention" in format_profile(result)
+
+
+@pytest.mark.parametrize("beam,tgt_len", [(1, 5), (4, 6), (3, 70)])  # 70 outgrows the cache's first capacity
+def test_cache_bytes_equal_the_formula(beam, tgt_len):
+    cfg = ModelConfig(d_model=48, d_ff=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=3, src_vocab_size=50, tgt_vocab_size=50)
+    model = Transformer(cfg).eval()
+    shape = Shape(batch=2, src_len=9, tgt_len=tgt_len, beam=beam)
+    c = cache_bytes(model, shape, torch.float32)
+    assert c["self_kv_bytes_measured"] == c["self_kv_bytes_formula"] == 2 * 3 * 2 * beam * 4 * tgt_len * 12 * 4
+    assert c["source_kv_bytes_measured"] == c["source_kv_bytes_formula"] == 2 * 3 * 2 * 4 * 9 * 12 * 4
+    assert c["source_kv_bytes_if_copied_per_beam"] == beam * c["source_kv_bytes_measured"]
+    assert c["self_kv_bytes_allocated"] >= c["self_kv_bytes_measured"]
