@@ -24,7 +24,6 @@ head_dim · bytes``) and what copying it per beam would take.
 from __future__ import annotations
 
 import contextlib
-import resource
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
@@ -121,6 +120,10 @@ def peak_memory(device: torch.device, reset: bool = False) -> int:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return 0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -32,6 +31,11 @@ from .config import Config, ConfigError, config_from_dict, config_to_dict, load_
 from .files import OutputError, append_line, atomic_write, reason
 
 log = logging.getLogger("nmt.train")
+
+try:  # POSIX
+    import fcntl
+except ImportError:  # Windows: msvcrt's byte-range locks do the same job
+    fcntl = None
 
 METRICS = "metrics.jsonl"
 _TEMPORARY = re.compile(r"^\..+\.tmp\d+$")
@@ -67,9 +71,7 @@ class RunDir:
             self.lock_file = open(self.path / ".lock", "a+")
         except OSError as exc:
             raise OutputError(f"cannot write to the run directory {self.path}: {reason(exc)}") from None
-        try:
-            fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_lock(self.lock_file):
             self.lock_file.seek(0)
             holder = self.lock_file.read().strip() or "unknown"
             self.lock_file.close()
@@ -173,6 +175,32 @@ class RunDir:
             log.info("tensorboard is not installed: no TensorBoard scalars (metrics.jsonl has them all)")
             return None
         return SummaryWriter(str(self.path / "tensorboard"), purge_step=step + 1)
+
+
+def _try_lock(f) -> bool:
+    """Take an exclusive lock on the open file ``f`` without waiting: False if another process holds one.
+
+    ``flock`` on POSIX systems, ``msvcrt.locking`` of the first byte on Windows; the operating
+    system drops either when the process ends. Where neither exists, the run goes on unlocked,
+    with a warning.
+    """
+    if fcntl is not None:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    try:
+        import msvcrt
+    except ImportError:
+        log.warning("warning: this system offers no file locking: nothing stops a second nmt train in %s", Path(f.name).parent)
+        return True
+    f.seek(0)
+    try:
+        msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+    except OSError:
+        return False
+    return True
 
 
 def _peek_step(path: Path) -> int:

@@ -500,3 +500,30 @@ def test_a_changed_batch_budget_on_resume_applies_from_the_next_epoch(tmp_path):
     after = [k for k in resumed if k > first_epoch[-1]]
     assert after and resumed[after[0]]["epoch"] == 1 and resumed[after[0]]["loss"] != by_step[after[0]]["loss"]  # then the new budget
     assert load_checkpoint(split / "last.pt")["progress"]["batching"] == [1200, 1, 1]
+
+
+def test_no_module_imports_a_posix_only_module_unguarded():
+    """rundir.py imported fcntl at the top, so nmt.train could not be imported on Windows."""
+    import ast
+    from pathlib import Path
+
+    posix_only = {"fcntl", "resource", "termios", "pwd", "grp", "posix"}
+    for path in sorted((Path(__file__).parents[1] / "nmt").rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # module level, outside try blocks
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
+            assert not posix_only & {n.split(".")[0] for n in names if n}, f"{path.name}:{node.lineno} imports {names} unguarded"
+
+
+def test_a_system_without_file_locks_runs_unlocked_and_says_so(tmp_path, monkeypatch, caplog):
+    import builtins
+
+    import nmt.rundir
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(nmt.rundir, "fcntl", None)
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name == "msvcrt" else real_import(name, *a, **k))
+    run = nmt.rundir.RunDir(tmp_path / "run")
+    with caplog.at_level("WARNING", logger="nmt.train"):
+        run.lock()
+    run.release()
+    assert "this system offers no file locking" in caplog.text
