@@ -21,12 +21,13 @@ import numpy as np
 import torch
 
 from . import __version__
+from .errors import NmtError
 from .files import atomic_write
 
 TRAINING_STATE = ("optimizer", "scheduler", "progress", "rng")  # what --resume needs beyond the model
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(NmtError, RuntimeError):
     """A checkpoint is missing, damaged, incomplete, or not one nmt wrote."""
 
 

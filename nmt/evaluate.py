@@ -19,6 +19,8 @@ import unicodedata
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from .errors import NmtError
+
 #: Every tokenizer sacreBLEU's BLEU accepts (``--tokenize``). ``spm``, ``flores101`` and
 #: ``flores200`` download a SentencePiece model on first use.
 TOKENIZERS: tuple[str, ...] = tuple(BLEU.TOKENIZERS)
@@ -33,7 +35,7 @@ _OPTIONAL = {"ja-mecab": (("MeCab", "ipadic"), "ja"), "ko-mecab": (("mecab_ko", 
 log = logging.getLogger("nmt.evaluate")
 
 
-class EvaluationError(ValueError):
+class EvaluationError(NmtError, ValueError):
     """Hypotheses and references cannot be scored together, or the tokenizer cannot be used."""
 
 

@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
+from .errors import NmtError
 from .model import Transformer
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 log = logging.getLogger("nmt.export")
 
 
-class ExportError(ValueError):
+class ExportError(NmtError, ValueError):
     """The model uses a feature the target format cannot express."""
 
 

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from .errors import NmtError
+
 _REASONS = {
     errno.ENOSPC: "no space left on the device",
     errno.EDQUOT: "disk quota exceeded",
@@ -24,7 +26,7 @@ _REASONS = {
 }
 
 
-class OutputError(RuntimeError):
+class OutputError(NmtError, RuntimeError):
     """An output cannot be written (missing directory, read-only place, full disk); the message names the path."""
 
 
@@ -53,19 +55,22 @@ def check_writable(path: Path, what: str = "output") -> None:
     A probe file is created and removed beside ``path``: this catches read-only mounts and
     missing permissions, which ``os.access`` misses for root.
 
+    Args:
+        what: how the message names the output: text, or a :class:`~nmt.errors.Key` (an argument name).
+
     Raises:
         OutputError: ``path`` is a directory, its directory is missing, or nothing can be created there.
     """
     path = Path(path)
     if path.is_dir():
-        raise OutputError(f"{what} {path} is a directory; give a file name")
+        raise OutputError(what, f" {path} is a directory; give a file name")
     if not path.parent.is_dir():
-        raise OutputError(f"{what} {path}: directory {path.parent} does not exist; create it first")
+        raise OutputError(what, f" {path}: directory {path.parent} does not exist; create it first")
     probe = path.with_name(f".{path.name}.probe{os.getpid()}")
     try:
         probe.open("xb").close()
     except OSError as exc:
-        raise OutputError(f"cannot write {what} {path}: {reason(exc)}") from None
+        raise OutputError("cannot write ", what, f" {path}: {reason(exc)}") from None
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from .errors import NmtError
 from .files import atomic_write
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -39,7 +40,7 @@ LARGE_CHARACTER_SET = 500
 log = logging.getLogger(__name__)
 
 
-class TokenizerError(ValueError):
+class TokenizerError(NmtError, ValueError):
     """A SentencePiece model is missing, unreadable or has other special-token ids."""
 
 
