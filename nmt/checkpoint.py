@@ -169,7 +169,7 @@ def _config(payload: dict[str, Any], path: Path):
     from .config import ConfigError, config_from_dict
 
     try:
-        return config_from_dict(payload["config"], f"{path} (config)")
+        return config_from_dict(payload["config"])  # the message below names the file
     except ConfigError as exc:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
 
