@@ -24,22 +24,7 @@ from typing import Any, Literal
 from .errors import Key
 from .evaluate import TOKENIZERS as BLEU_TOKENIZERS
 from .fields import (
-    AT_LEAST_0,
-    AT_LEAST_1,
-    NULL,
-    POSITIVE,
-    PROBABILITY,
-    Checked,
-    ConfigError,
-    Plain,
-    Range,
-    did_you_mean,
-    hints,
-    kind,
-    read,
-    read_override,
-    read_yaml,
-    setting,
+    AT_LEAST_0, AT_LEAST_1, NULL, POSITIVE, PROBABILITY, Checked, ConfigError, Plain, Range, did_you_mean, hints, kind, read, read_override, read_yaml, setting,
     written,
 )
 
