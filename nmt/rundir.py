@@ -75,7 +75,8 @@ class RunDir:
             holder = self.lock_file.read().strip() or "unknown"
             self.lock_file.close()
             self.lock_file = None
-            raise ConfigError(f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or choose another ", Key("train.run_dir")) from None
+            raise ConfigError(f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or choose another ",
+                              Key("train.run_dir")) from None
         self.lock_file.truncate(0)
         self.lock_file.write(f"{os.getpid()}\n")
         self.lock_file.flush()

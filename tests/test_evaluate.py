@@ -141,14 +141,16 @@ def test_guess_cjk_language(lines, expected):
 @pytest.mark.parametrize(
     "given,message",
     [
-        ({"hyp": "h", "checkpoints": ["c"]}, "--hyp (translations to score) and --checkpoint (a source to translate) exclude each other: give one or the other"),
+        ({"hyp": "h", "checkpoints": ["c"]},
+         "--hyp (translations to score) and --checkpoint (a source to translate) exclude each other: give one or the other"),
         ({"hyp": "h", "checkpoints": ["c"], "src": "s"}, "--hyp (translations to score) and --checkpoint and --src (a source to translate) exclude each other: "
                                                          "give one or the other"),
         ({}, "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE"),
         ({"src": "s"}, "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE (--src needs --checkpoint to translate it)"),
         ({"checkpoints": ["c"]}, "--checkpoint needs --src (the text to translate)"),
         ({"hyp": "h", "output": "o"}, "--output writes the translations made with --checkpoint; with --hyp there is nothing to write"),
-        ({"hyp": "h", "translation_settings": ["beam_size", "min_len"]}, "--beam-size, --min-len: these set how --checkpoint translates; with --hyp nothing is translated"),
+        ({"hyp": "h", "translation_settings": ["beam_size", "min_len"]},
+         "--beam-size, --min-len: these set how --checkpoint translates; with --hyp nothing is translated"),
     ],
 )
 def test_evaluate_refuses_inputs_that_would_be_ignored(given, message):
