@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .config import ConfigError
+from .errors import Key
+from .files import check_writable
+from .rundir import METRICS, step_checkpoints
+
+_TRAINING_CHECKPOINT = re.compile(r"(last|best|step_\d+)\.pt")
+
+
+def newest_step_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
+    """The ``last`` newest ``step_N.pt`` files of ``run_dir``, oldest first.
+
+    Raises:
+        ConfigError: ``last`` below 1, or ``run_dir`` not a directory.
+    """
+    if last < 1:
+        raise ConfigError(Key("last"), f" must be at least 1, got {last}")
+    if not Path(run_dir).is_dir():
+        raise ConfigError(Key("run_dir"), f" {run_dir} is not a directory")
+    return step_checkpoints(Path(run_dir))[-last:]
 
 
 def average_checkpoints(paths: list[Path], out: Path) -> dict:
@@ -17,14 +37,21 @@ def average_checkpoints(paths: list[Path], out: Path) -> dict:
     embeddings) are averaged once and stay shared. The output holds the model, config and
     tokenizer of the last input (no optimizer state: it is for translation, not for
     ``--resume``); the inputs are not modified. Every input is loaded and checked
-    before anything is written.
+    before anything is written, and ``out`` may not replace a run's own ``last.pt``,
+    ``best.pt`` or ``step_N.pt`` (``--resume`` and ``translate`` read them).
 
     Raises:
         CheckpointError: no input, ``out`` among the inputs, an input missing, damaged
             or inconsistent, or inputs that differ in model config or tokenizer (the
             message names the difference).
+        ConfigError: ``out`` would replace a training checkpoint of a run.
         nmt.files.OutputError: ``out`` cannot be written.
     """
+    out = Path(out)
+    check_writable(out, Key("out"))
+    if _TRAINING_CHECKPOINT.fullmatch(out.name) and (out.parent / METRICS).is_file():
+        raise ConfigError(Key("out"), f" {out} would replace a training checkpoint of the run in {out.parent} (--resume reads last.pt, translate uses best.pt);"
+                          f" write the average under another name, e.g. {out.parent / 'average.pt'}")
     if not paths:
         raise CheckpointError("nothing to average: give checkpoints or a run directory with step_N.pt files")
     if any(Path(p).resolve() == Path(out).resolve() for p in paths):

@@ -21,12 +21,13 @@ import numpy as np
 import torch
 
 from . import __version__
+from .errors import NmtError
 from .files import atomic_write
 
 TRAINING_STATE = ("optimizer", "scheduler", "progress", "rng")  # what --resume needs beyond the model
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(NmtError, RuntimeError):
     """A checkpoint is missing, damaged, incomplete, or not one nmt wrote."""
 
 
@@ -170,7 +171,7 @@ def _config(payload: dict[str, Any], path: Path):
     from .config import ConfigError, config_from_dict
 
     try:
-        return config_from_dict(payload["config"], f"{path} (config)")
+        return config_from_dict(payload["config"])  # the message below names the file
     except ConfigError as exc:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
 

@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from .errors import NmtError
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("nmt.corpus")
@@ -32,7 +33,7 @@ CHUNK_LINES = 50_000  # pairs a worker encodes at a time
 READ_BYTES = 1 << 16  # read size when streaming standard input
 
 
-class DataError(ValueError):
+class DataError(NmtError, ValueError):
     """Input text cannot be used; the message names the file, the line and what to do."""
 
 

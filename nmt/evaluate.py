@@ -19,6 +19,8 @@ import unicodedata
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from .errors import Key, NmtError
+
 #: Every tokenizer sacreBLEU's BLEU accepts (``--tokenize``). ``spm``, ``flores101`` and
 #: ``flores200`` download a SentencePiece model on first use.
 TOKENIZERS: tuple[str, ...] = tuple(BLEU.TOKENIZERS)
@@ -33,8 +35,37 @@ _OPTIONAL = {"ja-mecab": (("MeCab", "ipadic"), "ja"), "ko-mecab": (("mecab_ko", 
 log = logging.getLogger("nmt.evaluate")
 
 
-class EvaluationError(ValueError):
-    """Hypotheses and references cannot be scored together, or the tokenizer cannot be used."""
+class EvaluationError(NmtError, ValueError):
+    """Hypotheses and references cannot be scored together, the tokenizer cannot be used, or the inputs given exclude each other."""
+
+
+def _joined(names: list[str], separator: str) -> list[str]:
+    """``names`` as message parts, a :class:`~nmt.errors.Key` each, with ``separator`` between them."""
+    return [part for name in names for part in (separator, Key(name))][1:]
+
+
+def check_inputs(hyp, checkpoints, src, output, translation_settings: list[str] = ()) -> None:
+    """Refuse combinations of ``nmt evaluate``'s inputs where one would be silently ignored: what to
+    score is either ``hyp`` (translations) or ``checkpoints`` with ``src`` (a model and the text it
+    translates), and ``output`` and ``translation_settings`` (names of the settings given for
+    translating) apply to the second only.
+
+    Raises:
+        EvaluationError: naming the arguments that conflict, as :class:`~nmt.errors.Key` data.
+    """
+    if hyp is not None and (checkpoints or src is not None):
+        given = _joined([name for name, value in (("checkpoint", checkpoints), ("src", src)) if value], " and ")
+        raise EvaluationError(Key("hyp"), " (translations to score) and ", *given, " (a source to translate) exclude each other: give one or the other")
+    if hyp is None and not checkpoints:
+        why = [" (", Key("src"), " needs ", Key("checkpoint"), " to translate it)"] if src is not None else []
+        raise EvaluationError("nothing to score: give ", Key("hyp"), " FILE, or ", Key("checkpoint"), " CKPT with ", Key("src"), " FILE", *why)
+    if checkpoints and src is None:
+        raise EvaluationError(Key("checkpoint"), " needs ", Key("src"), " (the text to translate)")
+    if hyp is not None and output is not None:
+        raise EvaluationError(Key("output"), " writes the translations made with ", Key("checkpoint"), "; with ", Key("hyp"), " there is nothing to write")
+    if hyp is not None and translation_settings:
+        given = _joined(translation_settings, ", ")
+        raise EvaluationError(*given, ": these set how ", Key("checkpoint"), " translates; with ", Key("hyp"), " nothing is translated")
 
 
 def normalisation_forms(lines: list[str]) -> set[str]:

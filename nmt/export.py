@@ -20,14 +20,15 @@ from pathlib import Path
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint
+from .errors import Key, NmtError
 from .model import Transformer
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 log = logging.getLogger("nmt.export")
 
 
-class ExportError(ValueError):
-    """The model uses a feature the target format cannot express."""
+class ExportError(NmtError, ValueError):
+    """The export cannot be made: the model uses a feature the target format cannot express, or a format, option or package is missing."""
 
 
 def marian_permutation(d_model: int) -> torch.Tensor:
@@ -233,3 +234,51 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
         ct2t.TransformersConverter(str(hf_dir)).convert(str(out_dir), quantization=quantization, force=True)
     finally:
         ct2t._MODEL_LOADERS["MarianConfig"] = stock
+
+
+FORMATS = ("huggingface", "ctranslate2", "nmt")
+
+
+def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface", quantization: str | None = None) -> None:
+    """Write ``checkpoint`` (a file, or a run directory's ``best.pt``) for deployment, as ``format``:
+    a Hugging Face MarianMTModel directory, a CTranslate2 model directory (through the Marian one)
+    or a slim nmt checkpoint (:func:`export_slim`).
+
+    Raises:
+        ExportError: an unknown ``format``, a ``quantization`` without ctranslate2 or one CTranslate2
+            rejects, ``out`` the checkpoint itself, a missing package, or a model the format cannot express.
+        nmt.checkpoint.CheckpointError: the checkpoint is missing or damaged.
+        nmt.files.OutputError: ``out`` cannot be written.
+    """
+    import tempfile
+
+    from .files import check_writable
+    from .translate import load_model
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    if format not in FORMATS:
+        raise ExportError(Key("format"), f" {format!r} is not supported; use {', '.join(FORMATS)}")
+    if quantization is not None and format != "ctranslate2":
+        raise ExportError(Key("quantization"), " applies to ", Key("format"), f" ctranslate2 only, not {format}")
+    if format == "nmt":
+        check_writable(out, Key("out"))
+        source = checkpoint / "best.pt" if checkpoint.is_dir() else checkpoint
+        if out.exists() and source.exists() and out.samefile(source):
+            raise ExportError(Key("out"), f" {out} is the checkpoint being exported; give another file name")
+        export_slim(checkpoint, out)
+        return
+    model, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
+    try:
+        if format == "huggingface":
+            export_huggingface(model, tokenizer, out)
+            return
+        with tempfile.TemporaryDirectory() as hf_dir:
+            export_huggingface(model, tokenizer, Path(hf_dir))
+            try:
+                export_ctranslate2(Path(hf_dir), out, quantization)
+            except ValueError as exc:  # CTranslate2 rejects an unknown quantization with a ValueError
+                if quantization is None:
+                    raise
+                raise ExportError(Key("quantization"), f" {quantization!r}: {exc}") from None
+    except ImportError as exc:
+        raise ExportError(f"exporting to {format} needs {exc.name or 'transformers and ctranslate2'}: pip install -e \".[export]\"") from None

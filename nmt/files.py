@@ -23,6 +23,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from .errors import NmtError
+
 _REASONS = {
     errno.ENOSPC: "no space left on the device",
     errno.EDQUOT: "disk quota exceeded",
@@ -32,7 +34,7 @@ _REASONS = {
 }
 
 
-class OutputError(RuntimeError):
+class OutputError(NmtError, RuntimeError):
     """An output cannot be written (missing directory, read-only place, full disk); the message names the path."""
 
 
@@ -78,23 +80,26 @@ def check_writable(path: Path, what: str = "output") -> None:
     root. A device or FIFO is checked with ``os.access`` instead, and nothing is created
     beside it.
 
+    Args:
+        what: how the message names the output: text, or a :class:`~nmt.errors.Key` (an argument name).
+
     Raises:
         OutputError: ``path`` is a directory, its directory is missing, or nothing can be created there.
     """
     path = resolve_output(Path(path))
     if path.is_dir():
-        raise OutputError(f"{what} {path} is a directory; give a file name")
+        raise OutputError(what, f" {path} is a directory; give a file name")
     if is_stream(path):
         if not os.access(path, os.W_OK):
-            raise OutputError(f"cannot write {what} {path}: permission denied")
+            raise OutputError("cannot write ", what, f" {path}: permission denied")
         return
     if not path.parent.is_dir():
-        raise OutputError(f"{what} {path}: directory {path.parent} does not exist; create it first")
+        raise OutputError(what, f" {path}: directory {path.parent} does not exist; create it first")
     probe = path.with_name(f".{path.name}.probe{os.getpid()}")
     try:
         probe.open("xb").close()
     except OSError as exc:
-        raise OutputError(f"cannot write {what} {path}: {reason(exc)}") from None
+        raise OutputError("cannot write ", what, f" {path}: {reason(exc)}") from None
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()

@@ -28,6 +28,7 @@ import yaml
 
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import Config, ConfigError, config_from_dict, config_to_dict, load_config
+from .errors import Key
 from .files import OutputError, append_line, atomic_write, reason
 
 log = logging.getLogger("nmt.train")
@@ -64,7 +65,7 @@ class RunDir:
         if resuming and not self.path.is_dir():
             raise ConfigError(f"--resume: {self.path} does not exist; start a fresh run instead (without --resume)")
         if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"train.run_dir {self.path} is a file; choose a directory")
+            raise ConfigError(Key("train.run_dir"), f" {self.path} is a file; choose a directory")
         try:
             self.created = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,8 @@ class RunDir:
             holder = self.lock_file.read().strip() or "unknown"
             self.lock_file.close()
             self.lock_file = None
-            raise ConfigError(f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or choose another train.run_dir") from None
+            raise ConfigError(f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or choose another ",
+                              Key("train.run_dir")) from None
         self.lock_file.truncate(0)
         self.lock_file.write(f"{os.getpid()}\n")
         self.lock_file.flush()
@@ -113,7 +115,7 @@ class RunDir:
         """
         existing = sorted(p.name for p in self.checkpoints())
         if existing:
-            raise ConfigError(f"{self.path} already holds a run ({', '.join(existing)}); pass --resume to continue it or choose another train.run_dir")
+            raise ConfigError(f"{self.path} already holds a run ({', '.join(existing)}); pass --resume to continue it or choose another ", Key("train.run_dir"))
 
     def newest_checkpoint(self) -> tuple[Path, dict[str, Any]]:
         """The newest complete checkpoint with training state, loaded; a damaged one is skipped with a warning.

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from .errors import NmtError
 from .files import atomic_write
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -46,7 +47,7 @@ _NEVER_OUTPUT_TO_SPACE = dict.fromkeys(map(ord, NEVER_OUTPUT), " ")
 log = logging.getLogger(__name__)
 
 
-class TokenizerError(ValueError):
+class TokenizerError(NmtError, ValueError):
     """A SentencePiece model is missing, unreadable or has other special-token ids."""
 
 

@@ -18,8 +18,11 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from .config import ConfigError
+from .corpus import read_lines
+from .errors import Key
 from .evaluate import score
-from .search import Hypothesis, length_penalty
+from .search import LENGTH_NORMALIZATIONS, Hypothesis, length_penalty
 from .translate import translate_lines
 
 # A file name that says "test": test.de, test_2016_flickr.en.gz, newstest2014.de (but not latest.en).
@@ -35,6 +38,30 @@ def looks_like_test_data(path: str | Path) -> bool:
     return bool(_TEST_NAME.search(Path(path).name))
 
 
+def validation_lines(src: str | Path, ref: str | Path, max_sentences: int | None = None, allow_test_names: bool = False) -> tuple[list[str], list[str]]:
+    """The first ``max_sentences`` lines (None: all) of the validation source and reference to tune on.
+
+    Settings chosen on the test set overstate its score, so a file whose name says test
+    (:func:`looks_like_test_data`) is refused before it is read, unless ``allow_test_names``
+    (a validation set named like a test set, such as WMT's newstest2013).
+
+    Raises:
+        ConfigError: a name that says test, ``max_sentences`` below 1, or files that differ in length.
+        nmt.corpus.DataError: a file is missing or not UTF-8 text.
+    """
+    for name, path in (("src", src), ("ref", ref)):
+        if looks_like_test_data(path) and not allow_test_names:
+            raise ConfigError(Key(name), f" {path}: the name says test data; choose decoding settings on a validation set (tuning on the test set "
+                              "overstates its score), or pass ", Key("allow_test_names"), " if this file is a validation set named like a test set")
+    if max_sentences is not None and max_sentences < 1:
+        raise ConfigError(Key("max_sentences"), f" must be at least 1, got {max_sentences}")
+    src_lines, ref_lines = read_lines(src)[:max_sentences], read_lines(ref)[:max_sentences]
+    if len(src_lines) != len(ref_lines):
+        raise ConfigError(Key("src"), f" {src} and ", Key("ref"), f" {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); "
+                          "they must match line for line")
+    return src_lines, ref_lines
+
+
 @dataclass(frozen=True)
 class Setting:
     """One decoding setting of the grid (the ``decode`` config keys of the same names)."""
@@ -47,7 +74,16 @@ class Setting:
 def grid(beam_sizes: list[int], normalizations: list[str], alphas: list[float]) -> list[Setting]:
     """Every distinct setting, in the given order. Greedy search (beam 1), ``"none"`` and
     α 0 rank by raw log-probability whatever the rest says, so each appears once, as
-    ``("none", 0.0)``."""
+    ``("none", 0.0)``.
+
+    Raises:
+        ConfigError: a beam size below 1 or an unknown normalisation.
+    """
+    if not beam_sizes or min(beam_sizes) < 1:
+        raise ConfigError(Key("beam_sizes"), f" must all be at least 1, got {','.join(map(str, beam_sizes))}")
+    unknown = [n for n in normalizations if n not in LENGTH_NORMALIZATIONS]
+    if unknown:
+        raise ConfigError(Key("normalizations"), f": unknown {', '.join(unknown)}; choose from {', '.join(LENGTH_NORMALIZATIONS)}")
     out: list[Setting] = []
     for beam in beam_sizes:
         for name in normalizations:

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from nmt.average import average_checkpoints
+from nmt.average import average_checkpoints, newest_step_checkpoints
 from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, tokenizer_to_tensors
-from nmt.config import config_from_dict, config_to_dict
+from nmt.config import ConfigError, config_from_dict, config_to_dict
 from nmt.model import Transformer
 
 from conftest import tiny_config, toy_tokenizer
@@ -83,3 +83,22 @@ def test_average_command_checks_its_options(tmp_path):
     assert (tmp_path / "run" / "last.pt").read_bytes() == before and not (tmp_path / "run" / "best.pt").exists()
     result = CliRunner().invoke(app, ["average", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "average.pt")])
     assert result.exit_code == 0 and (tmp_path / "run" / "average.pt").is_file()
+
+
+def test_averaging_refuses_to_replace_a_runs_checkpoint_in_the_python_api_too(tmp_path):
+    write(tmp_path / "a.pt", 0)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    write(run / "last.pt", 1)
+    before = (run / "last.pt").read_bytes()
+    with pytest.raises(ConfigError) as err:
+        average_checkpoints([tmp_path / "a.pt"], run / "last.pt")
+    assert err.value.key == "out" and str(err.value).startswith(f"out {run / 'last.pt'} would replace a training checkpoint of the run in {run}")
+    assert (run / "last.pt").read_bytes() == before
+    average_checkpoints([tmp_path / "a.pt"], tmp_path / "last.pt")  # not in a run directory: any name will do
+    assert load_checkpoint(tmp_path / "last.pt")["averaged_from"] == [str(tmp_path / "a.pt")]
+    with pytest.raises(ConfigError, match="^last must be at least 1, got 0$"):
+        newest_step_checkpoints(run, 0)
+    with pytest.raises(ConfigError, match="^run_dir .*nowhere is not a directory$"):
+        newest_step_checkpoints(tmp_path / "nowhere", 5)

@@ -122,7 +122,7 @@ def test_train_rejects_misaligned_corpus(tmp_path):
     result = invoke("train", "--run-dir", tmp_path / "r2", "--set", f"data.dir={tmp_path / 'nowhere'}")
     assert result.exit_code == 2 and "neither train.en nor train.en.gz" in result.output and not (tmp_path / "r2").exists()
     result = invoke("train", "--run-dir", tmp_path / "r", "--set", "train.max_stepz=3")
-    assert result.exit_code == 2 and "unknown key(s) in [train]: max_stepz" in result.output
+    assert result.exit_code == 2 and result.output == "error: unknown key train.max_stepz; did you mean train.max_steps?\n"
 
 
 def test_module_entry_point_help():
@@ -203,9 +203,11 @@ def test_errors_name_the_flags_given(trained_run, tmp_path):
     assert line == "error: --max-tokens must be >= 1, got 0"
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--max-input-pieces", "0", input="a dog .\n"))
     assert line == "error: --max-input-pieces must be >= 1, got 0"
-    # A key the command line did not set keeps its config name: it comes from the checkpoint.
+    # The beam size comes from the checkpoint: the message names the flag that changes it.
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--n-best", "7", input="a dog .\n"))
-    assert "--n-best" in line and "beam_size" in line and "--beam-size" not in line
+    assert line == "error: --n-best must be <= --beam-size (got 7 > 5)"
+    line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--min-len", "-1", input="a dog .\n"))
+    assert line == "error: --min-len must be >= 0, got -1"
     assert _one_line_error(invoke("translate", "--checkpoint", trained_run, "--threads", "-1", input="x\n")).startswith("error: --threads must be >= 0")
     if not torch.cuda.is_available():
         assert "--device 'cuda' asked for" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--device", "cuda", input="x\n"))
@@ -215,13 +217,50 @@ def test_errors_name_the_flags_given(trained_run, tmp_path):
     assert "--run-dir" in _one_line_error(invoke("train", "--run-dir", not_a_dir, "--set", f"data.dir={TOY}"))
 
 
-def test_in_flags_rewords_only_whole_keys():
-    from nmt.cli import in_flags
-    from nmt.config import ConfigError
+def test_flags_are_named_from_error_data_so_paths_are_never_rewritten(tmp_path):
+    run_dir = tmp_path / "run_dir"
+    run_dir.mkdir()
+    (run_dir / "train.run_dir").write_text("a file\n")
+    line = _one_line_error(invoke("train", "--run-dir", run_dir / "train.run_dir", "--set", f"data.dir={TOY}"))
+    assert line == f"error: --run-dir {run_dir / 'train.run_dir'} is a file; choose a directory"
+    line = _one_line_error(invoke("train", "--set", f"train.run_dir={run_dir / 'train.run_dir'}", "--set", f"data.dir={TOY}"))
+    assert line == f"error: train.run_dir {run_dir / 'train.run_dir'} is a file; choose a directory"  # set as a key, named as one
+    config = tmp_path / "c.yaml"
+    config.write_text(f"train:\n  run_dir: {run_dir}\n  warmup_steps: 50\ntrain:\n  max_steps: 3\n")
+    line = _one_line_error(invoke("train", "--config", config, "--run-dir", run_dir))
+    assert line == f"error: {config}:4: duplicate section train (first at line 1); write each once"
 
-    exc = ConfigError("decode.beam_size must be >= 1 and 1 <= n_best <= beam_size (got 2, 3); train.valid_beam_size is 4")
-    reworded = in_flags(exc, {"decode.beam_size": "--beam-size", "decode.n_best": "--n-best"})
-    assert str(reworded) == "--beam-size must be >= 1 and 1 <= --n-best <= --beam-size (got 2, 3); train.valid_beam_size is 4"
+
+def test_usage_errors_are_one_line_with_a_suggestion():
+    line = _one_line_error(invoke("translate", "--checkpoint", "x", "--beam-sise", "2"))
+    assert line.startswith("error: no such option: --beam-sise; did you mean --beam-size") and line.endswith("translate --help)")
+    assert _one_line_error(invoke("evaluate", "--ref", "r", "--nbest", "2")).startswith("error: no such option: --nbest")
+    assert "missing option '--out'" in _one_line_error(invoke("average", "a.pt"))
+    assert invoke("plot").exit_code == 2 and "Commands:" in invoke("plot").output  # `nmt plot` alone prints its help, as before
+
+
+def test_info_takes_the_checkpoint_as_argument_or_as_flag(trained_run, tmp_path):
+    by_argument = invoke("info", trained_run, "--json")
+    assert by_argument.exit_code == 0 and invoke("info", "--checkpoint", trained_run, "--json").stdout == by_argument.stdout
+    assert _one_line_error(invoke("info")) == "error: give one checkpoint: nmt info CHECKPOINT, or nmt info --checkpoint CHECKPOINT"
+    assert "give one checkpoint" in _one_line_error(invoke("info", trained_run, "--checkpoint", trained_run))
+    empty = tmp_path / "run"
+    empty.mkdir()
+    (empty / "last.pt").write_bytes((trained_run / "last.pt").read_bytes())
+    line = _one_line_error(invoke("info", empty))  # the advice it gives works as written
+    assert f"pass --checkpoint {empty / 'last.pt'}" in line
+    assert invoke("info", "--checkpoint", empty / "last.pt").exit_code == 0
+
+
+def test_min_len_keeps_translations_from_ending_early(trained_run):
+    """--print-alignment writes one pair per output piece, so it counts the pieces the search produced."""
+    args = ("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-a", "0", "--max-len-b", "12", "--print-alignment")
+    pieces = lambda result: [len(line.split(" ||| ")[1].split()) for line in result.stdout.splitlines()]
+    free = invoke(*args, input="a dog .\nthe cat .\n")
+    held = invoke(*args, "--min-len", "12", input="a dog .\nthe cat .\n")
+    assert held.exit_code == 0, held.output
+    assert pieces(held) == [12, 12] and all(n <= 12 for n in pieces(free))  # EOS only at the length limit, 12 pieces
+    assert pieces(invoke(*args, "--min-len", "5", input="a dog .\n"))[0] >= 5
 
 
 @pytest.mark.parametrize("device", ["mps", "cuda", "cuda:3"])
@@ -255,6 +294,8 @@ def test_evaluate_refuses_conflicting_options(trained_run, tmp_path):
     assert "--output" in line and not out.exists()
     line = _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "--beam-size", "3", "--dtype", "bfloat16"))
     assert "--beam-size, --dtype:" in line
+    line = _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "--min-len", "3", "--device", "auto"))  # the default, typed: still ignored
+    assert line == "error: --min-len, --device: these set how --checkpoint translates; with --hyp nothing is translated"
 
 
 def test_evaluate_prints_each_score_once_with_its_detail(tmp_path):
@@ -626,6 +667,9 @@ def test_misspelt_config_key_names_the_file_and_lists_config_keys(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("train:\n  max_stepz: 3\n")
     message = _one_line_error(invoke("train", "--config", config, "--run-dir", tmp_path / "r"))
-    assert message.startswith(f"error: {config}") and ": unknown key(s) in [train]: max_stepz; known keys: " in message
+    assert message == f"error: {config}:2: unknown key train.max_stepz; did you mean train.max_steps?"
+    config.write_text("train:\n  zzz: 3\n")
+    message = _one_line_error(invoke("train", "--config", config, "--run-dir", tmp_path / "r"))
+    assert message.startswith(f"error: {config}:2: unknown key train.zzz; the keys of [train] are ")
     assert " run_dir," in message and "--run-dir" not in message  # the keys a config file can hold, not flags
     assert not (tmp_path / "r").exists()

@@ -6,7 +6,7 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU
 
-from nmt.evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_tokenizer, guess_cjk_language, score
+from nmt.evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_inputs, check_tokenizer, guess_cjk_language, score
 
 
 def test_perfect_and_signature():
@@ -136,3 +136,28 @@ def test_missing_mecab_names_the_extra(monkeypatch, tokenize, module, extra):
 ])
 def test_guess_cjk_language(lines, expected):
     assert guess_cjk_language(lines) == expected
+
+
+@pytest.mark.parametrize(
+    "given,message",
+    [
+        ({"hyp": "h", "checkpoints": ["c"]},
+         "--hyp (translations to score) and --checkpoint (a source to translate) exclude each other: give one or the other"),
+        ({"hyp": "h", "checkpoints": ["c"], "src": "s"}, "--hyp (translations to score) and --checkpoint and --src (a source to translate) exclude each other: "
+                                                         "give one or the other"),
+        ({}, "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE"),
+        ({"src": "s"}, "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE (--src needs --checkpoint to translate it)"),
+        ({"checkpoints": ["c"]}, "--checkpoint needs --src (the text to translate)"),
+        ({"hyp": "h", "output": "o"}, "--output writes the translations made with --checkpoint; with --hyp there is nothing to write"),
+        ({"hyp": "h", "translation_settings": ["beam_size", "min_len"]},
+         "--beam-size, --min-len: these set how --checkpoint translates; with --hyp nothing is translated"),
+    ],
+)
+def test_evaluate_refuses_inputs_that_would_be_ignored(given, message):
+    with pytest.raises(EvaluationError) as err:
+        check_inputs(**{"hyp": None, "checkpoints": [], "src": None, "output": None, **given})
+    assert err.value.render(lambda name: "--" + name.replace("_", "-")) == message
+
+
+def test_evaluate_accepts_either_source_of_hypotheses():
+    assert check_inputs("h", [], None, None) is None and check_inputs(None, ["c"], "s", "o", ["beam_size"]) is None

@@ -4,7 +4,7 @@ import torch
 from nmt.config import DecodeConfig, TokenizerConfig
 from nmt.corpus import read_parallel
 from nmt.data import pad_sources
-from nmt.export import ExportError, export_huggingface, marian_permutation
+from nmt.export import ExportError, export, export_huggingface, marian_permutation
 from nmt.model import Transformer, sinusoidal_positions
 from nmt.search import translate_batch
 from nmt.tokenizer import BOS, EOS, PAD, UNK, train_tokenizer
@@ -102,3 +102,12 @@ def test_ctranslate2_conversion_translates_like_nmt(exported, tmp_path):
         result = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12)  # pieces, EOS not counted
         theirs = [sp.piece_to_id(p) for p in result[0].hypotheses[0]]
         assert theirs == hyps[0].tokens
+
+
+def test_export_checks_format_and_quantization_before_reading_the_checkpoint(tmp_path):
+    with pytest.raises(ExportError) as err:
+        export(tmp_path / "missing.pt", tmp_path / "out", format="onnx")
+    assert str(err.value) == "format 'onnx' is not supported; use huggingface, ctranslate2, nmt"
+    assert err.value.render({"format": "--format"}.get) == "--format 'onnx' is not supported; use huggingface, ctranslate2, nmt"
+    with pytest.raises(ExportError, match="^quantization applies to format ctranslate2 only, not nmt$"):
+        export(tmp_path / "missing.pt", tmp_path / "out.pt", format="nmt", quantization="int8")

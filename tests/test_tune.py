@@ -3,9 +3,9 @@ import re
 import pytest
 import yaml
 
-from nmt.config import DecodeConfig, config_from_dict
+from nmt.config import ConfigError, DecodeConfig, config_from_dict
 from nmt.search import translate_batch
-from nmt.tune import Setting, grid, looks_like_test_data, rerank
+from nmt.tune import Setting, grid, looks_like_test_data, rerank, validation_lines
 
 from conftest import ROOT, random_sources
 
@@ -69,3 +69,22 @@ def test_shipped_scripts_train_and_tune_on_no_test_file():
         text = path.read_text(encoding="utf-8").replace("\\\n", " ")  # continued lines as one command
         for command in re.findall(r"nmt (?:train|tune-decode)\b[^\n]*", text):
             assert not [w for w in command.split() if looks_like_test_data(w.split("=")[-1].strip("\"'"))], (path, command)
+
+
+def test_tuning_refuses_test_sets_and_bad_grids_in_the_python_api_too(tmp_path):
+    (tmp_path / "valid.en").write_text("a\nb\n")
+    (tmp_path / "valid.de").write_text("x\n")
+    with pytest.raises(ConfigError) as err:  # refused before it is read: the file does not exist
+        validation_lines(tmp_path / "newstest2014.en", tmp_path / "valid.de")
+    assert err.value.key == "src" and str(err.value).startswith(f"src {tmp_path / 'newstest2014.en'}: the name says test data")
+    assert err.value.render({"src": "--src", "allow_test_names": "--allow-test-names"}.get).endswith(
+        "or pass --allow-test-names if this file is a validation set named like a test set")
+    with pytest.raises(ConfigError, match=r"^src .*valid.en and ref .*valid.de differ in length \(2 and 1 lines\); they must match line for line$"):
+        validation_lines(tmp_path / "valid.en", tmp_path / "valid.de")
+    assert validation_lines(tmp_path / "valid.en", tmp_path / "valid.de", max_sentences=1) == (["a"], ["x"])
+    with pytest.raises(ConfigError, match="^max_sentences must be at least 1, got 0$"):
+        validation_lines(tmp_path / "valid.en", tmp_path / "valid.de", max_sentences=0)
+    with pytest.raises(ConfigError, match="^beam_sizes must all be at least 1, got 0,5$"):
+        grid([0, 5], ["gnmt"], [1.0])
+    with pytest.raises(ConfigError, match="^normalizations: unknown average; choose from gnmt, length, none$"):
+        grid([1, 5], ["gnmt", "average"], [1.0])

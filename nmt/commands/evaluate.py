@@ -1,0 +1,66 @@
+"""``nmt evaluate``: sacreBLEU scores of translations, given or made by a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..corpus import read_lines
+from ..evaluate import LANGUAGE_TOKENIZERS, bleu_tokenizer, check_inputs, check_tokenizer, config_tokenizer, guess_cjk_language, score
+from ..files import atomic_write
+from .options import (
+    DECODE_KEYS, RUNNING, AllowUnk, BeamSize, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, Quiet,
+    TgtLang, Threads, Tokenize, check_output, load_translator, on_command_line, setup_logging,
+)
+
+
+def evaluate(
+    ctx: typer.Context,
+    ref: Annotated[list[Path], typer.Option("--ref", "-r", metavar="<path>", help="Reference file (repeat for several references).")],
+    hyp: Annotated[Path | None, typer.Option("--hyp", help="Detokenized hypotheses, one a line.")] = None,
+    checkpoint: Annotated[list[Path], typer.Option(
+        "--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score.")] = [],
+    src: Annotated[Path | None, typer.Option("--src", help="Source text to translate (with --checkpoint).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="With --checkpoint: also write the translations here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (unrounded scores) instead of text.")] = False,
+    tokenize: Tokenize = None,
+    tgt_lang: TgtLang = None,
+    quiet: Quiet = False,
+    beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None, min_len: MinLen = None, max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None,
+    device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+) -> None:
+    """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
+    setup_logging(quiet)
+    settings_given = [p.name for p in ctx.command.params if p.name in DECODE_KEYS + RUNNING and on_command_line(ctx, p.name)]
+    check_inputs(hyp, checkpoint, src, output, settings_given)
+    check_output(output)
+    references = [read_lines(r) for r in ref]
+    from_checkpoint = bool(checkpoint) and tokenize is None and tgt_lang is None
+    chosen = None if from_checkpoint else bleu_tokenizer(tokenize, tgt_lang)
+    if chosen is not None:
+        check_tokenizer(chosen)  # before translating, not after
+    if checkpoint:
+        models, tokenizer, settings, dev, cfg = load_translator(ctx, checkpoint, n_best=1)
+        from ..translate import best_strings, translate_lines
+
+        chosen = chosen or config_tokenizer(cfg)
+        check_tokenizer(chosen)
+        hyps = best_strings(tokenizer, translate_lines(models, tokenizer, read_lines(src), settings, dev))
+        if output is not None:
+            atomic_write(output, "".join(h + "\n" for h in hyps))
+    else:
+        hyps = read_lines(hyp)
+    result = score(hyps, references, tuple(str(r) for r in ref), chosen)
+    guessed = guess_cjk_language(references[0]) if tokenize is None and tgt_lang is None and chosen == "13a" else None
+    if guessed:
+        typer.echo(f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {LANGUAGE_TOKENIZERS[guessed]}, not 13a: "
+                   f"pass --tgt-lang {guessed} (or --tokenize NAME)", err=True)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        # sacreBLEU's BLEU line already starts with "BLEU = score": print it, not a second score line.
+        typer.echo(f"{result['bleu_detail']}\n  signature: {result['bleu_signature']}\nchrF = {result['chrf']:.2f}\n  signature: {result['chrf_signature']}")

@@ -1,0 +1,126 @@
+"""Options that several commands share, declared once, and running a checkpoint as they ask."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..config import ConfigError, DecodeConfig, validate
+from ..evaluate import TOKENIZERS
+from ..files import check_writable
+
+# torch is imported inside the functions, not here: encoding workers are spawned processes
+# that re-import the `nmt` script's modules, and need only SentencePiece and NumPy.
+
+CKPT_HELP = "Checkpoint file, or a run directory (uses its best.pt)."
+Checkpoint = Annotated[Path, typer.Option("--checkpoint", help=CKPT_HELP)]
+Checkpoints = Annotated[list[Path], typer.Option(
+    "--checkpoint", help=f"{CKPT_HELP[:-1]}. Repeat for an ensemble: models' next-token probabilities averaged; their tokenizers must be the same.")]
+Quiet = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="For scripts: no progress bar and no info messages on stderr (warnings and errors still print).")]
+Tokenize = Annotated[str | None, typer.Option(
+    "--tokenize", "-t", help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config "
+    "(eval.tokenize, data.tgt_lang), else 13a.")]
+TgtLang = Annotated[str | None, typer.Option(
+    "--tgt-lang", "-l", help="Target language code; picks the tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a.")]
+
+# The decode settings, each named as the DecodeConfig field it sets; None keeps the checkpoint's.
+DECODE_KEYS = tuple(f.name for f in fields(DecodeConfig))
+BeamSize = Annotated[int | None, typer.Option(
+    "--beam-size", "-b", help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's decode.beam_size.")]
+LengthPenalty = Annotated[float | None, typer.Option(
+    "--length-penalty", "-a", help="Length-penalty exponent α (see --length-normalization); 0 = raw log-probability. "
+    "Default: the checkpoint's decode.length_penalty.")]
+LengthNormalization = Annotated[str | None, typer.Option(
+    "--length-normalization", help="Rank finished hypotheses by log P / lp(|Y|), |Y| pieces with EOS: length |Y|^α (fairseq, Hugging Face), "
+    "gnmt ((5+|Y|)/6)^α, none. Default: the checkpoint's decode.length_normalization.")]
+MaxLenA = Annotated[float | None, typer.Option("--max-len-a", help="Output limit = a · source tokens + b (pieces).")]
+MaxLenB = Annotated[int | None, typer.Option("--max-len-b", help="Output limit = a · source tokens + b (pieces).")]
+NBest = Annotated[int | None, typer.Option(
+    "--n-best", help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a blank input line gets one empty entry). "
+    "score = log P(text|source) in nats (EOS included) divided by lp(|Y|) of --length-normalization, |Y| pieces with EOS: the value beam search "
+    "ranks by, higher is better.")]
+MinLen = Annotated[int | None, typer.Option(
+    "--min-len", help="No translation ends before this many pieces (EOS is forbidden until then). Default: the checkpoint's decode.min_len (0).")]
+MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Source tokens per batch, padding included.")]
+MaxInputPieces = Annotated[int | None, typer.Option(
+    "--max-input-pieces", help="Longest source line translated, in pieces (default: the checkpoint's decode.max_input_pieces, 1024); a longer line "
+    "gets an empty output line and a warning on stderr.")]
+AllowUnk = Annotated[bool | None, typer.Option(
+    "--allow-unk/--no-allow-unk", help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the checkpoint's decode.allow_unk (false).")]
+
+# How a checkpoint runs, beside its decode settings.
+RUNNING = ("device", "threads", "dtype")
+Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")]
+Threads = Annotated[int, typer.Option("--threads", help="CPU threads for torch (0 = torch's default).")]
+DType = Annotated[str, typer.Option(
+    "--dtype", help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or AVX512-BF16; several times slower on others), "
+    "float16 (GPU), int8 (CPU: every linear layer dynamically quantized), or auto (bfloat16 where it is fast, else float32). Scores stay float32.")]
+
+
+def on_command_line(ctx: typer.Context, name: str) -> bool:
+    """Whether the command line set option ``name`` (rather than its default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def setup_logging(quiet: bool = False) -> None:
+    """Info messages (or, ``quiet``, only warnings and errors) on stderr, with the time."""
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def check_output(path: Path | None, flag: str = "--output") -> None:
+    """Fail before any work if ``path`` cannot be written (so no translation is thrown away).
+
+    Raises:
+        nmt.files.OutputError: naming ``flag``.
+    """
+    if path is not None:
+        check_writable(path, flag)
+
+
+def device(ctx: typer.Context):
+    """The torch device and dtype that ``--device``, ``--threads`` and ``--dtype`` ask for (the threads set at once).
+
+    Raises:
+        ConfigError: a negative ``--threads``, or a device or dtype this machine lacks.
+    """
+    import torch
+
+    from ..translate import resolve_device, resolve_dtype
+
+    threads = ctx.params["threads"]
+    if threads < 0:
+        raise ConfigError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dev = resolve_device(ctx.params["device"], "--device")
+    return dev, resolve_dtype(ctx.params["dtype"], dev, "--dtype")
+
+
+def load_translator(ctx: typer.Context, checkpoints: list[Path], **fixed):
+    """The models (one checkpoint, or several as an ensemble), tokenizer, decode settings (the
+    first checkpoint's, with the decode options given and ``fixed``), device and config.
+
+    The command's decode options arrive through ``ctx.params``, by the names of the
+    :class:`~nmt.config.DecodeConfig` fields they set.
+
+    Raises:
+        ConfigError: a decode setting out of range or inconsistent (named as its config key,
+            which the command line shows as the flag), or see :func:`device`.
+        nmt.checkpoint.CheckpointError: a checkpoint is missing, damaged or differs in tokenizer.
+    """
+    from ..translate import load_models
+
+    changes = {name: ctx.params[name] for name in DECODE_KEYS if ctx.params.get(name) is not None} | fixed
+    replace(DecodeConfig(), **changes)  # each value's own range, before anything is loaded
+    dev, dtype = device(ctx)
+    models, tokenizer, cfg = load_models(checkpoints, dev, dtype)
+    decode = replace(cfg.decode, **changes)
+    validate(replace(cfg, decode=decode))
+    return models, tokenizer, decode, dev, cfg

@@ -1,0 +1,43 @@
+"""``nmt plot metrics`` (``nmt plot RUN`` for short) and ``nmt plot attention``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .options import (
+    AllowUnk, BeamSize, Checkpoint, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, Threads, check_output, load_translator,
+)
+
+
+def metrics(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory with metrics.jsonl.")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg. Default: RUN_DIR/metrics.png.")] = None,
+) -> None:
+    """Plot training/validation loss, validation BLEU and the learning rate over steps."""
+    from ..plot import plot_metrics
+
+    check_output(out, "--out")
+    typer.echo(f"wrote {plot_metrics(run_dir, out)}")
+
+
+def attention(
+    ctx: typer.Context,
+    sentence: Annotated[str, typer.Argument(help="The source sentence to translate.")],
+    checkpoint: Checkpoint,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Image to write (.png).")] = Path("attention.png"),
+    beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None,
+    device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+) -> None:
+    """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
+    check_output(out, "--out")
+    (model,), tokenizer, settings, dev, _ = load_translator(ctx, [checkpoint])
+    from ..align import alignment_layer, sentence_attention
+    from ..plot import plot_attention
+
+    src_pieces, tgt_pieces, weights = sentence_attention(model, tokenizer, sentence, settings, dev)
+    typer.echo(f"wrote {plot_attention(weights.numpy(), src_pieces, tgt_pieces, out, marked_layer=alignment_layer(weights.size(0)))}")

@@ -1,0 +1,52 @@
+"""``nmt train``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..config import load_config
+from .options import Quiet, setup_logging
+
+
+def train(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (sections model, data, tokenizer, train, decode, eval).")] = None,
+    set_: Annotated[list[str], typer.Option(
+        "--set", metavar="SECTION.KEY=VALUE", help="Override a config value: section.key=value, e.g. train.max_steps=2000 (repeatable); read as the config "
+        "file's values are.")] = [],
+    run_dir: Annotated[Path | None, typer.Option(
+        "--run-dir", help="Run directory for checkpoints, tokenizer and logs (same as --set train.run_dir=...).")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the run in the run directory from its newest checkpoint (config comes from the checkpoint; --set, and keys written in "
+        "--config, may change all but model and tokenizer).")] = False,
+    quiet: Quiet = False,
+) -> None:
+    """Train a SentencePiece tokenizer and a Transformer, validating and checkpointing as it goes."""
+    from ..train import train as run_training
+    from ..translate import resolve_device
+
+    setup_logging(quiet)
+    # The run directory as quoted text, so that no character of a path reads as YAML.
+    overrides = list(set_) + ([f"train.run_dir={json.dumps(str(run_dir))}"] if run_dir else []) + (["train.progress_bar=false"] if quiet else [])
+    # SIGTERM (kill, timeout, schedulers) stops the data preparation as Ctrl-C does; the
+    # training loop installs its own handler, which saves last.pt first.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        cfg = load_config(config, overrides)
+        resolve_device(cfg.train.device, "train.device")  # now, not after the tokenizer is trained
+        result = run_training(cfg, resume=resume, overrides=overrides, config_file=config if resume else None)
+    except KeyboardInterrupt:  # before the training loop, or a second signal inside it
+        typer.echo("error: stopped at once; files already written are intact (they are replaced atomically); --resume continues from the newest "
+                   "checkpoint", err=True)
+        raise typer.Exit(code=130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one result line
+        typer.echo(json.dumps(result))
+    if result["interrupted"]:
+        raise typer.Exit(code=130)

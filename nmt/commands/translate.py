@@ -1,0 +1,116 @@
+"""``nmt translate``: a stream of lines in, one translation (or n-best list) per line out."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..config import ConfigError
+from ..corpus import buffers, iter_lines, stream_buffers
+from ..files import atomic_write
+from .options import (
+    AllowUnk, BeamSize, Checkpoints, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, NBest, Quiet,
+    Threads, check_output, load_translator, setup_logging,
+)
+
+
+def translate(
+    ctx: typer.Context,
+    checkpoint: Checkpoints,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="Source text, one sentence a line (plain or .gz). Default: standard input.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write translations. Default: standard output.")] = None,
+    buffer_size: Annotated[int, typer.Option(
+        "--buffer-size", help="Lines read and translated together (sorted by length into batches); memory is bounded by it, not by the input. Also translated "
+        "as soon as no more input is waiting, so a typed line is translated when entered.")] = 1000,
+    sampling: Annotated[bool, typer.Option(
+        "--sampling", help="Draw --n-best independent random samples per line instead of beam search (back-translation, data augmentation).")] = False,
+    temperature: Annotated[float | None, typer.Option(
+        "--temperature", help="With --sampling: log-probabilities divided by this (below 1 sharper, above 1 flatter). Default 1.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="With --sampling: draw from the k most probable pieces only (0 = all, the default).")] = None,
+    top_p: Annotated[float | None, typer.Option(
+        "--top-p", help="With --sampling: draw from the fewest most probable pieces whose probabilities sum to at least p "
+        "(nucleus; 1 = all, the default).")] = None,
+    seed: Annotated[int | None, typer.Option(
+        "--seed", help="With --sampling: random seed (default 0); the same input, seed and options give the same samples, however batched.")] = None,
+    print_alignment: Annotated[bool, typer.Option(
+        "--print-alignment", help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; penultimate decoder layer's cross-attention, "
+        "heads averaged) after each translation.")] = False,
+    quiet: Quiet = False,
+    beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None, n_best: NBest = None, min_len: MinLen = None, max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None,
+    allow_unk: AllowUnk = None, device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+) -> None:
+    """Translate text with beam search (or sampling): exactly one output line per input line, in input order.
+
+    Input is read and translated in buffers, each written out as soon as it is done.
+    """
+    setup_logging(quiet)
+
+    def write_all(write) -> None:  # each buffer goes out as soon as it is translated
+        for first, results in lines:
+            write("".join(line + "\n" for line in output_lines(tokenizer, results, first, bool(n_best and n_best > 1), print_alignment)))
+
+    try:
+        check_output(output)
+        if buffer_size < 1:
+            raise ConfigError(f"--buffer-size must be at least 1 line, got {buffer_size}")
+        sampler = _sampling(sampling, temperature, top_k, top_p, seed)
+        models, tokenizer, settings, dev, _ = load_translator(ctx, checkpoint)
+        from ..translate import translate_stream
+
+        chunks = buffers(iter_lines(input), buffer_size) if input is not None else stream_buffers(sys.stdin.buffer, buffer_size)
+        lines = translate_stream(models, tokenizer, chunks, settings, dev, sampling=sampler, alignment=print_alignment)
+        if output is None:
+            write_all(lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+        else:
+            atomic_write(output, lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())))
+    except KeyboardInterrupt:  # Ctrl-C ends an interactive session; what was written stays
+        raise typer.Exit(code=130) from None
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as command-line filters do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(code=141) from None
+
+
+def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None):
+    """The :class:`~nmt.search.Sampling` the flags ask for, or None for beam search.
+
+    Raises:
+        ConfigError: a sampling flag without ``--sampling``, or one out of range.
+    """
+    given = {"--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--seed": seed}
+    if not sampling:
+        if any(v is not None for v in given.values()):
+            raise ConfigError(f"{', '.join(k for k, v in given.items() if v is not None)} only apply with --sampling")
+        return None
+    from ..search import Sampling
+
+    chosen = Sampling(*(v if v is not None else d for v, d in zip((temperature, top_k, top_p, seed), (1.0, 0, 1.0, 0))))
+    if not chosen.temperature > 0:
+        raise ConfigError(f"--temperature must be above 0, got {chosen.temperature}")
+    if chosen.top_k < 0:
+        raise ConfigError(f"--top-k must be 0 (no limit) or more, got {chosen.top_k}")
+    if not 0 < chosen.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {chosen.top_p}")
+    return chosen
+
+
+def output_lines(tokenizer, results, first: int, n_best: bool, alignment: bool) -> list[str]:
+    """The output lines of one buffer: best translations, or ``index ||| text ||| score`` lines
+    (``first``: the buffer's first input index); ``alignment`` adds ``||| i-j ...`` after the text."""
+    from ..align import format_alignment
+    from ..search import Hypothesis
+
+    if not n_best:
+        rows = [(None, r[0] if r else Hypothesis([], 0.0, 0.0, ())) for r in results]
+    else:  # a blank input line still gets one (empty) entry, so every index appears
+        rows = [(first + i, h) for i, hyps in enumerate(results) for h in hyps or [Hypothesis([], 0.0, 0.0, ())]]
+    texts = tokenizer.decode_tgt([h.tokens for _, h in rows])
+    lines = []
+    for (index, h), text in zip(rows, texts):
+        parts = ([str(index)] if n_best else []) + [text] + ([format_alignment(h.alignment)] if alignment else []) + ([f"{h.score:.4f}"] if n_best else [])
+        lines.append(" ||| ".join(parts))
+    return lines

@@ -1,0 +1,74 @@
+"""``nmt tune-decode``: BLEU over a grid of decoding settings on a validation set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..config import ConfigError
+from ..evaluate import bleu_tokenizer, check_tokenizer, config_tokenizer
+from .options import AllowUnk, Checkpoint, Device, DType, MaxInputPieces, MaxTokens, TgtLang, Threads, Tokenize, load_translator
+
+
+def tune_decode(
+    ctx: typer.Context,
+    checkpoint: Checkpoint,
+    src: Annotated[Path, typer.Option("--src", help="Validation source text (never the test set).")],
+    ref: Annotated[Path, typer.Option("--ref", "-r", help="Validation reference text, line for line with --src.")],
+    beam_sizes: Annotated[str, typer.Option("--beam-sizes", help="Comma-separated beam sizes to try (1 = greedy).")] = "1,5",
+    normalizations: Annotated[str, typer.Option(
+        "--length-normalizations", help="Comma-separated: gnmt, length, none (see translate --length-normalization).")] = "gnmt,length",
+    alphas: Annotated[str, typer.Option("--length-penalties", help="Comma-separated length-penalty exponents α to try.")] = "0.6,1.0,1.5,2.0",
+    max_sentences: Annotated[int | None, typer.Option("--max-sentences", help="Use only the first N lines (a fixed, faster sample).")] = None,
+    allow_test_names: Annotated[bool, typer.Option(
+        "--allow-test-names", help="Accept a file whose name says test (e.g. WMT's newstest2013 used as a validation set).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (rows and best) instead of a table.")] = False,
+    tokenize: Tokenize = None,
+    tgt_lang: TgtLang = None,
+    max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None,
+    device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+) -> None:
+    """Choose beam size, length normalisation and α on a validation set: prints BLEU for each
+    setting of a small grid and the best one. Settings chosen on the test set overstate its
+    score, so a file named like a test set (test*, *_test*, newstest*) is refused."""
+    from ..tune import grid, validation_lines
+    from ..tune import tune_decode as run_grid
+
+    settings = grid(_csv("--beam-sizes", beam_sizes, int), _csv("--length-normalizations", normalizations, str), _csv("--length-penalties", alphas, float))
+    src_lines, ref_lines = validation_lines(src, ref, max_sentences, allow_test_names)
+    chosen = None if tokenize is None and tgt_lang is None else bleu_tokenizer(tokenize, tgt_lang)
+    if chosen:
+        check_tokenizer(chosen)  # before translating, not after
+    (model,), tokenizer, decode, dev, cfg = load_translator(ctx, [checkpoint])
+    chosen = chosen or config_tokenizer(cfg)  # as validation scored this run
+    check_tokenizer(chosen)
+    rows = run_grid(model, tokenizer, src_lines, ref_lines, decode, dev, settings, tokenize=chosen)
+    best = max(rows, key=lambda r: r["bleu"])  # the first of equals: the smallest beam, in grid order
+    flags = f"--beam-size {best['beam_size']} --length-normalization {best['length_normalization']} --length-penalty {best['length_penalty']}"
+    if as_json:
+        typer.echo(json.dumps({"src": str(src), "ref": str(ref), "sentences": len(src_lines), "rows": rows, "best": best, "flags": flags}))
+        return
+    typer.echo(f"{len(src_lines)} sentences of {src}; {rows[0]['bleu_signature']}")
+    typer.echo(f"{'beam':>4} {'normalization':>13} {'alpha':>5} {'BLEU':>6} {'chrF':>6} {'len ratio':>9} {'search s':>8}")
+    for r in rows:
+        typer.echo(f"{r['beam_size']:>4} {r['length_normalization']:>13} {r['length_penalty']:>5} {r['bleu']:>6.2f} {r['chrf']:>6.2f} "
+                   f"{r['length_ratio']:>9.3f} {r['search_s']:>8}")
+    typer.echo(f"best: BLEU {best['bleu']:.2f} with {flags}")
+
+
+def _csv(flag: str, text: str, kind: type) -> list:
+    """``text`` ("1,4,5") as a list of ``kind``.
+
+    Raises:
+        ConfigError: naming ``flag``, for text that is not such a list.
+    """
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated {kind.__name__} values, e.g. {flag} 1,4,5") from None
+    if not values:
+        raise ConfigError(f"{flag} is empty; give at least one value")
+    return values

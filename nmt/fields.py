@@ -1,0 +1,322 @@
+"""Config fields that carry their own rules, and one reader of values for YAML files and ``--set``.
+
+A field is declared with :func:`setting`: its default, a line of help, and the range of a
+number or the pattern of a text beside its type (choices as ``Literal``). A section class
+deriving from :class:`Checked` checks its fields whenever it is built, ``dataclasses.replace``
+included, so a bad value is refused wherever it comes from.
+
+Values are read by their field's type (:func:`read`), the same way from a YAML file and
+from ``--set``: YAML's own guesses at types are not used, so ``tgt_lang: no`` is Norwegian.
+
+* text is taken as written; ``null``, ``~`` or nothing is null, where a key allows it;
+* a boolean is ``true``/``false``, ``yes``/``no``, ``on``/``off`` or ``1``/``0``, in any case;
+* a number is written as in Python or JSON: ``5e-4``, ``1_000_000``, ``0x10``, ``.5``;
+  ``2e4`` is a whole number; leading zeros are decimal (``010`` is 10, as in YAML 1.2);
+* a list is ``[0.9, 0.98]``, a mapping ``{train: a.json}``; quotes make a value text.
+
+Errors name the key as :class:`~nmt.errors.Key` data and repeat the value as written.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+from .errors import Key, NmtError
+
+
+class ConfigError(NmtError, ValueError):
+    """A config value, key or file, or an option, is invalid; the message names it (as :class:`~nmt.errors.Key` data)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: ``low`` to ``high``, each end included unless ``*_open``; never inf or nan."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        low, high = _show(self.low), _show(self.high)
+        if self.high == math.inf:
+            return "a finite number" if self.low == -math.inf else f"{'>' if self.low_open else '>='} {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _show(x: float) -> str:
+    """``x`` without a spurious ``.0`` or exponent: 4294967295, not 4.29497e+09."""
+    return str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}"
+
+
+AT_LEAST_1, AT_LEAST_0, POSITIVE, PROBABILITY = Range(1), Range(0), Range(0, low_open=True), Range(0, 1, high_open=True)
+
+
+def setting(default: Any, help: str, allowed: Range | None = None, pattern: tuple[str, str] | None = None) -> Any:
+    """A config field: its default, one line of help, and the values it may take beyond its type.
+
+    Args:
+        allowed: the range of a number (of each number, for a tuple); every number has one.
+        pattern: ``(regular expression, the same in words)`` that a text value must match.
+    """
+    return field(default=default, metadata={"help": help, "range": allowed, "pattern": pattern})
+
+
+class Checked:
+    """A config section (``section`` names it) that checks every field against its choices, range and pattern when it is built."""
+
+    section: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            _check(f"{self.section}.{f.name}", getattr(self, f.name), hints(type(self))[f.name], f.metadata)
+
+
+@functools.cache
+def hints(cls: type) -> dict[str, Any]:
+    """The resolved type of each field of ``cls``."""
+    return typing.get_type_hints(cls)
+
+
+def _members(tp: Any) -> tuple[Any, ...]:
+    """The types a value of ``tp`` may have: a union's members, else ``tp`` itself."""
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+
+
+def _choices(tp: Any) -> tuple[str, ...]:
+    """The text values a ``Literal`` in ``tp`` allows (empty if none)."""
+    return tuple(v for m in _members(tp) if typing.get_origin(m) is Literal for v in typing.get_args(m))
+
+
+def _either(words: list[str]) -> str:
+    """``a, b or c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _describe(tp: Any, allowed: Range | None) -> str:
+    """What a value of ``tp`` may be, in words: ``an integer >= 1``, ``auto, true or false``."""
+    words: list[str] = []
+    for m in _members(tp):
+        origin = typing.get_origin(m)
+        if origin is Literal:
+            words += typing.get_args(m)
+        elif m is bool:
+            words += ["true", "false"]
+        elif m in (int, float):
+            noun = "an integer" if m is int else "a number"
+            words.append(noun if allowed is None else str(allowed) if str(allowed).startswith("a ") else f"{noun} {allowed}")
+        elif m is str:
+            words.append("text")
+        elif origin is tuple:
+            words.append(f"a list of {len(typing.get_args(m))} numbers {allowed}")
+        elif origin is dict:
+            words.append("a mapping of text to text")
+        elif m is type(None):
+            words.append("null")
+    return _either(words)
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...], prefix: str = "") -> str:
+    """``"; did you mean X?"`` for the choices closest to ``word`` (all that are equally close), or ``""``."""
+    ratio = {c: difflib.SequenceMatcher(None, word, c).ratio() for c in difflib.get_close_matches(word, list(choices), n=3)}
+    best = [prefix + c for c in sorted(ratio) if ratio[c] == max(ratio.values())]
+    return f"; did you mean {' or '.join(best)}?" if best else ""
+
+
+def _check(key: str, value: Any, tp: Any, meta: Any) -> None:
+    """Refuse a built field's value outside its choices, range or pattern.
+
+    Raises:
+        ConfigError: naming ``key`` and the values it allows.
+    """
+    choices = _choices(tp)
+    if value is None:
+        return
+    if isinstance(value, str) and choices:
+        if value not in choices:
+            raise ConfigError(Key(key), f" must be {_describe(tp, meta['range'])}, got {value!r}{did_you_mean(value, choices)}")
+        return
+    allowed, pattern = meta["range"], meta["pattern"]
+    for i, number in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
+        if allowed is not None and isinstance(number, (int, float)) and not isinstance(number, bool) and number not in allowed:
+            where = key if i is None else f"{key}[{i}]"
+            raise ConfigError(Key(where), f" must be {_either([*choices, 'a number'])} {allowed}" if choices else f" must be {allowed}", f", got {number}")
+    if pattern is not None and isinstance(value, str) and not re.fullmatch(pattern[0], value):
+        raise ConfigError(Key(key), f" must be {pattern[1]}, got {value!r}")
+
+
+class Plain(str):
+    """Text written without quotes in YAML or ``--set``: its key's type decides what it means."""
+
+
+NULL = ("", "~", "null", "Null", "NULL")  # YAML 1.2's null, only where a key allows null
+_BOOLEANS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False, "1": True, "0": False}
+
+
+class _Mismatch(Exception):
+    """A value is not of the type tried (the caller tries the next, or says what it allows)."""
+
+
+def _number(value: Any, integer: bool) -> int | float:
+    """``value`` (a number, or text as Python or JSON writes it) as an int or a float; an integral float is an int."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text, 0)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise _Mismatch from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Mismatch
+    if not integer:
+        return float(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise _Mismatch
+    return int(value)
+
+
+def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
+    """``value`` as one member type ``tp`` of a key's type.
+
+    Raises:
+        _Mismatch: it is not one; ConfigError: an element of a list is not of its type.
+    """
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if isinstance(value, str) and value.strip() in typing.get_args(tp):
+            return value.strip()
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _BOOLEANS:
+            return _BOOLEANS[value.strip().lower()]
+    elif tp in (int, float):
+        return _number(value, tp is int)
+    elif tp is str:
+        if isinstance(value, str):
+            return str(value)
+    elif origin is tuple:
+        if isinstance(value, (list, tuple)) and len(value) == len(typing.get_args(tp)):
+            return tuple(read(v, t, f"{key}[{i}]", allowed) for i, (v, t) in enumerate(zip(value, typing.get_args(tp))))
+    elif origin is dict:
+        if isinstance(value, dict) and all(not isinstance(v, (dict, list, tuple)) and v is not None for v in value.values()):
+            return {str(k): str(v) for k, v in value.items()}
+    raise _Mismatch
+
+
+def _shown(value: Any) -> str:
+    """``value`` as the user wrote it, for a message."""
+    if isinstance(value, Plain) and value.strip() in NULL:
+        return value.strip() or "nothing"
+    return repr(str(value) if isinstance(value, str) else [str(v) if isinstance(v, str) else v for v in value] if isinstance(value, list) else value)
+
+
+def read(value: Any, tp: Any, key: str, allowed: Range | None = None) -> Any:
+    """A raw value (text from YAML or ``--set``, or a Python value) as the type ``tp`` of ``key``.
+
+    Raises:
+        ConfigError: naming ``key``, what it allows and the value as written.
+    """
+    members = _members(tp)
+    if value is None or isinstance(value, Plain) and value.strip() in NULL:
+        if type(None) in members:
+            return None
+    else:
+        for member in members:
+            try:
+                return _read_as(value, member, key, allowed)
+            except _Mismatch:
+                pass
+    hint = did_you_mean(value, _choices(tp)) if isinstance(value, str) else ""
+    if isinstance(value, Plain) and value.strip() in NULL and str in members:
+        hint = f"; write '{value.strip()}' in quotes to mean the text" if value.strip() else ""
+    raise ConfigError(Key(key), f" must be {_describe(tp, allowed)}, got {_shown(value)}{hint}")
+
+
+def written(name: str) -> str:
+    """A key as the user wrote it, quoted where it holds a line break or other unprintable character (a message is one line)."""
+    return name if name.isprintable() else repr(name)
+
+
+def kind(value: Any) -> str:
+    """What sort of value ``value`` is, in words (``a list``, ``text``)."""
+    return {dict: "a mapping", list: "a list", type(None): "nothing"}.get(type(value), "text" if isinstance(value, str) else type(value).__name__)
+
+
+def _from_node(node: yaml.Node, path: Path | None, lines: dict[str, int], key: str = "") -> Any:
+    """A YAML node as Python values, every scalar as text (unquoted: :class:`Plain`); ``lines`` gets each key's line.
+
+    Raises:
+        ConfigError: a key that is not text, or one written twice in a mapping.
+    """
+    if isinstance(node, yaml.ScalarNode):
+        return Plain(node.value) if node.style is None else node.value
+    if isinstance(node, yaml.SequenceNode):
+        return [_from_node(item, path, lines, key) for item in node.value]
+    out: dict[str, Any] = {}
+    for key_node, value_node in node.value:
+        line = key_node.start_mark.line + 1
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError("a key must be text, not a list or mapping", path=path, line=line)
+        name = f"{key}.{key_node.value}" if key else key_node.value
+        if key_node.value in out:
+            first = f" (first at line {lines[name]})" if path is not None else ""
+            what = "key" if key else "section"
+            raise ConfigError(f"duplicate {what} {written(name)}{first}; write each once", key=name, path=path, line=line if path else None)
+        lines[name] = line
+        out[key_node.value] = _from_node(value_node, path, lines, name)
+    return out
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What PyYAML says is wrong, in one line."""
+    return getattr(exc, "problem", None) or str(exc).splitlines()[0]
+
+
+def read_yaml(text: str, path: Path | None = None, key: str = "") -> tuple[Any, dict[str, int]]:
+    """``text`` (a YAML document) as Python values, every scalar as text (:class:`Plain` where unquoted), and the line of each key.
+
+    Args:
+        path: the file ``text`` comes from, named in errors with the line; None for the value of a ``--set``.
+        key: the key ``text`` is the value of (a ``--set``'s), for naming the keys inside it.
+
+    Raises:
+        ConfigError: ``text`` is not YAML, or a mapping writes a key twice or has a key that is not text.
+    """
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else text[: getattr(exc, "position", 0)].count("\n") + 1  # a ReaderError (a control character) has a position
+        raise ConfigError(f"not valid YAML ({_yaml_problem(exc)})", path=path, line=line if path else None) from None
+    lines: dict[str, int] = {}
+    return (None if node is None else _from_node(node, path, lines, key)), lines
+
+
+def read_override(text: str, key: str) -> Any:
+    """The value of a ``--set``: read as YAML where it starts as a list, a mapping or quoted text would, else the text as written.
+
+    Raises:
+        ConfigError: a list, mapping or quoted text that is not valid YAML.
+    """
+    text = text.strip()
+    return read_yaml(text, key=key)[0] if text.startswith(("[", "{", '"', "'")) else Plain(text)
