@@ -113,11 +113,6 @@ def _finish(top: Candidates, beams: Beams, finished: list[list[Hypothesis]], ste
             done.append(Hypothesis(beams.tokens[src_row, 1:].tolist(), log_prob / penalty, log_prob, unmet=lacking))
 
 
-def _check_normalization(decode: DecodeConfig) -> None:
-    if decode.length_normalization not in LENGTH_NORMALIZATIONS:
-        raise ValueError(f"unknown length normalization {decode.length_normalization!r}; choose one of {', '.join(LENGTH_NORMALIZATIONS)}")
-
-
 def beam_search(
     scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConfig, rules: OutputRules | None = None, steering: list[Steering] | None = None
 ) -> list[list[Hypothesis]]:
@@ -142,11 +137,7 @@ def beam_search(
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
-
-    Raises:
-        ValueError: ``decode.length_normalization`` is not a known name.
     """
-    _check_normalization(decode)
     finished: list[list[Hypothesis]] = [[] for _ in range(max_lens.size(0))]
     beams, restrict = Beams.start(state, max_lens.tolist(), decode.beam_size, max_lens.device, steering), None
     for step in itertools.count():
@@ -228,10 +219,8 @@ def sample(
         sample's log-probability under the model (temperature 1, no top-k/top-p).
 
     Raises:
-        ValueError: an unknown length normalization, or constraints (sampling cannot promise
-            them: a sample is drawn, not searched for).
+        ValueError: constraints (sampling cannot promise them: a sample is drawn, not searched for).
     """
-    _check_normalization(decode)
     if steering and any(s.constraints for s in steering):
         raise ValueError("constraints need beam search: sampling draws each piece and cannot make a sample hold a phrase")
     n = decode.n_best

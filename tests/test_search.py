@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nmt.search as search_module
-from nmt.config import DecodeConfig
+from nmt.config import ConfigError, DecodeConfig
 from nmt.model import CrossAttention
 from nmt.scorers import EnsembleScorer, TransformerScorer
 from nmt.search import LENGTH_NORMALIZATIONS, Sampling, beam_search, length_penalty, sample, sample_seed, sampling_probs, translate_batch
@@ -88,8 +88,8 @@ def test_length_penalty_values():
     assert length_penalty(7, 0.6, "length") == pytest.approx(7**0.6)
     assert length_penalty(7, 0.6, "none") == 1.0
     assert {length_penalty(7, 0.0, name) for name in LENGTH_NORMALIZATIONS} == {1.0}
-    with pytest.raises(ValueError, match="unknown length normalization 'average'; choose one of gnmt, length, none"):
-        search({(): {EOS: 1.0}}, beam=2, normalization="average")
+    with pytest.raises(ConfigError, match="decode.length_normalization must be gnmt, length or none, got 'average'"):
+        search({(): {EOS: 1.0}}, beam=2, normalization="average")  # the settings refuse it when they are built
 
 
 def test_beam_beats_greedy_on_garden_path():
