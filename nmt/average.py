@@ -10,7 +10,7 @@ import torch
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ConfigError
 from .errors import Key
-from .files import check_writable
+from .files import check_not_an_input, check_writable
 from .rundir import METRICS, step_checkpoints
 
 _TRAINING_CHECKPOINT = re.compile(r"(last|best|step_\d+)\.pt")
@@ -54,8 +54,7 @@ def average_checkpoints(paths: list[Path], out: Path) -> dict:
                           f" write the average under another name, e.g. {out.parent / 'average.pt'}")
     if not paths:
         raise CheckpointError("nothing to average: give checkpoints or a run directory with step_N.pt files")
-    if any(Path(p).resolve() == Path(out).resolve() for p in paths):
-        raise CheckpointError(f"{out} is one of the inputs; write the average to a new file")
+    check_not_an_input(Path(out), [("an input", Path(p)) for p in paths], "--out")
     sums: dict[str, torch.Tensor] = {}
     first = first_path = None
     for path in paths:

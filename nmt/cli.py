@@ -138,5 +138,10 @@ def options(
 
 
 def main() -> None:
-    """The ``nmt`` script."""
+    """The ``nmt`` script. Text on standard output and standard error is UTF-8 whatever the
+    locale (as sacreBLEU and fairseq write it), so ``LC_ALL=C`` or ``PYTHONIOENCODING=ascii``
+    cannot make a translation fail after the work, or write a file in another encoding."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(encoding="utf-8", errors="strict" if stream is sys.stdout else "backslashreplace")
     app()

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from .corpus import DataError
+from .files import atomic_write
 
 log = logging.getLogger("nmt.plot")
 
@@ -71,7 +72,7 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     axes[2].plot([r["step"] for r in train], [r["lr"] for r in train])
     axes[2].set(xlabel="step", ylabel="learning rate", title="learning rate")
     fig.tight_layout()
-    fig.savefig(out, dpi=100, format=image_format)
+    atomic_write(out, lambda f: fig.savefig(f, dpi=100, format=image_format))
     plt.close(fig)
     return out
 
@@ -133,6 +134,6 @@ def _draw_attention(plt, weights, src_pieces: list[str], tgt_pieces: list[str], 
         ax.set(xlabel="source piece", title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""))
     axes[0][0].set_ylabel("output piece")
     fig.colorbar(image, ax=axes[0].tolist(), label="attention (heads averaged)")
-    fig.savefig(out, dpi=100, bbox_inches="tight")
+    atomic_write(out, lambda f: fig.savefig(f, dpi=100, bbox_inches="tight", format=out.suffix[1:].lower() or "png"))
     plt.close(fig)
     return out

@@ -3,7 +3,8 @@
 Endpoints:
 
 * ``POST /translate``: ``{"text": "..."}`` or ``{"text": ["...", ...]}``, optional
-  ``beam_size``, ``length_penalty``, ``n_best``, ``alignment``; answers ``{"translations": [...]}``
+  ``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, and per line ``prefix``,
+  ``constraints`` and ``ban`` (as ``nmt translate --prefix-file`` etc.); answers ``{"translations": [...]}``
   in input order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score", "log_prob"}, ...]}``.
   With ``"alignment": true`` every n-best entry also has ``"alignment"`` (``i-j`` pairs, as
   ``nmt translate --print-alignment``) and each translation ``"attention"``: its best
@@ -50,13 +51,14 @@ from .checkpoint import load_checkpoint, restore_model
 from .config import Config, ConfigError, DecodeConfig, config_to_dict
 from .data import pad_sources
 from .model import Transformer
+from .beams import Steering
 from .search import Hypothesis
 from .tokenizer import BOS, Tokenizer
-from .translate import to_dtype, translate_lines
+from .translate import steering, to_dtype, translate_lines
 
 log = logging.getLogger("nmt.serve")
 
-FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment")
+FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment", "prefix", "constraints", "ban")
 MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
 
 
@@ -123,9 +125,9 @@ class Translator:
         name = "int8" if dtype == torch.qint8 else str(dtype).removeprefix("torch.")
         return cls(to_dtype(model.to(device).eval(), dtype), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"), name)
 
-    def translate(self, lines: list[str], decode: DecodeConfig, alignment: bool = False) -> list[list[Hypothesis]]:
+    def translate(self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None) -> list[list[Hypothesis]]:
         """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`."""
-        return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment)
+        return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment, steering=steering)
 
     @torch.inference_mode()
     def attention(self, line: str, hyp: Hypothesis) -> dict:
@@ -143,13 +145,16 @@ class Translator:
 @dataclass
 class Job:
     """One request: its lines, the search settings it asked for (``decode``, the checkpoint's
-    with the request's fields), whether alignments are wanted, its source tokens (EOS included)."""
+    with the request's fields), its source tokens (EOS included), whether alignments are wanted,
+    each line's :class:`~nmt.beams.Steering` (None when no line has any), and the future its
+    answer resolves."""
 
     lines: list[str]
     decode: DecodeConfig
     tokens: int
-    future: asyncio.Future = field(repr=False)
     alignment: bool = False
+    steering: list[Steering] | None = None
+    future: asyncio.Future | None = field(default=None, repr=False)
 
 
 def _number(body: dict, name: str, default, kind: type, low, high):
@@ -161,11 +166,11 @@ def _number(body: dict, name: str, default, kind: type, low, high):
     return kind(value)
 
 
-def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> tuple[list[str], DecodeConfig, list[int], bool]:
-    """Validate a ``/translate`` body: its lines, the search settings (the checkpoint's
-    ``decode`` with the request's ``beam_size``, ``length_penalty`` and ``n_best``, and
-    ``max_tokens`` the server's batch budget), each line's piece count, and whether alignments
-    are asked for.
+def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> Job:
+    """Validate a ``/translate`` body into a :class:`Job`: its lines, the search settings (the
+    checkpoint's ``decode`` with the request's ``beam_size``, ``length_penalty`` and ``n_best``,
+    and ``max_tokens`` the server's batch budget), its source tokens, whether alignments are
+    asked for, and each line's ``prefix``, ``constraints`` and ``ban`` (:func:`steering_of`).
 
     Raises:
         RequestError: invalid JSON (400), a missing, unknown or ill-typed field (422), too many
@@ -187,10 +192,7 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     if not isinstance(lines, list) or not lines or not all(isinstance(line, str) for line in lines):
         raise RequestError("text must be a string or a non-empty list of strings")
     for i, line in enumerate(lines):
-        try:
-            line.encode("utf-8")
-        except UnicodeEncodeError as exc:  # JSON's "\ud800" escapes decode to a lone surrogate, which is no character
-            raise RequestError(f"text[{i}] holds a lone UTF-16 surrogate ({ascii(line[exc.start])}) at character {exc.start}: send valid Unicode text") from None
+        _check_unicode(line, f"text[{i}]")
     if len(lines) > limits.max_lines:
         raise RequestError(f"{len(lines)} lines in one request; the limit is {limits.max_lines} (--max-lines)", 413)
     default = translator.cfg.decode
@@ -204,7 +206,53 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     for i, n in enumerate(pieces):
         if n > limits.max_input_pieces:
             raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
-    return lines, decode, pieces, alignment
+    return Job(lines, decode, sum(pieces) + len(pieces), alignment, steering_of(body, isinstance(text, str), len(lines), translator, limits))
+
+
+def _check_unicode(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON's "\ud800" escapes decode to a lone surrogate, which is no character
+        raise RequestError(f"{where} holds a lone UTF-16 surrogate ({ascii(text[exc.start])}) at character {exc.start}: send valid Unicode text") from None
+
+
+MAX_PHRASES = 16  # constraints or banned phrases for one line
+
+
+def steering_of(body: dict, single: bool, n: int, translator: Translator, limits: Limits) -> list[Steering] | None:
+    """Each line's prefix, constraints and banned phrases from a request, as ``nmt translate``'s
+    files give them (:func:`nmt.translate.steering`): for a ``text`` string, ``prefix`` is a string
+    and ``constraints`` and ``ban`` lists of strings; for a list, one of those per line. None when
+    the request has none of the three.
+
+    Raises:
+        RequestError: a field of the wrong shape or type, a line with more than
+            :data:`MAX_PHRASES` phrases, or a phrase over ``--max-input-pieces`` pieces (413).
+    """
+    if not any(name in body for name in ("prefix", "constraints", "ban")):
+        return None
+
+    def per_line(name: str, phrases: bool) -> list:
+        empty = [] if phrases else ""
+        value = body.get(name, empty if single else [empty] * n)
+        values = [value] if single else value
+        one = "a list of strings" if phrases else "a string"
+        if not isinstance(values, list) or len(values) != n:
+            raise RequestError(f"{name} must be {one}" + ("" if single else f", or a list of {n} of them, one per line of text"))
+        for i, v in enumerate(values):
+            items = v if phrases else [v]
+            if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+                raise RequestError(f"{name}{'' if single else f'[{i}]'} must be {one}, got {json.dumps(v)}")
+            if len(items) > MAX_PHRASES:
+                raise RequestError(f"{name}{'' if single else f'[{i}]'} has {len(items)} phrases; the limit is {MAX_PHRASES}", 413)
+            for x in items:
+                _check_unicode(x, name)
+                if len(translator.tokenizer.encode_tgt([x], threads=1)[0]) > limits.max_input_pieces:
+                    raise RequestError(f"a phrase of {name} has more than {limits.max_input_pieces} pieces (--max-input-pieces)", 413)
+        return values
+
+    prefixes, constraints, bans = per_line("prefix", False), per_line("constraints", True), per_line("ban", True)
+    return [steering(translator.tokenizer, p, c, b) for p, c, b in zip(prefixes, constraints, bans)]
 
 
 class Batcher:
@@ -253,8 +301,10 @@ class Batcher:
         for (decode, alignment), members in groups.items():
             lines = [line for i in members for line in batch[i].lines]
             n_best = max(batch[i].decode.n_best for i in members)
+            steered = any(batch[i].steering for i in members)
+            steering = [s for i in members for s in (batch[i].steering or [Steering()] * len(batch[i].lines))] if steered else None
             try:
-                results = self.translator.translate(lines, replace(decode, n_best=n_best), alignment)
+                results = self.translator.translate(lines, replace(decode, n_best=n_best), alignment, steering)
                 start = 0
                 for i in members:
                     job = batch[i]
@@ -321,10 +371,10 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
             if len(raw) > MAX_BODY_BYTES:
                 return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413), None
         try:
-            lines, decode, pieces, alignment = parse_request(raw, translator, limits)
+            job = parse_request(raw, translator, limits)
         except RequestError as exc:
             return _error(str(exc), exc.status), None
-        job = Job(lines, decode, sum(pieces) + len(pieces), asyncio.get_running_loop().create_future(), alignment)
+        job.future = asyncio.get_running_loop().create_future()
         await batcher.queue.put(job)
         try:
             return JSONResponse({"translations": await job.future}), job

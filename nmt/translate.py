@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +179,7 @@ def translate_lines(
     first_index: int = 0,
     alignment: bool = False,
     steering: list[Steering] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate every line; returns, in input order, each line's n-best list.
 
@@ -198,6 +199,7 @@ def translate_lines(
         alignment: fill in each hypothesis's source-target alignment (:mod:`nmt.align`).
         steering: per line, its prefix, constraints and banned phrases (:func:`steering`); a line
             whose length limit ended it before its constraints appeared is named in a warning.
+        progress: told how many more lines are done, batch by batch (a progress bar's ``update``).
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     encoded = tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
@@ -209,6 +211,8 @@ def translate_lines(
     ids = [encoded[i] for i in present]
     lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
     results: list[list[Hypothesis]] = [[] for _ in lines]
+    if progress is not None:
+        progress(len(lines) - len(present))  # the lines left untranslated are done too
     for batch in token_batches(lengths, decode.max_tokens, np.argsort(lengths, kind="stable")):
         sources = [ids[i] for i in batch]
         src = pad_sources(sources).to(device)
@@ -222,6 +226,8 @@ def translate_lines(
             if h and h[0].unmet:
                 log.warning("input line %d: its length limit ended the translation before %d of its constraints appeared; raise --max-len-a or --max-len-b",
                             first_index + present[i] + 1, h[0].unmet)
+        if progress is not None:
+            progress(len(batch))
     return results
 
 

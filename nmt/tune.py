@@ -102,7 +102,9 @@ def rerank(hyps: list[Hypothesis], normalization: str, alpha: float) -> list[int
     return max(hyps, key=lambda h: h.log_prob / length_penalty(len(h.tokens) + 1, alpha, normalization)).tokens
 
 
-def tune_decode(model, tokenizer, src_lines: list[str], ref_lines: list[str], decode, device, settings: list[Setting], tokenize: str = "13a") -> list[dict]:
+def tune_decode(
+    model, tokenizer, src_lines: list[str], ref_lines: list[str], decode, device, settings: list[Setting], tokenize: str = "13a", progress=None
+) -> list[dict]:
     """Translate ``src_lines`` once per beam size and score every setting against ``ref_lines``.
 
     Args:
@@ -110,6 +112,8 @@ def tune_decode(model, tokenizer, src_lines: list[str], ref_lines: list[str], de
         settings: from :func:`grid`.
         tokenize: sacreBLEU's BLEU tokenizer (``nmt tune-decode`` passes the checkpoint's, as
             validation scored it: ``ja-mecab`` for a Japanese target).
+        progress: told how many more lines are translated (a progress bar's ``update``); the
+            lines are translated once per beam size.
 
     Returns:
         One row per setting, in order: its fields, ``bleu``, ``chrf``, ``length_ratio``
@@ -119,7 +123,7 @@ def tune_decode(model, tokenizer, src_lines: list[str], ref_lines: list[str], de
     rows = []
     for beam in dict.fromkeys(s.beam_size for s in settings):
         start = time.perf_counter()
-        results = translate_lines(model, tokenizer, src_lines, replace(decode, beam_size=beam, n_best=beam), device)
+        results = translate_lines(model, tokenizer, src_lines, replace(decode, beam_size=beam, n_best=beam), device, progress=progress)
         seconds = round(time.perf_counter() - start, 1)
         for s in (s for s in settings if s.beam_size == beam):
             hyps = tokenizer.decode_tgt([rerank(r, s.length_normalization, s.length_penalty) for r in results])

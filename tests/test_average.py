@@ -1,12 +1,12 @@
 import pytest
 import torch
+from conftest import tiny_config, toy_tokenizer
 
 from nmt.average import average_checkpoints, newest_step_checkpoints
 from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, tokenizer_to_tensors
 from nmt.config import ConfigError, config_from_dict, config_to_dict
+from nmt.files import OutputError
 from nmt.model import Transformer
-
-from conftest import tiny_config, toy_tokenizer
 
 
 def write(path, seed):
@@ -32,7 +32,7 @@ def test_average_of_three(tmp_path):
 
 def test_average_refuses_to_overwrite_an_input(tmp_path):
     write(tmp_path / "a.pt", 0)
-    with pytest.raises(CheckpointError, match="one of the inputs"):
+    with pytest.raises(OutputError, match="is the same file as an input"):
         average_checkpoints([tmp_path / "a.pt"], tmp_path / "a.pt")
     with pytest.raises(CheckpointError, match="nothing to average"):
         average_checkpoints([], tmp_path / "b.pt")

@@ -673,3 +673,80 @@ def test_misspelt_config_key_names_the_file_and_lists_config_keys(tmp_path):
     assert message.startswith(f"error: {config}:2: unknown key train.zzz; the keys of [train] are ")
     assert " run_dir," in message and "--run-dir" not in message  # the keys a config file can hold, not flags
     assert not (tmp_path / "r").exists()
+
+
+def test_translate_with_prefix_constraints_and_bans_from_files(trained_run, tmp_path):
+    src, prefixes, terms, bans = (tmp_path / name for name in ("src.en", "prefix.de", "terms.de", "ban.de"))
+    src.write_text("the dog sees a cat .\nthe man .\n")
+    prefixes.write_text("der Hund \n\n")
+    terms.write_text("Katze\tsieht\n\n")
+    bans.write_text("\nder\n")
+    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "--beam-size", "3", "--max-len-b", "6",
+                    "--prefix-file", prefixes, "--constraints-file", terms, "--ban-file", bans, "--ban", "Hund Hund")
+    assert result.exit_code == 0, result.output
+    first, second = result.stdout.splitlines()
+    assert first.startswith("der Hund ") and "Katze" in first and "sieht" in first and "Hund Hund" not in first
+    assert "der" not in second.split()
+    prefixes.write_text("der Hund \n")  # one line short
+    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "--prefix-file", prefixes, "-o", tmp_path / "out.de")
+    assert result.exit_code == 2 and f"--prefix-file {prefixes} has 1 lines, the input has more" in result.output and not (tmp_path / "out.de").exists()
+    prefixes.write_text("a\nb\nc\n")
+    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "--prefix-file", prefixes, "-o", tmp_path / "out.de")
+    assert result.exit_code == 2 and "has more lines than the input" in result.output and not (tmp_path / "out.de").exists()
+    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "--sampling", "--constraints-file", terms)
+    assert result.exit_code == 2 and "--constraints-file needs beam search" in result.output
+
+
+def test_an_output_that_is_an_input_is_refused_before_anything_is_read(trained_run, tmp_path):
+    """nmt translate -i same.en -o same.en replaced the source with its translation and exited 0."""
+    src = tmp_path / "same.en"
+    src.write_text("the dog .\n")
+    (tmp_path / "link.en").symlink_to(src)
+    for out in (src, tmp_path / "link.en"):
+        result = invoke("translate", "--checkpoint", trained_run, "-i", src, "-o", out)
+        assert result.exit_code == 2 and "is the same file as --input" in result.output
+    assert src.read_text() == "the dog .\n"
+    result = invoke("evaluate", "--checkpoint", trained_run, "--src", src, "--ref", src, "-o", tmp_path / "link.en")
+    assert result.exit_code == 2 and "is the same file as --src" in result.output and src.read_text() == "the dog .\n"
+
+
+def _nmt(*args, stdin=None, stdout=subprocess.PIPE, env=None, **kwargs):
+    return subprocess.run([sys.executable, "-m", "nmt", *map(str, args)], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=300, **kwargs)
+
+
+def test_closed_standard_streams_are_one_line_not_a_traceback(trained_run, tmp_path):
+    ref = tmp_path / "ref.de"
+    ref.write_text("der Hund .\n")
+    closed_out = _nmt("evaluate", "--hyp", ref, "--ref", ref, stdout=None, preexec_fn=lambda: os.close(1))
+    assert closed_out.returncode == 2 and closed_out.stderr.decode().startswith("error: standard output is closed") and closed_out.stderr.count(b"\n") == 1
+    closed_in = _nmt("translate", "--checkpoint", trained_run, preexec_fn=lambda: os.close(0))
+    assert closed_in.returncode == 2 and closed_in.stderr.decode().startswith("error: standard input is closed") and closed_in.stderr.count(b"\n") == 1
+
+
+@pytest.mark.parametrize("env", [{"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "ascii"}, {"PYTHONIOENCODING": "latin-1"}])
+def test_output_is_utf8_whatever_the_locale(trained_run, tmp_path, env):
+    """German once crashed after the work under an ASCII locale, and was written in latin-1 under that one."""
+    hyp = tmp_path / "hyp.de"
+    hyp.write_text("Die Straße ist groß .\n", encoding="utf-8")
+    result = _nmt("evaluate", "--hyp", hyp, "--ref", hyp, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.decode("utf-8"))["bleu"] == pytest.approx(100.0)
+    out = _nmt("translate", "--checkpoint", trained_run, "--max-len-b", "4", input=b"the dog .\n", env=env)
+    assert out.returncode == 0, out.stderr
+    out.stdout.decode("utf-8")  # strict: valid UTF-8
+
+
+def test_translate_writes_through_a_fifo_and_keeps_it(trained_run, tmp_path):
+    import stat
+    import threading
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = invoke("translate", "--checkpoint", trained_run, "--max-len-b", "4", "-o", fifo, input="the dog .\na cat .\n")
+    reader.join(timeout=60)
+    assert result.exit_code == 0, result.output
+    assert received and received[0].count(b"\n") == 2 and stat.S_ISFIFO(os.stat(fifo).st_mode)

@@ -339,6 +339,13 @@ def test_page_in_a_real_browser(translator):
             best = translate_lines(translator.model, translator.tokenizer, SENTENCES[:1], decode, translator.device)[0][0]
             assert first.locator("tbody tr").count() == len(best.tokens) + 1  # one row per output piece and EOS
             assert first.locator("tbody td").count() == (len(best.tokens) + 1) * len(src_pieces)
+            page.uncheck("#alignment")
+            page.fill("#prefix", "die ")
+            page.fill("#constraints", "Haus; Mann")
+            page.click("#translate")
+            page.wait_for_function("document.getElementById('translation').textContent.startsWith('die ')")
+            steered = page.text_content("#translation").split("\n")
+            assert all(t.startswith("die ") and "Haus" in t and "Mann" in t for t in steered), steered
             page.fill("#beam_size", "99")
             page.click("#translate")
             page.wait_for_function("document.getElementById('error').textContent.length > 0")
@@ -377,7 +384,9 @@ JSON = st.recursive(
     max_leaves=12,
 )
 FIELD_VALUES = st.fixed_dictionaries({}, optional={"text": JSON | st.text(st.characters(), max_size=40) | st.lists(st.text(st.characters(), max_size=30), min_size=1, max_size=3),
-                                                   "beam_size": JSON | st.integers(-2, 8), "n_best": JSON | st.integers(-2, 8), "length_penalty": JSON, "alignment": JSON})
+                                                   "beam_size": JSON | st.integers(-2, 8), "n_best": JSON | st.integers(-2, 8), "length_penalty": JSON, "alignment": JSON,
+                                                   "prefix": JSON | st.text(max_size=10), "constraints": JSON | st.lists(st.text(max_size=8), max_size=3),
+                                                   "ban": JSON | st.lists(st.text(max_size=8), max_size=3)})
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -401,3 +410,31 @@ def test_each_request_is_logged_in_one_line(client, caplog):
         client.post("/translate", json={"text": "a", "n_best": 99})
     first, refused = [r.getMessage() for r in caplog.records if r.name == "nmt.serve"]
     assert re.fullmatch(r"POST /translate 200 2 lines \d+ tokens \d+ ms", first) and re.fullmatch(r"POST /translate 422 0 lines 0 tokens \d+ ms", refused)
+
+
+def test_prefix_constraints_and_bans_per_line_equal_the_translate_path(client, translator):
+    from nmt.translate import steering
+
+    body = {"text": [SENTENCES[0], SENTENCES[2]], "beam_size": 3, "n_best": 2, "prefix": ["die ", ""], "constraints": [["Haus"], []], "ban": [[], ["der"]]}
+    response = client.post("/translate", json=body)
+    assert response.status_code == 200, response.text
+    decode = replace(translator.cfg.decode, beam_size=3, n_best=2)
+    wishes = [steering(translator.tokenizer, "die ", ["Haus"]), steering(translator.tokenizer, bans=["der"])]
+    want = translate_lines(translator.model, translator.tokenizer, body["text"], decode, translator.device, steering=wishes)
+    got = response.json()["translations"]
+    assert [[e["text"] for e in t["n_best"]] for t in got] == [translator.tokenizer.decode_tgt([h.tokens for h in hyps]) for hyps in want]
+    assert all(e["text"].startswith("die ") and "Haus" in e["text"] for e in got[0]["n_best"])
+    single = client.post("/translate", json={"text": SENTENCES[1], "prefix": "der ", "constraints": ["Haus"], "ban": ["klein"]})
+    assert single.status_code == 200 and single.json()["translations"][0]["text"].startswith("der ")
+
+
+@pytest.mark.parametrize("body,reason", [
+    ({"text": "a", "prefix": ["x"]}, "prefix must be a string"),
+    ({"text": ["a", "b"], "constraints": [["x"]]}, "constraints must be a list of strings, or a list of 2 of them, one per line of text"),
+    ({"text": ["a"], "ban": [[3]]}, "ban[0] must be a list of strings, got [3]"),
+    ({"text": "a", "constraints": ["x"] * 17}, "constraints has 17 phrases; the limit is 16"),
+    ({"text": "a", "prefix": "\ud800"}, "prefix holds a lone UTF-16 surrogate"),
+])
+def test_steering_fields_of_the_wrong_shape_get_one_line(client, body, reason):
+    response = client.post("/translate", content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    assert response.status_code in (413, 422) and reason in response.json()["error"], response.text

@@ -10,10 +10,10 @@ import typer
 
 from ..corpus import read_lines
 from ..evaluate import LANGUAGE_TOKENIZERS, bleu_tokenizer, check_inputs, check_tokenizer, config_tokenizer, guess_cjk_language, score
-from ..files import atomic_write
+from ..files import atomic_write, check_not_an_input
 from .options import (
     DECODE_KEYS, RUNNING, AllowUnk, BeamSize, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, Quiet,
-    TgtLang, Threads, Tokenize, check_output, load_translator, on_command_line, setup_logging,
+    TgtLang, Threads, Tokenize, check_output, load_translator, on_command_line, progress_bar, setup_logging, standard_output,
 )
 
 
@@ -35,9 +35,12 @@ def evaluate(
 ) -> None:
     """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
     setup_logging(quiet)
+    standard_output()  # the score goes there: closed, it would be lost
     settings_given = [p.name for p in ctx.command.params if p.name in DECODE_KEYS + RUNNING and on_command_line(ctx, p.name)]
     check_inputs(hyp, checkpoint, src, output, settings_given)
     check_output(output)
+    if output is not None:
+        check_not_an_input(output, [("--src", src)] * (src is not None) + [("--ref", r) for r in ref])
     references = [read_lines(r) for r in ref]
     from_checkpoint = bool(checkpoint) and tokenize is None and tgt_lang is None
     chosen = None if from_checkpoint else bleu_tokenizer(tokenize, tgt_lang)
@@ -49,7 +52,9 @@ def evaluate(
 
         chosen = chosen or config_tokenizer(cfg)
         check_tokenizer(chosen)
-        hyps = best_strings(tokenizer, translate_lines(models, tokenizer, read_lines(src), settings, dev))
+        sources = read_lines(src)
+        with progress_bar(quiet, total=len(sources)) as bar:
+            hyps = best_strings(tokenizer, translate_lines(models, tokenizer, sources, settings, dev, progress=bar.update))
         if output is not None:
             atomic_write(output, "".join(h + "\n" for h in hyps))
     else:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..config import ConfigError
-from .options import CKPT_HELP
+from .options import CKPT_HELP, standard_output
 
 
 def info(
@@ -23,5 +23,6 @@ def info(
     if (path is None) == (checkpoint is None):
         got = f" (got {path} and --checkpoint {checkpoint})" if path else ""
         raise ConfigError(f"give one checkpoint: nmt info CHECKPOINT, or nmt info --checkpoint CHECKPOINT{got}")
+    standard_output()
     result = checkpoint_info(path or checkpoint)
     typer.echo(json.dumps(result) if as_json else format_info(result))

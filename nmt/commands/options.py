@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from ..config import ConfigError, DecodeConfig, validate
+from ..errors import NmtError
 from ..evaluate import TOKENIZERS
 from ..files import check_writable
 
@@ -72,6 +73,36 @@ def on_command_line(ctx: typer.Context, name: str) -> bool:
 def setup_logging(quiet: bool = False) -> None:
     """Info messages (or, ``quiet``, only warnings and errors) on stderr, with the time."""
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def progress_bar(quiet: bool, total: int | None = None, unit: str = "line"):
+    """A progress bar on stderr (tqdm) when stderr is a terminal and not ``quiet``; otherwise one that shows nothing."""
+    from tqdm import tqdm
+
+    shown = not quiet and sys.stderr is not None and sys.stderr.isatty()
+    return tqdm(total=total, unit=unit, disable=not shown, dynamic_ncols=True, leave=False)
+
+
+def standard_input():
+    """The binary standard input.
+
+    Raises:
+        NmtError: it is closed (``nmt translate <&-``): one line, not a traceback.
+    """
+    if sys.stdin is None:
+        raise NmtError("standard input is closed; give the text with --input FILE, or open standard input (< FILE, or a pipe)")
+    return sys.stdin.buffer
+
+
+def standard_output():
+    """The text standard output (UTF-8 whatever the locale: :func:`nmt.cli.main` sets it).
+
+    Raises:
+        NmtError: it is closed (``nmt evaluate >&-``), so a result would go nowhere.
+    """
+    if sys.stdout is None:
+        raise NmtError("standard output is closed, so the result would be lost; redirect it to a file (> FILE) or give --output FILE where the command has it")
+    return sys.stdout
 
 
 def check_output(path: Path | None, flag: str = "--output") -> None:

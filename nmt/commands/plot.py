@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..files import check_not_an_input
 from .options import (
     AllowUnk, BeamSize, Checkpoint, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, Threads, check_output, load_translator,
 )
@@ -21,6 +22,8 @@ def metrics(
     from ..plot import plot_metrics
 
     check_output(out, "--out")
+    if out is not None:
+        check_not_an_input(out, [("RUN_DIR's metrics", run_dir / "metrics.jsonl")], "--out")
     typer.echo(f"wrote {plot_metrics(run_dir, out)}")
 
 
@@ -35,6 +38,7 @@ def attention(
 ) -> None:
     """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
     check_output(out, "--out")
+    check_not_an_input(out, [("--checkpoint", checkpoint / "best.pt" if checkpoint.is_dir() else checkpoint)], "--out")
     (model,), tokenizer, settings, dev, _ = load_translator(ctx, [checkpoint])
     from ..align import alignment_layer, sentence_attention
     from ..plot import plot_attention

@@ -23,6 +23,7 @@ def serve(
     max_input_pieces: Annotated[int, typer.Option("--max-input-pieces", help="Longest line accepted, in SentencePiece pieces (longer: HTTP 413).")] = 256,
     max_lines: Annotated[int, typer.Option("--max-lines", help="Most lines in one request (more: HTTP 413).")] = 64,
     max_beam_size: Annotated[int, typer.Option("--max-beam-size", help="Largest beam_size (and n_best) a request may ask for.")] = 16,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request and no info messages on stderr (warnings and errors still print).")] = False,
     device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
 ) -> None:
     """Serve translations over HTTP: POST /translate, GET /health, GET /info, and a web page at /. Needs the serve extra: pip install "nmt[serve]"."""
@@ -34,4 +35,4 @@ def serve(
     limits = Limits(max_batch_tokens, max_wait_ms, max_input_pieces, max_lines, max_beam_size)
     limits.check()
     dev, torch_dtype = running_device(ctx)
-    run_server(Translator.load(checkpoint, dev, torch_dtype), limits, host, port)
+    run_server(Translator.load(checkpoint, dev, torch_dtype), limits, host, port, quiet)

@@ -10,11 +10,11 @@ from typing import Annotated
 import typer
 
 from ..config import ConfigError
-from ..corpus import buffers, iter_lines, stream_buffers
-from ..files import atomic_write
+from ..corpus import DataError, buffers, count_lines, iter_lines, stream_buffers
+from ..files import atomic_write, check_not_an_input
 from .options import (
     AllowUnk, BeamSize, Checkpoints, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, NBest, Quiet,
-    Threads, check_output, load_translator, setup_logging,
+    Threads, check_output, load_translator, progress_bar, setup_logging, standard_input, standard_output,
 )
 
 
@@ -36,6 +36,15 @@ def translate(
         "(nucleus; 1 = all, the default).")] = None,
     seed: Annotated[int | None, typer.Option(
         "--seed", help="With --sampling: random seed (default 0); the same input, seed and options give the same samples, however batched.")] = None,
+    prefix_file: Annotated[Path | None, typer.Option(
+        "--prefix-file", help="One line per input line: target text its translation must start with (an empty line: none). A prefix that ends inside "
+        "a word lets the model finish the word in its own pieces; one that ends with a space makes the next piece start a word.")] = None,
+    constraints_file: Annotated[Path | None, typer.Option(
+        "--constraints-file", help="One line per input line: target phrases, tab-separated, that its translation must contain, in any order, each as "
+        "written (an empty line: none). Beam search only.")] = None,
+    ban_file: Annotated[Path | None, typer.Option(
+        "--ban-file", help="One line per input line: target phrases, tab-separated, that its translation must not contain (an empty line: none).")] = None,
+    ban: Annotated[list[str], typer.Option("--ban", help="A target phrase no translation may contain (repeatable; adds to --ban-file's).")] = [],
     print_alignment: Annotated[bool, typer.Option(
         "--print-alignment", help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; penultimate decoder layer's cross-attention, "
         "heads averaged) after each translation.")] = False,
@@ -53,26 +62,79 @@ def translate(
     def write_all(write) -> None:  # each buffer goes out as soon as it is translated
         for first, results in lines:
             write("".join(line + "\n" for line in output_lines(tokenizer, results, first, bool(n_best and n_best > 1), print_alignment)))
+        if steering is not None:
+            steering.check_end()  # before --output is put in place
 
     try:
         check_output(output)
+        if output is None:
+            standard_output()  # closed: one line now, not a traceback after the work
+        if input is None:
+            standard_input()
+        if output is not None:
+            check_not_an_input(output, [(flag, path) for flag, path in (("--input", input), ("--prefix-file", prefix_file),
+                                        ("--constraints-file", constraints_file), ("--ban-file", ban_file)) if path is not None])
         if buffer_size < 1:
             raise ConfigError(f"--buffer-size must be at least 1 line, got {buffer_size}")
         sampler = _sampling(sampling, temperature, top_k, top_p, seed)
+        if sampler is not None and constraints_file is not None:
+            raise ConfigError("--constraints-file needs beam search: --sampling draws each piece and cannot make a sample hold a phrase")
         models, tokenizer, settings, dev, _ = load_translator(ctx, checkpoint)
         from ..translate import translate_stream
 
-        chunks = buffers(iter_lines(input), buffer_size) if input is not None else stream_buffers(sys.stdin.buffer, buffer_size)
-        lines = translate_stream(models, tokenizer, chunks, settings, dev, sampling=sampler, alignment=print_alignment)
-        if output is None:
-            write_all(lambda text: (sys.stdout.write(text), sys.stdout.flush()))
-        else:
-            atomic_write(output, lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())))
+        steering = SteeringLines(tokenizer, prefix_file, constraints_file, ban_file, ban) if (prefix_file or constraints_file or ban_file or ban) else None
+        chunks = buffers(iter_lines(input), buffer_size) if input is not None else stream_buffers(standard_input(), buffer_size)
+        with progress_bar(quiet, total=count_lines(input) if input is not None and output is not None else None) as bar:
+            if input is None and sys.stdin.isatty() and not quiet:
+                typer.echo("nmt translate: the model is loaded; type a sentence and press Enter (Ctrl-D ends)", err=True)
+            lines = translate_stream(models, tokenizer, chunks, settings, dev, steering=steering, sampling=sampler, alignment=print_alignment, progress=bar.update)
+            if output is None:
+                out = standard_output()
+                write_all(lambda text: (out.write(text), out.flush()))
+            else:
+                atomic_write(output, lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())))
     except KeyboardInterrupt:  # Ctrl-C ends an interactive session; what was written stays
         raise typer.Exit(code=130) from None
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as command-line filters do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(code=141) from None
+
+
+class SteeringLines:
+    """One :class:`~nmt.beams.Steering` per input line, read from the prefix, constraints and ban files
+    in step with the input (:func:`nmt.translate.steering`); ``bans`` apply to every line.
+
+    Raises:
+        DataError: a file ends before the input does (when its line is needed), or, at
+            :meth:`check_end`, has lines beyond the input's.
+    """
+
+    def __init__(self, tokenizer, prefix_file: Path | None, constraints_file: Path | None, ban_file: Path | None, bans: list[str]):
+        self.tokenizer, self.bans, self.lines = tokenizer, list(bans), 0
+        self.files = {flag: (path, iter_lines(path)) for flag, path in (("--prefix-file", prefix_file), ("--constraints-file", constraints_file),
+                                                                        ("--ban-file", ban_file)) if path is not None}
+
+    def __iter__(self):
+        from ..translate import steering
+
+        while True:
+            self.lines += 1
+            given = {flag: self._line(flag) for flag in self.files}
+            yield steering(self.tokenizer, given.get("--prefix-file", ""), given.get("--constraints-file", "").split("\t"),
+                           [*given.get("--ban-file", "").split("\t"), *self.bans])
+
+    def _line(self, flag: str) -> str:
+        path, lines = self.files[flag]
+        line = next(lines, None)
+        if line is None:
+            raise DataError(f"{flag} {path} has {self.lines - 1} lines, the input has more: give one line per input line (an empty line for none)")
+        return line
+
+    def check_end(self) -> None:
+        """Raise if a file has lines beyond the input's (the input had ``lines - 1`` lines read ahead by none)."""
+        for flag, (path, lines) in self.files.items():
+            if next(lines, None) is not None:
+                raise DataError(f"{flag} {path} has more lines than the input: give one line per input line")
 
 
 def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None):

@@ -10,7 +10,9 @@ import typer
 
 from ..config import ConfigError
 from ..evaluate import bleu_tokenizer, check_tokenizer, config_tokenizer
-from .options import AllowUnk, Checkpoint, Device, DType, MaxInputPieces, MaxTokens, TgtLang, Threads, Tokenize, load_translator
+from .options import (
+    AllowUnk, Checkpoint, Device, DType, MaxInputPieces, MaxTokens, Quiet, TgtLang, Threads, Tokenize, load_translator, progress_bar, setup_logging, standard_output,
+)
 
 
 def tune_decode(
@@ -28,6 +30,7 @@ def tune_decode(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (rows and best) instead of a table.")] = False,
     tokenize: Tokenize = None,
     tgt_lang: TgtLang = None,
+    quiet: Quiet = False,
     max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None,
     device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
 ) -> None:
@@ -37,15 +40,18 @@ def tune_decode(
     from ..tune import grid, validation_lines
     from ..tune import tune_decode as run_grid
 
+    setup_logging(quiet)
     settings = grid(_csv("--beam-sizes", beam_sizes, int), _csv("--length-normalizations", normalizations, str), _csv("--length-penalties", alphas, float))
     src_lines, ref_lines = validation_lines(src, ref, max_sentences, allow_test_names)
     chosen = None if tokenize is None and tgt_lang is None else bleu_tokenizer(tokenize, tgt_lang)
     if chosen:
         check_tokenizer(chosen)  # before translating, not after
+    standard_output()  # the table goes there: closed, it would be lost
     (model,), tokenizer, decode, dev, cfg = load_translator(ctx, [checkpoint])
     chosen = chosen or config_tokenizer(cfg)  # as validation scored this run
     check_tokenizer(chosen)
-    rows = run_grid(model, tokenizer, src_lines, ref_lines, decode, dev, settings, tokenize=chosen)
+    with progress_bar(quiet, total=len(src_lines) * len({s.beam_size for s in settings})) as bar:
+        rows = run_grid(model, tokenizer, src_lines, ref_lines, decode, dev, settings, tokenize=chosen, progress=bar.update)
     best = max(rows, key=lambda r: r["bleu"])  # the first of equals: the smallest beam, in grid order
     flags = f"--beam-size {best['beam_size']} --length-normalization {best['length_normalization']} --length-penalty {best['length_penalty']}"
     if as_json:
