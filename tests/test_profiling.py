@@ -37,3 +37,21 @@ def test_cache_bytes_equal_the_formula(beam, tgt_len):
     assert c["source_kv_bytes_measured"] == c["source_kv_bytes_formula"] == 2 * 3 * 2 * 4 * 9 * 12 * 4
     assert c["source_kv_bytes_if_copied_per_beam"] == beam * c["source_kv_bytes_measured"]
     assert c["self_kv_bytes_allocated"] >= c["self_kv_bytes_measured"]
+
+
+def test_profile_command_prints_one_json_object_or_one_line_errors():
+    import json
+
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["profile", "--preset", "tiny", "--batch", "2", "--src-len", "5", "--tgt-len", "4", "--beam-size", "2", "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["shape"] == {"batch": 2, "src_len": 5, "tgt_len": 4, "beam": 2} and report["model"]["d_model"] == 64
+    for args, message in ((["profile"], "give a model to profile"), (["profile", "--preset", "huge"], "--preset 'huge' is not one of"),
+                          (["profile", "--preset", "tiny", "--batch", "0"], "--batch must be at least 1")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1

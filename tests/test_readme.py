@@ -107,12 +107,14 @@ def test_every_readme_command_runs_as_written(tmp_path):
     (data / "test2.de").write_text((data / "test.de").read_text(encoding="utf-8"), encoding="utf-8")
     (data / "test.ja").write_text("犬が猫を見る。\n私は毎朝紅茶を飲みます。\n", encoding="utf-8")
     (tmp_path / "hyp.ja").write_text("犬が猫を見た。\n私は毎朝コーヒーを飲みます。\n", encoding="utf-8")
+    (data / "prefix.de").write_text("der \n" + "\n" * 19, encoding="utf-8")
+    (data / "terms.de").write_text("Hund\tKatze\n" + "\n" * 19, encoding="utf-8")
     run = tmp_path / "run"
     replacements = {
         "PATH/multi30k": str(data / "multi30k"), "RUN": str(run), "CONFIG": "configs/toy.yaml", "test.en": str(data / "test.en"),
         "test.de": str(data / "test.de"),
         "val.en": str(data / "multi30k" / "val.en"), "val.de": str(data / "multi30k" / "val.de"), "test2.de": str(data / "test2.de"), "hyp.de": str(tmp_path / "hyp.de"),
-        "test.ja": str(data / "test.ja"), "hyp.ja": str(tmp_path / "hyp.ja"),
+        "test.ja": str(data / "test.ja"), "hyp.ja": str(tmp_path / "hyp.ja"), "prefix.de": str(data / "prefix.de"), "terms.de": str(data / "terms.de"),
         "HF_DIR": str(tmp_path / "hf"), "CT2_DIR": str(tmp_path / "ct2"), "model.pt": str(tmp_path / "model.pt"), "avg.pt": str(tmp_path / "avg.pt"),
     }
     assert len(run_all(command_list(), repo, replacements)) == len(command_list())

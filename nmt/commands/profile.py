@@ -1,0 +1,65 @@
+"""``nmt profile``: time, memory and cache bytes per part of decoding and training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..config import PRESETS, ConfigError
+from .options import CKPT_HELP, Device, DType, Threads, device, standard_output
+
+
+def profile(
+    ctx: typer.Context,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help=f"{CKPT_HELP} Or give --preset.")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help=f"A random model of this size: {', '.join(PRESETS)} (8,000 pieces).")] = None,
+    beam_size: Annotated[int, typer.Option("--beam-size", "-b", help="Hypotheses per sentence.")] = 5,
+    batch: Annotated[int, typer.Option("--batch", help="Sentences decoded together (and in the training batch).")] = 32,
+    src_len: Annotated[int, typer.Option("--src-len", help="Source tokens per sentence, EOS included.")] = 20,
+    tgt_len: Annotated[int, typer.Option("--tgt-len", help="Target pieces generated per sentence (EOS forbidden before, forced after).")] = 25,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the table.")] = False,
+    device_name: Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")] = "auto",
+    threads: Threads = 0, dtype: DType = "float32",
+) -> None:
+    """Where decoding and training spend their time and memory, part by part, on batches of a fixed shape.
+
+    Each row of the decode table is milliseconds and share of one batched decode: encoder
+    self-attention; decoder self-attention; cross-attention (the source keys/values, computed
+    once per sentence, included); feed-forward; output projection + log-softmax; search
+    bookkeeping (restricting, top-k, finishing, reordering the cache); other (embeddings,
+    residual sums, LayerNorm). The training table is one step, forward and backward, with the
+    loss and the Adam update. Then: peak memory (resident set on a CPU, allocated on a GPU),
+    throughput, milliseconds per generated piece for one sentence alone at beam 1 and 5, and
+    the decoder cache in bytes, measured beside 2 · n_layers · batch · beam · n_heads · length
+    · head_dim · bytes and the source side shared by each sentence's beams.
+    """
+    import torch
+
+    from ..model import Transformer
+    from ..profiling import Shape, format_profile
+    from ..profiling import profile as run_profile
+    from ..translate import load_models
+
+    standard_output()
+    if (checkpoint is None) == (preset is None):
+        raise ConfigError("give a model to profile: --checkpoint CKPT or --preset NAME (one of them)")
+    for flag, value in (("--beam-size", beam_size), ("--batch", batch), ("--src-len", src_len), ("--tgt-len", tgt_len)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"--preset {preset!r} is not one of {', '.join(PRESETS)}")
+    ctx.params["device"] = device_name
+    dev, torch_dtype = device(ctx)
+    if checkpoint is not None:
+        (model,), _, _ = load_models([checkpoint], dev, torch_dtype)
+    else:
+        from ..config import ModelConfig
+        from ..translate import to_dtype
+
+        torch.manual_seed(0)
+        model = to_dtype(Transformer(ModelConfig(**PRESETS[preset], src_vocab_size=8000, tgt_vocab_size=8000)).to(dev).eval(), torch_dtype)
+    result = run_profile(model, Shape(batch, src_len, tgt_len, beam_size), dev, dtype)
+    typer.echo(json.dumps(result) if as_json else format_profile(result))
