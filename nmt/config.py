@@ -155,6 +155,7 @@ class TrainConfig(Checked):
     adam_eps: float = setting(1e-9, "Adam's epsilon", POSITIVE)
     weight_decay: float = setting(0.0, "AdamW's decoupled weight decay", AT_LEAST_0)
     clip_norm: float = setting(0.0, "largest gradient norm; 0: no clipping", AT_LEAST_0)
+    nonfinite_loss: Literal["stop", "skip"] = setting("stop", "a NaN or infinite gradient: stop the run before that update (saving last.pt), or skip the update")
     label_smoothing: float = setting(0.1, "share of probability spread over the other pieces (the paper's ε_ls)", PROBABILITY)
     log_every: int = setting(100, "steps between log lines", AT_LEAST_1)
     validate_every: int = setting(1000, "steps between validations", AT_LEAST_1)
@@ -188,8 +189,8 @@ class DecodeConfig(Checked):
     # Chosen on Multi30k validation (docs/quality.md): beam 5, BLEU 25.83 against 24.98 for gnmt 0.6.
     length_penalty: float = setting(2.0, "the exponent α of the length normalisation", Range())
     length_normalization: Literal["gnmt", "length", "none"] = setting("length", "how finished hypotheses are ranked (see above)")
-    max_len_a: float = setting(1.5, "output limit per source piece", AT_LEAST_0)
-    max_len_b: int = setting(10, "output limit added, in pieces", AT_LEAST_0)
+    max_len_a: float = setting(1.5, "output limit per source piece (at most 100: no translation is longer)", Range(0, 100))
+    max_len_b: int = setting(10, "output limit added, in pieces (at most 10,000)", Range(0, 10_000))
     n_best: int = setting(1, "hypotheses written per sentence", AT_LEAST_1)
     min_len: int = setting(0, "EOS is forbidden before this many output pieces", AT_LEAST_0)
     max_tokens: int = setting(4096, "source-side batch budget in tokens, padding included", AT_LEAST_1)

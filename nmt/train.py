@@ -159,7 +159,8 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
     Returns:
         :func:`result_line`: ``step``, ``train_seconds``, ``best_bleu``, ``interrupted`` (a
         signal stopped the run after saving ``last.pt``), ``stopped_by`` (steps, time,
-        patience, signal, or done: nothing was left to do), and the newest validation's
+        patience, signal, nonfinite: a NaN or infinite gradient with ``train.nonfinite_loss:
+        stop``, or done: nothing was left to do), and the newest validation's
         ``valid_step``, ``bleu``, ``chrf``, ``valid_loss``, ``valid_nll``, ``valid_ppl`` and
         ``bleu_signature`` (None where no validation ran).
 
@@ -261,6 +262,9 @@ class Trainer:
         self._batches: tuple[int, list] = (-1, [])
         self.epoch_batches()  # fewer batches than processes fails here, before any step
         self.window = Window(ddp.device)
+        self.diverged = False  # a non-finite gradient stops the run (train.nonfinite_loss: stop)
+        self.lowest_loss: tuple[float, int] | None = None  # the lowest logged training loss and its step, to notice divergence
+        self.warned_divergence = False
         self.last_validation = run.last_validation() if opened.payload else None  # the newest validation record, for the result
         self.writer = run.tensorboard(self.progress.step) if ddp.main and tc.tensorboard else None
         self.started = time.perf_counter()
@@ -352,8 +356,18 @@ class Trainer:
         return [collate(self.corpus, b, pin_memory=self.ddp.device.type == "cuda") for b in batches]
 
     def train_step(self, group: list[Batch]) -> bool:
-        """One update; False when fp16 gradient scaling skipped it (no step counted, the schedule unmoved)."""
-        for out in self.updater.step(group):
+        """One update; False when it was skipped (no step counted, the schedule unmoved): by fp16
+        gradient scaling, or for a NaN or infinite gradient, which is said at once with the step."""
+        outs = self.updater.step(group)
+        if self.updater.nonfinite:
+            if self.ddp.main:
+                action = "update skipped (train.nonfinite_loss: skip)" if self.cfg.train.nonfinite_loss == "skip" else \
+                    "stopping before the update, last.pt keeps the weights of the step before (train.nonfinite_loss: stop)"
+                log.warning("warning: step %d: the gradients are NaN or infinite (loss %s); %s; a lower learning rate (train.lr_scale, train.lr) or "
+                            "train.clip_norm usually helps", self.progress.step + 1, f"{sum(float(o.loss) for o in outs):.4g}", action)
+            self.diverged = self.cfg.train.nonfinite_loss == "stop"
+            return False
+        for out in outs:
             self.window.add(out)
         self.window.tokens += self.updater.last_tokens
         self.progress.step += 0 if self.updater.skipped else 1
@@ -363,10 +377,21 @@ class Trainer:
         if self.progress.step % self.cfg.train.log_every:
             return
         values = self.window.flush(self.progress, self.updater.last_lr)
+        self.notice_divergence(values)
         if self.ddp.main:
             log.info("step %d epoch %d: loss %.3f (label-smoothed) nll %.3f ppl %.2f lr %.2e %.0f tgt tok/s", values["step"], values["epoch"], values["loss"], values["nll"], values["ppl"], values["lr"], values["tgt_tokens_per_s"])
             bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['lr']:.1e}", tok_s=f"{values['tgt_tokens_per_s']:.0f}")
             self.record(values)
+
+    def notice_divergence(self, values: dict) -> None:
+        """Warn once when the logged training loss has doubled from its lowest: the run may be diverging."""
+        loss, step = values["loss"], values["step"]
+        if self.lowest_loss is None or loss < self.lowest_loss[0]:
+            self.lowest_loss = (loss, step)
+        elif loss > 2 * self.lowest_loss[0] and not self.warned_divergence and self.ddp.main:
+            self.warned_divergence = True
+            log.warning("warning: step %d: the training loss %.3f is more than twice its lowest, %.3f at step %d: the run may be diverging; "
+                        "a lower learning rate (train.lr_scale, train.lr) or train.clip_norm usually helps", step, loss, *self.lowest_loss)
 
     def maybe_validate(self, signals: StopSignal) -> None:
         p = self.progress
@@ -406,13 +431,14 @@ class Trainer:
                     old.unlink()
 
     def should_stop(self, signals: StopSignal) -> str | None:
-        """Why to stop now (signal, time, steps, patience), decided by all processes together; None to go on."""
+        """Why to stop now (signal, time, steps, patience, a non-finite gradient), decided by all processes together; None to go on."""
         p, tc = self.progress, self.cfg.train
         flags = self.ddp.agree(
             signal=signals.received is not None,
             time=bool(tc.max_time_s) and time.perf_counter() - self.started >= tc.max_time_s,
             steps=p.step >= tc.max_steps or p.epoch >= tc.max_epochs,
             patience=bool(tc.patience) and p.bad_validations >= tc.patience,
+            nonfinite=self.diverged,
         )
         return next((name for name, value in flags.items() if value), None)
 

@@ -49,7 +49,8 @@ class Updater:
         self.world_size = ddp.world_size if distributed else 1
         self.last_tokens = 0  # non-pad target tokens of the last update on this process
         self.last_lr = 0.0  # the learning rate the last update used
-        self.skipped = False  # fp16: the gradient scaler skipped the last update
+        self.skipped = False  # the last update was skipped (fp16 overflow, or a non-finite gradient)
+        self.nonfinite = False  # the last update's gradients were NaN or infinite
 
     def apply_settings(self) -> None:
         """Make the optimizer use this config's Adam settings and this schedule's rate for the next
@@ -63,8 +64,9 @@ class Updater:
     def step(self, group: list[Batch]) -> list[LossOutput]:
         """Train on ``group`` (host tensors, up to ``update_freq`` batches) and update once.
 
-        Afterwards ``last_lr`` is the rate this update used and ``skipped`` says whether
-        fp16 gradient scaling skipped it (then the schedule did not advance either).
+        Afterwards ``last_lr`` is the rate this update used and ``skipped`` says whether it was
+        skipped (then the schedule did not advance either): by fp16 gradient scaling, or because
+        the gradients were NaN or infinite (``nonfinite``; the weights are then untouched).
         """
         self.last_tokens = sum(b.n_tgt_tokens for b in group)  # counted on the host: no device sync
         n_update = float(self.last_tokens)
@@ -85,10 +87,12 @@ class Updater:
                 out = self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing)
                 self.scaler.scale(out.loss * scale).backward()
             outs.append(out)
-        if self.tc.clip_norm > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
         self.last_lr = self.optimizer.param_groups[0]["lr"]
+        self.nonfinite = not self._gradients_finite()
+        if self.nonfinite:  # fp32/bf16: no update; fp16's scaler handles overflow itself, below
+            self.skipped = True
+            self.optimizer.zero_grad(set_to_none=True)
+            return outs
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -100,6 +104,22 @@ class Updater:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return outs
+
+    def _gradients_finite(self) -> bool:
+        """Clip the gradients (``clip_norm``) and say whether their norm is finite. The norm is the
+        same on every process (gradients are all-reduced), so all of them decide alike. With fp16
+        the gradient scaler judges overflow instead (True here)."""
+        if self.scaler.is_enabled():
+            if self.tc.clip_norm > 0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
+            return True
+        gradients = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.tc.clip_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm(gradients)
+        return bool(torch.isfinite(norm))  # one host read a step (free on a CPU)
 
 
 class Window:

@@ -71,7 +71,9 @@ def test_missing_config_file(tmp_path):
         ({"train": {"validate_every": 0}}, "train.validate_every must be >= 1, got 0"),
         ({"train": {"adam_betas": [2, 3]}}, r"adam_betas\[0\]"),
         ({"train": {"device": "foo"}}, "train.device must be"),
-        ({"decode": {"max_len_a": -5}}, "decode.max_len_a must be >= 0, got -5"),
+        ({"decode": {"max_len_a": -5}}, r"decode.max_len_a must be in \[0, 100\], got -5"),
+        ({"decode": {"max_len_a": 1e12}}, r"decode.max_len_a must be in \[0, 100\], got 1000000000000\.0"),  # once a 30 TB cache
+        ({"decode": {"max_len_b": 1000000000}}, r"decode.max_len_b must be in \[0, 10000\], got 1000000000"),
         ({"decode": {"length_penalty": float("nan")}}, "decode.length_penalty must be a finite number, got nan"),
         ({"decode": {"length_normalization": "average"}}, "decode.length_normalization must be gnmt, length or none, got 'average'"),
         ({"data": {"train_src": "a.en"}}, "data.train_src and data.train_tgt go together"),

@@ -527,3 +527,61 @@ def test_a_system_without_file_locks_runs_unlocked_and_says_so(tmp_path, monkeyp
         run.lock()
     run.release()
     assert "this system offers no file locking" in caplog.text
+
+
+def test_a_nan_gradient_is_caught_at_once_and_leaves_the_weights(tmp_path):
+    from nmt.config import TrainConfig
+    from nmt.data import Batch
+    from nmt.model import Transformer
+    from nmt.update import Updater
+
+    from conftest import random_sources, tiny_config
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.0))
+    updater = Updater(model, TrainConfig(warmup_steps=4), torch.device("cpu"))
+    src, tgt = random_sources([5, 6]), random_sources([4, 4], seed=1)
+    batch = Batch(src, torch.cat([torch.full((2, 1), 2), tgt[:, :-1]], 1), tgt)
+    updater.step([batch])
+    with torch.no_grad():
+        model.decoder[0].ffn.fc1.weight[0, 0] = float("nan")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    updater.step([batch])
+    assert updater.nonfinite and updater.skipped and updater.scheduler.last_epoch == 1
+    assert all(torch.equal(v, before[k]) or (torch.isnan(v).any() and torch.equal(v.isnan(), before[k].isnan())) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_a_nonfinite_gradient_stops_or_skips_as_the_config_says(tmp_path, monkeypatch, caplog, mode):
+    from nmt.update import Updater
+
+    data = small_corpus(tmp_path, n=40)
+    calls = {"n": 0}
+    finite = Updater._gradients_finite
+
+    def third_update_is_nan(self):
+        calls["n"] += 1
+        return False if calls["n"] == 3 else finite(self)
+
+    monkeypatch.setattr(Updater, "_gradients_finite", third_update_is_nan)
+    with caplog.at_level("WARNING", logger="nmt.train"):
+        result = train(tiny_run_config(data, tmp_path / "run", 5, nonfinite_loss=mode))
+    assert "step 3: the gradients are NaN or infinite" in caplog.text
+    if mode == "stop":
+        assert result["stopped_by"] == "nonfinite" and result["step"] == 2
+        assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == 2
+    else:
+        assert result["stopped_by"] == "steps" and result["step"] == 5 and sorted(step_losses(tmp_path / "run")) == [1, 2, 3, 4, 5]
+
+
+def test_a_loss_that_doubles_from_its_lowest_is_warned_about_once(caplog):
+    from types import SimpleNamespace
+
+    from nmt.train import Trainer
+
+    trainer = SimpleNamespace(lowest_loss=None, warned_divergence=False, ddp=SimpleNamespace(main=True))
+    with caplog.at_level("WARNING", logger="nmt.train"):
+        for step, loss in enumerate([5.0, 3.0, 2.5, 4.0, 5.5, 9.0], start=1):
+            Trainer.notice_divergence(trainer, {"loss": loss, "step": step})
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "step 5: the training loss 5.500 is more than twice its lowest, 2.500 at step 3" in warning

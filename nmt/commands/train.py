@@ -50,3 +50,5 @@ def train(
         typer.echo(json.dumps(result))
     if result["interrupted"]:
         raise typer.Exit(code=130)
+    if result["stopped_by"] == "nonfinite":  # the run failed: a script must not take it for a finished one
+        raise typer.Exit(code=1)
