@@ -196,6 +196,8 @@ class DecodeConfig(Checked):
     max_tokens: int = setting(4096, "source-side batch budget in tokens, padding included", AT_LEAST_1)
     max_input_pieces: int = setting(1024, "a longer source line is not translated (its output line stays empty)", AT_LEAST_1)
     allow_unk: bool = setting(False, "let translations contain the unknown piece")
+    alignment_layer: int | None = setting(None, "decoder layer (1-based) alignments are read from; null: the penultimate of 3 or more, else the last",
+                                          AT_LEAST_1)
 
 
 @dataclass(frozen=True)
@@ -316,6 +318,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(Key("model.d_model"), f"={m.d_model} must be even for sinusoidal positions")
     if d.n_best > d.beam_size:
         raise ConfigError(Key("decode.n_best"), " must be <= ", Key("decode.beam_size"), f" (got {d.n_best} > {d.beam_size})")
+    if d.alignment_layer is not None and d.alignment_layer > m.n_decoder_layers:
+        raise ConfigError(Key("decode.alignment_layer"), f" {d.alignment_layer} is beyond the model's {m.n_decoder_layers} decoder layers")
 
 
 def read_config_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:

@@ -137,7 +137,7 @@ class Translator:
         ids = self.tokenizer.encode_src([line])[0]
         src = pad_sources([ids]).to(self.device)
         tgt_in = torch.tensor([[BOS, *hyp.tokens]], device=self.device)
-        weights = attention_matrix([self.model], src, tgt_in)[0]  # (tgt_len, src_len)
+        weights = attention_matrix([self.model], src, tgt_in, self.cfg.decode.alignment_layer)[0]  # (tgt_len, src_len)
         pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
         return {"src_pieces": pieces(self.tokenizer.src, ids), "tgt_pieces": pieces(self.tokenizer.tgt, hyp.tokens), "weights": weights.float().cpu().tolist()}
 

@@ -220,7 +220,7 @@ def translate_lines(
         steer = [steering[present[i]] for i in batch] if steering else None
         hyps = translate_batch(models, src, decode, sampling=sampling, seeds=seeds, rules=tokenizer.output_rules, steering=steer)
         if alignment:
-            hyps = add_alignments(models, sources, hyps, device)
+            hyps = add_alignments(models, sources, hyps, device, decode.alignment_layer)
         for i, h in zip(batch, hyps):
             results[present[i]] = h
             if h and h[0].unmet:

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from nmt.align import add_alignments, alignment_layer, format_alignment, hard_alignment
@@ -25,7 +26,9 @@ class ScriptedAttention:
 
 
 def test_alignment_of_a_model_whose_attention_is_known():
-    assert alignment_layer(3) == 1 and alignment_layer(1) == 0
+    assert alignment_layer(3) == 1 and alignment_layer(6) == 4  # the penultimate (0-based)
+    assert alignment_layer(2) == 1 and alignment_layer(1) == 0  # fewer than three: the last
+    assert alignment_layer(3, chosen=3) == 2 and alignment_layer(6, chosen=1) == 0
     sources = [[7, 8, 9], [7, 8, 9, 10]]
     results = [[Hypothesis([4, 5, 6], -1.0, -1.0), Hypothesis([4], -2.0, -2.0)], [Hypothesis([4, 5, 6, 7], -1.0, -1.0)]]
     aligned = add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"))
@@ -105,3 +108,15 @@ def test_plot_labels_get_a_font_that_has_their_characters(tmp_path, caplog):
         warnings.simplefilter("error")  # no warning per missing glyph
         out = plot_attention(np.full((2, 3, 3), 1 / 3), ["▁猫", "が", "</s>"], ["▁a", "▁cat", "</s>"], tmp_path / "a.png", marked_layer=0)
     assert out.stat().st_size > 1000
+
+
+def test_the_alignment_layer_is_a_setting_that_reaches_the_alignments():
+    from nmt.config import ConfigError, config_from_dict
+
+    sources = [[7, 8, 9]]
+    results = [[Hypothesis([4, 5, 6], -1.0, -1.0)]]
+    chosen = add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"), layer=1)  # the first layer looks at piece 0
+    assert chosen[0][0].alignment == ((0, 0), (0, 1), (0, 2))
+    assert add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"), layer=2)[0][0].alignment == ((2, 0), (1, 1), (0, 2))
+    with pytest.raises(ConfigError, match="decode.alignment_layer 4 is beyond the model's 3 decoder layers"):
+        config_from_dict({"model": {"n_decoder_layers": 3}, "decode": {"alignment_layer": 4}})

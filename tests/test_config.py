@@ -398,6 +398,8 @@ def _valid_sections(draw):
     for a, b in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
         data[a] = data[b] = data.get(a) or data.get(b)
     decode["n_best"] = min(decode.get("n_best", 1), decode.get("beam_size", 5))
+    if decode.get("alignment_layer") is not None:
+        decode["alignment_layer"] = 1  # within any model's decoder
     return raw
 
 

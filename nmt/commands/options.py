@@ -55,6 +55,10 @@ MaxInputPieces = Annotated[int | None, typer.Option(
 AllowUnk = Annotated[bool | None, typer.Option(
     "--allow-unk/--no-allow-unk", help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the checkpoint's decode.allow_unk (false).")]
 
+AlignmentLayer = Annotated[int | None, typer.Option(
+    "--alignment-layer", help="Decoder layer (1-based) that --print-alignment reads cross-attention from. Default: the checkpoint's "
+    "decode.alignment_layer, else the penultimate layer of three or more, the last of fewer (nmt plot attention shows each layer).")]
+
 # How a checkpoint runs, beside its decode settings.
 RUNNING = ("device", "threads", "dtype")
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")]

@@ -9,7 +9,7 @@ import typer
 
 from ..files import check_not_an_input
 from .options import (
-    AllowUnk, BeamSize, Checkpoint, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, Threads, check_output, load_translator,
+    AlignmentLayer, AllowUnk, BeamSize, Checkpoint, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, Threads, check_output, load_translator,
 )
 
 
@@ -33,7 +33,7 @@ def attention(
     checkpoint: Checkpoint,
     out: Annotated[Path, typer.Option("--out", "-o", help="Image to write (.png).")] = Path("attention.png"),
     beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
-    max_len_b: MaxLenB = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None,
+    max_len_b: MaxLenB = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None, alignment_layer: AlignmentLayer = None,
     device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
 ) -> None:
     """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
@@ -44,4 +44,4 @@ def attention(
     from ..plot import plot_attention
 
     src_pieces, tgt_pieces, weights = sentence_attention(model, tokenizer, sentence, settings, dev)
-    typer.echo(f"wrote {plot_attention(weights.numpy(), src_pieces, tgt_pieces, out, marked_layer=alignment_layer(weights.size(0)))}")
+    typer.echo(f"wrote {plot_attention(weights.numpy(), src_pieces, tgt_pieces, out, marked_layer=alignment_layer(weights.size(0), settings.alignment_layer))}")

@@ -13,7 +13,7 @@ from ..config import ConfigError
 from ..corpus import DataError, buffers, count_lines, iter_lines, stream_buffers
 from ..files import atomic_write, check_not_an_input
 from .options import (
-    AllowUnk, BeamSize, Checkpoints, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, NBest, Quiet,
+    AlignmentLayer, AllowUnk, BeamSize, Checkpoints, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, NBest, Quiet,
     Threads, check_output, load_translator, progress_bar, setup_logging, standard_input, standard_output,
 )
 
@@ -46,12 +46,12 @@ def translate(
         "--ban-file", help="One line per input line: target phrases, tab-separated, that its translation must not contain (an empty line: none).")] = None,
     ban: Annotated[list[str], typer.Option("--ban", help="A target phrase no translation may contain (repeatable; adds to --ban-file's).")] = [],
     print_alignment: Annotated[bool, typer.Option(
-        "--print-alignment", help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; penultimate decoder layer's cross-attention, "
-        "heads averaged) after each translation.")] = False,
+        "--print-alignment", help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; the cross-attention of "
+        "--alignment-layer, heads averaged) after each translation.")] = False,
     quiet: Quiet = False,
     beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
     max_len_b: MaxLenB = None, n_best: NBest = None, min_len: MinLen = None, max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None,
-    allow_unk: AllowUnk = None, device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+    allow_unk: AllowUnk = None, alignment_layer: AlignmentLayer = None, device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
 ) -> None:
     """Translate text with beam search (or sampling): exactly one output line per input line, in input order.
 
