@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from .config import ConfigError
 from .errors import Key
 from .files import check_not_an_input, check_writable
 from .rundir import METRICS, step_checkpoints
+
+log = logging.getLogger("nmt.average")
 
 _TRAINING_CHECKPOINT = re.compile(r"(last|best|step_\d+)\.pt")
 
@@ -26,10 +29,14 @@ def newest_step_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
         raise ConfigError(Key("last"), f" must be at least 1, got {last}")
     if not Path(run_dir).is_dir():
         raise ConfigError(Key("run_dir"), f" {run_dir} is not a directory")
-    return step_checkpoints(Path(run_dir))[-last:]
+    found = step_checkpoints(Path(run_dir))[-last:]
+    if 0 < len(found) < last:
+        log.warning("warning: --last %d asked for %d step checkpoints, but %s has %d (%s): averaging those", last, last, run_dir, len(found),
+                    ", ".join(p.name for p in found))
+    return found
 
 
-def average_checkpoints(paths: list[Path], out: Path) -> dict:
+def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = False) -> dict:
     """Average the model weights of ``paths`` into a new checkpoint at ``out``.
 
     Floating-point tensors are averaged (in float64, then cast back); integer and boolean
@@ -38,12 +45,14 @@ def average_checkpoints(paths: list[Path], out: Path) -> dict:
     tokenizer of the last input (no optimizer state: it is for translation, not for
     ``--resume``); the inputs are not modified. Every input is loaded and checked
     before anything is written, and ``out`` may not replace a run's own ``last.pt``,
-    ``best.pt`` or ``step_N.pt`` (``--resume`` and ``translate`` read them).
+    ``best.pt`` or ``step_N.pt`` (``--resume`` and ``translate`` read them). Checkpoints of
+    two trainings of one architecture are refused (their weights need not lie near each
+    other, so their average need not translate) unless ``different_runs``.
 
     Raises:
         CheckpointError: no input, ``out`` among the inputs, an input missing, damaged
-            or inconsistent, or inputs that differ in model config or tokenizer (the
-            message names the difference).
+            or inconsistent, inputs that differ in model config or tokenizer (the
+            message names the difference), or inputs of different runs.
         ConfigError: ``out`` would replace a training checkpoint of a run.
         nmt.files.OutputError: ``out`` cannot be written.
     """
@@ -61,7 +70,7 @@ def average_checkpoints(paths: list[Path], out: Path) -> dict:
         last = load_checkpoint(path)
         if first is None:
             first, first_path = last, path
-        _check_compatible(first, first_path, last, path)
+        _check_compatible(first, first_path, last, path, different_runs)
         for name, tensor in last["model"].items():
             if tensor.is_floating_point():
                 sums[name] = sums.get(name, 0) + tensor.double()
@@ -76,14 +85,23 @@ def average_checkpoints(paths: list[Path], out: Path) -> dict:
             by_storage[key] = (sums[name] / len(paths)).to(tensor.dtype)
         averaged[name] = by_storage[key]
     payload = {"model": averaged, "config": last["config"], "tokenizer": last["tokenizer"], "averaged_from": [str(p) for p in paths]}
-    if "progress" in last:
-        payload["progress"] = last["progress"]
+    for key in ("progress", "run"):
+        if key in last and (key != "run" or not different_runs):
+            payload[key] = last[key]
     save_checkpoint(payload, Path(out))
     return payload
 
 
-def _check_compatible(a: dict, a_path: Path, b: dict, b_path: Path) -> None:
-    """Refuse to average checkpoints of different models or tokenizers (same shapes can hide either)."""
+def run_of(payload: dict) -> tuple[str, str]:
+    """``(id, run directory)`` of the training a checkpoint comes from: its recorded run, or, for one
+    written before runs were recorded, its config's run directory."""
+    run = payload.get("run") or {}
+    directory = run.get("dir") or payload["config"].get("train", {}).get("run_dir", "")
+    return run.get("id") or directory, directory
+
+
+def _check_compatible(a: dict, a_path: Path, b: dict, b_path: Path, different_runs: bool = False) -> None:
+    """Refuse to average checkpoints of different models or tokenizers (same shapes can hide either), or of different runs."""
     model_a, model_b = a["config"].get("model", {}), b["config"].get("model", {})
     differ = [f"model.{k} {model_a.get(k)!r} vs {model_b.get(k)!r}" for k in sorted(set(model_a) | set(model_b)) if k != "preset" and model_a.get(k) != model_b.get(k)]
     if differ:
@@ -91,3 +109,8 @@ def _check_compatible(a: dict, a_path: Path, b: dict, b_path: Path) -> None:
     tok_a, tok_b = a["tokenizer"], b["tokenizer"]
     if set(tok_a) != set(tok_b) or any(not torch.equal(tok_a[k], tok_b[k]) for k in tok_a):
         raise CheckpointError(f"{a_path} and {b_path} have different tokenizers (the same ids mean different pieces); average checkpoints of one run")
+    (id_a, dir_a), (id_b, dir_b) = run_of(a), run_of(b)
+    if not different_runs and id_a != id_b:
+        raise CheckpointError(f"{a_path} and {b_path} come from different runs ({dir_a or 'unknown'} and {dir_b or 'unknown'}): two trainings' weights "
+                              "need not lie near each other, so their average need not translate; average one run's checkpoints, or pass "
+                              "--allow-different-runs")

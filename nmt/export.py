@@ -193,7 +193,7 @@ def export_slim(path: str | Path, out: str | Path) -> dict:
         nmt.checkpoint.CheckpointError: ``path`` is not a readable checkpoint.
     """
     payload = load_checkpoint(path)
-    slim = {key: payload[key] for key in ("model", "config", "tokenizer", "progress", "averaged_from") if key in payload}
+    slim = {key: payload[key] for key in ("model", "config", "tokenizer", "progress", "averaged_from", "run") if key in payload}
     save_checkpoint(slim, Path(out))
     return slim
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -248,6 +249,8 @@ class Trainer:
 
     def __init__(self, opened: Opened, ddp: Distributed, run: RunDir):
         self.cfg, self.ddp, self.run_dir, self.checkpoint_from = opened.cfg, ddp, run, opened.checkpoint
+        # Which training this is, in every checkpoint: nmt average refuses to mix two runs' weights unless asked.
+        self.run_id = (opened.payload or {}).get("run") or {"id": ddp.share(uuid.uuid4().hex), "dir": str(run.path)}
         self.tokenizer, self.corpus, self.valid = opened.data
         tc = self.cfg.train
         if tc.threads > 0:
@@ -466,7 +469,8 @@ class Trainer:
         def save() -> None:
             save_checkpoint({"model": self.model.state_dict(), "optimizer": u.optimizer.state_dict(), "scheduler": u.scheduler.state_dict(), "scaler": u.scaler.state_dict(),
                              "progress": vars(self.progress).copy(), "rng": states, "config": config_to_dict(self.cfg),
-                             "tokenizer": tokenizer_to_tensors(self.tokenizer.protos()), "data_key": self.corpus.key}, self.run_dir.path / name)
+                             "tokenizer": tokenizer_to_tensors(self.tokenizer.protos()), "data_key": self.corpus.key, "run": self.run_id},
+                            self.run_dir.path / name)
 
         self.ddp.on_main(save)
 

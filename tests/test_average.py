@@ -102,3 +102,31 @@ def test_averaging_refuses_to_replace_a_runs_checkpoint_in_the_python_api_too(tm
         newest_step_checkpoints(run, 0)
     with pytest.raises(ConfigError, match="^run_dir .*nowhere is not a directory$"):
         newest_step_checkpoints(tmp_path / "nowhere", 5)
+
+
+def test_fewer_step_checkpoints_than_asked_are_warned_about(tmp_path, caplog):
+    """--last 5 with 3 step files once averaged 3 silently."""
+    from nmt.average import newest_step_checkpoints
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (2, 4, 6):
+        write(run / f"step_{step}.pt", step)
+    with caplog.at_level("WARNING", logger="nmt.average"):
+        found = newest_step_checkpoints(run, 5)
+    assert [p.name for p in found] == ["step_2.pt", "step_4.pt", "step_6.pt"]
+    assert f"--last 5 asked for 5 step checkpoints, but {run} has 3 (step_2.pt, step_4.pt, step_6.pt): averaging those" in caplog.text
+
+
+def test_checkpoints_of_two_runs_are_refused_unless_asked(tmp_path):
+    """Two runs of one architecture were averaged without a word."""
+    for name, run in (("a.pt", "runs/one"), ("b.pt", "runs/two"), ("c.pt", "runs/one")):
+        write(tmp_path / name, 0)
+        payload = load_checkpoint(tmp_path / name)
+        save_checkpoint({**payload, "run": {"id": run.replace("/", "-"), "dir": run}}, tmp_path / name)
+    with pytest.raises(CheckpointError, match=r"come from different runs \(runs/one and runs/two\).*--allow-different-runs"):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "avg.pt")
+    assert not (tmp_path / "avg.pt").exists()
+    assert average_checkpoints([tmp_path / "a.pt", tmp_path / "c.pt"], tmp_path / "avg.pt")["run"]["dir"] == "runs/one"
+    mixed = average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "mixed.pt", different_runs=True)
+    assert "run" not in mixed and len(mixed["averaged_from"]) == 2

@@ -585,3 +585,13 @@ def test_a_loss_that_doubles_from_its_lowest_is_warned_about_once(caplog):
             Trainer.notice_divergence(trainer, {"loss": loss, "step": step})
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "step 5: the training loss 5.500 is more than twice its lowest, 2.500 at step 3" in warning
+
+
+def test_every_checkpoint_of_a_run_names_the_run_also_after_a_resume(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "run", 2, save_every=1))
+    first = load_checkpoint(tmp_path / "run" / "step_1.pt")["run"]
+    train(tiny_run_config(data, tmp_path / "run", 2), resume=True, overrides=["train.max_steps=3"])
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["run"] == first and first["dir"] == str(tmp_path / "run")
+    train(tiny_run_config(data, tmp_path / "other", 1))
+    assert load_checkpoint(tmp_path / "other" / "last.pt")["run"]["id"] != first["id"]
