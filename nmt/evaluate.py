@@ -68,28 +68,40 @@ def check_inputs(hyp, checkpoints, src, output, translation_settings: list[str] 
         raise EvaluationError(*given, ": these set how ", Key("checkpoint"), " translates; with ", Key("hyp"), " nothing is translated")
 
 
-def normalisation_forms(lines: list[str]) -> set[str]:
-    """The Unicode normalisation forms (of NFC and NFD) that every line is in; ASCII is in both."""
-    return {form for form in ("NFC", "NFD") if all(unicodedata.is_normalized(form, line) for line in lines)}
+def normalisation_mismatches(hypotheses: list[str], reference: list[str]) -> tuple[int, tuple[int, str, str] | None]:
+    """Words of the hypotheses that differ from a word of their own reference line only in Unicode
+    normalisation: the same after NFKC (the form SentencePiece's ``nmt_nfkc`` writes, so an NFC
+    hypothesis and an NFD reference, or ``ﬁ`` against ``fi``, or full-width digits against ASCII).
+
+    Returns:
+        How many such words there are, and the first as ``(1-based line, hypothesis word, reference word)``.
+    """
+    count, first = 0, None
+    for number, (hyp, ref) in enumerate(zip(hypotheses, reference), start=1):
+        if hyp == ref:
+            continue
+        words = set(ref.split())
+        by_form = {unicodedata.normalize("NFKC", w): w for w in words}
+        for word in hyp.split():
+            if word not in words and unicodedata.normalize("NFKC", word) in by_form:
+                count += 1
+                first = first or (number, word, by_form[unicodedata.normalize("NFKC", word)])
+    return count, first
 
 
 def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]) -> None:
-    """Log a warning when the hypotheses and a reference stream share no normalisation form:
-    sacreBLEU compares code points, so ``é`` as one code point (NFC) and as ``e`` plus a
-    combining accent (NFD) count as different text."""
-    hyp_forms = normalisation_forms(hypotheses)
+    """Log a warning when words of the hypotheses differ from their references' only in Unicode
+    normalisation (:func:`normalisation_mismatches`): sacreBLEU compares code points, so ``é`` as
+    one code point (NFC) and as ``e`` plus a combining accent (NFD) count as different text."""
     for name, ref in zip(names, references):
-        ref_forms = normalisation_forms(ref)
-        if not hyp_forms & ref_forms:
+        count, first = normalisation_mismatches(hypotheses, ref)
+        if count:
+            line, hyp_word, ref_word = first
             log.warning(
-                "the hypotheses are in %s but %s is in %s (Unicode normalisation): the same text scores as different; "
-                "normalise both to one form first (unicodedata.normalize('NFC', line) in Python, or uconv -x any-nfc)",
-                _describe(hyp_forms), name, _describe(ref_forms),
+                "%d word(s) of the hypotheses differ from %s only in Unicode normalisation (line %d: %s against %s), and score as different words; "
+                "normalise both to one form first (unicodedata.normalize('NFKC', line) in Python, or uconv -x any-nfkc)",
+                count, name, line, ascii(hyp_word), ascii(ref_word),
             )
-
-
-def _describe(forms: set[str]) -> str:
-    return " and ".join(sorted(forms)) or "a mix of forms"
 
 
 def bleu_tokenizer(tokenize: str | None, tgt_lang: str | None) -> str:

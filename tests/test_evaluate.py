@@ -55,13 +55,16 @@ def test_differing_unicode_normalisation_is_warned_about(caplog):
     # bigram (each holds a differing word), trigram or 4-gram does. exp smoothing makes the k-th zero
     # precision 1/(2^k · n-grams): 1/8, 1/12, 1/16. BLEU = (3/5 · 1/8 · 1/12 · 1/16)^(1/4) = 14.06.
     assert round(score([nfc], [[nfd]], ("ref.de",))["bleu"], 2) == 14.06 and score([nfc], [[nfc]])["bleu"] == pytest.approx(100.0)
-    assert "hypotheses are in NFC but ref.de is in NFD" in caplog.text
+    assert "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: 'Caf\\xe9' against 'Cafe\\u0301')" in caplog.text
     caplog.clear()
     score([nfd], [[nfd]])
-    score(["Das Haus ist alt ."], [[nfd]])  # ASCII is in both forms
+    score(["Das Haus ist alt ."], [[nfd]])  # ASCII words, and no word differs only in form
+    # Identical files whose lines alternate NFC and NFD were warned about, though they score 100.
+    assert score([nfc, nfd], [[nfc, nfd]], ("ref.de",))["bleu"] == pytest.approx(100.0)
     assert caplog.text == ""
-    score([nfc, nfd], [[nfc, nfc]], ("ref.de",))
-    assert "hypotheses are in a mix of forms but ref.de is in NFC" in caplog.text
+    # Differences only NFKC removes (a ligature, full-width digits) were not warned about at all.
+    score(["Die Datei ist ﬁnal um １０ Uhr ."], [["Die Datei ist final um 10 Uhr ."]], ("ref.de",))
+    assert "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: '\\ufb01nal' against 'final')" in caplog.text
 
 
 # Three Chinese sentences that differ from their references in one word each: sacreBLEU's
