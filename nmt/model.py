@@ -230,6 +230,7 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.register_buffer("positions", sinusoidal_positions(256, d), persistent=False)
+        self.output_projection: nn.Module | None = None  # an inference-only copy of the tied output matrix (int8: nmt.translate.to_dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -265,7 +266,10 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), src_mask
 
     def project(self, h: Tensor) -> Tensor:
-        """Decoder states ``(..., d_model)`` → logits ``(..., vocab)`` through the tied embedding."""
+        """Decoder states ``(..., d_model)`` → logits ``(..., vocab)`` through the tied embedding
+        (or, when inference set one, its quantized copy ``output_projection``)."""
+        if self.output_projection is not None:
+            return self.output_projection(h)
         return F.linear(h, self.tgt_embed.weight)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:

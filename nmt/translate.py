@@ -130,8 +130,8 @@ def to_dtype(model: Transformer, dtype: torch.dtype) -> nn.Module:
     """``model`` for inference in ``dtype`` (from :func:`resolve_dtype`): float32, bfloat16 or
     float16 weights and activations, or ``torch.qint8``: every ``nn.Linear`` dynamically
     quantized (int8 weights, one scale per output channel; activations quantized per batch on
-    the fly) with PyTorch's own ``quantize_dynamic``, on the CPU. Embeddings, the tied output
-    projection, LayerNorm and the scores stay float32.
+    the fly) with PyTorch's own ``quantize_dynamic``, on the CPU, and a quantized copy of the
+    tied output matrix computes the logits. Embeddings, LayerNorm and the scores stay float32.
     """
     if dtype != torch.qint8:
         return model.to(dtype)
@@ -140,7 +140,14 @@ def to_dtype(model: Transformer, dtype: torch.dtype) -> nn.Module:
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao; it still works
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        quantized = quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        # The tied output matrix is the largest of all: a quantized copy of it computes the logits,
+        # while the embeddings (and the checkpoint's tie) keep the float32 matrix.
+        output = nn.Linear(model.cfg.d_model, model.cfg.tgt_vocab_size, bias=False)
+        output.weight = nn.Parameter(model.tgt_embed.weight.detach().clone(), requires_grad=False)
+        output.qconfig = per_channel_dynamic_qconfig
+        quantized.output_projection = quantize_dynamic(nn.Sequential(output), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)[0]
+        return quantized
 
 
 def steering(tokenizer: Tokenizer, prefix: str = "", constraints: Iterable[str] = (), bans: Iterable[str] = ()) -> Steering:

@@ -16,7 +16,9 @@ def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
     int8 = to_dtype(model, resolve_dtype("int8", torch.device("cpu")))
     assert not any(type(m) is nn.Linear for m in int8.modules())
     quantized = [m for m in int8.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
-    assert len(quantized) == 2 * 4 + 2 * 7  # encoder layer: qkv, out, fc1, fc2; decoder layer: also q, kv, out of cross-attention
+    # encoder layer: qkv, out, fc1, fc2; decoder layer: also q, kv, out of cross-attention; and the tied output matrix's copy
+    assert len(quantized) == 2 * 4 + 2 * 7 + 1 and int8.output_projection in quantized
+    assert torch.equal(int8.tgt_embed.weight, float_model.tgt_embed.weight)  # the embeddings (and the tie) keep float32
     assert all(m.weight().qscheme() == torch.per_channel_affine for m in quantized)
     src = random_sources([6, 11], seed=4)
     with torch.inference_mode():
