@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
 import logging
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -47,55 +45,17 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from .align import attention_matrix, format_alignment
+from .beams import Steering
 from .checkpoint import load_checkpoint, restore_model
 from .config import Config, ConfigError, DecodeConfig, config_to_dict
 from .data import pad_sources
 from .model import Transformer
-from .beams import Steering
 from .search import Hypothesis
+from .serve_api import MAX_BODY_BYTES, Job, Limits, RequestError, parse_request
 from .tokenizer import BOS, Tokenizer
-from .translate import steering, to_dtype, translate_lines
+from .translate import to_dtype, translate_lines
 
 log = logging.getLogger("nmt.serve")
-
-FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment", "prefix", "constraints", "ban")
-MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
-
-
-class RequestError(ValueError):
-    """A request the server refuses; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 422):
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for, and how requests are gathered into batches.
-
-    ``max_batch_tokens``: source tokens (EOS included) gathered into one batch;
-    ``max_wait_ms``: how long the first request of a batch waits for others (milliseconds);
-    ``max_input_pieces``: SentencePiece pieces in one line; ``max_lines``: lines in one request;
-    ``max_beam_size``: the largest ``beam_size`` (and so ``n_best``) a request may ask for.
-    """
-
-    max_batch_tokens: int = 4096
-    max_wait_ms: float = 5.0
-    max_input_pieces: int = 256
-    max_lines: int = 64
-    max_beam_size: int = 16
-
-    def check(self) -> None:
-        """Raises: ConfigError: a limit out of range, named by its flag."""
-        for name in ("max_batch_tokens", "max_input_pieces", "max_lines", "max_beam_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.max_wait_ms < math.inf:
-            raise ConfigError(f"--max-wait-ms must be a finite number >= 0, got {self.max_wait_ms}")
-        if self.max_batch_tokens < self.max_input_pieces + 1:
-            raise ConfigError(f"--max-batch-tokens ({self.max_batch_tokens}) must hold one line of --max-input-pieces ({self.max_input_pieces}) plus EOS")
-
 
 @dataclass
 class Translator:
@@ -140,119 +100,6 @@ class Translator:
         weights = attention_matrix([self.model], src, tgt_in, self.cfg.decode.alignment_layer)[0]  # (tgt_len, src_len)
         pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
         return {"src_pieces": pieces(self.tokenizer.src, ids), "tgt_pieces": pieces(self.tokenizer.tgt, hyp.tokens), "weights": weights.float().cpu().tolist()}
-
-
-@dataclass
-class Job:
-    """One request: its lines, the search settings it asked for (``decode``, the checkpoint's
-    with the request's fields), its source tokens (EOS included), whether alignments are wanted,
-    each line's :class:`~nmt.beams.Steering` (None when no line has any), and the future its
-    answer resolves."""
-
-    lines: list[str]
-    decode: DecodeConfig
-    tokens: int
-    alignment: bool = False
-    steering: list[Steering] | None = None
-    future: asyncio.Future | None = field(default=None, repr=False)
-
-
-def _number(body: dict, name: str, default, kind: type, low, high):
-    value = body.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise RequestError(f"{name} must be {'a number' if kind is float else 'an integer'}, got {json.dumps(value)}")
-    if not (low <= value <= high):
-        raise RequestError(f"{name} must be between {low} and {high}, got {value}")
-    return kind(value)
-
-
-def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> Job:
-    """Validate a ``/translate`` body into a :class:`Job`: its lines, the search settings (the
-    checkpoint's ``decode`` with the request's ``beam_size``, ``length_penalty`` and ``n_best``,
-    and ``max_tokens`` the server's batch budget), its source tokens, whether alignments are
-    asked for, and each line's ``prefix``, ``constraints`` and ``ban`` (:func:`steering_of`).
-
-    Raises:
-        RequestError: invalid JSON (400), a missing, unknown or ill-typed field (422), too many
-            lines or a line with too many pieces (413).
-    """
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"invalid JSON: {exc}", 400) from None
-    if not isinstance(body, dict):
-        raise RequestError('the body must be a JSON object such as {"text": "a sentence"}')
-    unknown = sorted(set(body) - set(FIELDS))
-    if unknown:
-        raise RequestError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
-    if "text" not in body:
-        raise RequestError('missing field "text" (a string, or a list of strings)')
-    text = body["text"]
-    lines = [text] if isinstance(text, str) else text
-    if not isinstance(lines, list) or not lines or not all(isinstance(line, str) for line in lines):
-        raise RequestError("text must be a string or a non-empty list of strings")
-    for i, line in enumerate(lines):
-        _check_unicode(line, f"text[{i}]")
-    if len(lines) > limits.max_lines:
-        raise RequestError(f"{len(lines)} lines in one request; the limit is {limits.max_lines} (--max-lines)", 413)
-    default = translator.cfg.decode
-    beam_size = _number(body, "beam_size", min(default.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
-    decode = replace(default, beam_size=beam_size, length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
-                     n_best=_number(body, "n_best", 1, int, 1, beam_size), max_tokens=limits.max_batch_tokens)
-    alignment = body.get("alignment", False)
-    if not isinstance(alignment, bool):
-        raise RequestError(f"alignment must be true or false, got {json.dumps(alignment)}")
-    pieces = [len(ids) for ids in translator.tokenizer.encode_src([line.strip() for line in lines], threads=1)]
-    for i, n in enumerate(pieces):
-        if n > limits.max_input_pieces:
-            raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
-    return Job(lines, decode, sum(pieces) + len(pieces), alignment, steering_of(body, isinstance(text, str), len(lines), translator, limits))
-
-
-def _check_unicode(text: str, where: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # JSON's "\ud800" escapes decode to a lone surrogate, which is no character
-        raise RequestError(f"{where} holds a lone UTF-16 surrogate ({ascii(text[exc.start])}) at character {exc.start}: send valid Unicode text") from None
-
-
-MAX_PHRASES = 16  # constraints or banned phrases for one line
-
-
-def steering_of(body: dict, single: bool, n: int, translator: Translator, limits: Limits) -> list[Steering] | None:
-    """Each line's prefix, constraints and banned phrases from a request, as ``nmt translate``'s
-    files give them (:func:`nmt.translate.steering`): for a ``text`` string, ``prefix`` is a string
-    and ``constraints`` and ``ban`` lists of strings; for a list, one of those per line. None when
-    the request has none of the three.
-
-    Raises:
-        RequestError: a field of the wrong shape or type, a line with more than
-            :data:`MAX_PHRASES` phrases, or a phrase over ``--max-input-pieces`` pieces (413).
-    """
-    if not any(name in body for name in ("prefix", "constraints", "ban")):
-        return None
-
-    def per_line(name: str, phrases: bool) -> list:
-        empty = [] if phrases else ""
-        value = body.get(name, empty if single else [empty] * n)
-        values = [value] if single else value
-        one = "a list of strings" if phrases else "a string"
-        if not isinstance(values, list) or len(values) != n:
-            raise RequestError(f"{name} must be {one}" + ("" if single else f", or a list of {n} of them, one per line of text"))
-        for i, v in enumerate(values):
-            items = v if phrases else [v]
-            if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-                raise RequestError(f"{name}{'' if single else f'[{i}]'} must be {one}, got {json.dumps(v)}")
-            if len(items) > MAX_PHRASES:
-                raise RequestError(f"{name}{'' if single else f'[{i}]'} has {len(items)} phrases; the limit is {MAX_PHRASES}", 413)
-            for x in items:
-                _check_unicode(x, name)
-                if len(translator.tokenizer.encode_tgt([x], threads=1)[0]) > limits.max_input_pieces:
-                    raise RequestError(f"a phrase of {name} has more than {limits.max_input_pieces} pieces (--max-input-pieces)", 413)
-        return values
-
-    prefixes, constraints, bans = per_line("prefix", False), per_line("constraints", True), per_line("ban", True)
-    return [steering(translator.tokenizer, p, c, b) for p, c, b in zip(prefixes, constraints, bans)]
 
 
 class Batcher:
