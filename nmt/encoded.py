@@ -37,8 +37,8 @@ log = logging.getLogger("nmt.encoded")
 
 # Part of every cache key: raise it whenever cleaning or encoding rules change, so that no
 # run maps a cache an older rule wrote. 2: emptiness by pieces; length-prefixed fingerprints;
-# 3: Arrow columns written by datasets.
-CACHE_FORMAT = 3
+# 3: Arrow columns written by datasets; 4: control characters read as spaces.
+CACHE_FORMAT = 4
 
 
 class EncodedCorpus:

@@ -2,10 +2,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
-from nmt.config import ModelConfig
+from nmt.config import ModelConfig, TokenizerConfig
+from nmt.corpus import read_parallel
 from nmt.model import Transformer
-from nmt.tokenizer import EOS, PAD
+from nmt.tokenizer import EOS, PAD, Tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "data" / "toy"
@@ -32,3 +35,20 @@ def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> torch.
         src[i, :n] = torch.randint(4, vocab, (n,), generator=g)
         src[i, n] = EOS
     return src
+
+
+@pytest.fixture(scope="session")
+def toy_tokenizer() -> Tokenizer:
+    """A joint 300-piece BPE model of 3,000 toy pairs: lower-case English and German words and
+    ``.``, no digits or other punctuation (those encode as UNK)."""
+    src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
+    return train_tokenizer(src[:3000], tgt[:3000], TokenizerConfig(vocab_size=300))
+
+
+# Lines of any code points, surrogates included (an in-memory string or JSON's \uD800 can hold
+# one), weighted towards what has broken tokenizers: controls, separators, combining marks, the
+# word-boundary mark itself, characters outside the toy vocabulary, and words inside it.
+_AWKWARD = [*map(chr, range(0x20)), "\x7f", *map(chr, range(0x80, 0xA0)), "\u2028", "\u2029", "\u200b", "\ufeff", "\u00a0", "\u3000",
+            "\u0301", "\u0308", "\u20dd", "\u2581", "\ud800", "\udfff", "\ufffd", "😀", "日本", "!!!", "42", " ", "the ", "dog ", "Hund "]
+AWKWARD_LINES = st.lists(st.one_of(st.characters(exclude_categories=()), st.sampled_from(_AWKWARD)), max_size=30).map("".join)
+HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
