@@ -30,15 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import CHUNK_LINES, KEPT, CleanReport, DataError, ParallelText, encode_rows, report_of
+from .clean import KEPT, CleanReport, encode_rows, flatten, report_of
+from .corpus import CHUNK_LINES, DataError, ParallelText
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("nmt.encoded")
 
 # Part of every cache key: raise it whenever cleaning or encoding rules change, so that no
 # run maps a cache an older rule wrote. 2: emptiness by pieces; length-prefixed fingerprints;
-# 3: Arrow columns written by datasets; 4: control characters read as spaces.
-CACHE_FORMAT = 4
+# 3: Arrow columns written by datasets; 4: control characters read as spaces; 5: sides of
+# unknown pieces only dropped.
+CACHE_FORMAT = 5
 
 
 class EncodedCorpus:
@@ -83,7 +85,7 @@ class EncodedCorpus:
     @classmethod
     def from_lists(cls, src: list[list[int]], tgt: list[list[int]]) -> EncodedCorpus:
         """One in-memory block of every pair given."""
-        return cls([_flatten(src)], [_flatten(tgt)])
+        return cls([flatten(src)], [flatten(tgt)])
 
     @classmethod
     def from_table(cls, table, key: str = "") -> tuple[EncodedCorpus, CleanReport]:
@@ -107,15 +109,6 @@ class EncodedCorpus:
         if len(corpus.starts) - 1 and corpus.starts[-1] != len(reason):
             raise ValueError("columns of different lengths")
         return corpus, report_of(reason)
-
-
-def _flatten(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, offsets)``: the sequences back to back (int32) and where each starts (int64, ``(n + 1,)``)."""
-    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-    ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
-    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return ids, offsets
 
 
 _worker_tokenizers: dict[bytes, Tokenizer] = {}
@@ -179,7 +172,7 @@ def _encode_batch(table, protos: dict[str, bytes], max_len: int | None, max_len_
         src_ids[i] = tgt_ids[i] = []
 
     def column(seqs: list[list[int]]):
-        ids, offsets = _flatten(seqs)
+        ids, offsets = flatten(seqs)
         return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids, type=pa.int32()))
 
     return pa.table({"src_ids": column(src_ids), "tgt_ids": column(tgt_ids), "reason": pa.array(reason, type=pa.int8())})

@@ -18,7 +18,7 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import sentencepiece as spm
 from .files import atomic_write
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+WORD_BOUNDARY = "\u2581"  # SentencePiece's mark for a space: the piece "▁" alone, or the start of "▁the"
 
 #: ``character_coverage: auto`` looks at this many sentences of each side ...
 AUTO_COVERAGE_SENTENCES = 10_000
@@ -116,6 +117,20 @@ def controls_as_spaces(line: str) -> str:
     hold one) would make SentencePiece raise; ``nmt_nfkc`` reads U+FFFD as a space too.
     """
     return line if line.isprintable() else line.translate(_SPACED)
+
+
+def unknown_only(ids: Sequence[int], sp: spm.SentencePieceProcessor) -> bool:
+    """Whether one encoded line (``ids`` of ``sp``, no EOS) has pieces but none a model can
+    read: every piece is UNK or the bare word boundary ``▁``.
+
+    A line of characters outside the vocabulary (an emoji, ``!!!``, ``42``, another script,
+    without byte fallback) encodes as ``[▁, UNK]``; a model given it invents a sentence, and
+    a model trained on it learns to. Training drops such pairs and counts them
+    (:data:`nmt.clean.UNKNOWN`); translation should warn about such a line and count it.
+    A line of no pieces is not "unknown only": it is empty.
+    """
+    boundary = sp.piece_to_id(WORD_BOUNDARY)  # UNK itself when the vocabulary has no bare "▁"
+    return len(ids) > 0 and all(i == UNK or i == boundary for i in ids)
 
 
 def _load(*, model_file: str | None = None, model_proto: bytes | None = None, what: str) -> spm.SentencePieceProcessor:

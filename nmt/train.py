@@ -31,8 +31,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from . import evaluate
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, tokenizer_from_tensors, tokenizer_to_tensors
 from .config import Config, config_from_dict, config_to_dict, with_vocab
+from .clean import clean_pairs, stripped_side
+from .corpus import DataError, ParallelText, check_inputs, load_split
 from .encoded import EncodedCorpus, encode_corpus, encoding_workers
-from .corpus import DataError, ParallelText, check_inputs, clean_pairs, load_split, stripped_side
 from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
 from .files import atomic_write

@@ -32,8 +32,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from nmt.config import TokenizerConfig
+    from nmt.clean import stripped_side
+    from nmt.corpus import ParallelText, find_split_file
     from nmt.encoded import encode_corpus
-    from nmt.corpus import ParallelText, find_split_file, stripped_side
     from nmt.tokenizer import train_tokenizer
 
     text = ParallelText.files(find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de"))

@@ -6,29 +6,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import nmt.encoded as encoded_module
 
-from nmt.config import DataConfig, TokenizerConfig
-from nmt.corpus import (
-    CleanReport,
-    DataError,
-    ParallelText,
-    check_inputs,
-    clean_pairs,
-    count_lines,
-    encode_rows,
-    load_split,
-    read_lines,
-    read_parallel,
-    stream_buffers,
-    strip_pairs,
-)
+from nmt.config import DataConfig
+from nmt.clean import CleanReport, clean_pairs, encode_rows, strip_pairs
+from nmt.corpus import DataError, ParallelText, check_inputs, count_lines, load_split, read_lines, read_parallel, stream_buffers
 from nmt.encoded import EncodedCorpus, encode_corpus
 from nmt.data import TokenBatchSampler, collate, token_batches
-from nmt.tokenizer import BOS, EOS, PAD, train_tokenizer
+from nmt.tokenizer import BOS, EOS, PAD
 
-from conftest import ROOT, TOY
+from conftest import HYPOTHESIS, ROOT, TOY
 
 
 def test_read_lines_handles_crlf_bom_gzip_and_unicode_separators(tmp_path):
@@ -110,12 +100,6 @@ def test_collate_adds_eos_bos_and_padding():
     assert batch.tgt_in.tolist() == [[BOS, 8, PAD, PAD], [BOS, 9, 10, 11]]
     assert batch.tgt_out.tolist() == [[8, EOS, PAD, PAD], [9, 10, 11, EOS]]
     assert batch.n_tgt_tokens == 6
-
-
-@pytest.fixture(scope="module")
-def toy_tokenizer():
-    src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
-    return train_tokenizer(src[:3000], tgt[:3000], TokenizerConfig(vocab_size=300))
 
 
 def test_encoding_is_cached_and_filters_are_counted(tmp_path, toy_tokenizer, monkeypatch):
@@ -472,3 +456,33 @@ def test_a_full_disk_while_encoding_is_one_error_and_leaves_nothing(tmp_path, to
     monkeypatch.setattr(tempfile, "mkdtemp", full)  # no room even for the temporary directory
     with pytest.raises(DataError, match=r"No space left on device\); free some space or set data.cache_dir elsewhere"):
         encode_corpus(text, toy_tokenizer, tmp_path / "cache")
+
+
+def test_pairs_the_model_cannot_see_are_dropped_and_counted(tmp_path, toy_tokenizer):
+    """A side of no piece but UNK and the bare word boundary (an emoji, punctuation or digits
+    outside the vocabulary, another script) teaches the model to invent: dropped and counted,
+    on either side; a line with one known piece besides is kept."""
+    from nmt.tokenizer import UNK, unknown_only
+
+    src = ["the dog .", "😀", "!!!", "42", "日本語", "the 😀 dog .", "a cat .", "\x00\x85"]
+    tgt = ["der Hund .", "Hund", "Katze", "Haus", "Mann", "der Hund .", "😀 !!!", "x"]
+    src_ids, tgt_ids, reason = encode_rows(toy_tokenizer, src, tgt, max_len=100, max_len_ratio=3.0)
+    assert [toy_tokenizer.src.id_to_piece(i) for i in src_ids[1]] == ["▁", "<unk>"] and UNK in src_ids[5]
+    assert [unknown_only(ids, toy_tokenizer.src) for ids in src_ids] == [False, True, True, True, True, False, False, False]
+    assert unknown_only(tgt_ids[6], toy_tokenizer.tgt) and not unknown_only([], toy_tokenizer.tgt)
+    assert reason.tolist() == [0, 4, 4, 4, 4, 0, 4, 1]  # NUL and NEL are spaces now: that source is empty
+    kept = clean_pairs(toy_tokenizer, src, tgt)
+    assert kept.src == ["the dog .", "the 😀 dog ."] and kept.report == CleanReport(total=8, empty=1, unknown=5)
+    assert "5 with a side of unknown pieces only" in str(kept.report) and kept.report.kept == 2
+    corpus, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
+    assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
+
+
+@HYPOTHESIS
+@given(lines=st.lists(st.lists(st.sampled_from([0, 1, 2, 3, 5, 9, 255]), max_size=5), max_size=8))
+def test_unknown_only_of_one_line_agrees_with_the_cleaning_rule(toy_tokenizer, lines):
+    from nmt.clean import flatten, unknown_only_lines
+    from nmt.tokenizer import WORD_BOUNDARY, unknown_only
+
+    boundary = toy_tokenizer.src.piece_to_id(WORD_BOUNDARY)
+    assert unknown_only_lines(flatten(lines), boundary).tolist() == [unknown_only(ids, toy_tokenizer.src) for ids in lines]
