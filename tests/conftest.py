@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -51,4 +52,7 @@ def toy_tokenizer() -> Tokenizer:
 _AWKWARD = [*map(chr, range(0x20)), "\x7f", *map(chr, range(0x80, 0xA0)), "\u2028", "\u2029", "\u200b", "\ufeff", "\u00a0", "\u3000",
             "\u0301", "\u0308", "\u20dd", "\u2581", "\ud800", "\udfff", "\ufffd", "😀", "日本", "!!!", "42", " ", "the ", "dog ", "Hund "]
 AWKWARD_LINES = st.lists(st.one_of(st.characters(exclude_categories=()), st.sampled_from(_AWKWARD)), max_size=30).map("".join)
-HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Property tests try 60 examples each; HYPOTHESIS_PROFILE=thorough tries 2,000.
+settings.register_profile("nmt", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+settings.register_profile("thorough", settings.get_profile("nmt"), max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nmt"))

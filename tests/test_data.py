@@ -18,7 +18,7 @@ from nmt.encoded import EncodedCorpus, encode_corpus
 from nmt.data import TokenBatchSampler, collate, token_batches
 from nmt.tokenizer import BOS, EOS, PAD
 
-from conftest import AWKWARD_LINES, HYPOTHESIS, ROOT, TOY
+from conftest import AWKWARD_LINES, ROOT, TOY
 
 
 def test_read_lines_handles_crlf_bom_gzip_and_unicode_separators(tmp_path):
@@ -516,7 +516,6 @@ def test_a_damaged_cache_is_found_by_its_checksum_and_encoded_again(tmp_path, to
     assert not caplog.records  # the cache written again is whole
 
 
-@HYPOTHESIS
 @given(lines=st.lists(st.lists(st.sampled_from([0, 1, 2, 3, 5, 9, 255]), max_size=5), max_size=8))
 def test_unknown_only_of_one_line_agrees_with_the_cleaning_rule(toy_tokenizer, lines):
     from nmt.clean import flatten, unknown_only_lines
@@ -526,7 +525,6 @@ def test_unknown_only_of_one_line_agrees_with_the_cleaning_rule(toy_tokenizer, l
     assert unknown_only_lines(flatten(lines), boundary).tolist() == [unknown_only(ids, toy_tokenizer.src) for ids in lines]
 
 
-@HYPOTHESIS
 @given(pairs=st.lists(st.tuples(AWKWARD_LINES, AWKWARD_LINES), max_size=12), chunk_lines=st.integers(1, 5))
 @example(pairs=[("the dog .", "\x00")], chunk_lines=1)
 def test_the_cache_gives_back_exactly_what_was_encoded(toy_tokenizer, pairs, chunk_lines):
