@@ -101,7 +101,7 @@ class DataConfig(Checked):
     max_len: int = setting(128, "longest training pair kept, in pieces without BOS/EOS", AT_LEAST_1)
     max_len_ratio: float = setting(3.0, "largest length ratio of a training pair kept", Range(1))
     valid_max_sentences: int | None = setting(None, "validation sentences decoded for BLEU (null: all)", AT_LEAST_1)
-    workers: int = setting(0, "processes encoding the training text; 0: one per usable CPU, at most 16", AT_LEAST_0)
+    workers: int = setting(0, "SentencePiece threads encoding the training text; 0: one per usable CPU, at most 16", AT_LEAST_0)
     cache_dir: str | None = setting(None, "encoded corpora (null: RUN_DIR/cache); share one across runs to encode once")
 
 

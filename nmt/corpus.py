@@ -1,8 +1,8 @@
-"""Parallel text on disk: reading and cleaning.
+"""Parallel text on disk: reading it.
 
-Text files are streamed line by line, so memory does not grow with the corpus; cleaning
-decides by SentencePiece pieces (:func:`encode_rows`). The encoded ids are cached by
-:mod:`nmt.encoded`. This module needs no torch; batching lives in :mod:`nmt.data`.
+Text files are streamed line by line, so memory does not grow with the corpus. Cleaning
+lives in :mod:`nmt.clean`, the encoded-ids cache in :mod:`nmt.encoded`, batching in
+:mod:`nmt.data`. This module needs no torch.
 """
 
 from __future__ import annotations
@@ -11,25 +11,18 @@ import codecs
 import contextlib
 import gzip
 import itertools
-import logging
 import os
 import select
 import stat
-import typing
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import numpy as np
-
 from .errors import NmtError
-from .tokenizer import Tokenizer
 
-log = logging.getLogger("nmt.corpus")
-
-CHUNK_LINES = 50_000  # pairs a worker encodes at a time
+CHUNK_LINES = 50_000  # pairs read, cleaned and encoded at a time
 READ_BYTES = 1 << 16  # read size when streaming standard input
 
 
@@ -59,7 +52,7 @@ def iter_lines(path: str | Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _open_bytes(path: Path) -> Iterator[typing.BinaryIO]:
+def _open_bytes(path: Path) -> Iterator[BinaryIO]:
     """``path`` opened for binary reading, decompressed if its content is gzip (whatever its name).
 
     Raises:
@@ -213,10 +206,12 @@ class ParallelText:
 
     @classmethod
     def files(cls, src_path: str | Path, tgt_path: str | Path) -> ParallelText:
+        """The pairs of two aligned text files (not read yet)."""
         return cls(src_path=Path(src_path), tgt_path=Path(tgt_path), name=f"{src_path} and {tgt_path}")
 
     @classmethod
     def lists(cls, src: list[str], tgt: list[str], name: str = "the in-memory corpus") -> ParallelText:
+        """The pairs of two lists of lines. Raises :class:`DataError` if their lengths differ."""
         if len(src) != len(tgt):
             raise DataError(f"{name}: {len(src)} source lines but {len(tgt)} target lines: a parallel corpus needs one target line per source line")
         return cls(src_lines=src, tgt_lines=tgt, name=name)
@@ -267,11 +262,8 @@ class ParallelText:
         """All source and target lines (for small sets: validation, tests)."""
         if self.src_path is None:
             return self.src_lines, self.tgt_lines
-        src, tgt = [], []
-        for s, t in self.pairs():
-            src.append(s)
-            tgt.append(t)
-        return src, tgt
+        pairs = list(self.pairs())
+        return [s for s, _ in pairs], [t for _, t in pairs]
 
     def fingerprint(self, digest) -> None:
         """Feed the corpus's content into ``digest`` (a hashlib object): file bytes, or lines.
@@ -307,10 +299,9 @@ def check_inputs(train: ParallelText, valid: ParallelText) -> None:
         DataError: naming the file and line, or the two files of a split.
     """
     train.check()
-    valid.check()
-    vsrc, _, report = strip_pairs(*valid.read())
-    if not vsrc:
-        raise DataError(f"the validation set ({valid.name}) has no pair with text on both sides ({report}); check those files")
+    n = valid.check()
+    if not any(s.strip() and t.strip() for s, t in valid.pairs()):
+        raise DataError(f"the validation set ({valid.name}) has no pair with text on both sides (all {n} have a blank side); check those files")
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
@@ -359,110 +350,9 @@ def load_split(cfg, split: str) -> ParallelText:
         return ParallelText.files(*(check_file(path) for path in explicit))
     if cfg.hf_dataset:
         name = cfg.train_split if split == "train" else cfg.valid_split
-        return ParallelText.lists(*load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang), name=f"dataset {cfg.hf_dataset!r} split {name!r}")
+        lines = load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang)
+        return ParallelText.lists(*lines, name=f"dataset {cfg.hf_dataset!r} split {name!r}")
     if cfg.dir:
         name = cfg.train_split if split == "train" else cfg.valid_split
         return ParallelText.files(find_split_file(cfg.dir, name, cfg.src_lang), find_split_file(cfg.dir, name, cfg.tgt_lang))
     raise DataError(f"no {split} data configured: set data.dir, data.{split}_src/{split}_tgt or data.hf_dataset")
-
-
-# --------------------------------------------------------------------------- cleaning
-
-
-@dataclass
-class CleanReport:
-    total: int = 0
-    empty: int = 0
-    too_long: int = 0
-    bad_ratio: int = 0
-
-    @property
-    def kept(self) -> int:
-        return self.total - self.empty - self.too_long - self.bad_ratio
-
-    def __str__(self) -> str:
-        return f"{self.kept}/{self.total} pairs kept ({self.empty} with a side of no pieces, {self.too_long} over max_len, {self.bad_ratio} over max_len_ratio)"
-
-
-def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], CleanReport]:
-    """Strip whitespace and drop pairs with a blank side: the rule before a tokenizer exists
-    (the text it trains on); with one, :func:`clean_pairs` decides by pieces."""
-    report = CleanReport(total=len(src))
-    out_src, out_tgt = [], []
-    for s, t in zip(src, tgt):
-        s, t = s.strip(), t.strip()
-        if not s or not t:
-            report.empty += 1
-            continue
-        out_src.append(s)
-        out_tgt.append(t)
-    return out_src, out_tgt, report
-
-
-# Why encode_rows dropped a pair (one int8 a pair in the cache: the cleaning counts come from it).
-KEPT, EMPTY, TOO_LONG, BAD_RATIO = 0, 1, 2, 3
-
-
-def encode_rows(tokenizer: Tokenizer, src: list[str], tgt: list[str], max_len: int | None = None, max_len_ratio: float | None = None, threads: int = -1) -> tuple[list[list[int]], list[list[int]], np.ndarray]:
-    """Piece ids of every pair, and why each pair is dropped (:data:`KEPT` if it is not).
-
-    A pair is :data:`EMPTY` when a side has no pieces. Lines are encoded as they are, as
-    ``nmt translate`` encodes them: SentencePiece's normalisation removes leading, trailing
-    and repeated whitespace itself, and a line of only U+200B (not blank to ``str.strip``)
-    has no pieces either. With ``max_len``, a pair is :data:`TOO_LONG` when a side has more
-    than ``max_len`` pieces, and :data:`BAD_RATIO` when the longer side has more than
-    ``max_len_ratio`` times the pieces of the shorter.
-
-    Returns:
-        source ids, target ids (one list a pair, in order) and the reasons, int8 ``(n,)``.
-    """
-    src_ids, tgt_ids = tokenizer.encode_src(src, threads), tokenizer.encode_tgt(tgt, threads)
-    s = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))
-    t = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))
-    reason = np.where((s == 0) | (t == 0), EMPTY, KEPT).astype(np.int8)
-    if max_len is not None:
-        reason[(reason == KEPT) & ((s > max_len) | (t > max_len))] = TOO_LONG
-        if max_len_ratio:
-            reason[(reason == KEPT) & (np.maximum(s, t) > max_len_ratio * np.maximum(1, np.minimum(s, t)))] = BAD_RATIO
-    return src_ids, tgt_ids, reason
-
-
-def report_of(reason: np.ndarray) -> CleanReport:
-    """The cleaning counts of :func:`encode_rows`'s reasons."""
-    counts = np.bincount(reason, minlength=4)
-    return CleanReport(total=len(reason), empty=int(counts[EMPTY]), too_long=int(counts[TOO_LONG]), bad_ratio=int(counts[BAD_RATIO]))
-
-
-@dataclass
-class CleanPairs:
-    """Pairs kept by :func:`clean_pairs`: stripped lines, their piece ids, and the counts."""
-
-    src: list[str]
-    tgt: list[str]
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-    report: CleanReport
-
-
-def clean_pairs(tokenizer: Tokenizer, src: list[str], tgt: list[str], threads: int = -1) -> CleanPairs:
-    """Tokenize, and drop every pair with a side of no pieces (:func:`encode_rows`, no length
-    filter). The kept text is stripped; dropped pairs are counted in ``report.empty``."""
-    src_ids, tgt_ids, reason = encode_rows(tokenizer, src, tgt, threads=threads)
-    keep = (reason == KEPT).tolist()
-    src, tgt, src_ids, tgt_ids = (list(itertools.compress(x, keep)) for x in (src, tgt, src_ids, tgt_ids))
-    return CleanPairs([s.strip() for s in src], [t.strip() for t in tgt], src_ids, tgt_ids, report_of(reason))
-
-
-def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
-    """The stripped source (``side`` 0) or target (1) line of every pair with text on both sides.
-
-    Raises:
-        DataError: as :meth:`ParallelText.pairs`, or no pair has text on both sides.
-    """
-    kept = 0
-    for block in text.chunks(CHUNK_LINES):  # encoding then decides by pieces (encode_rows)
-        lines = strip_pairs(*block)[side]
-        kept += len(lines)
-        yield from lines
-    if kept == 0:
-        raise DataError("the training data has no pair with text on both sides; check the training files")

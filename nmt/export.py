@@ -141,10 +141,12 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
     PAD or BOS (``suppress_tokens``), as nmt's own search does.
 
     The tokenizer gives the ids nmt gives for any text (special-token spellings such as
-    ``</s>`` and ``<pad>``, control characters and very long words included) with one
-    exception that ``MarianTokenizer`` cannot be configured out of: it removes a leading
-    ``>>...<<`` (Marian's target-language tag), which nmt reads as text. The export
-    warns about it; for such lines, encode with ``source.spm`` and pass ``input_ids``.
+    ``</s>`` and ``<pad>`` and very long words included) with two exceptions that
+    ``MarianTokenizer`` cannot be configured out of: it removes a leading ``>>...<<``
+    (Marian's target-language tag), which nmt reads as text; and it hands control
+    characters to SentencePiece as they are, where nmt reads them as spaces
+    (:func:`nmt.tokenizer.controls_as_spaces`). The export warns about both; for such
+    lines, encode with nmt (or ``controls_as_spaces`` and ``source.spm``) and pass ``input_ids``.
 
     Raises:
         ExportError: as :func:`marian_model`, or the tokenizer is not joint.
@@ -175,8 +177,8 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
     )
     hf_tok.save_pretrained(out_dir)
     log.warning(
-        "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text; "
-        "for such lines give the exported model ids from source.spm (SentencePiece) instead", out_dir,
+        "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text, "
+        "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives", out_dir,
     )
 
 

@@ -19,7 +19,7 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from .errors import NmtError
 from .files import atomic_write
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+WORD_BOUNDARY = "\u2581"  # SentencePiece's mark for a space: the piece "▁" alone, or the start of "▁the"
 
 #: ``character_coverage: auto`` looks at this many sentences of each side ...
 AUTO_COVERAGE_SENTENCES = 10_000
@@ -73,14 +74,18 @@ class Tokenizer:
 
     @property
     def joint(self) -> bool:
+        """Whether source and target share one model (and vocabulary)."""
         return self.src is self.tgt
 
     def encode_src(self, lines: list[str], threads: int = -1) -> list[list[int]]:
-        """Piece ids of each line; ``threads`` -1 lets SentencePiece use every core."""
-        return self.src.encode(lines, num_threads=threads)
+        """Piece ids of each line (:func:`controls_as_spaces` first); ``threads`` -1 lets
+        SentencePiece use every core. Training, validation, translation and serving all
+        encode through here, so they all see the same pieces for the same text."""
+        return self.src.encode([controls_as_spaces(line) for line in lines], num_threads=threads)
 
     def encode_tgt(self, lines: list[str], threads: int = -1) -> list[list[int]]:
-        return self.tgt.encode(lines, num_threads=threads)
+        """Target-side :meth:`encode_src`."""
+        return self.tgt.encode([controls_as_spaces(line) for line in lines], num_threads=threads)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Target text of each id sequence; always one line, whatever the ids.
@@ -118,6 +123,7 @@ class Tokenizer:
 
     @classmethod
     def from_protos(cls, protos: dict[str, bytes]) -> "Tokenizer":
+        """The tokenizer :meth:`protos` serialized. Raises :class:`TokenizerError` if a model does not load."""
         if "joint" in protos:
             sp = _load(model_proto=protos["joint"], what="checkpoint tokenizer")
             return cls(sp, sp)
@@ -131,11 +137,45 @@ class Tokenizer:
 
     @classmethod
     def load_dir(cls, directory: Path) -> "Tokenizer | None":
+        """The tokenizer :meth:`save` wrote in ``directory``, or None if there is none."""
         if (directory / "spm.model").is_file():
             return cls.from_protos({"joint": (directory / "spm.model").read_bytes()})
         if (directory / "spm.src.model").is_file():
             return cls.from_protos({k: (directory / f"spm.{k}.model").read_bytes() for k in ("src", "tgt")})
         return None
+
+
+# Control characters (Unicode category Cc: C0 U+0000-U+001F, DEL, C1 U+0080-U+009F) other than
+# TAB, which SentencePiece already reads as a space; and the surrogate code points, which only an
+# in-memory string or JSON's \uD800 escapes can hold and which SentencePiece cannot take at all.
+_SPACED = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09} | {c: "\ufffd" for c in range(0xD800, 0xE000)}
+
+
+def controls_as_spaces(line: str) -> str:
+    """``line`` with every control character but TAB replaced by a space, and every surrogate
+    code point by U+FFFD (the replacement character), before SentencePiece sees it.
+
+    SentencePiece's ``nmt_nfkc`` normaliser deletes most controls, so that neighbouring
+    words fuse (``dog\\x01sees`` becomes the pieces of ``dogsees``), keeps NUL and U+0085
+    (NEL) as unknown characters, and reads TAB, LF, CR and FF as spaces. Read as spaces,
+    controls separate words as a line break does. A surrogate (not a character; UTF-8 cannot
+    hold one) would make SentencePiece raise; ``nmt_nfkc`` reads U+FFFD as a space too.
+    """
+    return line if line.isprintable() else line.translate(_SPACED)
+
+
+def unknown_only(ids: Sequence[int], sp: spm.SentencePieceProcessor) -> bool:
+    """Whether one encoded line (``ids`` of ``sp``, no EOS) has pieces but none a model can
+    read: every piece is UNK or the bare word boundary ``▁``.
+
+    A line of characters outside the vocabulary (an emoji, ``!!!``, ``42``, another script,
+    without byte fallback) encodes as ``[▁, UNK]``; a model given it invents a sentence, and
+    a model trained on it learns to. Training drops such pairs and counts them
+    (:data:`nmt.clean.UNKNOWN`); translation should warn about such a line and count it.
+    A line of no pieces is not "unknown only": it is empty.
+    """
+    boundary = sp.piece_to_id(WORD_BOUNDARY)  # UNK itself when the vocabulary has no bare "▁"
+    return len(ids) > 0 and all(i == UNK or i == boundary for i in ids)
 
 
 def _load(*, model_file: str | None = None, model_proto: bytes | None = None, what: str) -> spm.SentencePieceProcessor:
@@ -186,6 +226,7 @@ def _drop_broken_characters(ids: list[int], byte_values: tuple[int, ...]) -> lis
 
 
 def load_model_file(path: str) -> spm.SentencePieceProcessor:
+    """A SentencePiece model file with nmt's special ids. Raises :class:`TokenizerError` otherwise."""
     if not Path(path).is_file():
         raise TokenizerError(f"SentencePiece model {path} does not exist")
     return _load(model_file=path, what=path)
@@ -238,7 +279,7 @@ def train_sentencepiece(
     it allows; an error raised while reading ``sentences`` (a
     :class:`~nmt.corpus.DataError`, say) is raised as it is.
     """
-    sample = reservoir_sample(sentences, input_sentence_size, seed)
+    sample = [controls_as_spaces(s) for s in reservoir_sample(sentences, input_sentence_size, seed)]  # the text encode_src will give it
     buffer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(

@@ -32,8 +32,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from . import evaluate
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, tokenizer_from_tensors, tokenizer_to_tensors
 from .config import Config, config_from_dict, config_to_dict, with_vocab
-from .encoded import EncodedCorpus, encode_corpus, encoding_workers
-from .corpus import DataError, ParallelText, check_inputs, clean_pairs, load_split, stripped_side
+from .clean import clean_pairs, stripped_side
+from .corpus import DataError, ParallelText, check_inputs, load_split
+from .encoded import EncodedCorpus, encode_corpus, encoding_threads
 from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
 from .files import atomic_write
@@ -71,8 +72,8 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
     """Read and clean the data, train (or reuse) the tokenizer and encode both splits.
 
     Training text is streamed: the tokenizer trains on a stream (SentencePiece samples
-    ``tokenizer.input_sentence_size`` sentences) and ``data.workers`` processes encode it
-    into a memory-mapped cache, so memory does not grow with the corpus. With ``write``
+    ``tokenizer.input_sentence_size`` sentences) and ``data.workers`` SentencePiece threads
+    encode it into a memory-mapped cache, so memory does not grow with the corpus. With ``write``
     the tokenizer is saved in ``run_dir`` and encodings cached under ``run_dir/cache``
     (rank 0 does this; other ranks then read them back).
     """
@@ -90,11 +91,11 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
     if write:
         tokenizer.save(run_dir)
     cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
-    workers = encoding_workers(cfg.data.workers)
+    threads = encoding_threads(cfg.data.workers)
     encoding = time.perf_counter()
-    corpus, report = encode_corpus(train_text, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write, workers=workers)
+    corpus, report = encode_corpus(train_text, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write, threads=threads)
     if write:
-        log.info("train: %s; encoded or loaded from %s in %.1f s (workers: %d)", report, cache, time.perf_counter() - encoding, workers)
+        log.info("train: %s; encoded or loaded from %s in %.1f s (threads: %d)", report, cache, time.perf_counter() - encoding, threads)
     if len(corpus) == 0:
         raise DataError(f"no training pairs left after cleaning ({report}); check the training files, data.max_len and data.max_len_ratio")
     valid_pairs = clean_pairs(tokenizer, *valid_text.read())

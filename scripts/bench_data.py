@@ -23,9 +23,9 @@ Example (2 CPU cores)::
 
     python scripts/bench_data.py --workers 1,2 --steps 100
 
-Encoding is ``datasets.Dataset.map(num_proc=workers)`` into an Arrow cache (see
-:func:`nmt.encoded.encode_corpus`); docs/performance.md has the measurement that chose it
-over the hand-written ``.npy`` cache it replaced.
+Encoding runs in the training process, ``data.workers`` SentencePiece threads, into an
+Arrow cache (see :func:`nmt.encoded.encode_corpus`); docs/performance.md has the
+measurements of it and of the designs before it.
 
 Data: ``--data`` or $MULTI30K (default ``../shared/data/multi30k`` beside the checkout).
 """
@@ -158,7 +158,7 @@ def main() -> None:
     parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")))
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench_data"), help="where the corpus, caches and runs go (git-ignored)")
     parser.add_argument("--repeats", type=int, default=156, help="copies of Multi30k train (156: 4,524,000 pairs)")
-    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to compare")
+    parser.add_argument("--workers", default="1,2", help="comma-separated data.workers values (encoding threads) to compare")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Encoding time of a corpus into an empty cache (``nmt.encoded.encode_corpus``), per worker
-count, and the time to open the cache once present. Prints one JSON line.
+"""Encoding time of a corpus into an empty cache (``nmt.encoded.encode_corpus``), per
+``data.workers`` value (SentencePiece threads), and the time to open the cache once present.
+Prints one JSON line.
 
 Example (Multi30k's 29,000 training pairs, the tokenizer the recipe trains)::
 
@@ -27,13 +28,14 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")))
-    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    parser.add_argument("--workers", default="1,2", help="comma-separated data.workers values (encoding threads)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     from nmt.config import TokenizerConfig
+    from nmt.clean import stripped_side
+    from nmt.corpus import ParallelText, find_split_file
     from nmt.encoded import encode_corpus
-    from nmt.corpus import ParallelText, find_split_file, stripped_side
     from nmt.tokenizer import train_tokenizer
 
     text = ParallelText.files(find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de"))
@@ -44,11 +46,11 @@ def main() -> None:
         for _ in range(args.repeats):
             cache = Path(tempfile.mkdtemp(prefix="bench-encode-"))
             start = time.perf_counter()
-            corpus, _ = encode_corpus(text, tokenizer, cache, 100, 3.0, workers=workers)
+            corpus, _ = encode_corpus(text, tokenizer, cache, 100, 3.0, threads=workers)
             times.append(round(time.perf_counter() - start, 2))
             out["cache_bytes"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
             start = time.perf_counter()
-            encode_corpus(text, tokenizer, cache, 100, 3.0, workers=workers)
+            encode_corpus(text, tokenizer, cache, 100, 3.0, threads=workers)
             out["cache_hit_s"] = round(time.perf_counter() - start, 3)
             del corpus
             shutil.rmtree(cache)

@@ -105,7 +105,7 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     tokenizer = Tokenizer.load_dir(Path(args.work))
-    corpus, _ = encode_corpus(ParallelText.files(*train_files(args.data)), tokenizer, Path(args.work) / "cache", max_len=100, max_len_ratio=3.0, workers=1)
+    corpus, _ = encode_corpus(ParallelText.files(*train_files(args.data)), tokenizer, Path(args.work) / "cache", max_len=100, max_len_ratio=3.0, threads=1)
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens, seed=1)
     indices, epoch = [], 0
     while len(indices) < args.warmup + args.steps:  # a large budget leaves fewer batches in an epoch than a run needs

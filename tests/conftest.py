@@ -1,12 +1,16 @@
 import functools
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
-from nmt.config import ModelConfig
+from nmt.config import ModelConfig, TokenizerConfig
+from nmt.corpus import read_parallel
 from nmt.model import Transformer
-from nmt.tokenizer import EOS, PAD
+from nmt.tokenizer import EOS, PAD, Tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "data" / "toy"
@@ -36,11 +40,28 @@ def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> torch.
 
 
 @functools.lru_cache(maxsize=None)
-def toy_tokenizer(vocab_size: int = 40, lines: int = 300):
-    """A joint SentencePiece tokenizer trained on the first ``lines`` English lines of the shipped
-    toy corpus (few enough characters for 40 pieces), trained once per session for every test that asks for it."""
-    from nmt.config import TokenizerConfig
-    from nmt.tokenizer import train_tokenizer
+def cached_tokenizer(vocab_size: int = 40, lines: int = 300, german: bool = False) -> Tokenizer:
+    """A joint SentencePiece tokenizer of the first ``lines`` toy pairs' English (and, with
+    ``german``, German) side, trained once per session for every test that asks for the same one.
+    English alone has few enough characters for 40 pieces."""
+    src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
+    return train_tokenizer(src[:lines], (tgt if german else src)[:lines], TokenizerConfig(vocab_size=vocab_size))
 
-    en = (TOY / "train.en").read_text(encoding="utf-8").splitlines()[:lines]
-    return train_tokenizer(en, en, TokenizerConfig(vocab_size=vocab_size))
+
+@pytest.fixture(scope="session")
+def toy_tokenizer() -> Tokenizer:
+    """A joint 300-piece BPE model of 3,000 toy pairs: lower-case English and German words and
+    ``.``, no digits or other punctuation (those encode as UNK)."""
+    return cached_tokenizer(300, 3000, german=True)
+
+
+# Lines of any code points, surrogates included (an in-memory string or JSON's \uD800 can hold
+# one), weighted towards what has broken tokenizers: controls, separators, combining marks, the
+# word-boundary mark itself, characters outside the toy vocabulary, and words inside it.
+_AWKWARD = [*map(chr, range(0x20)), "\x7f", *map(chr, range(0x80, 0xA0)), "\u2028", "\u2029", "\u200b", "\ufeff", "\u00a0", "\u3000",
+            "\u0301", "\u0308", "\u20dd", "\u2581", "\ud800", "\udfff", "\ufffd", "😀", "日本", "!!!", "42", " ", "the ", "dog ", "Hund "]
+AWKWARD_LINES = st.lists(st.one_of(st.characters(exclude_categories=()), st.sampled_from(_AWKWARD)), max_size=30).map("".join)
+# Property tests try 60 examples each; HYPOTHESIS_PROFILE=thorough tries 2,000.
+settings.register_profile("nmt", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+settings.register_profile("thorough", settings.get_profile("nmt"), max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nmt"))

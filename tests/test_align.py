@@ -1,11 +1,10 @@
 import pytest
 import torch
+from conftest import random_sources
 
 from nmt.align import add_alignments, alignment_layer, format_alignment, hard_alignment
 from nmt.search import Hypothesis
 from nmt.tokenizer import BOS, PAD
-
-from conftest import random_sources
 
 
 class ScriptedAttention:
@@ -65,8 +64,8 @@ def test_plot_attention_search_honours_every_decode_setting(monkeypatch):
     """``nmt plot attention`` once passed six settings positionally and lost ``allow_unk`` and the
     normalisation; the search now receives the decode settings whole."""
     import torch.nn.functional as F
-
     from conftest import TOY, tiny_config
+
     from nmt.align import sentence_attention
     from nmt.config import DecodeConfig
     from nmt.model import Transformer

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import tiny_config, toy_tokenizer
+from conftest import cached_tokenizer, tiny_config
 
 from nmt.average import average_checkpoints, newest_step_checkpoints
 from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, tokenizer_to_tensors
@@ -14,7 +14,7 @@ def write(path, seed):
     model = Transformer(tiny_config())
     state = model.state_dict()
     cfg = config_from_dict({"model": {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "src_vocab_size": 40, "tgt_vocab_size": 40}})
-    save_checkpoint({"model": state, "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(toy_tokenizer(40).protos())}, path)
+    save_checkpoint({"model": state, "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(cached_tokenizer(40).protos())}, path)
     return state
 
 
@@ -42,7 +42,7 @@ def test_average_refuses_different_tokenizers_and_models_before_writing(tmp_path
     write(tmp_path / "a.pt", 0)
     write(tmp_path / "b.pt", 1)
     other = load_checkpoint(tmp_path / "b.pt")
-    save_checkpoint({**other, "tokenizer": tokenizer_to_tensors(toy_tokenizer(40, lines=200).protos())}, tmp_path / "tok.pt")
+    save_checkpoint({**other, "tokenizer": tokenizer_to_tensors(cached_tokenizer(40, lines=200).protos())}, tmp_path / "tok.pt")
     with pytest.raises(CheckpointError, match="have different tokenizers"):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "tok.pt"], tmp_path / "avg.pt")
     gelu = config_to_dict(config_from_dict({"model": {**other["config"]["model"], "activation": "gelu"}}))

@@ -4,22 +4,20 @@ import zipfile
 
 import pytest
 import torch
+from conftest import cached_tokenizer
 
 from nmt import __version__
 from nmt.checkpoint import CheckpointError, load_checkpoint, restore_model, save_checkpoint, tokenizer_to_tensors
-from nmt.config import TokenizerConfig, config_from_dict, config_to_dict
+from nmt.config import config_from_dict, config_to_dict
 from nmt.files import OutputError, atomic_write, check_writable
 from nmt.model import Transformer
-from nmt.tokenizer import train_tokenizer
-
-from conftest import TOY, toy_tokenizer
 
 MODEL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "src_vocab_size": 40, "tgt_vocab_size": 40}
 
 
 @pytest.fixture(scope="module")
 def protos():
-    return toy_tokenizer(40).protos()
+    return cached_tokenizer(40).protos()
 
 
 def write(path, protos, seed=0, **model):

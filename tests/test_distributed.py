@@ -10,13 +10,12 @@ import time
 
 import pytest
 import torch
+from test_train import small_corpus
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import TokenizerConfig
 from nmt.corpus import read_parallel
 from nmt.tokenizer import train_tokenizer
-
-from test_train import small_corpus
 
 pytestmark = pytest.mark.slow
 HANG = 240  # seconds: far beyond what these runs need, short enough to fail a hang

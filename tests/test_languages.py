@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 from sentencepiece import sentencepiece_model_pb2
+from test_cli import invoke
 
 import nmt.search
 from nmt.config import ConfigError, TokenizerConfig, load_config
 from nmt.tokenizer import UNK, auto_character_coverage, train_tokenizer
-
-from conftest import ROOT
-from test_cli import invoke
 
 TOY_ZH = ROOT / "data" / "toy_zh"
 ENJA = Path(os.environ.get("SMALL_PARALLEL_ENJA", ROOT.parent / "shared" / "data" / "small_parallel_enja"))

@@ -2,12 +2,11 @@ import math
 
 import pytest
 import torch
+from conftest import random_sources, tiny_config
 
 from nmt.config import config_from_dict, with_vocab
 from nmt.model import Transformer, count_parameters, sinusoidal_positions
 from nmt.tokenizer import BOS
-
-from conftest import random_sources, tiny_config
 
 
 def test_sinusoidal_positions_hand_values():

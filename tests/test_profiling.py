@@ -1,11 +1,10 @@
 import pytest
 import torch
+from conftest import tiny_config
 
 from nmt.config import ModelConfig
 from nmt.model import Transformer
 from nmt.profiling import PARTS, TRAIN_PARTS, Shape, cache_bytes, format_profile, profile
-
-from conftest import tiny_config
 
 
 @pytest.fixture(scope="module")

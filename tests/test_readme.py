@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -14,9 +14,9 @@ from dataclasses import replace
 import httpx
 import pytest
 import torch
+from conftest import ROOT, TOY, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from conftest import ROOT, TOY, tiny_config
 from starlette.testclient import TestClient
 
 from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors

@@ -1,10 +1,13 @@
 import subprocess
 import sys
+import unicodedata
 from collections import Counter
 
-from nmt.tokenizer import reservoir_sample
+from conftest import AWKWARD_LINES, ROOT, TOY
+from hypothesis import example, given
+from hypothesis import strategies as st
 
-from conftest import ROOT, TOY
+from nmt.tokenizer import controls_as_spaces, reservoir_sample
 
 
 def test_reservoir_keeps_a_short_stream_whole_and_in_order():
@@ -48,3 +51,41 @@ def test_sampled_tokenizer_is_the_same_in_every_process_for_one_seed():
     assert len(first.split()) == 3
     assert _train_in_a_new_process(1) == first
     assert _train_in_a_new_process(2) != first
+
+
+def test_control_characters_part_words_as_spaces_do(toy_tokenizer):
+    """SentencePiece's nmt_nfkc deletes most controls (``dog\\x01sees`` became ``dogsees``) and
+    keeps NUL and NEL as unknown characters; every one (C0, DEL, C1) reads as a space now, on
+    both sides, as TAB and the line and paragraph separators U+2028 and U+2029 already did."""
+    spaced = toy_tokenizer.encode_src(["dog sees"])[0]
+    assert toy_tokenizer.src.encode("dog\x01sees") != spaced  # what SentencePiece alone does
+    for c in [*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0)), "\u2028", "\u2029"]:
+        assert toy_tokenizer.encode_src([f"dog{c}sees"])[0] == spaced, repr(c)
+        assert toy_tokenizer.encode_tgt([f"Hund{c}sieht"]) == toy_tokenizer.encode_tgt(["Hund sieht"]), repr(c)
+    assert toy_tokenizer.decode_tgt(toy_tokenizer.encode_tgt(["Hund\x00sieht\x1bden\x9fMann"])) == ["Hund sieht den Mann"]
+    assert controls_as_spaces("a\tb\x00c\u0085d\x7fe") == "a\tb c d e" and controls_as_spaces("the dog .") == "the dog ."
+    assert toy_tokenizer.encode_src(["a\ud800b"]) == toy_tokenizer.encode_src(["a\ufffdb"])  # a lone surrogate: U+FFFD, not a crash
+
+
+def test_a_tokenizer_learns_no_piece_of_a_control_character():
+    """It trains on the text encode_src gives it: a control is a space there too."""
+    from nmt.tokenizer import train_sentencepiece
+
+    sp = train_sentencepiece([f"the dog{c}sees a cat{c}." for c in ("\x85", "\x00", "\x01", "\x9c")] * 50, vocab_size=40)
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    assert "▁sees" in pieces and not [p for p in pieces if any(unicodedata.category(c) == "Cc" for c in p)]
+
+
+@given(lines=st.lists(AWKWARD_LINES, max_size=6))
+@example(lines=["\ud800"])  # a lone surrogate made SentencePiece raise
+@example(lines=["dog\x01sees", "\x00", "\x85"])
+def test_any_text_encodes_and_no_control_reaches_sentencepiece(toy_tokenizer, lines):
+    for ids in toy_tokenizer.encode_src(lines) + toy_tokenizer.encode_tgt(lines):
+        assert all(0 <= i < toy_tokenizer.src.get_piece_size() for i in ids)
+    for line in map(controls_as_spaces, lines):
+        assert not [c for c in line if unicodedata.category(c) in ("Cc", "Cs") and c != "\t"]
+
+
+@given(left=AWKWARD_LINES, right=AWKWARD_LINES, control=st.sampled_from([*map(chr, range(0x09)), *map(chr, range(0x0A, 0x20)), *map(chr, range(0x7F, 0xA0))]))
+def test_a_control_character_encodes_as_a_space(toy_tokenizer, left, right, control):
+    assert toy_tokenizer.encode_src([left + control + right]) == toy_tokenizer.encode_src([left + " " + right])

@@ -8,13 +8,12 @@ import time
 
 import pytest
 import torch
+from conftest import TOY
 
 from nmt.checkpoint import CheckpointError, load_checkpoint
 from nmt.config import ConfigError, config_from_dict
 from nmt.corpus import DataError, read_lines
 from nmt.train import train
-
-from conftest import TOY
 
 
 def small_corpus(tmp_path, n=100):
@@ -150,13 +149,13 @@ def test_compiled_training_step_equals_eager():
     and the same losses over 3 updates (rel 1e-5). Weights after Adam updates are not
     compared: an early Adam step is about lr · sign(g), so entries whose gradient is
     rounding noise (the key biases, which softmax ignores) move apart by up to 2 · lr."""
+    from conftest import random_sources, tiny_config
+
     from nmt.config import TrainConfig
     from nmt.data import Batch
     from nmt.loss import label_smoothed_loss
     from nmt.model import Transformer
     from nmt.update import Updater
-
-    from conftest import random_sources, tiny_config
 
     batches = []
     for seed, lengths in enumerate(([3, 7, 5], [9, 2], [4, 4, 6, 1])):
@@ -304,13 +303,13 @@ def test_logged_learning_rate_is_the_rate_the_update_used(tmp_path):
 def test_an_fp16_update_the_scaler_skips_moves_nothing():
     from dataclasses import replace
 
+    from conftest import random_sources, tiny_config
+
     from nmt.config import TrainConfig
     from nmt.data import Batch
     from nmt.loss import label_smoothed_loss
     from nmt.model import Transformer
     from nmt.update import Updater
-
-    from conftest import random_sources, tiny_config
 
     calls = []
 
@@ -530,12 +529,12 @@ def test_a_system_without_file_locks_runs_unlocked_and_says_so(tmp_path, monkeyp
 
 
 def test_a_nan_gradient_is_caught_at_once_and_leaves_the_weights(tmp_path):
+    from conftest import random_sources, tiny_config
+
     from nmt.config import TrainConfig
     from nmt.data import Batch
     from nmt.model import Transformer
     from nmt.update import Updater
-
-    from conftest import random_sources, tiny_config
 
     torch.manual_seed(0)
     model = Transformer(tiny_config(dropout=0.0))

@@ -2,13 +2,12 @@ import copy
 
 import pytest
 import torch
+from conftest import random_sources
 from torch import nn
 
 from nmt.config import ConfigError, DecodeConfig
 from nmt.search import translate_batch
 from nmt.translate import resolve_dtype, to_dtype
-
-from conftest import random_sources
 
 
 def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
@@ -38,11 +37,12 @@ def test_int8_names_its_limits():
 
 
 def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
-    from conftest import toy_tokenizer
+    from conftest import cached_tokenizer
+
     from nmt.tokenizer import EOS
     from nmt.translate import steering
 
-    tok = toy_tokenizer(200, lines=2000)
+    tok = cached_tokenizer(200, lines=2000)
     pieces = tok.tgt_pieces
     cut = steering(tok, prefix="the do")
     *forced, last = cut.prefix
@@ -58,11 +58,12 @@ def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
 
 
 def test_a_translation_starts_with_its_prefix_holds_its_terms_and_avoids_its_bans(model):
-    from conftest import tiny_config, toy_tokenizer
+    from conftest import cached_tokenizer, tiny_config
+
     from nmt.model import Transformer
     from nmt.translate import steering, translate_lines
 
-    tok = toy_tokenizer(200, lines=2000)
+    tok = cached_tokenizer(200, lines=2000)
     torch.manual_seed(0)
     model = Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200)).eval()
     lines = ["the dog sees a cat .", "a man .", "the house is big ."]

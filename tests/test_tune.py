@@ -2,12 +2,11 @@ import re
 
 import pytest
 import yaml
+from conftest import ROOT, random_sources
 
 from nmt.config import ConfigError, DecodeConfig, config_from_dict
 from nmt.search import translate_batch
 from nmt.tune import Setting, grid, looks_like_test_data, rerank, validation_lines
-
-from conftest import ROOT, random_sources
 
 
 @pytest.mark.parametrize("beam", [2, 5])

@@ -15,8 +15,8 @@ from ..errors import NmtError
 from ..evaluate import TOKENIZERS
 from ..files import check_writable
 
-# torch is imported inside the functions, not here: encoding workers are spawned processes
-# that re-import the `nmt` script's modules, and need only SentencePiece and NumPy.
+# torch is imported inside the functions, not here: commands that do not run a model
+# (evaluate --hyp, info, --help) answer without its seconds of import time.
 
 CKPT_HELP = "Checkpoint file, or a run directory (uses its best.pt)."
 Checkpoint = Annotated[Path, typer.Option("--checkpoint", help=CKPT_HELP)]
