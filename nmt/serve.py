@@ -33,8 +33,9 @@ import contextlib
 import logging
 import signal
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -68,6 +69,7 @@ class Translator:
     checkpoint: str = ""
     step: int | None = None
     dtype: str = "float32"
+    skipped: Counter = field(default_factory=Counter)  # lines left untranslated since the start, by reason
 
     @classmethod
     def load(cls, checkpoints: list[Path], device: torch.device, dtype: torch.dtype) -> Translator:
@@ -86,8 +88,9 @@ class Translator:
         return cls(to_dtype(model.to(device).eval(), dtype), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"), name)
 
     def translate(self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None) -> list[list[Hypothesis]]:
-        """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`."""
-        return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment, steering=steering)
+        """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`; the lines
+        left untranslated (only unknown characters) are counted in ``skipped``, for ``/health``."""
+        return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment, steering=steering, skipped=self.skipped)
 
     @torch.inference_mode()
     def attention(self, line: str, hyp: Hypothesis) -> dict:
@@ -231,7 +234,8 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(
             {"status": "ok", "device": str(translator.device), "dtype": translator.dtype, "checkpoint": translator.checkpoint, "checkpoint_step": translator.step,
-             "queued_requests": batcher.queue.qsize(), "running_requests": batcher.running, "batches": batcher.batches}
+             "queued_requests": batcher.queue.qsize(), "running_requests": batcher.running, "batches": batcher.batches,
+             "untranslated_lines": {"unknown_only": translator.skipped["unknown"]}}
         )
 
     async def info(request: Request) -> JSONResponse:

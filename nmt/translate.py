@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -13,13 +14,13 @@ import torch
 from torch import nn
 
 from .align import add_alignments
+from .beams import Steering
 from .checkpoint import CheckpointError, load_checkpoint, restore_model
 from .config import Config, ConfigError
 from .data import pad_sources, token_batches
 from .model import Transformer
-from .beams import Steering
 from .search import Hypothesis, Sampling, sample_seed, translate_batch
-from .tokenizer import EOS, Tokenizer, tokenizer_difference
+from .tokenizer import EOS, Tokenizer, tokenizer_difference, unknown_only
 
 log = logging.getLogger("nmt.translate")
 
@@ -187,13 +188,17 @@ def translate_lines(
     alignment: bool = False,
     steering: list[Steering] | None = None,
     progress: Callable[[int], object] | None = None,
+    skipped: Counter | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate every line; returns, in input order, each line's n-best list.
 
     Lines are sorted by length into batches of at most ``decode.max_tokens`` source tokens
     (padding included). A line with no pieces (blank, or only characters SentencePiece
     normalises away, such as U+200B) yields an empty list without running the model; so
-    does a line of more than ``decode.max_input_pieces`` pieces, with a warning naming it.
+    do, each with a warning naming it, a line of more than ``decode.max_input_pieces``
+    pieces and a line of only unknown pieces (:func:`nmt.tokenizer.unknown_only`: an emoji,
+    ``!!!`` or another script outside the vocabulary, which the model would answer with an
+    invented sentence).
 
     Args:
         model: a :class:`~nmt.model.Transformer`, or a list of them decoding as an ensemble.
@@ -207,14 +212,21 @@ def translate_lines(
         steering: per line, its prefix, constraints and banned phrases (:func:`steering`); a line
             whose length limit ended it before its constraints appeared is named in a warning.
         progress: told how many more lines are done, batch by batch (a progress bar's ``update``).
+        skipped: counts the lines left untranslated, by reason (``too_long``, ``unknown``).
     """
+    skipped = skipped if skipped is not None else Counter()
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     encoded = tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
     for i, pieces in enumerate(encoded):
         if len(pieces) > decode.max_input_pieces:  # one huge line must not take the others down
             log.warning("input line %d has %d pieces, over the limit of %d (--max-input-pieces): its output line is left empty",
                         first_index + i + 1, len(pieces), decode.max_input_pieces)
-    present = [i for i, pieces in enumerate(encoded) if 0 < len(pieces) <= decode.max_input_pieces]
+            skipped["too_long"] += 1
+        elif unknown_only(pieces, tokenizer.src):  # the model would see nothing and invent a sentence
+            log.warning("input line %d has only characters the model does not know (every piece is unknown): its output line is left empty",
+                        first_index + i + 1)
+            skipped["unknown"] += 1
+    present = [i for i, pieces in enumerate(encoded) if 0 < len(pieces) <= decode.max_input_pieces and not unknown_only(pieces, tokenizer.src)]
     ids = [encoded[i] for i in present]
     lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
     results: list[list[Hypothesis]] = [[] for _ in lines]

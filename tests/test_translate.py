@@ -77,3 +77,23 @@ def test_a_translation_starts_with_its_prefix_holds_its_terms_and_avoids_its_ban
     assert all(t.startswith("a wom") for t in texts[2])
     assert not any(g[j : j + len(banned)] == list(banned) for g in generated for j in range(len(g)))
     assert texts[1] == [tok.decode_tgt([h.tokens])[0] for h in translate_lines(model, tok, lines[1:2], decode, torch.device("cpu"))[0]]
+
+
+def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_sentence(caplog):
+    """A source of only UNK pieces (an emoji, another script) was translated anyway into one invented sentence, with no warning."""
+    from collections import Counter
+
+    from conftest import cached_tokenizer, tiny_config
+    from nmt.model import Transformer
+    from nmt.translate import translate_lines
+
+    tok = cached_tokenizer(200, lines=2000)
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200)).eval()
+    lines = ["the dog .", "😀😀", "日本語", "", "the cat ."]
+    skipped = Counter()
+    with caplog.at_level("WARNING", logger="nmt.translate"):
+        results = translate_lines(model, tok, lines, DecodeConfig(beam_size=2, max_len_b=3), torch.device("cpu"), skipped=skipped)
+    assert [bool(r) for r in results] == [True, False, False, False, True] and skipped == Counter(unknown=2)
+    assert [r.getMessage()[:13] for r in caplog.records] == ["input line 2 ", "input line 3 "]
+    assert "only characters the model does not know" in caplog.text
