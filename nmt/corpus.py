@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import NmtError
+from .files import is_stream
 
 CHUNK_LINES = 50_000  # pairs read, cleaned and encoded at a time
 READ_BYTES = 1 << 16  # read size when streaming standard input
@@ -33,8 +34,11 @@ class DataError(NmtError, ValueError):
 # ---------------------------------------------------------------------------- reading
 
 
-def iter_lines(path: str | Path) -> Iterator[str]:
+def iter_lines(path: str | Path, once: bool = False) -> Iterator[str]:
     """Stream a plain or gzipped UTF-8 text file, one sentence a line.
+
+    ``once``: the caller reads the text once, so a pipe, a FIFO or a device (``/dev/stdin``,
+    ``<(zcat ref.gz)``) will do as well as a regular file (see :func:`check_file`).
 
     Lines are split on ``\\n`` only (never on the Unicode separators that
     ``str.splitlines`` also honours, which would shift the alignment of a parallel
@@ -45,7 +49,7 @@ def iter_lines(path: str | Path) -> Iterator[str]:
         DataError: the file does not exist, cannot be read or decompressed, or a line is
             not valid UTF-8 (the message gives ``file:line``).
     """
-    path = check_file(path)
+    path = check_file(path, once)
     with _open_bytes(path) as f:
         for number, raw in enumerate(f, start=1):
             yield decode_line(raw, number, path)
@@ -58,14 +62,16 @@ def _open_bytes(path: Path) -> Iterator[BinaryIO]:
     Raises:
         DataError: UTF-16 text, or the file cannot be read or decompressed (also while reading).
     """
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic in (b"\xff\xfe", b"\xfe\xff"):
-        raise DataError(f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
-    opener = gzip.open if magic == b"\x1f\x8b" else open
     try:
-        with opener(path, "rb") as f:
-            yield f
+        with open(path, "rb") as raw:  # opened once and peeked at, so that a pipe's first bytes are not lost
+            magic = raw.peek(2)[:2]
+            if magic in (b"\xff\xfe", b"\xfe\xff"):
+                raise DataError(f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
+            if magic == b"\x1f\x8b":
+                with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                    yield f
+            else:
+                yield raw
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
 
@@ -103,16 +109,20 @@ def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterat
     A buffer is handed on when it is full, at the end of the input, and whenever a pipe or
     terminal has no more input waiting: so a line typed at a terminal, or written by a
     program that then waits (``tail -f``), is processed at once instead of when ``size``
-    lines have gathered. Lines follow :func:`iter_lines`' rules.
+    lines have gathered. Lines follow :func:`iter_lines`' rules; gzip data (``nmt translate <
+    test.en.gz``) is decompressed as it arrives, as files are.
 
     Raises:
-        DataError: a line is not valid UTF-8 (lines before it have been yielded).
+        DataError: a line is not valid UTF-8 (lines before it have been yielded), or gzip data
+            that is damaged.
     """
     fd = _waitable_fd(stream)
     read = getattr(stream, "read1", stream.read)
-    pending, lines, number = bytearray(), [], 0
+    pending, lines, number, gunzip = bytearray(), [], 0, None
     while chunk := (os.read(fd, READ_BYTES) if fd is not None else read(READ_BYTES)):
-        pending += chunk
+        if number == 0 and not pending and gunzip is None and chunk.startswith(b"\x1f\x8b"):
+            gunzip = _Gunzip(name)
+        pending += gunzip(chunk) if gunzip is not None else chunk
         start = 0
         while (end := pending.find(b"\n", start)) >= 0:
             number += 1
@@ -125,10 +135,36 @@ def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterat
         if lines and fd is not None and not select.select([fd], [], [], 0)[0]:
             yield lines
             lines = []
+    if gunzip is not None:
+        gunzip.finish()
     if pending:
         lines.append(decode_line(bytes(pending), number + 1, name))
     if lines:
         yield lines
+
+
+class _Gunzip:
+    """Incremental gzip decompression of a stream, member after member (``cat a.gz b.gz`` is gzip too)."""
+
+    def __init__(self, name: str):
+        self.name, self.inflate = name, zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+
+    def __call__(self, data: bytes) -> bytes:
+        out = bytearray()
+        while data:
+            try:
+                out += self.inflate.decompress(data)
+            except zlib.error as exc:
+                raise DataError(f"{self.name}: damaged gzip data ({exc})") from None
+            data = self.inflate.unused_data
+            if data:  # the next member begins
+                self.inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        return bytes(out)
+
+    def finish(self) -> None:
+        """Raise if the data ended in the middle of a gzip member."""
+        if not self.inflate.eof:
+            raise DataError(f"{self.name}: the gzip data ends early (a truncated file?)")
 
 
 def _waitable_fd(stream) -> int | None:
@@ -173,21 +209,28 @@ def count_lines(path: str | Path) -> int:
     raise DataError(f"{path}: invalid UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
-def check_file(path: str | Path) -> Path:
-    """``path`` as a Path if it is a regular file. Raises :class:`DataError` naming what it is instead."""
+def check_file(path: str | Path, once: bool = False) -> Path:
+    """``path`` as a Path if it can be read as text: a regular file, or, when the caller reads it
+    ``once``, also a pipe, FIFO, socket or character device (``/dev/stdin``, ``<(zcat f.gz)``).
+
+    Raises:
+        DataError: naming what ``path`` is instead (a directory, nothing, or a pipe where the text
+            is read more than once, as training reads it).
+    """
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a text file")
     if not path.exists():
         raise DataError(f"{path}: file not found")
-    if not path.is_file():
-        raise DataError(f"{path}: not a regular file (a pipe?); nmt reads training text more than once, so give a file")
+    if not path.is_file() and not (once and is_stream(path)):
+        raise DataError(f"{path}: not a regular file (a pipe?); nmt train reads its text more than once (to check it, train the tokenizer and "
+                        "encode it), so give a file, e.g. zcat f.gz > f")
     return path
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """All lines of ``path`` (rules and errors of :func:`iter_lines`)."""
-    return list(iter_lines(path))
+    """All lines of ``path``, read once (a pipe will do; rules and errors of :func:`iter_lines`)."""
+    return list(iter_lines(path, once=True))
 
 
 @dataclass(frozen=True)

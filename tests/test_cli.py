@@ -749,3 +749,39 @@ def test_translate_writes_through_a_fifo_and_keeps_it(trained_run, tmp_path):
     reader.join(timeout=60)
     assert result.exit_code == 0, result.output
     assert received and received[0].count(b"\n") == 2 and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_text_read_once_may_come_from_a_pipe_and_training_text_may_not(trained_run, tmp_path):
+    """evaluate --ref <(zcat ref.gz), --hyp /dev/stdin and translate -i <(head -3 f) were refused with the training-data message."""
+    import threading
+
+    ref = tmp_path / "ref.de"
+    ref.write_text("der Hund sieht die Katze .\nein Mann .\n")
+    script = f"{sys.executable} -m nmt evaluate --hyp /dev/stdin --ref <(cat {ref}) --json < {ref}"
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["bleu"] == pytest.approx(100.0)
+    fifo = tmp_path / "src.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("the dog .\na cat .\nthe man .\n"))
+    writer.start()
+    translated = invoke("translate", "--checkpoint", trained_run, "--max-len-b", "3", "-i", fifo, "-o", tmp_path / "out.de")
+    writer.join(timeout=60)
+    assert translated.exit_code == 0, translated.output
+    assert (tmp_path / "out.de").read_text().count("\n") == 3
+    os.mkfifo(tmp_path / "train.en")
+    line = _one_line_error(invoke("train", "--set", f"data.train_src={tmp_path / 'train.en'}", "--set", f"data.train_tgt={ref}",
+                                  "--set", f"data.valid_src={ref}", "--set", f"data.valid_tgt={ref}", "--run-dir", tmp_path / "run"))
+    assert "not a regular file (a pipe?); nmt train reads its text more than once" in line and "zcat f.gz > f" in line
+
+
+def test_gzip_on_standard_input_is_read_as_text(trained_run):
+    """gzip data on stdin was reported as invalid UTF-8, with advice to run iconv."""
+    import gzip
+
+    plain = invoke("translate", "--checkpoint", trained_run, "--max-len-b", "3", input="the dog .\na cat .\n")
+    zipped = runner.invoke(app, ["translate", "--checkpoint", str(trained_run), "--max-len-b", "3"], input=gzip.compress(b"the dog .\na cat .\n"))
+    assert zipped.exit_code == 0, zipped.output
+    assert zipped.stdout == plain.stdout and plain.stdout.count("\n") == 2
+    truncated = runner.invoke(app, ["translate", "--checkpoint", str(trained_run)], input=gzip.compress(b"the dog .\n")[:-6])
+    assert truncated.exit_code == 2 and "the gzip data ends early" in truncated.output

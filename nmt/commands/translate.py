@@ -83,8 +83,9 @@ def translate(
         from ..translate import translate_stream
 
         steering = SteeringLines(tokenizer, prefix_file, constraints_file, ban_file, ban) if (prefix_file or constraints_file or ban_file or ban) else None
-        chunks = buffers(iter_lines(input), buffer_size) if input is not None else stream_buffers(standard_input(), buffer_size)
-        with progress_bar(quiet, total=count_lines(input) if input is not None and output is not None else None) as bar:
+        chunks = buffers(iter_lines(input, once=True), buffer_size) if input is not None else stream_buffers(standard_input(), buffer_size)
+        counted = input is not None and output is not None and input.is_file()  # a pipe is read once, by the translation
+        with progress_bar(quiet, total=count_lines(input) if counted else None) as bar:
             if input is None and sys.stdin.isatty() and not quiet:
                 typer.echo("nmt translate: the model is loaded; type a sentence and press Enter (Ctrl-D ends)", err=True)
             lines = translate_stream(models, tokenizer, chunks, settings, dev, steering=steering, sampling=sampler, alignment=print_alignment, progress=bar.update)
@@ -111,7 +112,7 @@ class SteeringLines:
 
     def __init__(self, tokenizer, prefix_file: Path | None, constraints_file: Path | None, ban_file: Path | None, bans: list[str]):
         self.tokenizer, self.bans, self.lines = tokenizer, list(bans), 0
-        self.files = {flag: (path, iter_lines(path)) for flag, path in (("--prefix-file", prefix_file), ("--constraints-file", constraints_file),
+        self.files = {flag: (path, iter_lines(path, once=True)) for flag, path in (("--prefix-file", prefix_file), ("--constraints-file", constraints_file),
                                                                         ("--ban-file", ban_file)) if path is not None}
 
     def __iter__(self):
