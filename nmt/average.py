@@ -77,8 +77,7 @@ def average_checkpoints(paths: list[Path], out: Path) -> dict:
             by_storage[key] = (sums[name] / len(paths)).to(tensor.dtype)
         averaged[name] = by_storage[key]
     payload = {"model": averaged, "config": last["config"], "tokenizer": last["tokenizer"], "averaged_from": [str(p) for p in paths]}
-    if "progress" in last:
-        payload["progress"] = last["progress"]
+    payload |= {key: last[key] for key in ("progress", "init_from", "imported_from") if key in last}  # where the weights came from, for nmt info
     save_checkpoint(payload, Path(out))
     return payload
 
