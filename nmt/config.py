@@ -138,6 +138,7 @@ class TrainConfig(Checked):
     step · warmup_steps^-1.5)``; ``schedule="inverse_sqrt"`` warms up linearly to the peak
     ``lr`` and decays as ``lr · sqrt(warmup_steps / step)``; ``schedule="constant"`` warms up
     linearly to ``lr`` and stays there (fine-tuning). Intervals are in optimizer steps.
+    ``reset_optimizer`` applies to ``nmt train --init-from`` only.
     """
 
     section = "train"
@@ -154,6 +155,7 @@ class TrainConfig(Checked):
     lr_scale: float = setting(1.0, "factor on the noam schedule", AT_LEAST_0)
     lr: float = setting(5e-4, "peak learning rate of inverse_sqrt and constant", AT_LEAST_0)
     warmup_steps: int = setting(4000, "steps of linear warm-up", AT_LEAST_1)
+    reset_optimizer: bool = setting(True, "with --init-from: Adam starts afresh (true) or keeps the checkpoint's moments when it has them (false)")
     adam_betas: tuple[float, float] = setting((0.9, 0.98), "Adam's beta1 and beta2", PROBABILITY)
     adam_eps: float = setting(1e-9, "Adam's epsilon", POSITIVE)
     weight_decay: float = setting(0.0, "AdamW's decoupled weight decay", AT_LEAST_0)

@@ -260,6 +260,37 @@ def test_ids_equal_with_and_without_sacremoses(small_opus, monkeypatch, sacremos
         assert tok(text)["input_ids"] == marian_ids(tokenizer.encode_src([text])[0], tokenizer.src.layout) + [0]
 
 
+def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, tmp_path):
+    assert runner.invoke(app, ["import", str(small_opus), "--out", str(tmp_path / "m.pt")]).exit_code == 0
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--init-from", str(tmp_path / "m.pt"), "--run-dir", str(run), "--set", f"data.dir={TOY}",
+                                 "--set", "train.max_steps=3", "--set", "train.log_every=1", "--set", "train.validate_every=3", "--set", "data.valid_max_sentences=4",
+                                 "--set", "train.valid_beam_size=1", "--set", "train.max_tokens=400", "--set", "train.threads=1",
+                                 "--set", "train.schedule=constant", "--set", "train.lr=1e-4", "--set", "train.warmup_steps=1"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3] and all(r["lr"] == 1e-4 for r in records if "loss" in r)
+    last = load_checkpoint(run / "last.pt")
+    assert last["model"]["output_bias"][PAD] == NEVER  # a buffer: never trained
+    assert last["init_from"]["path"] == str(tmp_path / "m.pt") and last["init_from"]["step"] is None and last["imported_from"]["path"] == str(small_opus)
+    info = runner.invoke(app, ["info", str(run / "last.pt")])
+    assert f"initialised from: {tmp_path / 'm.pt'} (not trained by nmt" in info.output and f"imported from: {small_opus}" in info.output
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text("".join(line + "\n" for line in SOURCE[-4:]))
+    ref.write_text("".join(line + "\n" for line in TARGET[-4:]))
+    assert runner.invoke(app, ["evaluate", "--checkpoint", str(run / "last.pt"), "--src", str(src), "--ref", str(ref), "--max-len-b", "8"]).exit_code == 0
+    tuned = runner.invoke(app, ["tune-decode", "--checkpoint", str(tmp_path / "m.pt"), "--src", str(src), "--ref", str(ref), "--beam-sizes", "1,2"])
+    assert tuned.exit_code == 0, tuned.output
+    averaged = runner.invoke(app, ["average", str(run / "last.pt"), str(run / "best.pt"), "--out", str(tmp_path / "avg.pt")])
+    assert averaged.exit_code == 0, averaged.output
+    assert load_checkpoint(tmp_path / "avg.pt")["imported_from"]["path"] == str(small_opus)
+    assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "avg.pt"), "--format", "nmt", str(tmp_path / "slim.pt")]).exit_code == 0
+    assert "imported from:" in runner.invoke(app, ["info", str(tmp_path / "slim.pt")]).output
+    resumed = runner.invoke(app, ["train", "--run-dir", str(run), "--resume", "--set", "train.max_steps=4"])
+    assert resumed.exit_code == 0, resumed.output
+    assert load_checkpoint(run / "last.pt")["init_from"]["path"] == str(tmp_path / "m.pt")
+
+
 def test_serve_translates_an_imported_model_as_translate_does(small_opus, tmp_path):
     from starlette.testclient import TestClient
 
