@@ -179,10 +179,11 @@ def directory_in_place(out: Path):
 
 
 def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024, decode: DecodeConfig | None = None,
-                       name: str | Path | None = None) -> None:
+                       name: str | Path | None = None, languages: tuple[str, str] | None = None) -> None:
     """Write ``out_dir`` (in place, see :func:`directory_in_place`) so that ``MarianMTModel.from_pretrained(out_dir)``
     and ``MarianTokenizer.from_pretrained(out_dir)`` load it, with ``generation_config.json`` set so that
-    ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`).
+    ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`), and
+    ``tokenizer_config.json`` naming the ``languages`` (source, target) of a model nmt trained.
 
     A model nmt trained: generation starts from BOS, stops at EOS, never emits PAD or BOS (nor UNK unless
     ``decode.allow_unk``). The tokenizer gives the ids nmt gives for any text (special-token spellings such as
@@ -198,10 +199,11 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
         nmt.files.OutputError: ``out_dir`` cannot be written.
     """
     with directory_in_place(Path(out_dir)) as tmp:
-        write_huggingface(model, tokenizer, tmp, max_positions, decode, name or out_dir)
+        write_huggingface(model, tokenizer, tmp, max_positions, decode, name or out_dir, languages)
 
 
-def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_positions: int, decode: DecodeConfig | None, name: str | Path) -> None:
+def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_positions: int, decode: DecodeConfig | None, name: str | Path,
+                      languages: tuple[str, str] | None = None) -> None:
     """:func:`export_huggingface`'s files, written into the empty directory ``tmp``; messages name ``name``."""
     from transformers import GenerationConfig, MarianTokenizer as HFMarianTokenizer
 
@@ -235,6 +237,8 @@ def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_p
         files["vocab"].write_text(json.dumps({sp.id_to_piece(i): i for i in range(sp.get_piece_size())}, ensure_ascii=False), encoding="utf-8")
         # split_special_tokens: a literal "</s>" or "<pad>" in the text is text, as nmt reads it, not an id.
         options = {"eos_token": sp.id_to_piece(EOS), "unk_token": sp.id_to_piece(UNK), "pad_token": sp.id_to_piece(PAD), "split_special_tokens": True}
+        if languages:
+            options |= {"source_lang": languages[0], "target_lang": languages[1]}
     HFMarianTokenizer(**{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options).save_pretrained(tmp)
     if not imported:
         log.warning("%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text; "
@@ -375,11 +379,11 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
     max_positions = int(payload.get("imported_from", {}).get("max_position_embeddings") or 1024)
     try:
         if format == "huggingface":
-            export_huggingface(model, tokenizer, out, max_positions, cfg.decode)
+            export_huggingface(model, tokenizer, out, max_positions, cfg.decode, languages=(cfg.data.src_lang, cfg.data.tgt_lang))
             return
         with directory_in_place(out) as tmp:  # the Marian directory it is converted from is written inside, then removed
             (tmp / "huggingface").mkdir()
-            write_huggingface(model, tokenizer, tmp / "huggingface", max_positions, cfg.decode, out)
+            write_huggingface(model, tokenizer, tmp / "huggingface", max_positions, cfg.decode, out, (cfg.data.src_lang, cfg.data.tgt_lang))
             try:
                 export_ctranslate2(tmp / "huggingface", tmp / "ctranslate2", quantization)
             except ValueError as exc:  # CTranslate2 rejects an unknown quantization with a ValueError

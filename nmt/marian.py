@@ -470,7 +470,8 @@ def tokenizer_config(tokenizer: MarianTokenizer) -> TokenizerConfig:
 def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: str | None = None) -> Imported:
     """Read a Hugging Face Marian directory (an OPUS-MT model as downloaded, or one ``nmt export`` wrote) as an nmt model.
 
-    The languages come from ``tokenizer_config.json`` (``source_lang``, ``target_lang``) unless given.
+    The languages come from ``tokenizer_config.json`` (``source_lang``, ``target_lang``), else from a directory named
+    ``opus-mt-SRC-TGT``, unless given; ``und`` (ISO 639: undetermined) where none says.
 
     Raises:
         MarianError: a file is missing or unreadable, or a setting nmt cannot represent (one line naming the file and key).
@@ -486,12 +487,18 @@ def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: 
     for key in ("encoder_layerdrop", "decoder_layerdrop"):
         if config.get(key):
             log.warning("warning: %s: %s=%s is not applied when fine-tuning (nmt has no layer dropout)", directory / "config.json", key, config[key])
-    langs = [str(given or found or "und") for given, found in ((src_lang, tokenizer.spec.get("source_lang")), (tgt_lang, tokenizer.spec.get("target_lang")))]
-    cfg = Config(model=model, data=DataConfig(src_lang=langs[0], tgt_lang=langs[1]), tokenizer=tokenizer_config(tokenizer), decode=decode)  # und: undetermined
+    named = directory.name.split("-")[-2:] if directory.name.startswith("opus-mt-") else [None, None]  # opus-mt-en-de, opus-mt-tc-big-en-de
+    if "snapshots" in directory.parts:  # a hub cache entry: models--Helsinki-NLP--opus-mt-en-de/snapshots/HASH
+        entry = directory.parent.parent.name.split("--")[-1]
+        named = entry.split("-")[-2:] if entry.startswith("opus-mt-") else named
+    found = [tokenizer.spec.get("source_lang") or named[0], tokenizer.spec.get("target_lang") or named[1]]
+    langs = [str(given or guess or "und") for given, guess in zip((src_lang, tgt_lang), found)]
+    cfg = Config(model=model, data=DataConfig(src_lang=langs[0], tgt_lang=langs[1]), tokenizer=tokenizer_config(tokenizer), decode=decode)
     validate(cfg)
     state_dict, weights = read_weights(directory)
     state = from_marian(state_dict, model, Rows.of(tokenizer), directory / weights)
     origin = {"format": "huggingface", "path": str(directory.absolute()), "weights": weights, "model_type": "marian",
+              "vocab_size": len(tokenizer.spec["vocab"]),
               "name_or_path": str(config.get("_name_or_path") or directory.name), "transformers_version": config.get("transformers_version"),
               "max_position_embeddings": int(config.get("max_position_embeddings") or MARIAN_DEFAULTS["max_position_embeddings"]), "not_applied": notes}
     return Imported(cfg, state, tokenizer, origin)

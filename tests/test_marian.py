@@ -65,6 +65,21 @@ def opus(request, tmp_path_factory):
     return directory, hf, tok, model, tokenizer, cfg
 
 
+def test_layout_numbers_marian_pieces_in_nmts_layout():
+    from nmt.tokenizer import TokenizerError
+    from nmt.vocab import PAD_PIECE, Layout
+
+    layout = Layout.of({"</s>": 0, "<unk>": 1, "▁a": 2, "b": 3, "<pad>": 4}, "</s>", "<unk>", "<pad>")
+    assert layout.pieces == (PAD_PIECE, "<unk>", "<pad>", "</s>", "▁a", "b")  # PAD added, <pad> (the start) as BOS
+    assert layout.marian_ids == (-1, 1, 4, 0, 2, 3) and layout.to_marian() == [3, 1, 4, 5, 2]
+    exported = Layout.of({"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3, "▁a": 4}, "</s>", "<unk>", "<pad>", start="<s>")  # nmt export's
+    assert exported.pieces == ("<pad>", "<unk>", "<s>", "</s>", "▁a") and exported.to_marian() == [0, 1, 2, 3, 4] and not exported.extra_pad
+    with pytest.raises(TokenizerError, match=r"its 3 ids are not 0 \.\.\. 2"):
+        Layout.of({"</s>": 0, "<unk>": 1, "<pad>": 5}, "</s>", "<unk>", "<pad>")
+    with pytest.raises(TokenizerError, match="no <pad> piece"):
+        Layout.of({"</s>": 0, "<unk>": 1}, "</s>", "<unk>", "<pad>")
+
+
 def marian_ids(ids, layout):
     return [layout.marian_ids[i] for i in ids]
 
@@ -191,6 +206,18 @@ def test_translate_defaults_equal_generate_defaults(small_opus, tmp_path):
     assert len(ended) >= 4
     theirs = tok.batch_decode(output, skip_special_tokens=True)
     assert [out.stdout.splitlines()[i] for i in ended] == [theirs[i] for i in ended]
+
+
+def test_a_hub_cache_entry_imports_from_the_snapshot_its_main_ref_names(small_opus, tmp_path):
+    entry = tmp_path / "models--Helsinki-NLP--opus-mt-en-de"
+    shutil.copytree(small_opus, entry / "snapshots" / "0123abcd")
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text("0123abcd")
+    result = runner.invoke(app, ["import", str(entry), "--out", str(tmp_path / "m.pt")])
+    assert result.exit_code == 0, result.output
+    vocab = json.loads((small_opus / "vocab.json").read_text())
+    assert result.output == f"wrote {tmp_path / 'm.pt'}: 16-wide 1+1-layer Marian model, {len(vocab)} pieces, en→de\n"
+    assert load_checkpoint(tmp_path / "m.pt")["imported_from"]["path"] == str(entry / "snapshots" / "0123abcd")
 
 
 @pytest.mark.parametrize("changes, key", [

@@ -31,4 +31,4 @@ def import_(
     cfg = payload["config"]
     m = cfg["model"]
     typer.echo(f"wrote {out}: {m['d_model']}-wide {m['n_encoder_layers']}+{m['n_decoder_layers']}-layer Marian model, "
-               f"{m['src_vocab_size'] - 1:,} pieces, {cfg['data']['src_lang']}→{cfg['data']['tgt_lang']}")
+               f"{payload['imported_from']['vocab_size']:,} pieces, {cfg['data']['src_lang']}→{cfg['data']['tgt_lang']}")
