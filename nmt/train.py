@@ -228,6 +228,10 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
     run.sweep()
     opened, start = Opened(absolute_paths(cfg), None, None), 0
     if init_from is not None:
+        if (Path(init_from) / "config.json").is_file():
+            raise ConfigError(Key("init_from"), f" {init_from} is a Hugging Face directory; import it first: nmt import --format huggingface {init_from} "
+                              "--out model.pt, then --init-from model.pt")
+        init_from = Path(init_from) / "best.pt" if Path(init_from).is_dir() else Path(init_from)  # a run directory: its best.pt, as translate reads it
         init = load_checkpoint(init_from)
         step = init.get("progress", {}).get("step")
         origin = init.get("imported_from")

@@ -290,6 +290,9 @@ def test_ids_equal_with_and_without_sacremoses(small_opus, monkeypatch, sacremos
 def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, tmp_path):
     assert runner.invoke(app, ["import", str(small_opus), "--out", str(tmp_path / "m.pt")]).exit_code == 0
     run = tmp_path / "run"
+    direct = runner.invoke(app, ["train", "--init-from", str(small_opus), "--run-dir", str(run), "--set", f"data.dir={TOY}"])
+    assert direct.exit_code == 2 and direct.output.startswith(f"error: --init-from {small_opus} is a Hugging Face directory; import it first")
+    assert not run.exists()
     result = runner.invoke(app, ["train", "--init-from", str(tmp_path / "m.pt"), "--run-dir", str(run), "--set", f"data.dir={TOY}",
                                  "--set", "train.max_steps=3", "--set", "train.log_every=1", "--set", "train.validate_every=3", "--set", "data.valid_max_sentences=4",
                                  "--set", "train.valid_beam_size=1", "--set", "train.max_tokens=400", "--set", "train.threads=1",
