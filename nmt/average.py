@@ -85,9 +85,9 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
             by_storage[key] = (sums[name] / len(paths)).to(tensor.dtype)
         averaged[name] = by_storage[key]
     payload = {"model": averaged, "config": last["config"], "tokenizer": last["tokenizer"], "averaged_from": [str(p) for p in paths]}
-    for key in ("progress", "run"):
-        if key in last and (key != "run" or not different_runs):
-            payload[key] = last[key]
+    payload |= {key: last[key] for key in ("progress", "init_from", "imported_from") if key in last}  # where the weights came from, for nmt info
+    if "run" in last and not different_runs:
+        payload["run"] = last["run"]
     save_checkpoint(payload, Path(out))
     return payload
 

@@ -25,6 +25,9 @@ from .errors import NmtError
 from .files import atomic_write
 
 TRAINING_STATE = ("optimizer", "scheduler", "progress", "rng")  # what --resume needs beyond the model
+# A tokenizer's entries: one SentencePiece model, one per side, or (an imported Marian model's) one
+# segmenter per side and the vocabulary that numbers their pieces (nmt.vocab).
+TOKENIZER_ENTRIES = ({"joint"}, {"src", "tgt"}, {"src", "tgt", "vocab"})
 
 
 class CheckpointError(NmtError, RuntimeError):
@@ -146,8 +149,8 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
     if not isinstance(payload["config"], dict):
         problems.append("'config' is not a dict")
     tok = payload["tokenizer"]
-    if not isinstance(tok, dict) or set(tok) not in ({"joint"}, {"src", "tgt"}) or not all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in tok.values()):
-        problems.append("'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint, or src and tgt)")
+    if not isinstance(tok, dict) or set(tok) not in TOKENIZER_ENTRIES or not all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in tok.values()):
+        problems.append("'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint; src and tgt; or src, tgt and vocab)")
     if problems:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
     from .model import Transformer
@@ -253,7 +256,7 @@ def _tuples(x):
 
 
 def tokenizer_to_tensors(protos: dict[str, bytes]) -> dict[str, torch.Tensor]:
-    """SentencePiece model protos as uint8 tensors (a checkpoint holds only tensors and plain values)."""
+    """SentencePiece model protos (and a vocabulary's JSON) as uint8 tensors (a checkpoint holds only tensors and plain values)."""
     return {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in protos.items()}
 
 

@@ -1,4 +1,4 @@
-"""The ``nmt`` command line: train, translate, evaluate, tune-decode, average, plot, info, export, serve.
+"""The ``nmt`` command line: train, translate, evaluate, tune-decode, average, plot, info, export, import, serve.
 
 Each command (a module of :mod:`nmt.commands`) parses its options and calls the function
 that does the work; the rules that protect users live in those functions, so the Python
@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .commands import average, evaluate, export, info, plot, profile, serve, train, translate, tune
+from .commands import average, evaluate, export, import_, info, plot, profile, serve, train, translate, tune
 from .commands.options import DECODE_KEYS, on_command_line
 from .errors import NmtError
 
@@ -105,7 +105,8 @@ app = typer.Typer(cls=Group, add_completion=False, **SETTINGS)
 plot_app = typer.Typer(cls=_PlotGroup, **SETTINGS, help="Plot a run's metrics (nmt plot RUN, same as nmt plot metrics RUN) or a translation's "
                                                         "cross-attention (nmt plot attention SENTENCE --checkpoint CKPT).")
 for name, command in (("train", train.train), ("translate", translate.translate), ("evaluate", evaluate.evaluate), ("tune-decode", tune.tune_decode),
-                      ("average", average.average), ("info", info.info), ("export", export.export), ("serve", serve.serve), ("profile", profile.profile)):
+                      ("average", average.average), ("info", info.info), ("export", export.export),
+                      ("import", import_.import_), ("serve", serve.serve), ("profile", profile.profile)):
     app.command(name, cls=Command)(command)
 app.add_typer(plot_app, name="plot")
 plot_app.command("metrics", cls=Command)(plot.metrics)

@@ -47,7 +47,8 @@ class ModelConfig(Checked):
 
     ``norm_position`` ``"post"`` is the paper's ``LayerNorm(x + Dropout(Sublayer(x)))``,
     ``"pre"`` is ``x + Dropout(Sublayer(LayerNorm(x)))``. ``dropout`` is the paper's P_drop;
-    ``attention_dropout`` and ``activation_dropout`` are tensor2tensor's additions.
+    ``attention_dropout`` and ``activation_dropout`` are tensor2tensor's additions. ``activation:
+    swish`` and ``output_bias`` are what Marian models (OPUS-MT) need (:mod:`nmt.marian`).
     """
 
     section = "model"
@@ -61,9 +62,10 @@ class ModelConfig(Checked):
     dropout: float = setting(0.1, "on the embedding sum and every residual branch (the paper's P_drop)", PROBABILITY)
     attention_dropout: float = setting(0.0, "on attention probabilities (off: the faster attention kernel)", PROBABILITY)
     activation_dropout: float = setting(0.0, "on the feed-forward activation", PROBABILITY)
-    activation: Literal["relu", "gelu"] = setting("relu", "feed-forward activation: relu (the paper) or gelu")
+    activation: Literal["relu", "gelu", "swish"] = setting("relu", "feed-forward activation: relu (the paper), gelu, or swish (SiLU, Marian's default)")
     norm_position: Literal["post", "pre"] = setting("post", "LayerNorm after each residual sum (post, the paper) or at each branch's input (pre)")
     share_embeddings: bool = setting(True, "tie the source embedding to the target's; in a Config, defaults to tokenizer.joint")
+    output_bias: bool = setting(False, "a fixed bias on the logits (Marian's final_logits_bias, kept as it was imported; never trained)")
     src_vocab_size: int = setting(0, "source pieces; filled in from the tokenizer", AT_LEAST_0)
     tgt_vocab_size: int = setting(0, "target pieces; filled in from the tokenizer", AT_LEAST_0)
 
@@ -134,7 +136,9 @@ class TrainConfig(Checked):
 
     ``schedule="noam"`` is the paper's ``lr = lr_scale · d_model^-0.5 · min(step^-0.5,
     step · warmup_steps^-1.5)``; ``schedule="inverse_sqrt"`` warms up linearly to the peak
-    ``lr`` and decays as ``lr · sqrt(warmup_steps / step)``. Intervals are in optimizer steps.
+    ``lr`` and decays as ``lr · sqrt(warmup_steps / step)``; ``schedule="constant"`` warms up
+    linearly to ``lr`` and stays there (fine-tuning). Intervals are in optimizer steps.
+    ``reset_optimizer`` applies to ``nmt train --init-from`` only.
     """
 
     section = "train"
@@ -147,10 +151,11 @@ class TrainConfig(Checked):
     max_steps: int = setting(100_000, "optimizer steps to train for", AT_LEAST_1)
     max_epochs: int = setting(1000, "epochs to train for at most", AT_LEAST_1)
     max_time_s: float = setting(0.0, "stop after this many seconds of training; 0: no limit", AT_LEAST_0)
-    schedule: Literal["noam", "inverse_sqrt"] = setting("noam", "learning-rate schedule")
+    schedule: Literal["noam", "inverse_sqrt", "constant"] = setting("noam", "learning-rate schedule: noam (the paper), inverse_sqrt, or constant after warm-up")
     lr_scale: float = setting(1.0, "factor on the noam schedule", AT_LEAST_0)
-    lr: float = setting(5e-4, "peak learning rate of inverse_sqrt", AT_LEAST_0)
+    lr: float = setting(5e-4, "peak learning rate of inverse_sqrt and constant", AT_LEAST_0)
     warmup_steps: int = setting(4000, "steps of linear warm-up", AT_LEAST_1)
+    reset_optimizer: bool = setting(True, "with --init-from: Adam starts afresh (true) or keeps the checkpoint's moments when it has them (false)")
     adam_betas: tuple[float, float] = setting((0.9, 0.98), "Adam's beta1 and beta2", PROBABILITY)
     adam_eps: float = setting(1e-9, "Adam's epsilon", POSITIVE)
     weight_decay: float = setting(0.0, "AdamW's decoupled weight decay", AT_LEAST_0)

@@ -1,97 +1,63 @@
-"""Export to a Hugging Face ``MarianMTModel`` directory (weights, config, tokenizer).
+"""Export to a Hugging Face ``MarianMTModel`` directory, a CTranslate2 model, or a slim checkpoint.
 
-Marian in ``transformers`` is the same Post-LN architecture with one difference: its
-sinusoidal table puts all sines in the first half of the vector and all cosines in the
-second, where nmt interleaves them (sine on even dimensions, cosine on odd, as in
-Vaswani et al. 2017, §3.5). Every operation of the model commutes with a fixed
-permutation of the model dimension (LayerNorm statistics are order-free, and each linear
-map's rows or columns can be permuted with it), so the export permutes the whole
-residual stream: ``marian[k] = ours[PERM[k]]`` with ``PERM = [0, 2, 4, …, 1, 3, 5, …]``.
-The exported model computes exactly the same function. The directory also loads in
-CTranslate2's ``ct2-transformers-converter``.
+The weights map to Marian's as :mod:`nmt.marian` describes (the model dimension permuted
+between nmt's interleaved sinusoids and Marian's half/half layout; the exported model
+computes exactly the same function). A model nmt trained keeps its own ids and starts
+decoding from BOS; an imported model (``nmt import``) gets Marian's ids and ``<pad>`` start
+back, so exporting it again writes the weights it was imported from.
+
+A directory is written beside its destination (``.NAME.tmpPID``) and renamed into place when
+it is complete: a kill or a full disk leaves the previous directory, or none, and never a
+partial one that would load (a tokenizer without its config, say); the temporary directory of
+a killed export is removed by the next export to the same place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
+import os
+import re
+import shutil
 from pathlib import Path
 
-import torch
-
 from .checkpoint import load_checkpoint, save_checkpoint
+from .config import DecodeConfig
 from .errors import Key, NmtError
+from .files import OutputError, os_error, reason, remove_dead_temporaries
+from .marian import MarianError, Rows, to_marian
 from .model import Transformer
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from .vocab import MarianTokenizer
 
 log = logging.getLogger("nmt.export")
+
+#: What a checkpoint keeps through ``--format nmt`` and ``nmt average`` besides its model: where it came from, for ``nmt info``.
+ORIGIN = ("progress", "averaged_from", "init_from", "imported_from", "run")
 
 
 class ExportError(NmtError, ValueError):
     """The export cannot be made: the model uses a feature the target format cannot express, or a format, option or package is missing."""
 
 
-def marian_permutation(d_model: int) -> torch.Tensor:
-    """``PERM`` such that ``marian_vector = our_vector[PERM]``."""
-    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+def marian_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    """The Marian ids of pad (the decoder's start for an imported model), eos, unk and the decoder start, and the vocabulary sizes."""
+    if isinstance(tokenizer, MarianTokenizer):
+        spec = tokenizer.spec
+        vocab, target = spec["vocab"], spec["target_vocab"] or spec["vocab"]
+        return {"pad": vocab[spec["pad"]], "eos": vocab[spec["eos"]], "unk": target[spec["unk"]], "start": tokenizer.tgt.layout.marian_ids[BOS],
+                "vocab_size": len(vocab), "decoder_vocab_size": len(target)}
+    size = tokenizer.tgt.get_piece_size()
+    return {"pad": PAD, "eos": EOS, "unk": UNK, "start": BOS, "vocab_size": size, "decoder_vocab_size": size}
 
 
-def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """Our weights under Marian's names, with the model dimension permuted (see module doc)."""
-    perm = marian_permutation(model.cfg.d_model)
-    out: dict[str, torch.Tensor] = {}
-
-    def reads(w):  # a linear map reading the residual stream: permute its input columns
-        return w[:, perm].clone()
-
-    def writes(prefix, linear):  # a linear map writing to the residual stream: permute its outputs
-        out[f"{prefix}.weight"] = linear.weight[perm].clone()
-        out[f"{prefix}.bias"] = linear.bias[perm].clone()
-
-    def norm(prefix, ln):
-        out[f"{prefix}.weight"], out[f"{prefix}.bias"] = ln.weight[perm].clone(), ln.bias[perm].clone()
-
-    def projections(prefix, weights, biases):
-        for name, w, b in zip(("q_proj", "k_proj", "v_proj"), weights, biases):
-            out[f"{prefix}.{name}.weight"], out[f"{prefix}.{name}.bias"] = reads(w), b.clone()
-
-    def ffn(prefix, layer):
-        out[f"{prefix}.fc1.weight"], out[f"{prefix}.fc1.bias"] = reads(layer.ffn.fc1.weight), layer.ffn.fc1.bias.clone()
-        writes(f"{prefix}.fc2", layer.ffn.fc2)
-
-    for i, layer in enumerate(model.encoder):
-        p = f"model.encoder.layers.{i}"
-        sa = layer.self_attn
-        projections(f"{p}.self_attn", sa.qkv.weight.chunk(3), sa.qkv.bias.chunk(3))
-        writes(f"{p}.self_attn.out_proj", sa.out)
-        norm(f"{p}.self_attn_layer_norm", layer.res_attn.norm)
-        ffn(p, layer)
-        norm(f"{p}.final_layer_norm", layer.res_ffn.norm)
-    for i, layer in enumerate(model.decoder):
-        p = f"model.decoder.layers.{i}"
-        sa, ca = layer.self_attn, layer.cross_attn
-        projections(f"{p}.self_attn", sa.qkv.weight.chunk(3), sa.qkv.bias.chunk(3))
-        writes(f"{p}.self_attn.out_proj", sa.out)
-        norm(f"{p}.self_attn_layer_norm", layer.res_self.norm)
-        projections(f"{p}.encoder_attn", (ca.q.weight, *ca.kv.weight.chunk(2)), (ca.q.bias, *ca.kv.bias.chunk(2)))
-        writes(f"{p}.encoder_attn.out_proj", ca.out)
-        norm(f"{p}.encoder_attn_layer_norm", layer.res_cross.norm)
-        ffn(p, layer)
-        norm(f"{p}.final_layer_norm", layer.res_ffn.norm)
-    embedding = reads(model.tgt_embed.weight)
-    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
-        out[name] = embedding
-    out["final_logits_bias"] = torch.zeros(1, model.cfg.tgt_vocab_size)
-    return out
-
-
-def marian_model(model: Transformer, max_positions: int = 1024):
-    """A ``transformers.MarianMTModel`` computing the same function as ``model`` (its weights
-    permuted as the module doc says).
+def marian_model(model: Transformer, tokenizer: Tokenizer, max_positions: int = 1024):
+    """A ``transformers.MarianMTModel`` computing the same function as ``model`` (see :mod:`nmt.marian`).
 
     Raises:
-        ExportError: the model is Pre-LN or has separate source and target embeddings
-            (Marian in ``transformers`` is Post-LN; separate embeddings are not exported yet).
+        ExportError: the model is Pre-LN, or (trained by nmt) has separate source and target embeddings.
         ImportError: ``transformers`` is not installed (``pip install transformers``).
     """
     from transformers import MarianConfig, MarianMTModel
@@ -99,94 +65,192 @@ def marian_model(model: Transformer, max_positions: int = 1024):
     cfg = model.cfg
     if cfg.norm_position != "post":
         raise ExportError("Marian is a Post-LN model; a Pre-LN model cannot be exported to it")
-    if model.src_embed is not model.tgt_embed:
+    if not isinstance(tokenizer, MarianTokenizer) and model.src_embed is not model.tgt_embed:
         raise ExportError("only models with one embedding for source and target (tokenizer.joint: true, model.share_embeddings: true) can be exported")
+    ids = marian_ids(tokenizer)
     config = MarianConfig(
-        vocab_size=cfg.tgt_vocab_size,
-        decoder_vocab_size=cfg.tgt_vocab_size,
-        max_position_embeddings=max_positions,
-        d_model=cfg.d_model,
-        encoder_layers=cfg.n_encoder_layers,
-        decoder_layers=cfg.n_decoder_layers,
-        encoder_attention_heads=cfg.n_heads,
-        decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff,
-        decoder_ffn_dim=cfg.d_ff,
-        activation_function=cfg.activation,
-        dropout=cfg.dropout,
-        attention_dropout=cfg.attention_dropout,
-        activation_dropout=cfg.activation_dropout,
-        scale_embedding=True,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        bos_token_id=BOS,
-        decoder_start_token_id=BOS,
-        forced_eos_token_id=EOS,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
+        vocab_size=ids["vocab_size"], decoder_vocab_size=ids["decoder_vocab_size"], max_position_embeddings=max_positions, d_model=cfg.d_model,
+        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout, scale_embedding=True, pad_token_id=ids["pad"], eos_token_id=ids["eos"],
+        bos_token_id=BOS if ids["start"] == BOS else None, decoder_start_token_id=ids["start"], forced_eos_token_id=ids["eos"],
+        share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=True,
     )
     hf = MarianMTModel(config)
-    missing, unexpected = hf.load_state_dict(marian_state_dict(model), strict=False)
+    missing, unexpected = hf.load_state_dict(to_marian(model.state_dict(), cfg, Rows.of(tokenizer)), strict=False)
     missing = [k for k in missing if "embed_positions" not in k]
     if missing or unexpected:
         raise ExportError(f"weight mapping incomplete: missing {missing}, unexpected {unexpected}")
     return hf
 
 
-def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024) -> None:
-    """Write ``out_dir`` so that ``MarianMTModel.from_pretrained(out_dir)`` and
-    ``MarianTokenizer.from_pretrained(out_dir)`` load it.
+def generation_settings(decode: DecodeConfig, tokenizer: Tokenizer, max_positions: int) -> tuple[dict, list[str]]:
+    """``generation_config.json``'s values that make ``generate()`` search as ``nmt translate`` does by default, and what it cannot say.
 
-    Generation starts from BOS (``decoder_start_token_id``), stops at EOS, and never emits
-    PAD or BOS (``suppress_tokens``), as nmt's own search does.
+    ``num_beams`` is ``decode.beam_size``; ``length_penalty`` α (generate() divides by ``|Y|^α``, |Y| counting EOS: nmt's
+    ``length`` normalisation); ``early_stopping`` true (a sentence ends once ``num_beams`` hypotheses have, as in nmt);
+    ``max_length`` ``max_len_b + 2`` when ``max_len_a`` is 0 (generate()'s limit is absolute and counts the start token),
+    else the model's position limit; ``min_length`` ``min_len + 1``; the start token, and UNK unless ``allow_unk``, banned.
+    """
+    ids = marian_ids(tokenizer)
+    notes = []
+    values = {"decoder_start_token_id": ids["start"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"], "forced_eos_token_id": ids["eos"]}
+    banned = list(dict.fromkeys([ids["start"], ids["pad"]] + ([] if decode.allow_unk else [ids["unk"]])))
+    if isinstance(tokenizer, MarianTokenizer):
+        values["bad_words_ids"] = [[i] for i in banned]  # as OPUS-MT's own generation_config.json bans <pad>
+    else:
+        values |= {"bos_token_id": BOS, "suppress_tokens": sorted(banned)}
+    if decode.beam_size > 1:
+        values |= {"num_beams": decode.beam_size, "early_stopping": True}
+        values["length_penalty"] = 0.0 if decode.length_normalization == "none" else decode.length_penalty
+        if decode.length_normalization == "gnmt":
+            notes.append(f"generate() has no GNMT length penalty: generation_config.json divides by |Y|^{decode.length_penalty} instead")
+    if decode.max_len_a == 0:
+        values["max_length"] = decode.max_len_b + 2
+    else:
+        values["max_length"] = max_positions
+        notes.append(f"generate() has no output limit relative to the source (nmt: {decode.max_len_a:g} x source pieces + {decode.max_len_b}): "
+                     f"generation_config.json sets max_length {max_positions}, the model's position limit")
+    if decode.min_len:
+        values["min_length"] = decode.min_len + 1
+    return values, notes
 
-    The tokenizer gives the ids nmt gives for any text (special-token spellings such as
-    ``</s>`` and ``<pad>`` and very long words included) with two exceptions that
-    ``MarianTokenizer`` cannot be configured out of: it removes a leading ``>>...<<``
-    (Marian's target-language tag), which nmt reads as text; and it hands control
-    characters to SentencePiece as they are, where nmt reads them as spaces
-    (:func:`nmt.tokenizer.controls_as_spaces`). The export warns about both; for such
-    lines, encode with nmt (or ``controls_as_spaces`` and ``source.spm``) and pass ``input_ids``.
+
+def _check_directory(out: Path, what: str = "out") -> None:
+    """Fail before any work if a directory cannot be written at ``out``.
 
     Raises:
-        ExportError: as :func:`marian_model`, or the tokenizer is not joint.
-        ImportError: ``transformers`` is not installed (``pip install transformers``).
+        OutputError: ``out`` is a file or a directory of other files, its parent is missing, or nothing can be created there.
     """
-    from transformers import GenerationConfig, MarianTokenizer
+    if out.exists() and not out.is_dir():
+        raise OutputError(Key(what), f" {out} is a file; give a directory")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in ("config.json", "model.bin")):
+        raise OutputError(Key(what), f" {out} holds other files; give a new or empty directory (an earlier export there is replaced)")
+    if not out.parent.is_dir():
+        raise OutputError(Key(what), f" {out}: directory {out.parent} does not exist; create it first")
+    probe = out.with_name(f".{out.name}.probe{os.getpid()}")
+    try:
+        probe.mkdir()
+    except OSError as exc:
+        raise OutputError("cannot write ", Key(what), f" {out}: {reason(exc)}") from None
+    probe.rmdir()
 
-    if not tokenizer.joint:
+
+def _write_failure(exc: BaseException, out: Path) -> OutputError | None:
+    """The one-line error of a write that failed for want of space or permission (some writers report the OS error only in text)."""
+    cause = os_error(exc)
+    code = cause.errno if cause is not None else None
+    if code is None:  # safetensors: "... IoError(Os { code: 28, kind: StorageFull, ... })"
+        match = re.search(r"(?:os error|code:) (\d+)", str(exc))
+        code = int(match[1]) if match else None
+    if code not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+        return None
+    return OutputError(f"cannot write {out}: {reason(OSError(code, os.strerror(code)))}")
+
+
+@contextlib.contextmanager
+def directory_in_place(out: Path):
+    """Yield an empty directory beside ``out`` to write into; when the block ends, it replaces ``out``
+    (an earlier export there is removed). If the block fails, or the process is killed, ``out`` is as it was.
+
+    Raises:
+        OutputError: ``out`` cannot be written (checked first, see :func:`_check_directory`), or the disk filled up.
+    """
+    out = Path(out)
+    _check_directory(out)
+    old = out.with_name(f"{out.name}.old")
+    for place in (out, old):  # what killed exports to the same place left
+        remove_dead_temporaries(place)
+    tmp, displaced = out.with_name(f".{out.name}.tmp{os.getpid()}"), old.with_name(f".{old.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            os.rename(out, displaced)
+        os.rename(tmp, out)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        failure = _write_failure(exc, out) if isinstance(exc, Exception) else None
+        if failure is not None:
+            raise failure from None
+        raise
+    shutil.rmtree(displaced, ignore_errors=True)
+
+
+def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024, decode: DecodeConfig | None = None,
+                       name: str | Path | None = None, languages: tuple[str, str] | None = None) -> None:
+    """Write ``out_dir`` (in place, see :func:`directory_in_place`) so that ``MarianMTModel.from_pretrained(out_dir)``
+    and ``MarianTokenizer.from_pretrained(out_dir)`` load it, with ``generation_config.json`` set so that
+    ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`), and
+    ``tokenizer_config.json`` naming the ``languages`` (source, target) of a model nmt trained.
+
+    A model nmt trained: generation starts from BOS, stops at EOS, never emits PAD or BOS (nor UNK unless
+    ``decode.allow_unk``). The tokenizer gives the ids nmt gives for any text (special-token spellings such as
+    ``</s>`` and ``<pad>`` and very long words included) with two exceptions that ``MarianTokenizer`` cannot be
+    configured out of: it removes a leading ``>>...<<`` (Marian's target-language tag), which nmt reads as text;
+    and it hands control characters to SentencePiece as they are, where nmt reads them as spaces
+    (:func:`nmt.tokenizer.controls_as_spaces`). The export warns about both (naming ``name``, the place the user
+    gave); for such lines, pass ``input_ids`` from nmt's tokenizer. An imported model gets its Marian directory back:
+    ``vocab.json``, both SentencePiece models, Marian's ids; its tokenizer is exact for every text.
+
+    Raises:
+        ExportError: as :func:`marian_model`, or (trained by nmt) the tokenizer is not joint.
+        ImportError: ``transformers`` is not installed (``pip install transformers``).
+        nmt.files.OutputError: ``out_dir`` cannot be written.
+    """
+    with directory_in_place(Path(out_dir)) as tmp:
+        write_huggingface(model, tokenizer, tmp, max_positions, decode, name or out_dir, languages)
+
+
+def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_positions: int, decode: DecodeConfig | None, name: str | Path,
+                      languages: tuple[str, str] | None = None) -> None:
+    """:func:`export_huggingface`'s files, written into the empty directory ``tmp``; messages name ``name``."""
+    from transformers import GenerationConfig, MarianTokenizer as HFMarianTokenizer
+
+    imported = isinstance(tokenizer, MarianTokenizer)
+    if not imported and not tokenizer.joint:
         raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
-    hf = marian_model(model, max_positions)
-    hf.generation_config = GenerationConfig(
-        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS, suppress_tokens=[PAD, BOS], max_length=max_positions
-    )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(out_dir)
-    proto = tokenizer.protos()["joint"]
-    (out_dir / "source.spm").write_bytes(proto)
-    (out_dir / "target.spm").write_bytes(proto)
-    sp = tokenizer.tgt
-    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-    (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    # split_special_tokens: a literal "</s>" or "<pad>" in the text is text, as nmt reads it, not an id.
-    hf_tok = MarianTokenizer(
-        source_spm=str(out_dir / "source.spm"), target_spm=str(out_dir / "target.spm"), vocab=str(out_dir / "vocab.json"),
-        eos_token=sp.id_to_piece(EOS), unk_token=sp.id_to_piece(UNK), pad_token=sp.id_to_piece(PAD), model_max_length=max_positions,
-        split_special_tokens=True,
-    )
-    hf_tok.save_pretrained(out_dir)
-    log.warning(
-        "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text, "
-        "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives", out_dir,
-    )
+    decode = decode or DecodeConfig()
+    hf = marian_model(model, tokenizer, max_positions)
+    values, notes = generation_settings(decode, tokenizer, max_positions)
+    hf.generation_config = GenerationConfig(**values)
+    for note in notes:
+        log.warning("warning: %s: %s", name, note)
+    hf.save_pretrained(tmp)
+    protos = tokenizer.protos()
+    files = {"source_spm": tmp / "source.spm", "target_spm": tmp / "target.spm", "vocab": tmp / "vocab.json"}
+    if imported:
+        spec = tokenizer.spec
+        files["source_spm"].write_bytes(protos["src"])
+        files["target_spm"].write_bytes(protos["tgt"])
+        files["vocab"].write_text(json.dumps(spec["vocab"], ensure_ascii=False), encoding="utf-8")
+        options = {"eos_token": spec["eos"], "unk_token": spec["unk"], "pad_token": spec["pad"], "source_lang": spec.get("source_lang"),
+                   "target_lang": spec.get("target_lang"), "split_special_tokens": bool(spec.get("split_special_tokens"))}
+        if spec.get("target_vocab") is not None:
+            files["target_vocab_file"] = tmp / "target_vocab.json"
+            files["target_vocab_file"].write_text(json.dumps(spec["target_vocab"], ensure_ascii=False), encoding="utf-8")
+            options["separate_vocabs"] = True
+    else:
+        for side in ("source_spm", "target_spm"):
+            files[side].write_bytes(protos["joint"])
+        sp = tokenizer.tgt
+        files["vocab"].write_text(json.dumps({sp.id_to_piece(i): i for i in range(sp.get_piece_size())}, ensure_ascii=False), encoding="utf-8")
+        # split_special_tokens: a literal "</s>" or "<pad>" in the text is text, as nmt reads it, not an id.
+        options = {"eos_token": sp.id_to_piece(EOS), "unk_token": sp.id_to_piece(UNK), "pad_token": sp.id_to_piece(PAD), "split_special_tokens": True}
+        if languages:
+            options |= {"source_lang": languages[0], "target_lang": languages[1]}
+    HFMarianTokenizer(**{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options).save_pretrained(tmp)
+    if not imported:
+        log.warning("%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text, "
+                    "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives", name)
 
 
 def export_slim(path: str | Path, out: str | Path) -> dict:
     """Write a checkpoint with only what ``nmt translate`` and ``nmt evaluate`` need: the
-    model weights, config and tokenizer (plus the progress record and ``averaged_from``, a few
-    bytes, for ``nmt info``). Without the optimizer's two moment estimates per weight and the
-    RNG states it is about a third of the size; it cannot be resumed.
+    model weights, config and tokenizer (plus, a few bytes, the progress record and where the
+    weights came from, :data:`ORIGIN`, for ``nmt info``). Without the optimizer's two moment
+    estimates per weight and the RNG states it is about a third of the size; it cannot be resumed.
 
     Returns:
         The payload written.
@@ -195,7 +259,7 @@ def export_slim(path: str | Path, out: str | Path) -> dict:
         nmt.checkpoint.CheckpointError: ``path`` is not a readable checkpoint.
     """
     payload = load_checkpoint(path)
-    slim = {key: payload[key] for key in ("model", "config", "tokenizer", "progress", "averaged_from", "run") if key in payload}
+    slim = {key: payload[key] for key in ("model", "config", "tokenizer", *ORIGIN) if key in payload}
     save_checkpoint(slim, Path(out))
     return slim
 
@@ -203,10 +267,11 @@ def export_slim(path: str | Path, out: str | Path) -> dict:
 def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = None) -> None:
     """Convert an exported Marian directory to a CTranslate2 model (C++ inference).
 
-    CTranslate2's stock Marian loader assumes Marian's own conventions: the decoder starts
-    from a zero embedding and the last vocabulary row is an extra PAD that it deletes.
-    nmt models start from BOS and have no extra row, so this conversion uses the stock
-    loader with those two conventions switched off; the result computes what nmt does.
+    CTranslate2's stock Marian loader assumes the decoder starts from a zero embedding and
+    deletes the last vocabulary row, an extra PAD. An nmt model starts from its BOS row and has
+    no extra row; a fine-tuned imported one's start row need not be zero any more. So this
+    conversion uses the stock loader with both conventions switched off, starting from the
+    decoder start token the exported config names: the result computes what nmt does.
 
     Args:
         quantization: None (float32), ``"int8"``, ``"float16"``, ``"bfloat16"``, ...
@@ -225,10 +290,13 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
         def set_config(self, config, model, tokenizer):
             config.eos_token = tokenizer.eos_token
             config.unk_token = tokenizer.unk_token
-            config.decoder_start_token = tokenizer.convert_ids_to_tokens(BOS)
+            config.decoder_start_token = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
 
         def set_decoder(self, spec, decoder):
             ct2t.BartLoader.set_decoder(self, spec, decoder)
+
+        def get_vocabulary(self, model, tokenizer):
+            return ct2t.BartLoader.get_vocabulary(self, model, tokenizer)
 
     stock = ct2t._MODEL_LOADERS["MarianConfig"]
     ct2t._MODEL_LOADERS["MarianConfig"] = NmtMarianLoader()
@@ -238,13 +306,52 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
         ct2t._MODEL_LOADERS["MarianConfig"] = stock
 
 
+def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, out: str) -> str:
+    """The README written beside a CTranslate2 model: where it came from and the Python lines that translate with it."""
+    imported = isinstance(tokenizer, MarianTokenizer)
+    pieces = tokenizer.tgt.id_to_piece
+    banned = [pieces(BOS)] + ([] if imported else [pieces(PAD)])
+    files = ("source.spm", "target.spm") if imported else ("spm.model", "spm.model")
+    detok = ".replace(\"\\u2581\", \" \").strip()" if imported else ""
+    code_note = ("\n# A multi-target model chooses its output language with a leading token: [\">>fra<<\"] + pieces.\n"
+                 if imported and any(p.startswith(">>") and p.endswith("<<") for p in tokenizer.src.layout.pieces) else "")
+    limit = f"int({decode.max_len_a:g} * max(map(len, tokens)) + {decode.max_len_b})" if decode.max_len_a else str(decode.max_len_b)
+    return f"""# CTranslate2 model
+
+Written by `nmt export --format ctranslate2` from `{source}`. It computes what `nmt translate` computes
+with that checkpoint (float32; `--quantization` changes that). The SentencePiece model(s) beside it cut
+the text into the pieces it reads{"; pieces its vocabulary lacks are read as `<unk>`" if imported else ""}.
+
+```python
+import ctranslate2
+import sentencepiece as spm
+
+translator = ctranslate2.Translator("{out}", device="cpu")
+source = spm.SentencePieceProcessor(model_file="{out}/{files[0]}")
+target = spm.SentencePieceProcessor(model_file="{out}/{files[1]}")
+lines = ["A dog runs on the beach."]{code_note}
+tokens = [source.encode(line, out_type=str) + ["</s>"] for line in lines]
+results = translator.translate_batch(
+    tokens, beam_size={decode.beam_size}, length_penalty={decode.length_penalty if decode.length_normalization != "none" else 0.0},
+    max_decoding_length={limit}, suppress_sequences={[[p] for p in banned]!r}, disable_unk={not decode.allow_unk},
+)
+print([target.decode(result.hypotheses[0]){detok} for result in results])
+```
+
+nmt's defaults for this checkpoint are used above: beam size {decode.beam_size}, length penalty α {decode.length_penalty}
+({decode.length_normalization} normalisation; CTranslate2 divides by |Y|^α, |Y| without EOS), at most
+{f"{decode.max_len_a:g} · source pieces + " if decode.max_len_a else ""}{decode.max_len_b} output pieces (CTranslate2's limit is one number per batch).
+"""
+
+
 FORMATS = ("huggingface", "ctranslate2", "nmt")
 
 
 def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface", quantization: str | None = None) -> None:
     """Write ``checkpoint`` (a file, or a run directory's ``best.pt``) for deployment, as ``format``:
-    a Hugging Face MarianMTModel directory, a CTranslate2 model directory (through the Marian one)
-    or a slim nmt checkpoint (:func:`export_slim`).
+    a Hugging Face MarianMTModel directory, a CTranslate2 model directory (through the Marian one, with
+    the SentencePiece model(s) and a README of the Python lines that translate with it) or a slim nmt
+    checkpoint (:func:`export_slim`). Directories are written in place (:func:`directory_in_place`).
 
     Raises:
         ExportError: an unknown ``format``, a ``quantization`` without ctranslate2 or one CTranslate2
@@ -252,10 +359,8 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
         nmt.checkpoint.CheckpointError: the checkpoint is missing or damaged.
         nmt.files.OutputError: ``out`` cannot be written.
     """
-    import tempfile
-
+    from .checkpoint import restore_model
     from .files import check_writable
-    from .translate import load_model
 
     checkpoint, out = Path(checkpoint), Path(out)
     if format not in FORMATS:
@@ -269,18 +374,33 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
             raise ExportError(Key("out"), f" {out} is the checkpoint being exported; give another file name")
         export_slim(checkpoint, out)
         return
-    model, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
+    _check_directory(out)
+    payload = load_checkpoint(checkpoint)
+    model, tokenizer, cfg = restore_model(payload, checkpoint)
+    max_positions = int(payload.get("imported_from", {}).get("max_position_embeddings") or 1024)
     try:
         if format == "huggingface":
-            export_huggingface(model, tokenizer, out)
+            export_huggingface(model, tokenizer, out, max_positions, cfg.decode, languages=(cfg.data.src_lang, cfg.data.tgt_lang))
             return
-        with tempfile.TemporaryDirectory() as hf_dir:
-            export_huggingface(model, tokenizer, Path(hf_dir))
+        with directory_in_place(out) as tmp:  # the Marian directory it is converted from is written inside, then removed
+            (tmp / "huggingface").mkdir()
+            write_huggingface(model, tokenizer, tmp / "huggingface", max_positions, cfg.decode, out, (cfg.data.src_lang, cfg.data.tgt_lang))
             try:
-                export_ctranslate2(Path(hf_dir), out, quantization)
+                export_ctranslate2(tmp / "huggingface", tmp / "ctranslate2", quantization)
             except ValueError as exc:  # CTranslate2 rejects an unknown quantization with a ValueError
                 if quantization is None:
                     raise
                 raise ExportError(Key("quantization"), f" {quantization!r}: {exc}") from None
+            shutil.rmtree(tmp / "huggingface")
+            for part in (tmp / "ctranslate2").iterdir():
+                part.rename(tmp / part.name)
+            (tmp / "ctranslate2").rmdir()
+            protos = tokenizer.protos()
+            models = {"source.spm": protos["src"], "target.spm": protos["tgt"]} if "vocab" in protos else {"spm.model": protos["joint"]}
+            for filename, proto in models.items():
+                (tmp / filename).write_bytes(proto)
+            (tmp / "README.md").write_text(ctranslate2_readme(tokenizer, cfg.decode, str(checkpoint), str(out)), encoding="utf-8")
     except ImportError as exc:
         raise ExportError(f"exporting to {format} needs {exc.name or 'transformers and ctranslate2'}: pip install -e \".[export]\"") from None
+    except MarianError as exc:
+        raise ExportError(str(exc)) from None

@@ -19,6 +19,7 @@ import errno
 import glob
 import os
 import re
+import shutil
 import stat
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -163,14 +164,17 @@ _TEMPORARY_PID = re.compile(r"\.tmp(\d+)$")
 
 
 def remove_dead_temporaries(path: Path) -> None:
-    """Remove the temporaries (``.NAME.tmpPID``) of ``path`` whose writer is no longer running."""
+    """Remove the temporaries (``.NAME.tmpPID``, files or directories) of ``path`` whose writer is no longer running."""
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
         match = _TEMPORARY_PID.search(tmp.name)
-        if match is None or not tmp.is_file() or tmp.is_symlink() or tmp.name != f".{path.name}.tmp{match[1]}":
+        if match is None or tmp.is_symlink() or not (tmp.is_file() or tmp.is_dir()) or tmp.name != f".{path.name}.tmp{match[1]}":
             continue
         if not _alive(int(match[1])):
             with contextlib.suppress(OSError):
-                tmp.unlink()
+                if tmp.is_dir():
+                    shutil.rmtree(tmp)
+                else:
+                    tmp.unlink()
 
 
 def _alive(pid: int) -> bool:

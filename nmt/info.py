@@ -21,7 +21,10 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
         progress record); ``parameters`` (distinct trainable, tied matrices counted once);
         ``dtype`` of the weights; ``tokenizer`` (type, vocabulary sizes, joint or not);
         ``optimizer_state`` (True: ``nmt train --resume`` can continue from it); the
-        ``averaged_from`` list where the checkpoint is an average; the resolved ``config``.
+        ``averaged_from`` list where the checkpoint is an average; ``init_from`` (``path``,
+        ``step``) where its run was started from a checkpoint (``nmt train --init-from``);
+        ``imported_from`` (``format``, ``path``, ``name_or_path``, ...) where its weights come
+        from a model ``nmt import`` read; the resolved ``config``.
 
     Raises:
         nmt.checkpoint.CheckpointError: the file is missing or not an nmt checkpoint.
@@ -45,6 +48,7 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
         "dtype": str(weights[0].dtype).removeprefix("torch.") if weights else None,
         "tokenizer": {
             "type": cfg.tokenizer.type,
+            "vocabulary": "marian" if "vocab" in payload["tokenizer"] else "sentencepiece",  # marian: vocab.json's ids over two segmenters (nmt.vocab)
             "joint": cfg.tokenizer.joint,
             "src_vocab_size": cfg.model.src_vocab_size,
             "tgt_vocab_size": cfg.model.tgt_vocab_size,
@@ -54,6 +58,9 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
     }
     if "averaged_from" in payload:
         info["averaged_from"] = list(payload["averaged_from"])
+    for key in ("init_from", "imported_from"):
+        if key in payload:
+            info[key] = dict(payload[key])
     return info
 
 
@@ -70,11 +77,21 @@ def format_info(info: dict[str, Any]) -> str:
         f"best validation BLEU: {info['best_bleu']:.2f}" if info["best_bleu"] is not None else "best validation BLEU: none (no validation yet)",
         f"parameters: {info['parameters']:,} ({info['dtype']}; d_model {m['d_model']}, d_ff {m['d_ff']}, {m['n_heads']} heads, "
         f"{m['n_encoder_layers']}+{m['n_decoder_layers']} layers, {m['norm_position']}-LN)",
-        f"tokenizer: {'joint' if tk['joint'] else 'separate'} SentencePiece {tk['type']}, {vocab}",
+        f"tokenizer: {'joint' if tk['joint'] else 'separate'} SentencePiece {tk['type']}, {vocab}" if tk.get("vocabulary") != "marian" else
+        f"tokenizer: Marian's vocabulary ({'one for both sides' if tk['joint'] else 'one per side'}; {vocab}, nmt's padding row included) over source and "
+        f"target SentencePiece {tk['type']} segmenters",
         "optimizer state: " + ("yes (nmt train --resume can continue from it)" if info["optimizer_state"] else "no (for translate and evaluate only)"),
     ]
     if "averaged_from" in info:
         lines.append(f"averaged from: {', '.join(info['averaged_from'])}")
+    if "init_from" in info:
+        step = info["init_from"].get("step")
+        lines.append(f"initialised from: {info['init_from']['path']} ({f'step {step}' if step is not None else 'not trained by nmt'}; nmt train --init-from)")
+    if "imported_from" in info:
+        origin = info["imported_from"]
+        lines.append(f"imported from: {origin['path']} ({origin.get('format')} {origin.get('model_type', '')} {origin.get('name_or_path', '')}, "
+                     f"{origin.get('weights')}; nmt import)".replace("  ", " "))
+        lines += [f"  not applied from its generation settings: {note}" for note in origin.get("not_applied", [])]
     lines.append("config:")
     lines += ["  " + line for line in yaml.safe_dump(info["config"], sort_keys=False).splitlines()]
     return "\n".join(lines)

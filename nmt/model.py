@@ -127,13 +127,16 @@ class CrossAttention(nn.Module):
         return self.out(merge_heads(y))
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # swish: x · sigmoid(x) (Ramachandran et al. 2017), Marian's default
+
+
 class FeedForward(nn.Module):
-    """``Linear(d_ff) → ReLU (or GELU) → Dropout → Linear(d_model)`` (§3.3)."""
+    """``Linear(d_ff) → ReLU (GELU, swish) → Dropout → Linear(d_model)`` (§3.3)."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.activation = F.relu if activation == "relu" else F.gelu
+        self.activation = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -205,7 +208,9 @@ class Transformer(nn.Module):
     Embeddings are scaled by ``sqrt(d_model)`` and summed with sinusoidal positions
     (§3.4-3.5), then dropped out. The output projection is tied to the target embedding;
     with ``share_embeddings`` (one joint vocabulary) the source embedding is the same
-    matrix too (§3.4, after Press and Wolf 2017).
+    matrix too (§3.4, after Press and Wolf 2017). With ``output_bias`` a fixed vector
+    ``output_bias`` ``(vocab,)`` is added to the logits (a buffer, saved and loaded but never
+    trained, as Marian's ``final_logits_bias`` is in ``transformers``).
 
     Raises:
         ValueError: ``src_vocab_size``/``tgt_vocab_size`` unset, or ``share_embeddings``
@@ -231,6 +236,7 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.register_buffer("positions", sinusoidal_positions(256, d), persistent=False)
         self.output_projection: nn.Module | None = None  # an inference-only copy of the tied output matrix (int8: nmt.translate.to_dtype)
+        self.output_bias = nn.Buffer(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -266,11 +272,11 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), src_mask
 
     def project(self, h: Tensor) -> Tensor:
-        """Decoder states ``(..., d_model)`` → logits ``(..., vocab)`` through the tied embedding
-        (or, when inference set one, its quantized copy ``output_projection``)."""
+        """Decoder states ``(..., d_model)`` → logits ``(..., vocab)`` through the tied embedding and the output bias
+        (or, when inference set one, their quantized copy ``output_projection``)."""
         if self.output_projection is not None:
             return self.output_projection(h)
-        return F.linear(h, self.tgt_embed.weight)
+        return F.linear(h, self.tgt_embed.weight, self.output_bias)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoding of the whole prefix ``tgt_in`` ``(batch, tgt_len)``.

@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from .checkpoint import CheckpointError, load_checkpoint
-from .config import Config, ConfigError, config_from_dict, config_to_dict, load_config
+from .config import PRESETS, Config, ConfigError, config_from_dict, config_to_dict, load_config
 from .errors import Key
 from .files import OutputError, append_line, atomic_write, reason
 
@@ -247,14 +247,63 @@ def resume_config(saved: dict, overrides: list[str], config_file: Path | None, s
     """
     raw = {section: dict(values) for section, values in saved.items()}
     given = config_to_dict(absolute_paths(load_config(config_file, overrides)))
-    written = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {} if config_file is not None else {}
-    keys = [(s, k) for s, values in written.items() for k in values or {}]
-    keys += [tuple(o.split("=", 1)[0].strip().split(".", 1)) for o in overrides]
-    changes = [key for key in dict.fromkeys(keys) if given[key[0]][key[1]] != raw[key[0]].get(key[1])]
+    changes = [key for key in _written_keys(overrides, config_file) if given[key[0]][key[1]] != raw[key[0]].get(key[1])]
     fixed = [f"{s}.{k}" for s, k in changes if s in ("model", "tokenizer")]
     if fixed:
         raise ConfigError(f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a new run instead")
     for section, name in changes:
         log.info("--resume: %s.%s = %r (was %r)", section, name, given[section][name], raw[section].get(name))
         raw[section][name] = given[section][name]
+    return absolute_paths(config_from_dict(raw, f"{source} with the changes given"))
+
+
+#: Model keys a run started from a checkpoint may change: regularisation, a training setting, not architecture.
+REGULARISATION = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def _written_keys(overrides: list[str], config_file: Path | None) -> list[tuple[str, str]]:
+    """The ``(section, key)`` pairs a config file writes and the ``--set`` overrides set, in order, once each."""
+    written = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {} if config_file is not None else {}
+    keys = [(s, k) for s, values in written.items() for k in values or {}]
+    keys += [tuple(o.split("=", 1)[0].strip().split(".", 1)) for o in overrides]
+    return list(dict.fromkeys(keys))
+
+
+def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Path | None, source: Path) -> Config:
+    """The config of a new run that starts from the checkpoint ``source`` (``nmt train --init-from``), whose config is ``saved``.
+
+    ``cfg`` (the config file and ``--set``, as for any new run) gives the data, training, scoring and run
+    settings; the model and the tokenizer are the checkpoint's, except the :data:`REGULARISATION` keys
+    written in ``config_file`` or ``overrides``; the decode settings are the checkpoint's but for the keys
+    written, and so are the languages (which pick the BLEU tokenizer) unless written.
+
+    Raises:
+        ConfigError: a key written in the model (a preset counts as its keys) or tokenizer section asks for
+            another value than the checkpoint's, naming the key.
+    """
+    given = config_to_dict(absolute_paths(cfg))
+    saved = config_to_dict(config_from_dict(saved, str(source)))  # every key, old checkpoints' too
+    raw = {section: dict(values) for section, values in given.items()} | {section: dict(saved[section]) for section in ("model", "tokenizer", "decode")}
+    raw["data"] |= {key: saved["data"][key] for key in ("src_lang", "tgt_lang")}
+
+    def keep(section: str, key: str) -> None:
+        """A written model or tokenizer value: a regularisation value is taken, any other must be the checkpoint's."""
+        if key == "preset":
+            return
+        if section == "model" and key in REGULARISATION:
+            raw["model"][key] = given["model"][key]
+        elif given[section][key] != saved[section][key]:
+            raise ConfigError("--init-from ", str(source), ": ", Key(f"{section}.{key}"), f" {given[section][key]!r} differs from the checkpoint's "
+                              f"{saved[section][key]!r}; the {'architecture' if section == 'model' else 'tokenizer'} comes from the checkpoint (only "
+                              + ", ".join(f"model.{k}" for k in REGULARISATION) + " may change)")
+
+    for section, key in _written_keys(overrides, config_file):
+        if key not in given.get(section, {}):
+            continue
+        if section in ("data", "decode"):
+            raw[section][key] = given[section][key]
+        elif section in ("model", "tokenizer"):
+            keep(section, key)
+            for preset_key in PRESETS.get(given["model"]["preset"], {}) if (section, key) == ("model", "preset") else ():
+                keep("model", preset_key)
     return absolute_paths(config_from_dict(raw, f"{source} with the changes given"))

@@ -21,6 +21,11 @@ def inverse_sqrt_lr(step: int, peak_lr: float, warmup_steps: int) -> float:
     return peak_lr * min(step / warmup_steps, (warmup_steps / step) ** 0.5)
 
 
+def constant_lr(step: int, peak_lr: float, warmup_steps: int) -> float:
+    """Linear warm-up to ``peak_lr`` over ``warmup_steps`` steps, then ``peak_lr`` (fine-tuning; ``warmup_steps`` 1: no warm-up)."""
+    return peak_lr * min(max(step, 1) / warmup_steps, 1.0)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg, d_model: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` whose factor is the absolute learning rate (param groups start at lr 1.0).
 
@@ -31,6 +36,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg, d_model: int) -
         group["initial_lr"] = 1.0
     if train_cfg.schedule == "noam":
         fn = lambda k: noam_lr(k + 1, d_model, train_cfg.warmup_steps, train_cfg.lr_scale)  # noqa: E731
+    elif train_cfg.schedule == "constant":
+        fn = lambda k: constant_lr(k + 1, train_cfg.lr, train_cfg.warmup_steps)  # noqa: E731
     else:
         fn = lambda k: inverse_sqrt_lr(k + 1, train_cfg.lr, train_cfg.warmup_steps)  # noqa: E731
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)

@@ -124,6 +124,10 @@ class Tokenizer:
     @classmethod
     def from_protos(cls, protos: dict[str, bytes]) -> "Tokenizer":
         """The tokenizer :meth:`protos` serialized. Raises :class:`TokenizerError` if a model does not load."""
+        if "vocab" in protos:  # a vocabulary of its own over two segmenters: an imported Marian model's
+            from .vocab import MarianTokenizer
+
+            return MarianTokenizer.from_protos(protos)
         if "joint" in protos:
             sp = _load(model_proto=protos["joint"], what="checkpoint tokenizer")
             return cls(sp, sp)
@@ -138,6 +142,10 @@ class Tokenizer:
     @classmethod
     def load_dir(cls, directory: Path) -> "Tokenizer | None":
         """The tokenizer :meth:`save` wrote in ``directory``, or None if there is none."""
+        from .vocab import MarianTokenizer
+
+        if (marian := MarianTokenizer.load_dir(directory)) is not None:
+            return marian
         if (directory / "spm.model").is_file():
             return cls.from_protos({"joint": (directory / "spm.model").read_bytes()})
         if (directory / "spm.src.model").is_file():

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -31,16 +31,17 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import evaluate
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, tokenizer_from_tensors, tokenizer_to_tensors
-from .config import Config, config_from_dict, config_to_dict, with_vocab
+from .config import Config, ConfigError, config_from_dict, config_to_dict, with_vocab
 from .clean import clean_pairs, stripped_side
 from .corpus import DataError, ParallelText, check_inputs, load_split
 from .encoded import EncodedCorpus, encode_corpus, encoding_threads
+from .errors import Key
 from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
 from .files import atomic_write
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
-from .rundir import RunDir, absolute_paths, resume_config, step_checkpoints
+from .rundir import RunDir, absolute_paths, init_config, resume_config, step_checkpoints
 from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
 from .translate import best_strings, resolve_device, translate_lines
 from .update import Updater, Window
@@ -148,15 +149,19 @@ def result_line(step: int, seconds: float, best_bleu: float, stopped_by: str, va
             "stopped_by": stopped_by, "valid_step": validation.get("step"), **{k: validation.get(k) for k in RESULT_METRICS}}
 
 
-def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None, config_file: Path | None = None) -> dict:
+def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None, config_file: Path | None = None, init_from: str | Path | None = None) -> dict:
     """Train a model as ``cfg`` says, or continue the run in ``cfg.train.run_dir``.
 
     With ``resume``, the configuration, tokenizer, weights, optimizer, schedule and
     gradient-scaler states, sampler position, early-stopping counter and every process's
     RNG states come from the run's newest complete checkpoint; ``overrides``
     (``section.key=value``) and the keys written in ``config_file`` may change settings
-    such as ``train.max_steps``, not the model or tokenizer. Under ``torchrun`` every
-    process trains on its own share of each epoch's batches.
+    such as ``train.max_steps``, not the model or tokenizer. With ``init_from`` (a checkpoint:
+    a run's, a slim export, an average, an imported model), a new run starts from its weights
+    and tokenizer (fine-tuning): the model and tokenizer sections come from it (see
+    :func:`nmt.rundir.init_config`), the optimizer (unless ``train.reset_optimizer`` is false and
+    the checkpoint has its state), the schedule and the step counter start afresh. Under
+    ``torchrun`` every process trains on its own share of each epoch's batches.
 
     Returns:
         :func:`result_line`: ``step``, ``train_seconds``, ``best_bleu``, ``interrupted`` (a
@@ -168,19 +173,23 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
 
     Raises:
         ConfigError: a fresh run would overwrite an existing run's checkpoints, another
-            process trains in the run directory, or ``resume`` finds no checkpoint.
-        nmt.checkpoint.CheckpointError: the checkpoint to resume from is unusable.
+            process trains in the run directory, ``resume`` finds no checkpoint, ``resume``
+            and ``init_from`` are both given, or the config asks ``init_from`` for another architecture.
+        nmt.checkpoint.CheckpointError: the checkpoint to resume or start from is unusable.
         nmt.corpus.DataError, nmt.tokenizer.TokenizerError: unusable input.
         nmt.files.OutputError: the run directory cannot be written (read-only, full).
     """
+    if resume and init_from is not None:
+        raise ConfigError(Key("resume"), " and ", Key("init_from"), " cannot go together: --init-from starts a new run from a checkpoint, --resume continues "
+                          "this run (a fine-tuning run too) from its own")
     ddp = Distributed(resolve_device(cfg.train.device))
     run = RunDir(Path(cfg.train.run_dir).absolute())
     try:
-        opened = ddp.on_main(lambda: open_run(run, cfg, resume, overrides or [], config_file))
+        opened = ddp.on_main(lambda: open_run(run, cfg, resume, overrides or [], config_file, init_from))
         if not ddp.main:
             opened = read_back(run, *ddp.share(None))
         else:
-            ddp.share((config_to_dict(opened.cfg), opened.checkpoint, opened.done))
+            ddp.share((config_to_dict(opened.cfg), opened.checkpoint, opened.done, opened.origin))
         if opened.done:
             if ddp.main:
                 log.info("%s", opened.done["message"])
@@ -200,28 +209,46 @@ class Opened:
     payload: dict | None
     done: dict | None = None  # a resumed run with nothing left to do: step, best_bleu, message
     data: tuple | None = None  # (tokenizer, training corpus, ValidationSet)
+    origin: dict = field(default_factory=dict)  # init_from (the checkpoint a fine-tuning run started from) and imported_from, kept in every checkpoint
+    init: dict | None = None  # the payload of the checkpoint a new run starts from (--init-from)
 
 
-def read_back(run: RunDir, cfg_dict: dict, checkpoint: str | None, done: dict | None) -> Opened:
+def read_back(run: RunDir, cfg_dict: dict, checkpoint: str | None, done: dict | None, origin: dict) -> Opened:
     """On ranks other than 0: rank 0's config, checkpoint, tokenizer and encoded corpora, read back."""
-    opened = Opened(config_from_dict(cfg_dict), checkpoint, None, done)
+    opened = Opened(config_from_dict(cfg_dict), checkpoint, None, done, origin=origin)
     if not done:
         opened.payload = load_checkpoint(checkpoint, training=True) if checkpoint else None
+        if not checkpoint and "init_from" in origin:
+            opened.init = load_checkpoint(origin["init_from"]["path"])
         tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else Tokenizer.load_dir(run.path)
         opened.data = prepare(opened.cfg, run.path, tokenizer, write=False)
     return opened
 
 
-def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], config_file: Path | None) -> Opened:
-    """Lock the run directory, choose the checkpoint (or start fresh), settle the config, prepare the data."""
+def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], config_file: Path | None, init_from: str | Path | None = None) -> Opened:
+    """Lock the run directory, choose the checkpoint (or start fresh, or from ``init_from``), settle the config, prepare the data."""
     run.lock(resuming=resume)
     run.sweep()
     opened, start = Opened(absolute_paths(cfg), None, None), 0
+    if init_from is not None:
+        if (Path(init_from) / "config.json").is_file():
+            raise ConfigError(Key("init_from"), f" {init_from} is a Hugging Face directory; import it first: nmt import --format huggingface {init_from} "
+                              "--out model.pt, then --init-from model.pt")
+        init_from = Path(init_from) / "best.pt" if Path(init_from).is_dir() else Path(init_from)  # a run directory: its best.pt, as translate reads it
+        init = load_checkpoint(init_from)
+        step = init.get("progress", {}).get("step")
+        origin = init.get("imported_from")
+        log.info("initialised from %s (%s%s): its weights and tokenizer; %s, the schedule and the step counter start afresh", init_from,
+                 f"step {step}" if step is not None else "no step: not trained by nmt", f", imported from {origin['path']}" if origin else "",
+                 "Adam's moments from it" if not cfg.train.reset_optimizer and "optimizer" in init else "Adam")
+        opened = Opened(init_config(init["config"], cfg, overrides, config_file, Path(init_from)), None, None, init=init)
+        opened.origin = {"init_from": {"path": str(Path(init_from).absolute()), "step": step}} | ({"imported_from": origin} if origin else {})
     if resume:
         path, payload = run.newest_checkpoint()
         progress = Progress(**payload["progress"])
         log.info("resuming from %s (step %d)", path, progress.step)
-        opened = Opened(resume_config(payload["config"], overrides, config_file, path), str(path), payload)
+        opened = Opened(resume_config(payload["config"], overrides, config_file, path), str(path), payload,
+                        origin={key: payload[key] for key in ("init_from", "imported_from") if key in payload})
         tc = opened.cfg.train
         limits = [f"train.max_steps {tc.max_steps}" if progress.step >= tc.max_steps else "", f"train.max_epochs {tc.max_epochs}" if progress.epoch >= tc.max_epochs else "",
                   f"train.patience {tc.patience}" if tc.patience and progress.bad_validations >= tc.patience else ""]
@@ -233,7 +260,8 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
     else:
         run.check_fresh()
     evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))  # now, not at the first validation
-    tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else None
+    given = opened.payload or opened.init
+    tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(given["tokenizer"])) if given else None
     opened.data = prepare(opened.cfg, run.path, tokenizer)
     run.keep_history_until(start)
     opened.cfg = with_vocab(opened.cfg, opened.data[0].src.get_piece_size(), opened.data[0].tgt.get_piece_size())
@@ -261,8 +289,11 @@ class Trainer:
         self.updater = Updater(self.model, tc, ddp.device, ddp)
         self.batching = [tc.max_tokens, tc.seed, ddp.world_size]  # what cuts this run's epochs into batches
         self.progress = Progress(batching=list(self.batching))
+        self.origin = opened.origin
         if opened.payload:
             self.restore(opened.payload)
+        elif opened.init:
+            self.start_from(opened.init)
         self._batches: tuple[int, list] = (-1, [])
         self.epoch_batches()  # fewer batches than processes fails here, before any step
         self.window = Window(ddp.device)
@@ -295,6 +326,17 @@ class Trainer:
         set_rng_state(states[self.ddp.rank % len(states)])
         if payload.get("data_key") not in (None, self.corpus.key):
             log.warning("the training text changed since %s was written: resuming, but not exactly (the sampler position now points into other batches)", self.checkpoint_from)
+
+    def start_from(self, payload: dict) -> None:
+        """A new run's weights from ``payload`` (``--init-from``); Adam's moments too when ``train.reset_optimizer`` is false and it has them."""
+        self.model.load_state_dict(payload["model"])
+        if self.cfg.train.reset_optimizer:
+            return
+        if "optimizer" not in payload:
+            log.warning("warning: %s holds no optimizer state (not a checkpoint nmt train wrote): Adam starts afresh", self.origin["init_from"]["path"])
+            return
+        self.updater.optimizer.load_state_dict(payload["optimizer"])
+        self.updater.apply_settings()  # this run's Adam settings, and its own schedule's rate for step 1
 
     def run(self) -> dict:
         """Train until a limit, patience or a signal stops the run; then :meth:`finish`."""
@@ -368,7 +410,7 @@ class Trainer:
                 action = "update skipped (train.nonfinite_loss: skip)" if self.cfg.train.nonfinite_loss == "skip" else \
                     "stopping before the update, last.pt keeps the weights of the step before (train.nonfinite_loss: stop)"
                 log.warning("warning: step %d: the gradients are NaN or infinite (loss %s); %s; a lower learning rate (train.lr_scale, train.lr) or "
-                            "train.clip_norm usually helps", self.progress.step + 1, f"{sum(float(o.loss) for o in outs):.4g}", action)
+                            "train.clip_norm usually helps", self.progress.step + 1, f"{sum(float(o.loss.detach()) for o in outs):.4g}", action)
             self.diverged = self.cfg.train.nonfinite_loss == "stop"
             return False
         for out in outs:
@@ -470,7 +512,7 @@ class Trainer:
         def save() -> None:
             save_checkpoint({"model": self.model.state_dict(), "optimizer": u.optimizer.state_dict(), "scheduler": u.scheduler.state_dict(), "scaler": u.scaler.state_dict(),
                              "progress": vars(self.progress).copy(), "rng": states, "config": config_to_dict(self.cfg),
-                             "tokenizer": tokenizer_to_tensors(self.tokenizer.protos()), "data_key": self.corpus.key, "run": self.run_id},
+                             "tokenizer": tokenizer_to_tensors(self.tokenizer.protos()), "data_key": self.corpus.key, "run": self.run_id, **self.origin},
                             self.run_dir.path / name)
 
         self.ddp.on_main(save)

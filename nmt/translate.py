@@ -144,8 +144,10 @@ def to_dtype(model: Transformer, dtype: torch.dtype) -> nn.Module:
         quantized = quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
         # The tied output matrix is the largest of all: a quantized copy of it computes the logits,
         # while the embeddings (and the checkpoint's tie) keep the float32 matrix.
-        output = nn.Linear(model.cfg.d_model, model.cfg.tgt_vocab_size, bias=False)
+        output = nn.Linear(model.cfg.d_model, model.cfg.tgt_vocab_size, bias=model.output_bias is not None)
         output.weight = nn.Parameter(model.tgt_embed.weight.detach().clone(), requires_grad=False)
+        if model.output_bias is not None:  # an imported model's fixed logit bias (Marian's final_logits_bias)
+            output.bias = nn.Parameter(model.output_bias.detach().clone(), requires_grad=False)
         output.qconfig = per_channel_dynamic_qconfig
         quantized.output_projection = quantize_dynamic(nn.Sequential(output), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)[0]
         return quantized

@@ -346,7 +346,7 @@ def test_info_describes_a_checkpoint(trained_run, tmp_path):
     assert info["step"] == 4 and info["epoch"] == 0 and info["best_bleu"] == max(r["bleu"] for r in validations)
     assert info["parameters"] == count_parameters(model) == count_parameters(Transformer(cfg.model))
     assert info["size_bytes"] == (trained_run / "best.pt").stat().st_size and info["optimizer_state"] is True
-    assert info["tokenizer"] == {"type": "bpe", "joint": True, "src_vocab_size": 200, "tgt_vocab_size": 200}
+    assert info["tokenizer"] == {"type": "bpe", "vocabulary": "sentencepiece", "joint": True, "src_vocab_size": 200, "tgt_vocab_size": 200}
     assert info["config"]["model"]["d_model"] == 32 and info["dtype"] == "float32"
     text = invoke("info", trained_run).stdout
     assert f"parameters: {info['parameters']:,} (float32; d_model 32" in text and "step: 4 (epoch 0)" in text

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import TOY, tiny_config
@@ -5,7 +8,8 @@ from conftest import TOY, tiny_config
 from nmt.config import DecodeConfig, TokenizerConfig
 from nmt.corpus import read_parallel
 from nmt.data import pad_sources
-from nmt.export import ExportError, export, export_huggingface, marian_permutation
+from nmt.export import ExportError, export, export_huggingface, generation_settings
+from nmt.marian import permutation as marian_permutation
 from nmt.model import Transformer, sinusoidal_positions
 from nmt.search import translate_batch
 from nmt.tokenizer import BOS, EOS, PAD, UNK, controls_as_spaces, train_tokenizer
@@ -112,3 +116,119 @@ def test_export_checks_format_and_quantization_before_reading_the_checkpoint(tmp
     assert err.value.render({"format": "--format"}.get) == "--format 'onnx' is not supported; use huggingface, ctranslate2, nmt"
     with pytest.raises(ExportError, match="^quantization applies to format ctranslate2 only, not nmt$"):
         export(tmp_path / "missing.pt", tmp_path / "out.pt", format="nmt", quantization="int8")
+
+
+@pytest.fixture
+def checkpoint(exported, tmp_path):
+    """The exported fixture's model as an nmt checkpoint whose decode settings generate() can express (an absolute length limit)."""
+    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
+    from nmt.config import Config, config_to_dict, with_vocab
+
+    model, tokenizer, _, _ = exported
+    cfg = with_vocab(Config(model=model.cfg, decode=DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=12, allow_unk=False)), 200, 200)
+    path = tmp_path / "model.pt"
+    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(tokenizer.protos())}, path)
+    return path
+
+
+def test_generation_config_searches_as_nmt_translate_does_by_default(exported, checkpoint, tmp_path):
+    import json
+
+    model, tokenizer, _, _ = exported
+    export(checkpoint, tmp_path / "hf")
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert generation["max_length"] == 14 and sorted(generation["suppress_tokens"]) == [PAD, UNK, BOS]
+    hf = transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()
+    sentences = ["the big dog sees a small cat .", "a woman .", "because the man likes the house , the child sees two dogs ."]
+    for sentence in sentences:
+        src = pad_sources(tokenizer.encode_src([sentence]))
+        (hyps,) = translate_batch(model, src, DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=12), rules=tokenizer.output_rules)
+        with torch.no_grad():
+            generated = hf.generate(input_ids=src, attention_mask=torch.ones_like(src))  # its own generation settings only
+        assert [t for t in generated[0, 1:].tolist() if t not in (EOS, PAD)] == hyps[0].tokens
+    # A beam: generate() ranks by log P / |Y|^α and stops a sentence once num_beams hypotheses have ended, as nmt does.
+    values, notes = generation_settings(DecodeConfig(beam_size=5, length_penalty=2.0), tokenizer, 1024)
+    assert {k: values[k] for k in ("num_beams", "length_penalty", "early_stopping", "max_length")} == {
+        "num_beams": 5, "length_penalty": 2.0, "early_stopping": True, "max_length": 1024}
+    assert notes == ["generate() has no output limit relative to the source (nmt: 1.5 x source pieces + 10): generation_config.json sets max_length 1024, "
+                     "the model's position limit"]
+
+
+def test_a_killed_export_leaves_nothing_that_loads(checkpoint, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    out = tmp_path / "hf"
+    kill = ("import os, signal, transformers\n"
+            "transformers.MarianTokenizer.save_pretrained = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # after the weights, before the tokenizer\n"
+            f"from nmt.export import export\nexport({str(checkpoint)!r}, {str(out)!r})\n")
+    proc = subprocess.run([sys.executable, "-c", kill], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert not out.exists()
+    (left,) = [p for p in tmp_path.iterdir() if p.name.startswith(".hf.tmp")]
+    assert (left / "config.json").is_file() and not (left / "tokenizer_config.json").exists()  # the partial directory, hidden beside
+    with pytest.raises(OSError):
+        transformers.MarianMTModel.from_pretrained(out)
+    export(checkpoint, out)  # the next export removes what the killed one left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "model.pt"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def interrupted(*args, **kwargs):  # Ctrl-C (or any failure) while an export replaces an earlier one
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.MarianTokenizer, "save_pretrained", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export(checkpoint, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf", "model.pt"]
+
+
+def test_an_unwritable_or_full_place_is_one_line_and_leaves_nothing(checkpoint, tmp_path, monkeypatch):
+    import errno
+
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    runner = CliRunner()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "other")])
+    assert result.exit_code == 2 and result.output == f"error: OUT {tmp_path / 'other'} holds other files; give a new or empty directory (an earlier export there is replaced)\n"
+    result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "missing" / "hf")])
+    assert result.exit_code == 2 and "does not exist; create it first" in result.output and result.output.count("\n") == 1
+
+    real_mkdir = os.mkdir
+
+    def read_only(path, *args, **kwargs):
+        if ".hf." in str(path):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", read_only)
+    result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "hf")])
+    assert result.exit_code == 2 and result.output == f"error: cannot write OUT {tmp_path / 'hf'}: read-only file system\n"
+    monkeypatch.setattr(os, "mkdir", real_mkdir)
+
+    def full(self, directory, *args, **kwargs):
+        (Path(directory) / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(transformers.MarianMTModel, "save_pretrained", full)
+    for fmt in ("huggingface", "ctranslate2"):
+        result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), "--format", fmt, str(tmp_path / "hf")])
+        assert result.exit_code == 2 and result.output == f"error: cannot write {tmp_path / 'hf'}: no space left on the device\n", result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "other"]
+
+
+def test_ctranslate2_export_carries_its_tokenizer_and_usage(checkpoint, tmp_path, caplog):
+    pytest.importorskip("ctranslate2")
+    import re
+
+    out = tmp_path / "ct2"
+    export(checkpoint, out, format="ctranslate2")
+    assert {"model.bin", "spm.model", "README.md"} <= {p.name for p in out.iterdir()}
+    assert str(out) in caplog.text and "tmp" not in caplog.text.replace(str(tmp_path), "")  # warnings name the output, not a temporary directory
+    code = re.search(r"```python\n(.*?)```", (out / "README.md").read_text(), re.S)[1]
+    printed = []
+    exec(code.replace("print(", "printed.append("), {"printed": printed})  # the README's lines run as written
+    assert len(printed[0]) == 1 and isinstance(printed[0][0], str)

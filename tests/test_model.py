@@ -197,3 +197,17 @@ def test_training_step_reduces_loss(norm_position, activation):
         opt.zero_grad()
         losses.append(out.loss.item() / out.n_tokens)
     assert losses[-1] < 0.2 * losses[0]
+
+
+def test_int8_logits_keep_the_output_bias_of_an_imported_model():
+    """The quantized copy of the tied output matrix carries Marian's ``final_logits_bias``: a bias of
+    +50 on one piece moves that piece's int8 logit by 50 as it moves the float32 one."""
+    from nmt.translate import to_dtype
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(output_bias=True)).eval()
+    model.output_bias[7] = 50.0
+    h = torch.randn(3, 32)
+    exact = model.project(h)
+    int8 = to_dtype(model, torch.qint8).project(h)
+    assert torch.allclose(int8, exact, atol=0.3) and (int8.argmax(-1) == 7).all()

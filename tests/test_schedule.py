@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nmt.config import TrainConfig
-from nmt.schedule import build_scheduler, inverse_sqrt_lr, noam_lr
+from nmt.schedule import build_scheduler, constant_lr, inverse_sqrt_lr, noam_lr
 
 
 def test_noam_hand_values():
@@ -19,12 +19,19 @@ def test_inverse_sqrt_peak_and_decay():
     assert inverse_sqrt_lr(4000, 1e-3, 1000) == pytest.approx(5e-4)
 
 
-@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt"])
+def test_constant_warms_up_then_holds_the_peak():
+    assert constant_lr(1, 1e-4, 4) == pytest.approx(2.5e-5)
+    assert constant_lr(3, 1e-4, 4) == pytest.approx(7.5e-5)
+    assert [constant_lr(s, 1e-4, 4) for s in (4, 5, 10_000)] == [1e-4] * 3
+    assert constant_lr(1, 1e-4, 1) == 1e-4  # warmup_steps 1: the peak from the first update
+
+
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "constant"])
 def test_scheduler_sets_the_rate_of_each_step(schedule):
     cfg = TrainConfig(schedule=schedule, warmup_steps=10, lr=1e-3)
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
     sched = build_scheduler(opt, cfg, d_model=64)
-    fn = (lambda s: noam_lr(s, 64, 10)) if schedule == "noam" else (lambda s: inverse_sqrt_lr(s, 1e-3, 10))
+    fn = {"noam": lambda s: noam_lr(s, 64, 10), "inverse_sqrt": lambda s: inverse_sqrt_lr(s, 1e-3, 10), "constant": lambda s: constant_lr(s, 1e-3, 10)}[schedule]
     for step in range(1, 30):
         assert opt.param_groups[0]["lr"] == pytest.approx(fn(step))  # the rate used by update `step`
         opt.step()

@@ -594,3 +594,59 @@ def test_every_checkpoint_of_a_run_names_the_run_also_after_a_resume(tmp_path):
     assert load_checkpoint(tmp_path / "run" / "last.pt")["run"] == first and first["dir"] == str(tmp_path / "run")
     train(tiny_run_config(data, tmp_path / "other", 1))
     assert load_checkpoint(tmp_path / "other" / "last.pt")["run"]["id"] != first["id"]
+
+
+def overridden(cfg, overrides):
+    """``cfg`` with ``--set`` style ``overrides`` applied, as the command line builds it."""
+    from nmt.config import apply_overrides, config_to_dict
+
+    return config_from_dict(apply_overrides(config_to_dict(cfg), overrides))
+
+
+def adam_steps(payload):
+    return sorted({int(state["step"]) for state in payload["optimizer"]["state"].values()})
+
+
+def test_init_from_starts_a_new_run_at_step_1_with_fresh_adam_by_default(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "base", 3))
+    base = load_checkpoint(tmp_path / "base" / "last.pt")
+    assert adam_steps(base) == [3]
+    # lr 0: the weights cannot move, so the new run's weights are the checkpoint's exactly, whatever Adam holds.
+    config = tiny_run_config(data, tmp_path / "tuned", 2, schedule="constant", lr=0.0, warmup_steps=1)
+    result = train(overridden(config, ["model.dropout=0.3"]), init_from=tmp_path / "base" / "last.pt", overrides=["model.dropout=0.3"])
+    assert result["step"] == 2 and sorted(step_losses(tmp_path / "tuned")) == [1, 2]
+    tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
+    assert all(torch.equal(tuned["model"][k], base["model"][k]) for k in base["model"])
+    assert adam_steps(tuned) == [2] and tuned["scheduler"]["last_epoch"] == 2 and tuned["progress"]["step"] == 2
+    assert tuned["init_from"] == {"path": str(tmp_path / "base" / "last.pt"), "step": 3}
+    assert tuned["config"]["model"]["dropout"] == 0.3 and tuned["tokenizer"].keys() == base["tokenizer"].keys()
+    assert all(torch.equal(tuned["tokenizer"][k], base["tokenizer"][k]) for k in base["tokenizer"])  # no tokenizer trained
+
+
+def test_init_from_keeps_adams_moments_when_asked(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "base", 3))
+    base = load_checkpoint(tmp_path / "base" / "last.pt")
+    config = tiny_run_config(data, tmp_path / "tuned", 1, schedule="constant", lr=0.0, warmup_steps=1, reset_optimizer=False)
+    train(config, init_from=tmp_path / "base" / "last.pt")
+    tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
+    assert adam_steps(tuned) == [4] and tuned["progress"]["step"] == 1  # Adam's own count goes on; the run's starts at 1
+    beta2 = tuned["config"]["train"]["adam_betas"][1]
+    for key, state in base["optimizer"]["state"].items():  # one more update of the second moment: beta2 · v + (1 - beta2) · g², never below beta2 · v
+        assert torch.all(tuned["optimizer"]["state"][key]["exp_avg_sq"] >= beta2 * state["exp_avg_sq"] * (1 - 1e-6))
+
+
+def test_init_from_refuses_another_architecture_and_resume_before_writing(tmp_path):
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "base", 1))
+    with pytest.raises(ConfigError) as err:
+        train(overridden(tiny_run_config(data, tmp_path / "tuned", 1), ["model.d_model=64"]), init_from=tmp_path / "base" / "last.pt", overrides=["model.d_model=64"])
+    assert err.value.key == "model.d_model" and "differs from the checkpoint's 32" in str(err.value)
+    with pytest.raises(ConfigError, match="tokenizer.vocab_size 200 differs from the checkpoint's 120"):
+        train(overridden(tiny_run_config(data, tmp_path / "tuned", 1), ["tokenizer.vocab_size=200"]), init_from=tmp_path / "base" / "last.pt",
+              overrides=["tokenizer.vocab_size=200"])
+    with pytest.raises(ConfigError) as err:
+        train(tiny_run_config(data, tmp_path / "base", 1), resume=True, init_from=tmp_path / "base" / "last.pt")
+    assert err.value.render({"resume": "--resume", "init_from": "--init-from"}.get).startswith("--resume and --init-from cannot go together")
+    assert not (tmp_path / "tuned").exists()

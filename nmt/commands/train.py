@@ -24,9 +24,14 @@ def train(
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue the run in the run directory from its newest checkpoint (config comes from the checkpoint; --set, and keys written in "
         "--config, may change all but model and tokenizer).")] = False,
+    init_from: Annotated[Path | None, typer.Option(
+        "--init-from", metavar="CHECKPOINT", help="Start a new run from this checkpoint's weights and tokenizer (fine-tuning): an nmt checkpoint, a slim "
+        "export, an average or an imported model (nmt import). Its model and tokenizer are kept (the config may change only model.dropout, "
+        "model.attention_dropout, model.activation_dropout); Adam, the schedule and the step counter start afresh (--set train.reset_optimizer=false "
+        "keeps Adam's moments).")] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Train a SentencePiece tokenizer and a Transformer, validating and checkpointing as it goes."""
+    """Train a SentencePiece tokenizer and a Transformer (or fine-tune a checkpoint's, --init-from), validating and checkpointing as it goes."""
     from ..train import train as run_training
     from ..translate import resolve_device
 
@@ -39,7 +44,7 @@ def train(
     try:
         cfg = load_config(config, overrides)
         resolve_device(cfg.train.device, "train.device")  # now, not after the tokenizer is trained
-        result = run_training(cfg, resume=resume, overrides=overrides, config_file=config if resume else None)
+        result = run_training(cfg, resume=resume, overrides=overrides, config_file=config if resume or init_from else None, init_from=init_from)
     except KeyboardInterrupt:  # before the training loop, or a second signal inside it
         typer.echo("error: stopped at once; files already written are intact (they are replaced atomically); --resume continues from the newest "
                    "checkpoint", err=True)

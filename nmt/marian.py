@@ -1,0 +1,528 @@
+"""Hugging Face Marian (``MarianMTModel``, the OPUS-MT models) ↔ nmt, both directions.
+
+Marian in ``transformers`` is the Post-LN Transformer of Vaswani et al. 2017 with a few
+differences, each of which nmt represents:
+
+* **Positions.** Its sinusoidal table puts all sines in the first half of the vector and all
+  cosines in the second (``MarianSinusoidalPositionalEmbedding``), where nmt interleaves them
+  (sine on even dimensions, cosine on odd, §3.5); the frequencies are the same. Every
+  operation of the model commutes with a fixed permutation of the model dimension (LayerNorm
+  statistics are order-free, and each linear map's rows or columns can be permuted with it),
+  so the whole residual stream is permuted: ``marian[k] = ours[PERM[k]]`` with ``PERM = [0, 2,
+  4, …, 1, 3, 5, …]`` (:func:`permutation`). The model code keeps the paper's layout.
+* **Vocabulary.** One embedding matrix for encoder, decoder and output, its ``<pad>`` row
+  zero, decoding started from ``<pad>``, and ids from ``vocab.json``. nmt renumbers the rows
+  into its own layout (PAD 0, UNK 1, BOS 2, EOS 3: :class:`nmt.vocab.Layout`), adding a PAD
+  row of zeros whose output bias is :data:`NEVER` (so its probability is exactly 0 and the
+  log-softmax normaliser is Marian's); Marian's ``<pad>`` becomes nmt's BOS, the token
+  decoding starts from, which the search never generates (``transformers`` bans it with
+  ``bad_words_ids``, after the log-softmax, as nmt does).
+* **Output bias** ``final_logits_bias``: ``model.output_bias``. **Activation** swish (SiLU):
+  ``model.activation: swish``.
+
+:func:`to_marian` and :func:`from_marian` are one table (:func:`links`) read both ways:
+``nmt export`` writes with the first, ``nmt import`` reads with the second. A model nmt
+trained keeps its own ids and starts from BOS when exported; an imported one gets Marian's
+layout back, so export after import gives the weights it was imported from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict, validate
+from .errors import Key, NmtError
+from .tokenizer import BOS, PAD, UNK, Tokenizer, TokenizerError
+from .vocab import MarianTokenizer
+
+log = logging.getLogger("nmt.marian")
+
+#: The output bias of nmt's PAD row in an imported model: finite, so that no -inf ever enters
+#: the loss, and low enough that ``exp`` of it is exactly 0 in float32 (and bfloat16).
+NEVER = -1.0e4
+#: What ``MarianConfig`` assumes for a key its ``config.json`` does not write (transformers 5).
+MARIAN_DEFAULTS = {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+                   "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "activation_function": "gelu", "dropout": 0.1, "attention_dropout": 0.0,
+                   "activation_dropout": 0.0, "scale_embedding": False, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
+                   "max_position_embeddings": 1024}
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # transformers' name → nmt's (the same functions)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+class MarianError(NmtError, ValueError):
+    """A Hugging Face directory nmt cannot import, or a model nmt cannot export to Marian; the message names the file and key."""
+
+
+def permutation(d_model: int) -> torch.Tensor:
+    """``PERM`` such that ``marian_vector = our_vector[PERM]``."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+# A tensor's role decides how the permutation applies to it: a linear map READS the residual
+# stream (its input columns permute) or WRITES to it (its output rows and bias permute); a
+# LayerNorm's weight and bias permute. Embeddings read (their columns permute), by vocabulary rows.
+READS, WRITES, NORM = "reads", "writes", "norm"
+
+
+def links(cfg: ModelConfig) -> list[tuple[str, int, int, str, str]]:
+    """Every linear map and LayerNorm as ``(nmt module, chunk, chunks, Marian module, role)``: the
+    Marian module is chunk ``chunk`` of ``chunks`` of the nmt module's output rows (nmt fuses Q/K/V)."""
+    out = []
+
+    def attention(ours: str, theirs: str, fused: list[tuple[str, str]]) -> None:
+        for name, parts in fused:
+            out.extend((f"{ours}.{name}", k, len(parts), f"{theirs}.{p}_proj", READS) for k, p in enumerate(parts))
+        out.append((f"{ours}.out", 0, 1, f"{theirs}.out_proj", WRITES))
+
+    for i in range(cfg.n_encoder_layers):
+        p, m = f"encoder.{i}", f"model.encoder.layers.{i}"
+        attention(f"{p}.self_attn", f"{m}.self_attn", [("qkv", "qkv")])
+        out += [(f"{p}.res_attn.norm", 0, 1, f"{m}.self_attn_layer_norm", NORM), (f"{p}.ffn.fc1", 0, 1, f"{m}.fc1", READS),
+                (f"{p}.ffn.fc2", 0, 1, f"{m}.fc2", WRITES), (f"{p}.res_ffn.norm", 0, 1, f"{m}.final_layer_norm", NORM)]
+    for i in range(cfg.n_decoder_layers):
+        p, m = f"decoder.{i}", f"model.decoder.layers.{i}"
+        attention(f"{p}.self_attn", f"{m}.self_attn", [("qkv", "qkv")])
+        out.append((f"{p}.res_self.norm", 0, 1, f"{m}.self_attn_layer_norm", NORM))
+        attention(f"{p}.cross_attn", f"{m}.encoder_attn", [("q", "q"), ("kv", "kv")])
+        out += [(f"{p}.res_cross.norm", 0, 1, f"{m}.encoder_attn_layer_norm", NORM), (f"{p}.ffn.fc1", 0, 1, f"{m}.fc1", READS),
+                (f"{p}.ffn.fc2", 0, 1, f"{m}.fc2", WRITES), (f"{p}.res_ffn.norm", 0, 1, f"{m}.final_layer_norm", NORM)]
+    return out
+
+
+def _embedding_names(shared: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Marian's names of the source embedding and of the target embedding (with the output projection, tied to it)."""
+    if shared:
+        names = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+        return names, names
+    return ("model.encoder.embed_tokens.weight",), ("model.decoder.embed_tokens.weight", "lm_head.weight")
+
+
+@dataclass(frozen=True)
+class Rows:
+    """How vocabulary rows meet: ``src``/``tgt`` hold, for each Marian id, its nmt id (None: the same ids, a model nmt trained)."""
+
+    src: list[int] | None = None
+    tgt: list[int] | None = None
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> Rows:
+        if isinstance(tokenizer, MarianTokenizer):
+            return cls(tokenizer.src.layout.to_marian(), tokenizer.tgt.layout.to_marian())
+        return cls()
+
+
+def to_marian(state: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows = Rows()) -> dict[str, torch.Tensor]:
+    """nmt's weights ``state`` under Marian's names: the model dimension permuted, vocabulary rows in Marian's order.
+
+    ``final_logits_bias`` is the output bias (zeros for a model without one).
+    """
+    perm = permutation(cfg.d_model)
+    out: dict[str, torch.Tensor] = {}
+    for ours, k, n, theirs, role in links(cfg):
+        w, b = state[f"{ours}.weight"].chunk(n)[k], state[f"{ours}.bias"].chunk(n)[k]
+        out[f"{theirs}.weight"] = (w[:, perm] if role == READS else w[perm]).clone()
+        out[f"{theirs}.bias"] = (b if role == READS else b[perm]).clone()
+
+    def vocabulary(weight: torch.Tensor, order: list[int] | None) -> torch.Tensor:
+        return (weight if order is None else weight[order])[:, perm].clone()
+
+    src_names, tgt_names = _embedding_names(cfg.share_embeddings)
+    src, tgt = vocabulary(state["src_embed.weight"], rows.src), vocabulary(state["tgt_embed.weight"], rows.tgt)
+    out |= dict.fromkeys(src_names, src) | dict.fromkeys(tgt_names, tgt)
+    bias = state.get("output_bias", torch.zeros(cfg.tgt_vocab_size))
+    out["final_logits_bias"] = (bias if rows.tgt is None else bias[rows.tgt]).clone().view(1, -1)
+    return out
+
+
+def from_marian(marian: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows, path: Path | str = "weights") -> dict[str, torch.Tensor]:
+    """The inverse of :func:`to_marian`: Marian's weights ``marian`` as nmt's state dict (float32).
+
+    Raises:
+        MarianError: a tensor is missing, unexpected (an embedding LayerNorm, a final LayerNorm:
+            a model nmt cannot represent), of the wrong shape, or tied tensors that differ.
+    """
+    _check_names(marian, cfg, path)
+    inverse = torch.argsort(permutation(cfg.d_model))
+    parts: dict[str, list[list[torch.Tensor | None]]] = {}
+    for ours, k, n, theirs, role in links(cfg):
+        w, b = marian[f"{theirs}.weight"].float(), marian[f"{theirs}.bias"].float()
+        pair = parts.setdefault(ours, [[None] * n, [None] * n])
+        pair[0][k], pair[1][k] = (w[:, inverse] if role == READS else w[inverse]), (b if role == READS else b[inverse])
+    state = {f"{ours}.{suffix}": torch.cat(chunks) for ours, (weights, biases) in parts.items() for suffix, chunks in (("weight", weights), ("bias", biases))}
+
+    def vocabulary(names: tuple[str, ...], order: list[int], size: int) -> torch.Tensor:
+        given = [name for name in names if name in marian]
+        first = marian[given[0]].float()
+        for name in given[1:]:  # tied in Marian: one matrix under several names
+            if not torch.equal(marian[name].float(), first):
+                raise MarianError(f"{path}: {name} differs from {given[0]}, which config.json ties it to; nmt ties them")
+        if first.shape != (len(order), cfg.d_model):
+            raise MarianError(f"{path}: {given[0]} has shape {tuple(first.shape)}, config.json and the vocabulary say ({len(order)}, {cfg.d_model})")
+        weight = torch.zeros(size, cfg.d_model)  # the PAD row nmt adds stays zero
+        weight[order] = first[:, inverse]
+        return weight
+
+    src_names, tgt_names = _embedding_names(cfg.share_embeddings)
+    state["src_embed.weight"] = vocabulary(src_names, rows.src, cfg.src_vocab_size)
+    state["tgt_embed.weight"] = state["src_embed.weight"] if cfg.share_embeddings else vocabulary(tgt_names, rows.tgt, cfg.tgt_vocab_size)
+    bias = marian["final_logits_bias"].float().view(-1)
+    if bias.numel() != len(rows.tgt):
+        raise MarianError(f"{path}: final_logits_bias has {bias.numel()} entries, the target vocabulary {len(rows.tgt)}")
+    state["output_bias"] = torch.full((cfg.tgt_vocab_size,), NEVER)  # what no Marian row fills: the PAD row nmt adds, if it adds one
+    state["output_bias"][rows.tgt] = bias
+    _check_positions(marian, cfg.d_model, path)
+    return state
+
+
+def _check_names(marian: dict[str, torch.Tensor], cfg: ModelConfig, path) -> None:
+    """Refuse a state dict with tensors the model config does not describe, or without ones it does."""
+    src_names, tgt_names = _embedding_names(cfg.share_embeddings)
+    expected = {f"{theirs}.{s}" for _, _, _, theirs, _ in links(cfg) for s in ("weight", "bias")} | {"final_logits_bias"}
+    optional = {*src_names, *tgt_names, "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    unexpected = sorted(set(marian) - expected - optional)
+    missing = sorted(expected - set(marian))
+    missing += [f"{names[0]} (or {', '.join(names[1:])})" for names in (src_names, tgt_names) if not any(n in marian for n in names)]
+    if unexpected or missing:
+        def listed(names):
+            return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        what = "; ".join(f"{label}: {listed(names)}" for label, names in (("unexpected", unexpected), ("missing", missing)) if names)
+        hint = " (an embedding or final LayerNorm, or another part nmt's Post-LN Transformer does not have)" if unexpected else ""
+        raise MarianError(f"{path}: the weights do not fit the model config.json describes ({what}){hint}")
+
+
+def marian_positions(length: int, d_model: int) -> torch.Tensor:
+    """``MarianSinusoidalPositionalEmbedding``'s table ``(length, d_model)``: sines in the first half, cosines in the second."""
+    from .model import sinusoidal_positions
+
+    return sinusoidal_positions(length, d_model)[:, permutation(d_model)]
+
+
+def _check_positions(marian: dict[str, torch.Tensor], d_model: int, path) -> None:
+    """Stored position tables (older files have them) must be the sinusoids nmt computes: learned positions are refused."""
+    for name in ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"):
+        if name in marian:
+            table = marian[name].float()
+            expected = marian_positions(table.size(0), d_model)
+            if table.shape != expected.shape or (table - expected).abs().max() > 2e-3:  # 2e-3: float16 files round sin/cos
+                raise MarianError(f"{path}: {name} is not the sinusoidal table (learned positions?), which nmt computes and cannot replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a directory
+
+
+def _json(path: Path, required: bool = True) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise MarianError(f"{path.parent}: no {path.name}; a Hugging Face Marian directory has config.json, vocab.json, source.spm, target.spm "
+                              "and model.safetensors or pytorch_model.bin")
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise MarianError(f"{path}: not JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(value, dict):
+        raise MarianError(f"{path}: a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def resolve_directory(path: str | Path) -> Path:
+    """``path`` itself, or, for a Hugging Face cache entry (``models--ORG--NAME``), the snapshot ``refs/main`` names.
+
+    Raises:
+        MarianError: ``path`` is not a directory.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise MarianError(f"{path} is not a directory" + (" (give the directory that holds config.json)" if path.is_file() else ""))
+    ref = path / "refs" / "main"
+    if not (path / "config.json").is_file() and ref.is_file() and (path / "snapshots" / ref.read_text().strip()).is_dir():
+        return path / "snapshots" / ref.read_text().strip()
+    return path
+
+
+def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The state dict of ``directory`` (``model.safetensors``, ``pytorch_model.bin``, or their sharded forms), and the file it came from.
+
+    Raises:
+        MarianError: no weights file, one that cannot be read, or no ``safetensors`` package for a ``.safetensors`` file.
+    """
+    found = next((name for name in WEIGHT_FILES if (directory / name).is_file()), None)
+    if found is None:
+        raise MarianError(f"{directory}: no weights ({' or '.join(WEIGHT_FILES[::2])})")
+    files = [found]
+    if found.endswith(".index.json"):
+        weight_map = _json(directory / found).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise MarianError(f"{directory / found}: no weight_map")
+        files = sorted(set(map(str, weight_map.values())))
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        file = directory / name
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                part = load_file(str(file))
+            else:
+                part = torch.load(file, map_location="cpu", weights_only=True)
+        except ImportError:
+            raise MarianError(f"{file}: reading .safetensors files needs the safetensors package: pip install safetensors") from None
+        except Exception as exc:  # safetensors, torch and zipfile raise several types for damaged files
+            raise MarianError(f"{file}: cannot read the weights ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise MarianError(f"{file}: not a state dict of tensors")
+        state.update(part)
+    if state and not any(k.startswith("model.") for k in state) and any(k.startswith(("encoder.", "decoder.", "shared.")) for k in state):
+        state = {k if k in ("final_logits_bias", "lm_head.weight") else f"model.{k}": v for k, v in state.items()}  # saved from MarianModel
+    return state, found
+
+
+def _special_tokens(tok_config: dict, special_map: dict) -> dict[str, Any]:
+    """The special tokens' spellings (``MarianTokenizer``'s defaults where neither file names them) and the added tokens."""
+    def text(value):
+        return value.get("content") if isinstance(value, dict) else value
+
+    names = {}
+    for key, default in (("eos", "</s>"), ("unk", "<unk>"), ("pad", "<pad>")):
+        names[key] = text(tok_config.get(f"{key}_token")) or text(special_map.get(f"{key}_token")) or default
+    extra = [text(t) for t in [*(tok_config.get("additional_special_tokens") or []), *(special_map.get("additional_special_tokens") or [])]]
+    added = tok_config.get("added_tokens_decoder") or {}
+    for entry in added.values():
+        if isinstance(entry, dict):
+            for flag in ("lstrip", "rstrip", "single_word"):
+                if entry.get(flag):
+                    raise MarianError("tokenizer_config.json: ", Key(f"added_tokens_decoder {entry.get('content')!r} {flag}"),
+                                      " is true; nmt cuts text as MarianTokenizer does with plain special tokens only")
+            extra.append(entry.get("content"))
+    names["special"] = sorted({t for t in [*names.values(), *extra] if isinstance(t, str) and t})
+    return names
+
+
+def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> MarianTokenizer:
+    """The tokenizer of a Marian directory (``source.spm``, ``target.spm``, ``vocab.json``, ``target_vocab.json``, ``tokenizer_config.json``),
+    decoding from the piece ``config`` (config.json) names as ``decoder_start_token_id`` (its ``<pad>`` when there is none).
+
+    Raises:
+        MarianError: a file is missing or unusable, or ``decoder_start_token_id`` is no piece's id.
+    """
+    tok_config = _json(directory / "tokenizer_config.json", required=False)
+    special_map = _json(directory / "special_tokens_map.json", required=False)
+    spec: dict[str, Any] = {"vocab": _json(directory / "vocab.json"), "target_vocab": None, **_special_tokens(tok_config, special_map),
+                            "split_special_tokens": bool(tok_config.get("split_special_tokens", False)),
+                            "source_lang": tok_config.get("source_lang"), "target_lang": tok_config.get("target_lang")}
+    if tok_config.get("separate_vocabs"):
+        spec["target_vocab"] = _json(directory / "target_vocab.json")
+    protos = []
+    for name in ("source.spm", "target.spm"):
+        if not (directory / name).is_file():
+            raise MarianError(f"{directory}: no {name} (the SentencePiece model MarianTokenizer segments with)")
+        protos.append((directory / name).read_bytes())
+    start = (config or {}).get("decoder_start_token_id")
+    if start is not None:
+        pieces = {i: p for p, i in (spec["target_vocab"] or spec["vocab"]).items()}
+        if start not in pieces or pieces[start] in (spec["eos"], spec["unk"]):
+            what = f"{pieces[start]!r}, which cannot start decoding" if start in pieces else "no piece's id in the vocabulary"
+            raise MarianError(Key("decoder_start_token_id"), f" {start} is {what} (Marian starts from <pad>)", path=directory / "config.json")
+        spec["start"] = None if pieces[start] == spec["pad"] else pieces[start]
+    special = [t for t in spec["special"] if t not in spec["vocab"]]
+    if special:
+        raise MarianError(f"{directory}: the special token(s) {', '.join(special)} are not in vocab.json; their ids would lie outside the model's vocabulary")
+    try:
+        return MarianTokenizer.build(*protos, spec, str(directory))
+    except TokenizerError as exc:
+        raise MarianError(str(exc)) from None
+
+
+@dataclass
+class Imported:
+    """A Marian directory read and checked: nmt's config and weights, the tokenizer, and what ``nmt info`` says of its origin."""
+
+    cfg: Config
+    state: dict[str, torch.Tensor]
+    tokenizer: MarianTokenizer
+    origin: dict[str, Any]
+
+
+def _refuse(file: str, key: str, text: str) -> MarianError:
+    return MarianError(Key(key), f" {text}", path=file)
+
+
+def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str = "config.json") -> ModelConfig:
+    """nmt's model section for ``config.json``'s values (transformers' defaults where it is silent).
+
+    Raises:
+        MarianError: one line naming the first key whose value nmt cannot represent.
+    """
+    def get(key):
+        return config.get(key, MARIAN_DEFAULTS.get(key))
+
+    if config.get("model_type", "marian") != "marian":
+        raise _refuse(file, "model_type", f"is {config['model_type']!r}; nmt imports Marian models (MarianMTModel, model_type marian) only")
+    refused = {
+        "normalize_before": (True, "is true: a Pre-LN model (transformers' MarianMTModel ignores the key and runs it Post-LN); nmt imports Post-LN ones"),
+        "normalize_embedding": (True, "is true: a LayerNorm on the embeddings, which nmt's model does not have"),
+        "add_final_layer_norm": (True, "is true: a final LayerNorm per stack, which nmt's Post-LN model does not have"),
+        "static_position_embeddings": (False, "is false: learned positions; nmt computes sinusoidal ones"),
+        "scale_embedding": (False, "is false (transformers' default when absent): embeddings not scaled by sqrt(d_model), as nmt's always are"),
+        "tie_word_embeddings": (False, "is false: an output projection of its own; nmt ties it to the target embedding"),
+        "is_encoder_decoder": (False, "is false: not an encoder-decoder"),
+    }
+    for key, (bad, why) in refused.items():
+        if get(key) is bad:
+            raise _refuse(file, key, why)
+    activation = ACTIVATIONS.get(get("activation_function"))
+    if activation is None:
+        raise _refuse(file, "activation_function", f"is {get('activation_function')!r}; nmt has relu, gelu and swish (silu)")
+    for ours, theirs in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if get(ours) != get(theirs):
+            raise _refuse(file, theirs, f"{get(theirs)} differs from {ours} {get(ours)}; nmt has one value for both stacks")
+    src, tgt = tokenizer.src.layout, tokenizer.tgt.layout
+    spec = tokenizer.spec
+    vocab, target_vocab = spec["vocab"], spec["target_vocab"] or spec["vocab"]
+    sizes = {"vocab_size": (get("vocab_size"), len(vocab), "vocab.json"),
+             "decoder_vocab_size": (config.get("decoder_vocab_size") or get("vocab_size"), len(target_vocab),
+                                    "target_vocab.json" if not tokenizer.joint else "vocab.json (one vocabulary for both sides)")}
+    for key, (value, size, where) in sizes.items():
+        if value != size:
+            raise _refuse(file, key, f"is {value}; {where} has {size} pieces")
+    for key, piece in (("pad_token_id", spec["pad"]), ("eos_token_id", spec["eos"])):
+        if config.get(key) != vocab[piece]:
+            raise _refuse(file, key, f"is {config.get(key)}, not {vocab[piece]} (the id vocab.json gives {piece!r})")
+    shared = bool(get("share_encoder_decoder_embeddings"))
+    if shared and not tokenizer.joint:
+        raise _refuse(file, "share_encoder_decoder_embeddings", "is true, but the sides have their own vocabularies (target_vocab.json)")
+    values = dict(d_model=get("d_model"), d_ff=get("encoder_ffn_dim"), n_heads=get("encoder_attention_heads"), n_encoder_layers=get("encoder_layers"),
+                  n_decoder_layers=get("decoder_layers"), dropout=float(get("dropout")), attention_dropout=float(get("attention_dropout")),
+                  activation_dropout=float(get("activation_dropout")), activation=activation, norm_position="post", share_embeddings=shared,
+                  output_bias=True, src_vocab_size=len(src.pieces), tgt_vocab_size=len(tgt.pieces))
+    for key in ("d_model", "encoder_ffn_dim", "encoder_attention_heads", "encoder_layers", "decoder_layers"):
+        if type(get(key)) is not int or get(key) < 1:
+            raise _refuse(file, key, f"is {get(key)!r}, not a positive integer")
+    return ModelConfig(**values)
+
+
+#: generate() settings nmt's search does not have: (key, the value that changes nothing, what nmt does instead).
+NOT_APPLIED = (("early_stopping", True, "nmt stops a sentence once beam_size hypotheses have ended, or earlier when none still running could rank "
+                                        "higher (exact); generate() with early_stopping false goes on by its own heuristic"),
+               ("renormalize_logits", False, "nmt does not renormalise the log-probabilities after banning <pad>"),
+               ("repetition_penalty", 1.0, ""), ("no_repeat_ngram_size", 0, ""), ("encoder_no_repeat_ngram_size", 0, ""), ("do_sample", False, ""),
+               ("num_beam_groups", 1, ""), ("diversity_penalty", 0.0, ""), ("forced_bos_token_id", None, ""), ("begin_suppress_tokens", None, ""),
+               ("exponential_decay_length_penalty", None, ""), ("num_return_sequences", 1, ""))
+
+
+def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer) -> tuple[DecodeConfig, list[str]]:
+    """The decode defaults that make ``nmt translate`` search as ``generate()`` does with ``generation`` (generation_config.json,
+    or config.json's generation keys in older directories), and the settings it cannot apply, in words.
+
+    ``num_beams`` → ``beam_size``; ``length_penalty`` α with ``length`` normalisation (``log P / |Y|^α``, |Y| counting
+    EOS, as generate() divides); ``max_length`` L (absolute, counting the decoder's start token) → at most L - 2 pieces
+    and EOS (``max_len_a`` 0, ``max_len_b`` L - 2), ``max_new_tokens`` N → N - 1 pieces; ``min_length`` M → M - 1 pieces;
+    ``<unk>`` may be generated unless ``bad_words_ids`` bans it (generate() bans only what it lists; nmt always bans
+    ``<pad>``, its BOS).
+    """
+    get = generation.get
+    tgt = tokenizer.tgt.layout
+    bans = [*(get("bad_words_ids") or []), *([i] for i in get("suppress_tokens") or [])]
+    banned = {ids[0] for ids in bans if isinstance(ids, list) and len(ids) == 1}
+    limit = (int(get("max_new_tokens")) - 1) if get("max_new_tokens") else int(get("max_length") or 20) - 2
+    floor = (int(get("min_new_tokens")) - 1) if get("min_new_tokens") else int(get("min_length") or 0) - 1
+    beam = int(get("num_beams") or 1)
+    decode = DecodeConfig(beam_size=beam, length_penalty=float(get("length_penalty", 1.0)), length_normalization="length", max_len_a=0.0,
+                          max_len_b=max(limit, 1), min_len=max(floor, 0), n_best=1, allow_unk=tgt.marian_ids[UNK] not in banned)
+    notes = []
+    for key, neutral, why in NOT_APPLIED:
+        value = get(key, False) if key == "early_stopping" else get(key, neutral)  # generate()'s default early_stopping is false
+        if value != neutral and not (key == "early_stopping" and beam == 1):
+            notes.append(f"{key}={value!r}" + (f": {why}" if why else " is not applied"))
+    always = {tgt.marian_ids[PAD], tgt.marian_ids[BOS], tgt.marian_ids[UNK]}  # what nmt bans (<unk> unless decode.allow_unk)
+    other = [ids for ids in bans if not (isinstance(ids, list) and len(ids) == 1 and ids[0] in always)]
+    if other:
+        notes.append(f"bad_words_ids {other} is not applied (nmt bans its padding and start pieces and, unless decode.allow_unk, <unk>)")
+    return decode, notes
+
+
+GENERATION_KEYS = ("num_beams", "max_length", "max_new_tokens", "min_length", "min_new_tokens", "length_penalty", "bad_words_ids", "suppress_tokens",
+                   "early_stopping", "renormalize_logits", "repetition_penalty", "no_repeat_ngram_size", "do_sample", "num_return_sequences")
+
+
+def tokenizer_config(tokenizer: MarianTokenizer) -> TokenizerConfig:
+    """The tokenizer section an imported model's config shows (``nmt info``): its segmenters' SentencePiece type
+    (read with protobuf, which SentencePiece's model description needs; OPUS-MT's, unigram, without it) and vocabulary size."""
+    kind = "unigram"
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+        proto = model_pb2.ModelProto()
+        proto.ParseFromString(tokenizer.src.serialized_model_proto())
+        kind = {2: "bpe"}.get(proto.trainer_spec.model_type, "unigram")  # word and char models segment as well; the type is only shown
+    except ImportError:
+        pass
+    return TokenizerConfig(type=kind, vocab_size=tokenizer.src.get_piece_size(), joint=tokenizer.joint)
+
+
+def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: str | None = None) -> Imported:
+    """Read a Hugging Face Marian directory (an OPUS-MT model as downloaded, or one ``nmt export`` wrote) as an nmt model.
+
+    The languages come from ``tokenizer_config.json`` (``source_lang``, ``target_lang``), else from a directory named
+    ``opus-mt-SRC-TGT``, unless given; ``und`` (ISO 639: undetermined) where none says.
+
+    Raises:
+        MarianError: a file is missing or unreadable, or a setting nmt cannot represent (one line naming the file and key).
+    """
+    directory = resolve_directory(path)
+    config = _json(directory / "config.json")
+    generation = _json(directory / "generation_config.json", required=False) or {k: config[k] for k in GENERATION_KEYS if k in config}
+    tokenizer = read_tokenizer(directory, config)
+    model = model_config(config, tokenizer, str(directory / "config.json"))
+    decode, notes = decode_config(generation, tokenizer)
+    for note in notes:
+        log.warning("warning: %s: %s", directory / ("generation_config.json" if (directory / "generation_config.json").is_file() else "config.json"), note)
+    for key in ("encoder_layerdrop", "decoder_layerdrop"):
+        if config.get(key):
+            log.warning("warning: %s: %s=%s is not applied when fine-tuning (nmt has no layer dropout)", directory / "config.json", key, config[key])
+    named = directory.name.split("-")[-2:] if directory.name.startswith("opus-mt-") else [None, None]  # opus-mt-en-de, opus-mt-tc-big-en-de
+    if "snapshots" in directory.parts:  # a hub cache entry: models--Helsinki-NLP--opus-mt-en-de/snapshots/HASH
+        entry = directory.parent.parent.name.split("--")[-1]
+        named = entry.split("-")[-2:] if entry.startswith("opus-mt-") else named
+    found = [tokenizer.spec.get("source_lang") or named[0], tokenizer.spec.get("target_lang") or named[1]]
+    langs = [str(given or guess or "und") for given, guess in zip((src_lang, tgt_lang), found)]
+    cfg = Config(model=model, data=DataConfig(src_lang=langs[0], tgt_lang=langs[1]), tokenizer=tokenizer_config(tokenizer), decode=decode)
+    validate(cfg)
+    state_dict, weights = read_weights(directory)
+    state = from_marian(state_dict, model, Rows.of(tokenizer), directory / weights)
+    origin = {"format": "huggingface", "path": str(directory.absolute()), "weights": weights, "model_type": "marian",
+              "vocab_size": len(tokenizer.spec["vocab"]),
+              "name_or_path": str(config.get("_name_or_path") or directory.name), "transformers_version": config.get("transformers_version"),
+              "max_position_embeddings": int(config.get("max_position_embeddings") or MARIAN_DEFAULTS["max_position_embeddings"]), "not_applied": notes}
+    return Imported(cfg, state, tokenizer, origin)
+
+
+def import_checkpoint(path: str | Path, out: str | Path, format: str = "huggingface", src_lang: str | None = None, tgt_lang: str | None = None) -> dict:
+    """Write the model of the ``format`` directory ``path`` as an nmt checkpoint at ``out`` (no training state:
+    ``nmt train --init-from`` fine-tunes it; translate, evaluate, serve, average and export read it).
+
+    Returns:
+        The payload written (``imported_from`` says where it came from).
+
+    Raises:
+        MarianError: an unknown ``format``, or see :func:`import_huggingface`.
+        nmt.files.OutputError: ``out`` cannot be written (checked before anything is read).
+    """
+    from .checkpoint import save_checkpoint, tokenizer_to_tensors
+    from .files import check_writable
+
+    if format != "huggingface":
+        raise MarianError(Key("format"), f" {format!r} is not supported; use huggingface (a MarianMTModel directory, such as an OPUS-MT model)")
+    check_writable(Path(out), Key("out"))
+    imported = import_huggingface(path, src_lang, tgt_lang)
+    payload = {"model": imported.state, "config": config_to_dict(imported.cfg), "tokenizer": tokenizer_to_tensors(imported.tokenizer.protos()),
+               "imported_from": imported.origin}
+    save_checkpoint(payload, Path(out))
+    return payload
