@@ -251,7 +251,7 @@ def resume_config(saved: dict, overrides: list[str], config_file: Path | None, s
     keys = [(s, k) for s, values in written.items() for k in values or {}]
     keys += [tuple(o.split("=", 1)[0].strip().split(".", 1)) for o in overrides]
     changes = [key for key in dict.fromkeys(keys) if given[key[0]][key[1]] != raw[key[0]].get(key[1])]
-    fixed = [f"{s}.{k}" for s, k in changes if s in ("model", "tokenizer")]
+    fixed = [f"{s}.{k}" for s, k in changes if s in ("model", "tokenizer") or (s, k) == ("data", "directions")]  # directions: the tokenizer's tags
     if fixed:
         raise ConfigError(f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a new run instead")
     for section, name in changes:
