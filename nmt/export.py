@@ -133,12 +133,17 @@ def marian_model(model: Transformer, max_positions: int = 1024):
     return hf
 
 
-def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024) -> None:
+def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024, tags: tuple[str, ...] = ()) -> None:
     """Write ``out_dir`` so that ``MarianMTModel.from_pretrained(out_dir)`` and
     ``MarianTokenizer.from_pretrained(out_dir)`` load it.
 
     Generation starts from BOS (``decoder_start_token_id``), stops at EOS, and never emits
-    PAD or BOS (``suppress_tokens``), as nmt's own search does.
+    PAD, BOS or a target tag (``suppress_tokens``), as nmt's own search does.
+
+    A multilingual model's target ``tags`` (``>>de<<``; :mod:`nmt.multilingual`) stay pieces of
+    the vocabulary, so the export takes its input as OPUS-MT's multi-target models do,
+    ``">>fr<< A dog runs."``: ``MarianTokenizer`` turns a leading tag into its id and encodes
+    the rest, the ids ``nmt translate --tgt-lang fr`` gives the model.
 
     The tokenizer gives the ids nmt gives for any text (special-token spellings such as
     ``</s>`` and ``<pad>`` and very long words included) with two exceptions that
@@ -158,7 +163,8 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
         raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
     hf = marian_model(model, max_positions)
     hf.generation_config = GenerationConfig(
-        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS, suppress_tokens=[PAD, BOS], max_length=max_positions
+        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, forced_eos_token_id=EOS,
+        suppress_tokens=[PAD, BOS, *(tokenizer.tgt.piece_to_id(t) for t in tags)], max_length=max_positions,
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -176,6 +182,11 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
         split_special_tokens=True,
     )
     hf_tok.save_pretrained(out_dir)
+    if tags:
+        log.warning("%s: a multilingual model: start each input with its target's tag (%s), as for OPUS-MT's multi-target models; MarianTokenizer "
+                    "keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
+                    out_dir, ", ".join(tags))
+        return
     log.warning(
         "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text, "
         "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives", out_dir,
@@ -269,13 +280,15 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
             raise ExportError(Key("out"), f" {out} is the checkpoint being exported; give another file name")
         export_slim(checkpoint, out)
         return
-    model, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
+    model, tokenizer, cfg = load_model(checkpoint, torch.device("cpu"))
+    from .multilingual import tags
+
     try:
         if format == "huggingface":
-            export_huggingface(model, tokenizer, out)
+            export_huggingface(model, tokenizer, out, tags=tags(cfg.data))
             return
         with tempfile.TemporaryDirectory() as hf_dir:
-            export_huggingface(model, tokenizer, Path(hf_dir))
+            export_huggingface(model, tokenizer, Path(hf_dir), tags=tags(cfg.data))
             try:
                 export_ctranslate2(Path(hf_dir), out, quantization)
             except ValueError as exc:  # CTranslate2 rejects an unknown quantization with a ValueError

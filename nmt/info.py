@@ -10,6 +10,7 @@ import torch
 from .checkpoint import load_checkpoint
 from .config import config_from_dict
 from .model import Transformer, count_parameters
+from .multilingual import directions, tags, target_languages
 
 
 def checkpoint_info(path: str | Path) -> dict[str, Any]:
@@ -21,7 +22,9 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
         progress record); ``parameters`` (distinct trainable, tied matrices counted once);
         ``dtype`` of the weights; ``tokenizer`` (type, vocabulary sizes, joint or not);
         ``optimizer_state`` (True: ``nmt train --resume`` can continue from it); the
-        ``averaged_from`` list where the checkpoint is an average; the resolved ``config``.
+        ``averaged_from`` list where the checkpoint is an average; ``directions`` trained
+        (``SRC-TGT``), ``tgt_langs`` (what ``--tgt-lang`` may ask for) and their ``tags`` (none for
+        a model of one target language); the resolved ``config``.
 
     Raises:
         nmt.checkpoint.CheckpointError: the file is missing or not an nmt checkpoint.
@@ -50,6 +53,9 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
             "tgt_vocab_size": cfg.model.tgt_vocab_size,
         },
         "optimizer_state": "optimizer" in payload,
+        "directions": list(map(str, directions(cfg.data))),
+        "tgt_langs": list(target_languages(cfg.data)),
+        "tags": list(tags(cfg.data)),
         "config": payload["config"],
     }
     if "averaged_from" in payload:
@@ -72,6 +78,8 @@ def format_info(info: dict[str, Any]) -> str:
         f"{m['n_encoder_layers']}+{m['n_decoder_layers']} layers, {m['norm_position']}-LN)",
         f"tokenizer: {'joint' if tk['joint'] else 'separate'} SentencePiece {tk['type']}, {vocab}",
         "optimizer state: " + ("yes (nmt train --resume can continue from it)" if info["optimizer_state"] else "no (for translate and evaluate only)"),
+        f"directions: {', '.join(info['directions'])}" + (f" (into {', '.join(info['tgt_langs'])}: choose with --tgt-lang, the tags {', '.join(info['tags'])}; "
+                                                          "any other source language is zero-shot)" if info["tags"] else ""),
     ]
     if "averaged_from" in info:
         lines.append(f"averaged from: {', '.join(info['averaged_from'])}")
