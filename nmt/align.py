@@ -85,8 +85,8 @@ def add_alignments(models, sources: list[list[int]], results: list[list[Hypothes
 
 
 @torch.inference_mode()
-def sentence_attention(model, tokenizer: Tokenizer, sentence: str, decode, device) -> tuple[list[str], list[str], Tensor]:
-    """Translate ``sentence`` with beam search and return what its decoder read.
+def sentence_attention(model, tokenizer: Tokenizer, sentence: str, decode, device, src_prefix: tuple[int, ...] = ()) -> tuple[list[str], list[str], Tensor]:
+    """Translate ``sentence`` (after ``src_prefix``: a multilingual model's target tag) with beam search and return what its decoder read.
 
     Returns:
         The source pieces and the output pieces (each ending in ``</s>``), and every decoder
@@ -98,7 +98,7 @@ def sentence_attention(model, tokenizer: Tokenizer, sentence: str, decode, devic
     """
     if not sentence.strip():
         raise ConfigError("the sentence to translate is empty")
-    ids = tokenizer.encode_src([sentence.strip()])[0]
+    ids = [*src_prefix, *tokenizer.encode_src([sentence.strip()])[0]]
     src = pad_sources([ids]).to(device)
     ((best, *_),) = translate_batch(model, src, replace(decode, n_best=1), rules=tokenizer.output_rules)
     tgt_in = torch.tensor([[BOS, *best.tokens]], device=device)

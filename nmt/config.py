@@ -84,6 +84,12 @@ class DataConfig(Checked):
 
     ``max_len`` and ``max_len_ratio`` filter training pairs only; validation and test text
     is never dropped.
+
+    ``directions`` trains one model for several language pairs (``[en-de, en-fr, de-en]``)
+    in place of ``src_lang``/``tgt_lang``, each read from ``data.dir`` (its own files
+    ``{split}.{src}-{tgt}.{lang}``, else the shared ``{split}.{lang}``) or from ``hf_dataset``;
+    with more than one target language each source starts with its target's tag, ``>>de<<``
+    (Johnson et al. 2017; see :mod:`nmt.multilingual`).
     """
 
     section = "data"
@@ -105,6 +111,10 @@ class DataConfig(Checked):
     valid_max_sentences: int | None = setting(None, "validation sentences decoded for BLEU (null: all)", AT_LEAST_1)
     workers: int = setting(0, "SentencePiece threads encoding the training text; 0: one per usable CPU, at most 16", AT_LEAST_0)
     cache_dir: str | None = setting(None, "encoded corpora (null: RUN_DIR/cache); share one across runs to encode once")
+    directions: tuple[str, ...] | None = setting(None, "one model for several language pairs, SRC-TGT each ([en-de, en-fr]); replaces src_lang and tgt_lang",
+                                                 pattern=(r"[A-Za-z][A-Za-z0-9_]*-[A-Za-z][A-Za-z0-9_]*", "SRC-TGT, two codes of letters, digits and _ (zh_TW, not zh-TW)"))
+    sampling_temperature: float = setting(1.5, "with directions: each is drawn in proportion to (its pairs)^(1/T); 1: as the corpora are, "
+                                          "larger: more even (fairseq's --sampling-temperature)", POSITIVE)
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,8 @@ class TokenizerConfig(Checked):
     src_model: str | None = setting(None, "a trained source .model file to reuse (tokenizer.joint: false)")
     tgt_model: str | None = setting(None, "a trained target .model file to reuse (tokenizer.joint: false)")
     input_sentence_size: int = setting(2_000_000, "sentences sampled (with train.seed) to train the model", AT_LEAST_1)
+    sampling_temperature: float = setting(1.5, "with data.directions: each language's share of those sentences is in proportion to "
+                                          "(its sentences)^(1/T), a small language's repeated", POSITIVE)
 
 
 @dataclass(frozen=True)
@@ -286,6 +298,10 @@ def config_from_dict(raw: dict[str, Any], source: str | None = None) -> Config:
                 hint = did_you_mean(name, list(SECTIONS)) or f"; the sections are {', '.join(SECTIONS)}"
                 raise ConfigError(f"unknown section {written(name)}{hint}", key=name)
         parts = {name: _build(cls, raw.get(name, {}), name) for name, cls in SECTIONS.items()}
+        written_data = raw.get("data", {})
+        if written_data.get("directions") not in (None, *NULL) and {"src_lang", "tgt_lang"} & set(written_data):
+            given = "data.src_lang" if "src_lang" in written_data else "data.tgt_lang"
+            raise ConfigError(Key("data.directions"), " replaces ", Key(given), ": write the language pairs in one of them, not both")
         if "share_embeddings" not in raw.get("model", {}):  # the default: tie exactly when there is one vocabulary
             parts["model"] = replace(parts["model"], share_embeddings=parts["tokenizer"].joint)
         cfg = Config(**parts)
@@ -321,10 +337,30 @@ def validate(cfg: Config) -> None:
         raise ConfigError(Key("model.d_model"), f"={m.d_model} must be divisible by ", Key("model.n_heads"), f"={m.n_heads}")
     if m.d_model % 2:
         raise ConfigError(Key("model.d_model"), f"={m.d_model} must be even for sinusoidal positions")
+    _validate_directions(data, tk)
     if d.n_best > d.beam_size:
         raise ConfigError(Key("decode.n_best"), " must be <= ", Key("decode.beam_size"), f" (got {d.n_best} > {d.beam_size})")
     if d.alignment_layer is not None and d.alignment_layer > m.n_decoder_layers:
         raise ConfigError(Key("decode.alignment_layer"), f" {d.alignment_layer} is beyond the model's {m.n_decoder_layers} decoder layers")
+
+
+def _validate_directions(data: DataConfig, tk: TokenizerConfig) -> None:
+    """The rules of ``data.directions``: distinct pairs of two languages; several need one vocabulary and a split per language."""
+    pairs = data.directions or ()
+    for i, pair in enumerate(pairs):
+        src, tgt = pair.split("-")
+        if src == tgt:
+            raise ConfigError(Key(f"data.directions[{i}]"), f" {pair} translates {src} into itself; give two languages")
+        if pair in pairs[:i]:
+            raise ConfigError(Key(f"data.directions[{i}]"), f" {pair} is written twice; write each direction once")
+    if data.directions is not None and not pairs:
+        raise ConfigError(Key("data.directions"), " is empty; give at least one SRC-TGT pair, or null for data.src_lang-data.tgt_lang")
+    if len(pairs) > 1 and (data.train_src or data.valid_src):
+        given = "data.train_src" if data.train_src else "data.valid_src"
+        raise ConfigError(Key(given), " names the files of one direction; with several data.directions use data.dir "
+                          "({split}.{src}-{tgt}.{lang} or {split}.{lang} files) or data.hf_dataset")
+    if len(pairs) > 1 and not tk.joint:
+        raise ConfigError(Key("data.directions"), " of several pairs share one vocabulary: set ", Key("tokenizer.joint"), "=true")
 
 
 def read_config_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
@@ -396,6 +432,9 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict (tuples as lists), as stored in checkpoints and ``config.yaml``."""
     out = dataclasses.asdict(cfg)
     out["train"]["adam_betas"] = list(cfg.train.adam_betas)
+    if cfg.data.directions is not None:  # they replace src_lang and tgt_lang, which would only mislead a reader
+        out["data"]["directions"] = list(cfg.data.directions)
+        del out["data"]["src_lang"], out["data"]["tgt_lang"]
     return out
 
 

@@ -8,12 +8,16 @@ Reading, cleaning and encoding text live in :mod:`nmt.corpus`. Notation:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .encoded import EncodedCorpus
 from .tokenizer import BOS, EOS, PAD
+
+if TYPE_CHECKING:
+    from .multilingual import DirectionMix
 
 
 # --------------------------------------------------------------------------- batching
@@ -50,17 +54,29 @@ class TokenBatchSampler:
     Every example appears exactly once per epoch. With ``world_size > 1`` each rank takes
     every ``world_size``-th batch and all ranks get the same number of batches (the
     remainder is dropped that epoch), so no rank waits for another at an epoch's end.
+
+    With ``mix`` (the corpora of several directions, one after another) an epoch is the
+    examples :meth:`~nmt.multilingual.DirectionMix.epoch_examples` draws instead, as many as
+    the corpora hold together, each direction's share set by a temperature; they are then
+    sorted, cut and shuffled the same way, so batches mix directions of similar lengths.
+    Every choice is a function of ``seed`` and the epoch, so a resumed run cuts the same batches.
     """
 
-    def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int, rank: int = 0, world_size: int = 1,
+                 mix: DirectionMix | None = None):
         self.lengths = np.maximum(src_lengths, tgt_lengths)
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
-        self.max_tokens, self.seed, self.rank, self.world_size = max_tokens, seed, rank, world_size
+        self.max_tokens, self.seed, self.rank, self.world_size, self.mix = max_tokens, seed, rank, world_size, mix
+
+    def epoch_examples(self, epoch: int) -> np.ndarray:
+        """The examples of ``epoch`` (indices; with ``mix``, drawn and possibly repeated), in index order."""
+        return np.arange(len(self.lengths)) if self.mix is None else self.mix.epoch_examples(self.seed, epoch)
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """The batches (arrays of example indices) of ``epoch``, in training order."""
         rng = np.random.default_rng([self.seed, epoch])
-        tie = rng.permutation(len(self.lengths))
+        examples = self.epoch_examples(epoch)
+        tie = examples[rng.permutation(len(examples))]
         order = tie[np.lexsort((self.tgt_lengths[tie], self.src_lengths[tie]))]
         batches = token_batches(self.lengths, self.max_tokens, order)
         batches = [batches[i] for i in rng.permutation(len(batches))]

@@ -54,6 +54,7 @@ class EncodedCorpus:
 
     def __init__(self, src_blocks: list[Flat], tgt_blocks: list[Flat], key: str = ""):
         self.src_blocks, self.tgt_blocks, self.key = src_blocks, tgt_blocks, key  # key: the cache key
+        self.parts = (sum(len(offsets) - 1 for _, offsets in src_blocks),)  # examples of each corpus joined here (see joined)
         sizes = [len(offsets) - 1 for _, offsets in src_blocks]
         self.starts = np.zeros(len(sizes) + 1, dtype=np.int64)  # first example of each block
         np.cumsum(sizes, out=self.starts[1:])
@@ -77,6 +78,18 @@ class EncodedCorpus:
     def tgt(self, i: int) -> np.ndarray:
         """Target piece ids of example ``i``, int32 ``(tgt_len - 1,)``."""
         return self._ids(self.tgt_blocks, i)
+
+    @classmethod
+    def joined(cls, corpora: list[EncodedCorpus]) -> EncodedCorpus:
+        """The examples of ``corpora``, one after another, without copying (a model of several
+        directions: see :mod:`nmt.multilingual`); ``parts`` holds each one's number of examples,
+        and the key hashes theirs. One corpus is returned as it is."""
+        if len(corpora) == 1:
+            return corpora[0]
+        key = hashlib.sha1("\0".join(c.key for c in corpora).encode()).hexdigest()[:16]
+        out = cls([b for c in corpora for b in c.src_blocks], [b for c in corpora for b in c.tgt_blocks], key)
+        out.parts = tuple(len(c) for c in corpora)
+        return out
 
     @classmethod
     def from_lists(cls, src: list[list[int]], tgt: list[list[int]]) -> EncodedCorpus:
@@ -108,14 +121,17 @@ def _lengths(blocks: list[Flat]) -> np.ndarray:
     return np.concatenate([np.diff(offsets) for _, offsets in blocks] or [np.zeros(0, np.int64)]).astype(np.int64) + 1
 
 
-def cache_key(text: ParallelText, tokenizer: Tokenizer, max_len: int | None, max_len_ratio: float | None) -> str:
+def cache_key(text: ParallelText, tokenizer: Tokenizer, max_len: int | None, max_len_ratio: float | None, src_prefix: tuple[int, ...] = ()) -> str:
     """16 hex digits hashing :data:`CACHE_FORMAT`, the text (file bytes or lines, length-prefixed),
-    the tokenizer and the filter settings: equal keys mean equal encodings."""
+    the tokenizer, the filter settings and the ids put before each source (a target tag): equal
+    keys mean equal encodings. Without such ids the key is what it was before they existed."""
     key = hashlib.sha1(f"nmt encoded corpus, format {CACHE_FORMAT}\0".encode())
     for proto in tokenizer.protos().values():
         key.update(len(proto).to_bytes(8, "little"))
         key.update(proto)
     key.update(repr((max_len, max_len_ratio)).encode())
+    if src_prefix:
+        key.update(f"source prefix {list(src_prefix)}\0".encode())
     text.fingerprint(key)
     return key.hexdigest()[:16]
 
@@ -129,6 +145,7 @@ def encode_corpus(
     write: bool = True,
     threads: int = 1,
     chunk_lines: int = CHUNK_LINES,
+    src_prefix: tuple[int, ...] = (),
 ) -> tuple[EncodedCorpus, CleanReport]:
     """Encode and clean a parallel corpus (:func:`nmt.clean.drop_reasons`, length filters with
     ``max_len``) into the Arrow cache, or open the cache already there.
@@ -141,12 +158,14 @@ def encode_corpus(
     its CRC-32 and maps it read-only without tokenizing, or, if it is damaged, says so in
     one line and encodes again. ``write=False`` reads the cache but never writes it;
     without a cache (or with ``write=False`` on a miss) the ids are held in memory.
+    ``src_prefix`` (a multilingual model's target tag) is put before every kept source, after
+    cleaning: the filters count the text's own pieces.
 
     Raises:
         DataError: unreadable text or line counts that differ (nothing is left behind), or
             the cache cannot be written.
     """
-    name = cache_key(text, tokenizer, max_len, max_len_ratio)
+    name = cache_key(text, tokenizer, max_len, max_len_ratio, src_prefix)
     path = cache_dir / name if cache_dir is not None else None
     if cache_dir is not None and cache_dir.is_dir():
         _remove_stale_temporaries(cache_dir)
@@ -159,7 +178,7 @@ def encode_corpus(
     tmp = _temporary_directory(path if keep else None, name)
     try:
         try:
-            report = _write_ids(tmp, text, tokenizer, max_len, max_len_ratio, threads, chunk_lines)
+            report = _write_ids(tmp, text, tokenizer, max_len, max_len_ratio, threads, chunk_lines, src_prefix)
         except OSError as exc:
             raise _unwritable(tmp.parent, exc) from None
         if not keep:
@@ -198,9 +217,10 @@ def _unwritable(where, exc: OSError) -> DataError:
     return DataError(f"cannot write the encoded corpus under {where} ({exc.strerror or exc}); free some space or set data.cache_dir elsewhere")
 
 
-def _write_ids(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, threads: int, chunk_lines: int) -> CleanReport:
-    """Write the kept pairs' ids to ``directory/ids.arrow``, a record batch a block of text,
-    then ``report.json`` (last: it marks a complete cache) with the counts and the CRC-32."""
+def _write_ids(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, threads: int, chunk_lines: int,
+               src_prefix: tuple[int, ...] = ()) -> CleanReport:
+    """Write the kept pairs' ids to ``directory/ids.arrow`` (each source after ``src_prefix``), a
+    record batch a block of text, then ``report.json`` (last: it marks a complete cache) with the counts and the CRC-32."""
     import pyarrow as pa
 
     schema = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32()))])
@@ -209,10 +229,24 @@ def _write_ids(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_le
         for src, tgt in text.chunks(chunk_lines):
             flat = flatten(tokenizer.encode_src(src, threads)), flatten(tokenizer.encode_tgt(tgt, threads))
             reasons.append(drop_reasons(tokenizer, *flat, max_len, max_len_ratio))
+            flat = _prefixed(flat[0], src_prefix), flat[1]
             writer.write_batch(pa.record_batch([_list_array(side, reasons[-1] == KEPT) for side in flat], schema=schema))
     report = report_of(np.concatenate(reasons))
     _write_synced(directory / "report.json", json.dumps({**asdict(report), "crc32": _crc32(directory / "ids.arrow")}))
     return report
+
+
+def _prefixed(flat: Flat, prefix: tuple[int, ...]) -> Flat:
+    """``flat`` with the ids ``prefix`` put before every line (``flat`` itself for none)."""
+    if not prefix:
+        return flat
+    ids, offsets = flat
+    lines, k = len(offsets) - 1, len(prefix)
+    out_offsets = offsets + k * np.arange(lines + 1, dtype=np.int64)
+    out = np.empty(int(out_offsets[-1]), dtype=ids.dtype)
+    out[np.arange(len(ids)) + np.repeat(k * np.arange(1, lines + 1), np.diff(offsets))] = ids  # each line moves by the prefixes before and in it
+    out[(out_offsets[:-1, None] + np.arange(k)).ravel()] = np.tile(np.asarray(prefix, dtype=ids.dtype), lines)
+    return out, out_offsets
 
 
 def _list_array(flat: Flat, keep: np.ndarray):

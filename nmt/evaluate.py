@@ -146,11 +146,11 @@ def guess_cjk_language(lines: list[str]) -> str | None:
     return "ja" if counts["kana"] else "zh"
 
 
-def config_tokenizer(cfg) -> str:
+def config_tokenizer(cfg, tgt_lang: str | None = None) -> str:
     """The BLEU tokenizer a run's config (:class:`~nmt.config.Config`) asks for:
-    ``eval.tokenize``, or with ``auto`` the one for ``data.tgt_lang``. Validation and
-    ``nmt evaluate --checkpoint`` both use it."""
-    return bleu_tokenizer(cfg.eval.tokenize, cfg.data.tgt_lang)
+    ``eval.tokenize``, or with ``auto`` the one for ``tgt_lang`` (a direction's target;
+    None: ``data.tgt_lang``). Validation and ``nmt evaluate --checkpoint`` both use it."""
+    return bleu_tokenizer(cfg.eval.tokenize, tgt_lang or cfg.data.tgt_lang)
 
 
 def check_tokenizer(tokenize: str) -> None:

@@ -29,6 +29,7 @@ from .errors import Key, NmtError
 from .files import OutputError, os_error, reason, remove_dead_temporaries
 from .marian import MarianError, Rows, to_marian
 from .model import Transformer
+from .multilingual import directions, tags
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from .vocab import MarianTokenizer
 
@@ -84,18 +85,19 @@ def marian_model(model: Transformer, tokenizer: Tokenizer, max_positions: int = 
     return hf
 
 
-def generation_settings(decode: DecodeConfig, tokenizer: Tokenizer, max_positions: int) -> tuple[dict, list[str]]:
+def generation_settings(decode: DecodeConfig, tokenizer: Tokenizer, max_positions: int, tags: tuple[str, ...] = ()) -> tuple[dict, list[str]]:
     """``generation_config.json``'s values that make ``generate()`` search as ``nmt translate`` does by default, and what it cannot say.
 
     ``num_beams`` is ``decode.beam_size``; ``length_penalty`` α (generate() divides by ``|Y|^α``, |Y| counting EOS: nmt's
     ``length`` normalisation); ``early_stopping`` true (a sentence ends once ``num_beams`` hypotheses have, as in nmt);
     ``max_length`` ``max_len_b + 2`` when ``max_len_a`` is 0 (generate()'s limit is absolute and counts the start token),
-    else the model's position limit; ``min_length`` ``min_len + 1``; the start token, and UNK unless ``allow_unk``, banned.
+    else the model's position limit; ``min_length`` ``min_len + 1``; the start token, a multilingual model's target ``tags``
+    (``>>fr<<``, never generated) and UNK unless ``allow_unk``, banned.
     """
     ids = marian_ids(tokenizer)
     notes = []
     values = {"decoder_start_token_id": ids["start"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"], "forced_eos_token_id": ids["eos"]}
-    banned = list(dict.fromkeys([ids["start"], ids["pad"]] + ([] if decode.allow_unk else [ids["unk"]])))
+    banned = list(dict.fromkeys([ids["start"], ids["pad"], *(tokenizer.tgt.piece_to_id(t) for t in tags)] + ([] if decode.allow_unk else [ids["unk"]])))
     if isinstance(tokenizer, MarianTokenizer):
         values["bad_words_ids"] = [[i] for i in banned]  # as OPUS-MT's own generation_config.json bans <pad>
     else:
@@ -179,7 +181,7 @@ def directory_in_place(out: Path):
 
 
 def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024, decode: DecodeConfig | None = None,
-                       name: str | Path | None = None, languages: tuple[str, str] | None = None) -> None:
+                       name: str | Path | None = None, languages: tuple[str, str] | None = None, tags: tuple[str, ...] = ()) -> None:
     """Write ``out_dir`` (in place, see :func:`directory_in_place`) so that ``MarianMTModel.from_pretrained(out_dir)``
     and ``MarianTokenizer.from_pretrained(out_dir)`` load it, with ``generation_config.json`` set so that
     ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`), and
@@ -191,7 +193,10 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
     configured out of: it removes a leading ``>>...<<`` (Marian's target-language tag), which nmt reads as text;
     and it hands control characters to SentencePiece as they are, where nmt reads them as spaces
     (:func:`nmt.tokenizer.controls_as_spaces`). The export warns about both (naming ``name``, the place the user
-    gave); for such lines, pass ``input_ids`` from nmt's tokenizer. An imported model gets its Marian directory back:
+    gave); for such lines, pass ``input_ids`` from nmt's tokenizer. A multilingual model's target ``tags``
+    (``>>de<<``; :mod:`nmt.multilingual`) stay pieces of the vocabulary, so the export takes its input as OPUS-MT's
+    multi-target models do, ``">>fr<< A dog runs."``: ``MarianTokenizer`` turns a leading tag into its id and
+    encodes the rest, the ids ``nmt translate --tgt-lang fr`` gives the model. An imported model gets its Marian directory back:
     ``vocab.json``, both SentencePiece models, Marian's ids; its tokenizer is exact for every text.
 
     Raises:
@@ -200,11 +205,11 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
         nmt.files.OutputError: ``out_dir`` cannot be written.
     """
     with directory_in_place(Path(out_dir)) as tmp:
-        write_huggingface(model, tokenizer, tmp, max_positions, decode, name or out_dir, languages)
+        write_huggingface(model, tokenizer, tmp, max_positions, decode, name or out_dir, languages, tags)
 
 
 def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_positions: int, decode: DecodeConfig | None, name: str | Path,
-                      languages: tuple[str, str] | None = None) -> None:
+                      languages: tuple[str, str] | None = None, tags: tuple[str, ...] = ()) -> None:
     """:func:`export_huggingface`'s files, written into the empty directory ``tmp``; messages name ``name``."""
     from transformers import GenerationConfig, MarianTokenizer as HFMarianTokenizer
 
@@ -213,7 +218,7 @@ def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_p
         raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
     decode = decode or DecodeConfig()
     hf = marian_model(model, tokenizer, max_positions)
-    values, notes = generation_settings(decode, tokenizer, max_positions)
+    values, notes = generation_settings(decode, tokenizer, max_positions, tags)
     hf.generation_config = GenerationConfig(**values)
     for note in notes:
         log.warning("warning: %s: %s", name, note)
@@ -241,7 +246,11 @@ def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_p
         if languages:
             options |= {"source_lang": languages[0], "target_lang": languages[1]}
     HFMarianTokenizer(**{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options).save_pretrained(tmp)
-    if not imported:
+    if tags:
+        log.warning("%s: a multilingual model: start each input with its target's tag (%s), as for OPUS-MT's multi-target models; MarianTokenizer "
+                    "keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
+                    name, ", ".join(tags))
+    elif not imported:
         log.warning("%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text, "
                     "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives", name)
 
@@ -378,13 +387,15 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
     payload = load_checkpoint(checkpoint)
     model, tokenizer, cfg = restore_model(payload, checkpoint)
     max_positions = int(payload.get("imported_from", {}).get("max_position_embeddings") or 1024)
+    pairs, tag_list = directions(cfg.data), tags(cfg.data)
+    languages = (pairs[0].src, pairs[0].tgt) if len(pairs) == 1 else None
     try:
         if format == "huggingface":
-            export_huggingface(model, tokenizer, out, max_positions, cfg.decode, languages=(cfg.data.src_lang, cfg.data.tgt_lang))
+            export_huggingface(model, tokenizer, out, max_positions, cfg.decode, languages=languages, tags=tag_list)
             return
         with directory_in_place(out) as tmp:  # the Marian directory it is converted from is written inside, then removed
             (tmp / "huggingface").mkdir()
-            write_huggingface(model, tokenizer, tmp / "huggingface", max_positions, cfg.decode, out, (cfg.data.src_lang, cfg.data.tgt_lang))
+            write_huggingface(model, tokenizer, tmp / "huggingface", max_positions, cfg.decode, out, languages, tag_list)
             try:
                 export_ctranslate2(tmp / "huggingface", tmp / "ctranslate2", quantization)
             except ValueError as exc:  # CTranslate2 rejects an unknown quantization with a ValueError

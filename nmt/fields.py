@@ -12,7 +12,8 @@ from ``--set``: YAML's own guesses at types are not used, so ``tgt_lang: no`` is
 * a boolean is ``true``/``false``, ``yes``/``no``, ``on``/``off`` or ``1``/``0``, in any case;
 * a number is written as in Python or JSON: ``5e-4``, ``1_000_000``, ``0x10``, ``.5``;
   ``2e4`` is a whole number; leading zeros are decimal (``010`` is 10, as in YAML 1.2);
-* a list is ``[0.9, 0.98]``, a mapping ``{train: a.json}``; quotes make a value text.
+* a list is ``[0.9, 0.98]`` (a list of text may also be written ``en-de,en-fr``), a mapping
+  ``{train: a.json}``; quotes make a value text.
 
 Errors name the key as :class:`~nmt.errors.Key` data and repeat the value as written.
 """
@@ -124,6 +125,8 @@ def _describe(tp: Any, allowed: Range | None) -> str:
             words.append(noun if allowed is None else str(allowed) if str(allowed).startswith("a ") else f"{noun} {allowed}")
         elif m is str:
             words.append("text")
+        elif origin is tuple and typing.get_args(m)[-1] is Ellipsis:
+            words.append("a list of text (or text with commas: a,b)")
         elif origin is tuple:
             words.append(f"a list of {len(typing.get_args(m))} numbers {allowed}")
         elif origin is dict:
@@ -158,8 +161,9 @@ def _check(key: str, value: Any, tp: Any, meta: Any) -> None:
         if allowed is not None and isinstance(number, (int, float)) and not isinstance(number, bool) and number not in allowed:
             where = key if i is None else f"{key}[{i}]"
             raise ConfigError(Key(where), f" must be {_either([*choices, 'a number'])} {allowed}" if choices else f" must be {allowed}", f", got {number}")
-    if pattern is not None and isinstance(value, str) and not re.fullmatch(pattern[0], value):
-        raise ConfigError(Key(key), f" must be {pattern[1]}, got {value!r}")
+    for i, text in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
+        if pattern is not None and isinstance(text, str) and not re.fullmatch(pattern[0], text):
+            raise ConfigError(Key(key if i is None else f"{key}[{i}]"), f" must be {pattern[1]}, got {text!r}")
 
 
 class Plain(str):
@@ -214,6 +218,10 @@ def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return str(value)
+    elif origin is tuple and typing.get_args(tp)[-1] is Ellipsis:  # any length: a list, or text with commas (fairseq's --lang-pairs)
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if isinstance(items, (list, tuple)):
+            return tuple(read(v, typing.get_args(tp)[0], f"{key}[{i}]", allowed) for i, v in enumerate(items))
     elif origin is tuple:
         if isinstance(value, (list, tuple)) and len(value) == len(typing.get_args(tp)):
             return tuple(read(v, t, f"{key}[{i}]", allowed) for i, (v, t) in enumerate(zip(value, typing.get_args(tp))))

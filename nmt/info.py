@@ -10,6 +10,7 @@ import torch
 from .checkpoint import load_checkpoint
 from .config import config_from_dict
 from .model import Transformer, count_parameters
+from .multilingual import directions, tags, target_languages
 
 
 def checkpoint_info(path: str | Path) -> dict[str, Any]:
@@ -24,7 +25,9 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
         ``averaged_from`` list where the checkpoint is an average; ``init_from`` (``path``,
         ``step``) where its run was started from a checkpoint (``nmt train --init-from``);
         ``imported_from`` (``format``, ``path``, ``name_or_path``, ...) where its weights come
-        from a model ``nmt import`` read; the resolved ``config``.
+        from a model ``nmt import`` read; ``directions`` trained (``SRC-TGT``), ``tgt_langs``
+        (what ``--tgt-lang`` may ask for) and their ``tags`` (none for a model of one target
+        language); the resolved ``config``.
 
     Raises:
         nmt.checkpoint.CheckpointError: the file is missing or not an nmt checkpoint.
@@ -54,6 +57,9 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
             "tgt_vocab_size": cfg.model.tgt_vocab_size,
         },
         "optimizer_state": "optimizer" in payload,
+        "directions": list(map(str, directions(cfg.data))),
+        "tgt_langs": list(target_languages(cfg.data)),
+        "tags": list(tags(cfg.data)),
         "config": payload["config"],
     }
     if "averaged_from" in payload:
@@ -81,6 +87,8 @@ def format_info(info: dict[str, Any]) -> str:
         f"tokenizer: Marian's vocabulary ({'one for both sides' if tk['joint'] else 'one per side'}; {vocab}, nmt's padding row included) over source and "
         f"target SentencePiece {tk['type']} segmenters",
         "optimizer state: " + ("yes (nmt train --resume can continue from it)" if info["optimizer_state"] else "no (for translate and evaluate only)"),
+        f"directions: {', '.join(info['directions'])}" + (f" (into {', '.join(info['tgt_langs'])}: choose with --tgt-lang, the tags {', '.join(info['tags'])}; "
+                                                          "any other source language is zero-shot)" if info["tags"] else ""),
     ]
     if "averaged_from" in info:
         lines.append(f"averaged from: {', '.join(info['averaged_from'])}")

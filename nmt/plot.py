@@ -43,7 +43,8 @@ def _pyplot():
 
 def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     """Write loss (training and validation, nats per target token), validation BLEU and
-    learning rate against optimizer steps to ``out`` (default ``run_dir/metrics.png``).
+    learning rate against optimizer steps to ``out`` (default ``run_dir/metrics.png``). A run of
+    several directions shows each one's validation loss and BLEU beside their mean.
 
     The format follows ``out``'s suffix (PNG when it has none); the file is written at
     exactly ``out``, and that path is returned.
@@ -64,11 +65,19 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     valid = [r for r in records if "bleu" in r]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train (label-smoothed)")
-    axes[0].plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="validation (label-smoothed)")
-    axes[0].set(xlabel="step", ylabel="loss (nats/token)", title="loss")
+    names = list(dict.fromkeys(k.partition("/")[2] for r in valid for k in r if k.startswith("bleu/")))  # the directions, if several
+    mean = f" (mean of {len(names)} directions)" if names else ""
+    axes[0].plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label=f"validation{mean or ' (label-smoothed)'}")
+    axes[1].plot([r["step"] for r in valid], [r["bleu"] for r in valid], "o-", label=f"mean{', which best.pt follows' if names else ''}")
+    for name in names:
+        each = [r for r in valid if f"bleu/{name}" in r]
+        axes[0].plot([r["step"] for r in each], [r[f"valid_loss/{name}"] for r in each], ".--", label=f"validation {name}")
+        axes[1].plot([r["step"] for r in each], [r[f"bleu/{name}"] for r in each], ".--", label=name)
+    axes[0].set(xlabel="step", ylabel="loss (nats/token)", title="loss" + (" (label-smoothed)" if names else ""))
     axes[0].legend()
-    axes[1].plot([r["step"] for r in valid], [r["bleu"] for r in valid], "o-")
     axes[1].set(xlabel="step", ylabel="BLEU", title="validation BLEU")
+    if names:
+        axes[1].legend()
     axes[2].plot([r["step"] for r in train], [r["lr"] for r in train])
     axes[2].set(xlabel="step", ylabel="learning rate", title="learning rate")
     fig.tight_layout()

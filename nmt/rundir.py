@@ -248,7 +248,7 @@ def resume_config(saved: dict, overrides: list[str], config_file: Path | None, s
     raw = {section: dict(values) for section, values in saved.items()}
     given = config_to_dict(absolute_paths(load_config(config_file, overrides)))
     changes = [key for key in _written_keys(overrides, config_file) if given[key[0]][key[1]] != raw[key[0]].get(key[1])]
-    fixed = [f"{s}.{k}" for s, k in changes if s in ("model", "tokenizer")]
+    fixed = [f"{s}.{k}" for s, k in changes if s in ("model", "tokenizer") or (s, k) == ("data", "directions")]  # directions: the tokenizer's tags
     if fixed:
         raise ConfigError(f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a new run instead")
     for section, name in changes:

@@ -3,7 +3,8 @@
 Endpoints:
 
 * ``POST /translate``: ``{"text": "..."}`` or ``{"text": ["...", ...]}``, optional
-  ``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, and per line ``prefix``,
+  ``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, ``tgt_lang`` (required by a
+  multilingual model: the language to translate into), and per line ``prefix``,
   ``constraints`` and ``ban`` (as ``nmt translate --prefix-file`` etc.); answers ``{"translations": [...]}``
   in input order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score", "log_prob"}, ...]}``.
   With ``"alignment": true`` every n-best entry also has ``"alignment"`` (``i-j`` pairs, as
@@ -12,7 +13,7 @@ Endpoints:
   ``[tgt_len][src_len]``, the heads-averaged cross-attention of the layer alignments are read
   from (:mod:`nmt.align`), which the page draws as a heatmap.
 * ``GET /health``: model loaded, device, dtype, checkpoint step, requests queued and running.
-* ``GET /info``: languages, tokenizer, model and decode config, the server's limits.
+* ``GET /info``: languages (``directions``, ``tgt_langs``), tokenizer, model and decode config, the server's limits.
 * ``GET /``: the page (``nmt/static/index.html``).
 
 Batching. Each request becomes a :class:`Job` on an asyncio queue. One batcher task takes
@@ -51,6 +52,7 @@ from .checkpoint import load_checkpoint, restore_model
 from .config import Config, ConfigError, DecodeConfig, config_to_dict
 from .data import pad_sources
 from .model import Transformer
+from .multilingual import directions, target_languages
 from .search import Hypothesis
 from .serve_api import MAX_BODY_BYTES, Job, Limits, RequestError, parse_request
 from .tokenizer import BOS, Tokenizer
@@ -87,17 +89,20 @@ class Translator:
         name = "int8" if dtype == torch.qint8 else str(dtype).removeprefix("torch.")
         return cls(to_dtype(model.to(device).eval(), dtype), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"), name)
 
-    def translate(self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None) -> list[list[Hypothesis]]:
+    def translate(self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None,
+                  src_prefix: tuple[int, ...] = ()) -> list[list[Hypothesis]]:
         """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`; the lines
         left untranslated (only unknown characters) are counted in ``skipped``, for ``/health``."""
-        return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment, steering=steering, skipped=self.skipped)
+        return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment, steering=steering, skipped=self.skipped,
+                               src_prefix=src_prefix)
 
     @torch.inference_mode()
-    def attention(self, line: str, hyp: Hypothesis) -> dict:
+    def attention(self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()) -> dict:
         """``{"src_pieces", "tgt_pieces", "weights"}`` for ``hyp``, a translation of ``line``:
-        ``weights`` ``[tgt_len][src_len]`` (EOS included on both sides), row ``t`` the step that
+        ``weights`` ``[tgt_len][src_len]`` (EOS included on both sides, and a multilingual model's
+        target tag, ``src_prefix``, first among the source pieces), row ``t`` the step that
         produced output piece ``t``; from :func:`nmt.align.attention_matrix`."""
-        ids = self.tokenizer.encode_src([line])[0]
+        ids = [*src_prefix, *self.tokenizer.encode_src([line])[0]]
         src = pad_sources([ids]).to(self.device)
         tgt_in = torch.tensor([[BOS, *hyp.tokens]], device=self.device)
         weights = attention_matrix([self.model], src, tgt_in, self.cfg.decode.alignment_layer)[0]  # (tgt_len, src_len)
@@ -144,28 +149,28 @@ class Batcher:
         """Translate a batch (on the worker thread): one call per distinct search setting and
         alignment choice, with the largest n_best asked for; returns each job's translations, or
         the error it met."""
-        groups: dict[tuple[DecodeConfig, bool], list[int]] = {}
+        groups: dict[tuple[DecodeConfig, bool, tuple[int, ...]], list[int]] = {}
         for i, job in enumerate(batch):
-            groups.setdefault((replace(job.decode, n_best=1), job.alignment), []).append(i)
+            groups.setdefault((replace(job.decode, n_best=1), job.alignment, job.src_prefix), []).append(i)
         out: list = [None] * len(batch)
-        for (decode, alignment), members in groups.items():
+        for (decode, alignment, src_prefix), members in groups.items():
             lines = [line for i in members for line in batch[i].lines]
             n_best = max(batch[i].decode.n_best for i in members)
             steered = any(batch[i].steering for i in members)
             steering = [s for i in members for s in (batch[i].steering or [Steering()] * len(batch[i].lines))] if steered else None
             try:
-                results = self.translator.translate(lines, replace(decode, n_best=n_best), alignment, steering)
+                results = self.translator.translate(lines, replace(decode, n_best=n_best), alignment, steering, src_prefix)
                 start = 0
                 for i in members:
                     job = batch[i]
-                    out[i] = [self._entry(line, hyps[: job.decode.n_best], alignment) for line, hyps in zip(job.lines, results[start : start + len(job.lines)])]
+                    out[i] = [self._entry(line, hyps[: job.decode.n_best], alignment, src_prefix) for line, hyps in zip(job.lines, results[start : start + len(job.lines)])]
                     start += len(job.lines)
             except Exception as exc:  # answered as a 500 to these requests; the server keeps serving
                 for i in members:
                     out[i] = exc
         return out
 
-    def _entry(self, line: str, hyps: list[Hypothesis], alignment: bool) -> dict:
+    def _entry(self, line: str, hyps: list[Hypothesis], alignment: bool, src_prefix: tuple[int, ...] = ()) -> dict:
         texts = self.translator.tokenizer.decode_tgt([h.tokens for h in hyps])
         n_best = [{"text": t, "score": h.score, "log_prob": h.log_prob} for t, h in zip(texts, hyps)]
         if alignment:
@@ -173,7 +178,7 @@ class Batcher:
                 entry["alignment"] = format_alignment(h.alignment)
         entry = {**(n_best[0] if n_best else {"text": "", "score": 0.0, "log_prob": 0.0}), "n_best": n_best}
         if alignment and hyps:
-            entry["attention"] = self.translator.attention(line, hyps[0])
+            entry["attention"] = self.translator.attention(line, hyps[0], src_prefix)
         return entry
 
     async def serve_forever(self) -> None:
@@ -241,8 +246,10 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
     async def info(request: Request) -> JSONResponse:
         cfg = config_to_dict(translator.cfg)
         tok = translator.tokenizer
+        pairs = directions(translator.cfg.data)
+        one = pairs[0] if len(pairs) == 1 else None  # several directions have no one pair to name
         return JSONResponse(
-            {"src_lang": translator.cfg.data.src_lang, "tgt_lang": translator.cfg.data.tgt_lang,
+            {"src_lang": one and one.src, "tgt_lang": one and one.tgt, "directions": list(map(str, pairs)), "tgt_langs": list(target_languages(translator.cfg.data)),
              "tokenizer": {"type": translator.cfg.tokenizer.type, "joint": tok.joint, "src_vocab_size": tok.src.get_piece_size(), "tgt_vocab_size": tok.tgt.get_piece_size()},
              "config": {k: cfg[k] for k in ("model", "tokenizer", "decode")}, "limits": vars(limits)}
         )

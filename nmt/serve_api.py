@@ -1,7 +1,8 @@
 """What a ``POST /translate`` request of ``nmt serve`` may ask for, and its checks.
 
 A request is a JSON object: ``text`` (a string, or a list of strings), and optionally
-``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, and per line ``prefix``,
+``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, ``tgt_lang`` (the target
+language, as ``nmt translate --tgt-lang``: required by a multilingual model), and per line ``prefix``,
 ``constraints`` and ``ban`` (as ``nmt translate``'s files give them). :func:`parse_request`
 turns it into a :class:`Job`, or refuses it with a :class:`RequestError` whose status is a
 4xx and whose message is one line. The server (:mod:`nmt.serve`) runs the jobs.
@@ -17,12 +18,13 @@ from typing import TYPE_CHECKING
 
 from .beams import Steering
 from .config import ConfigError, DecodeConfig
+from .multilingual import target
 from .translate import steering
 
 if TYPE_CHECKING:  # the server's loaded model: only its tokenizer and config are read here
     from .serve import Translator
 
-FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment", "prefix", "constraints", "ban")
+FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment", "prefix", "constraints", "ban", "tgt_lang")
 MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
 
 
@@ -65,8 +67,8 @@ class Limits:
 class Job:
     """One request: its lines, the search settings it asked for (``decode``, the checkpoint's
     with the request's fields), its source tokens (EOS included), whether alignments are wanted,
-    each line's :class:`~nmt.beams.Steering` (None when no line has any), and the future its
-    answer resolves."""
+    each line's :class:`~nmt.beams.Steering` (None when no line has any), the ids before each
+    source (a multilingual model's target tag), and the future its answer resolves."""
 
     lines: list[str]
     decode: DecodeConfig
@@ -74,6 +76,7 @@ class Job:
     alignment: bool = False
     steering: list[Steering] | None = None
     future: asyncio.Future | None = field(default=None, repr=False)
+    src_prefix: tuple[int, ...] = ()
 
 
 def _number(body: dict, name: str, default, kind: type, low, high):
@@ -89,7 +92,8 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     """Validate a ``/translate`` body into a :class:`Job`: its lines, the search settings (the
     checkpoint's ``decode`` with the request's ``beam_size``, ``length_penalty`` and ``n_best``,
     and ``max_tokens`` the server's batch budget), its source tokens, whether alignments are
-    asked for, and each line's ``prefix``, ``constraints`` and ``ban`` (:func:`steering_of`).
+    asked for, each line's ``prefix``, ``constraints`` and ``ban`` (:func:`steering_of`), and the
+    target ``tgt_lang`` chooses (:func:`nmt.multilingual.target`).
 
     Raises:
         RequestError: invalid JSON (400), a missing, unknown or ill-typed field (422), too many
@@ -121,11 +125,19 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     alignment = body.get("alignment", False)
     if not isinstance(alignment, bool):
         raise RequestError(f"alignment must be true or false, got {json.dumps(alignment)}")
+    tgt_lang = body.get("tgt_lang")
+    if tgt_lang is not None and not isinstance(tgt_lang, str):
+        raise RequestError(f"tgt_lang must be a language code (a string), got {json.dumps(tgt_lang)}")
+    try:
+        goal = target(translator.cfg, translator.tokenizer, tgt_lang)
+    except ConfigError as exc:
+        raise RequestError(str(exc)) from None
     pieces = [len(ids) for ids in translator.tokenizer.encode_src([line.strip() for line in lines], threads=1)]
     for i, n in enumerate(pieces):
         if n > limits.max_input_pieces:
             raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
-    return Job(lines, decode, sum(pieces) + len(pieces), alignment, steering_of(body, isinstance(text, str), len(lines), translator, limits))
+    tokens = sum(pieces) + len(pieces) * (1 + len(goal.src_prefix))
+    return Job(lines, decode, tokens, alignment, steering_of(body, isinstance(text, str), len(lines), translator, limits), src_prefix=goal.src_prefix)
 
 
 def _check_unicode(text: str, where: str) -> None:

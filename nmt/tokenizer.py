@@ -19,6 +19,7 @@ import itertools
 import logging
 import math
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ from .files import atomic_write
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 WORD_BOUNDARY = "\u2581"  # SentencePiece's mark for a space: the piece "▁" alone, or the start of "▁the"
+#: A target-language tag, ``>>de<<`` (OPUS-MT's and Marian's syntax; see :mod:`nmt.multilingual`).
+TAG = re.compile(r">>[A-Za-z][A-Za-z0-9_]*<<")
 
 #: ``character_coverage: auto`` looks at this many sentences of each side ...
 AUTO_COVERAGE_SENTENCES = 10_000
@@ -109,10 +112,12 @@ class Tokenizer:
     def output_rules(self) -> OutputRules:
         """The target vocabulary's :class:`OutputRules`, worked out once. A byte piece is unwritable
         when it is a whole character (below 0x80) of :data:`NEVER_OUTPUT`; multi-byte characters
-        are judged as they are spelt, by the search."""
+        are judged as they are spelt, by the search. A target-language tag (``>>de<<``) is
+        unwritable too: it chooses what a source is translated into, and is never text."""
         sp = self.tgt
         values = [int(sp.id_to_piece(i)[3:5], 16) if sp.is_byte(i) else -1 for i in range(sp.get_piece_size())]
-        unwritable = [i for i, v in enumerate(values) if (0 <= v < 0x80 and chr(v) in NEVER_OUTPUT) or (v < 0 and not NEVER_OUTPUT.isdisjoint(sp.id_to_piece(i)))]
+        unwritable = [i for i, v in enumerate(values) if (0 <= v < 0x80 and chr(v) in NEVER_OUTPUT) or (v < 0 and not NEVER_OUTPUT.isdisjoint(sp.id_to_piece(i)))
+                      or TAG.fullmatch(sp.id_to_piece(i))]
         return OutputRules(tuple(unwritable), tuple(values) if max(values, default=-1) >= 0 else ())
 
     def protos(self) -> dict[str, bytes]:
@@ -275,6 +280,7 @@ def train_sentencepiece(
     input_sentence_size: int = 2_000_000,
     seed: int = 1,
     byte_fallback: bool = False,
+    user_defined_symbols: Sequence[str] = (),
 ) -> spm.SentencePieceProcessor:
     """Train a SentencePiece model in memory on ``input_sentence_size`` of ``sentences``.
 
@@ -285,12 +291,15 @@ def train_sentencepiece(
     ``<0x00>`` … ``<0xFF>`` that spell characters outside the vocabulary). If the text is too small for the requested size,
     SentencePiece's own error is raised as :class:`TokenizerError` with the largest size
     it allows; an error raised while reading ``sentences`` (a
-    :class:`~nmt.corpus.DataError`, say) is raised as it is.
+    :class:`~nmt.corpus.DataError`, say) is raised as it is. ``user_defined_symbols`` (a
+    multilingual model's target tags, ``>>de<<``) are pieces of their own, ids 4 on, never split.
     """
     sample = [controls_as_spaces(s) for s in reservoir_sample(sentences, input_sentence_size, seed)]  # the text encode_src will give it
     buffer = io.BytesIO()
+    extra = {"user_defined_symbols": list(user_defined_symbols)} if user_defined_symbols else {}
     try:
         spm.SentencePieceTrainer.train(
+            **extra,
             sentence_iterator=iter(sample),
             model_writer=buffer,
             vocab_size=vocab_size,
@@ -332,6 +341,20 @@ def auto_character_coverage(samples: dict[str, list[str]]) -> tuple[float, str]:
     return 1.0, f"{found}, at most {LARGE_CHARACTER_SET}: an alphabet, every character kept"
 
 
+def coverage_settings(cfg, heads: dict[str, list[str]]) -> tuple[float, bool]:
+    """The character coverage and byte fallback ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) asks
+    for, ``auto`` decided from ``heads`` (each side's or language's first sentences) and logged with its reason."""
+    coverage, fallback = cfg.character_coverage, cfg.byte_fallback
+    if coverage == "auto":
+        coverage, reason = auto_character_coverage(heads)
+        log.info("tokenizer.character_coverage auto: %s (%s)", coverage, reason)
+    if fallback == "auto":
+        fallback = coverage < 1.0
+        log.info("tokenizer.byte_fallback auto: %s (character coverage %s: %s)", str(fallback).lower(), coverage,
+                 "characters left out are spelt in bytes, never UNK" if fallback else "every character has a piece")
+    return coverage, fallback
+
+
 def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg, seed: int = 1) -> Tokenizer:
     """Train the tokenizer ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) describes, on
     sentences sampled with ``seed`` (``train.seed``).
@@ -346,14 +369,7 @@ def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg, seed: int = 1) 
     text = {side: itertools.chain(heads[side], streams[side]) for side in streams}
 
     def train(sides: tuple[str, ...]) -> spm.SentencePieceProcessor:
-        coverage, fallback = cfg.character_coverage, cfg.byte_fallback
-        if coverage == "auto":
-            coverage, reason = auto_character_coverage({side: heads[side] for side in sides})
-            log.info("tokenizer.character_coverage auto: %s (%s)", coverage, reason)
-        if fallback == "auto":
-            fallback = coverage < 1.0
-            log.info("tokenizer.byte_fallback auto: %s (character coverage %s: %s)", str(fallback).lower(), coverage,
-                     "characters left out are spelt in bytes, never UNK" if fallback else "every character has a piece")
+        coverage, fallback = coverage_settings(cfg, {side: heads[side] for side in sides})
         sentences = itertools.chain.from_iterable(text[side] for side in sides)
         return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, coverage, cfg.input_sentence_size, seed, fallback)
 

@@ -33,7 +33,7 @@ from . import evaluate
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, tokenizer_from_tensors, tokenizer_to_tensors
 from .config import Config, ConfigError, config_from_dict, config_to_dict, with_vocab
 from .clean import clean_pairs, stripped_side
-from .corpus import DataError, ParallelText, check_inputs, load_split
+from .corpus import DataError, ParallelText, check_inputs
 from .encoded import EncodedCorpus, encode_corpus, encoding_threads
 from .errors import Key
 from .data import Batch, TokenBatchSampler, collate
@@ -41,6 +41,7 @@ from .distributed import Distributed, Interrupted, StopSignal
 from .files import atomic_write
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
+from .multilingual import DirectionMix, check_tags, directions, mean_validation, split_text, tag_ids, tags, train_multilingual_tokenizer
 from .rundir import RunDir, absolute_paths, init_config, resume_config, step_checkpoints
 from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
 from .translate import best_strings, resolve_device, translate_lines
@@ -64,60 +65,97 @@ class Progress:
 
 @dataclass
 class ValidationSet:
+    """One direction's validation text, cleaned, and its encoding (each source after ``src_prefix``, its target's tag)."""
+
     corpus: EncodedCorpus
     src_lines: list[str]
     ref_lines: list[str]
+    direction: str = ""  # SRC-TGT in a run of several directions; "" in a run of one
+    tgt_lang: str | None = None  # what the BLEU tokenizer follows (eval.tokenize auto)
+    src_prefix: tuple[int, ...] = ()
 
 
-def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> tuple[Tokenizer, EncodedCorpus, ValidationSet]:
-    """Read and clean the data, train (or reuse) the tokenizer and encode both splits.
+def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> tuple[Tokenizer, EncodedCorpus, list[ValidationSet]]:
+    """Read and clean the data, train (or reuse) the tokenizer and encode both splits of every direction.
 
     Training text is streamed: the tokenizer trains on a stream (SentencePiece samples
     ``tokenizer.input_sentence_size`` sentences) and ``data.workers`` SentencePiece threads
     encode it into a memory-mapped cache, so memory does not grow with the corpus. With ``write``
     the tokenizer is saved in ``run_dir`` and encodings cached under ``run_dir/cache``
-    (rank 0 does this; other ranks then read them back).
+    (rank 0 does this; other ranks then read them back). Several directions
+    (:mod:`nmt.multilingual`) give one training corpus of them all, one after another, and a
+    validation set each.
     """
     started = time.perf_counter()
-    train_text = load_split(cfg.data, "train")
-    valid_text = load_split(cfg.data, "valid")
+    texts = [(d, split_text(cfg.data, d, "train"), split_text(cfg.data, d, "valid")) for d in directions(cfg.data)]
     if write:
-        check_inputs(train_text, valid_text)
+        for _, train_text, valid_text in texts:
+            check_inputs(train_text, valid_text)
     if tokenizer is None:
         tokenizer = tokenizer_from_config(cfg.tokenizer)
     if tokenizer is None:
         log.info("training SentencePiece %s tokenizer (vocab %d, %s)", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate")
-        tokenizer = train_tokenizer(stripped_side(train_text, 0), stripped_side(train_text, 1), cfg.tokenizer, cfg.train.seed)
+        if len(texts) == 1:
+            tokenizer = train_tokenizer(stripped_side(texts[0][1], 0), stripped_side(texts[0][1], 1), cfg.tokenizer, cfg.train.seed)
+        else:
+            tokenizer = train_multilingual_tokenizer([(d, t) for d, t, _ in texts], cfg.tokenizer, cfg.train.seed, tags(cfg.data))
         log.info("tokenizer trained in %.1f s", time.perf_counter() - started)
+    check_tags(tokenizer, cfg.data)
     if write:
         tokenizer.save(run_dir)
     cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
+    corpora, valid = [], []
+    for direction, train_text, valid_text in texts:
+        name = str(direction) if len(texts) > 1 else ""
+        prefix = tag_ids(tokenizer, cfg.data, direction.tgt)
+        corpora.append(_encode_training_text(cfg, train_text, tokenizer, cache, write, name, prefix))
+        valid.append(_validation_set(cfg, valid_text, tokenizer, cache, write, name, direction.tgt, prefix))
+    return tokenizer, EncodedCorpus.joined(corpora), valid
+
+
+def _encode_training_text(cfg: Config, text: ParallelText, tokenizer: Tokenizer, cache: Path, write: bool, name: str, prefix: tuple[int, ...]) -> EncodedCorpus:
+    """One direction's training pairs, cleaned and encoded (or loaded from ``cache``); ``name``: the direction, in a run of several."""
     threads = encoding_threads(cfg.data.workers)
     encoding = time.perf_counter()
-    corpus, report = encode_corpus(train_text, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write, threads=threads)
+    corpus, report = encode_corpus(text, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write, threads=threads, src_prefix=prefix)
     if write:
-        log.info("train: %s; encoded or loaded from %s in %.1f s (threads: %d)", report, cache, time.perf_counter() - encoding, threads)
+        log.info("train%s: %s; encoded or loaded from %s in %.1f s (threads: %d)", f" {name}" if name else "", report, cache, time.perf_counter() - encoding, threads)
     if len(corpus) == 0:
-        raise DataError(f"no training pairs left after cleaning ({report}); check the training files, data.max_len and data.max_len_ratio")
-    valid_pairs = clean_pairs(tokenizer, *valid_text.read())
-    vsrc, vtgt, vreport = valid_pairs.src, valid_pairs.tgt, valid_pairs.report
+        raise DataError(f"no training pairs left after cleaning{f' in {text.name}' if name else ''} ({report}); check the training files, "
+                        "data.max_len and data.max_len_ratio")
+    return corpus
+
+
+def _validation_set(cfg: Config, text: ParallelText, tokenizer: Tokenizer, cache: Path, write: bool, name: str, tgt_lang: str,
+                    prefix: tuple[int, ...]) -> ValidationSet:
+    """One direction's validation pairs, cleaned (never filtered by length), the first ``data.valid_max_sentences``, and encoded."""
+    pairs = clean_pairs(tokenizer, *text.read())
+    vsrc, vtgt, vreport = pairs.src, pairs.tgt, pairs.report
     if not vsrc:
-        raise DataError(f"the validation set ({valid_text.name}) has no pair with pieces on both sides ({vreport}); check those files")
+        raise DataError(f"the validation set ({text.name}) has no pair with pieces on both sides ({vreport}); check those files")
     if cfg.data.valid_max_sentences:
         vsrc, vtgt = vsrc[: cfg.data.valid_max_sentences], vtgt[: cfg.data.valid_max_sentences]
-    valid, _ = encode_corpus(ParallelText.lists(vsrc, vtgt), tokenizer, cache, write=write)
+    corpus, _ = encode_corpus(ParallelText.lists(vsrc, vtgt), tokenizer, cache, write=write, src_prefix=prefix)
     if write:
         capped = f"; the first {len(vsrc)} used (data.valid_max_sentences)" if len(vsrc) < vreport.kept else ""
-        log.info("valid: %s%s", vreport, capped)
-    return tokenizer, corpus, ValidationSet(valid, vsrc, vtgt)
+        log.info("valid%s: %s%s", f" {name}" if name else "", vreport, capped)
+    return ValidationSet(corpus, vsrc, vtgt, name, tgt_lang, prefix)
 
 
 @torch.no_grad()
-def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, cfg: Config, device: torch.device) -> dict:
-    """Validation loss, perplexity and BLEU/chrF of beam-search translations.
+def validate(model: Transformer, tokenizer: Tokenizer, valid: list[ValidationSet], cfg: Config, device: torch.device) -> dict:
+    """Validation loss, perplexity and BLEU/chrF of beam-search translations, of each direction of ``valid``.
 
-    Translations are scored by :func:`nmt.evaluate.score`, the code ``nmt evaluate`` uses.
+    Translations are scored by :func:`nmt.evaluate.score`, the code ``nmt evaluate`` uses, each
+    direction with its target's BLEU tokenizer. Several directions give their mean, which
+    ``best.pt`` and ``train.patience`` follow, and each one's (:func:`nmt.multilingual.mean_validation`).
     """
+    results = {v.direction: validate_direction(model, tokenizer, v, cfg, device) for v in valid}
+    return results[""] if list(results) == [""] else mean_validation(results)
+
+
+def validate_direction(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, cfg: Config, device: torch.device) -> dict:
+    """:func:`validate` of one direction."""
     model.eval()
     loss_sum = nll_sum = 0.0
     n_tokens = 0
@@ -129,8 +167,8 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, cfg
         nll_sum += float(out.nll)
         n_tokens += int(out.n_tokens)
     decode = replace(cfg.decode, beam_size=cfg.train.valid_beam_size, n_best=1)
-    hyps = best_strings(tokenizer, translate_lines(model, tokenizer, valid.src_lines, decode, device))
-    scores = evaluate.score(hyps, [valid.ref_lines], tokenize=evaluate.config_tokenizer(cfg))
+    hyps = best_strings(tokenizer, translate_lines(model, tokenizer, valid.src_lines, decode, device, src_prefix=valid.src_prefix))
+    scores = evaluate.score(hyps, [valid.ref_lines], tokenize=evaluate.config_tokenizer(cfg, valid.tgt_lang))
     nll = nll_sum / max(1, n_tokens)
     return {"valid_loss": loss_sum / max(1, n_tokens), "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"], "example": hyps[0] if hyps else ""}
 
@@ -138,15 +176,17 @@ def validate(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, cfg
 RESULT_METRICS = ("bleu", "chrf", "valid_loss", "valid_nll", "valid_ppl", "bleu_signature")
 
 
-def result_line(step: int, seconds: float, best_bleu: float, stopped_by: str, validation: dict | None) -> dict:
+def result_line(step: int, seconds: float, best_bleu: float, stopped_by: str, validation: dict | None, directions: tuple[str, ...] = ()) -> dict:
     """What ``nmt train`` prints when it ends: always the same keys, None where there is no value.
 
     ``validation`` is the run's newest validation record (of this invocation or, when there was
-    none, of the run's history); ``valid_step`` says which step it scored.
+    none, of the run's history); ``valid_step`` says which step it scored. A run of several
+    ``directions`` has their mean as ``bleu`` and ``chrf``, and each one's as ``bleu/DIRECTION`` and ``chrf/DIRECTION``.
     """
     validation = validation or {}
+    each = {f"{k}/{d}": validation.get(f"{k}/{d}") for d in directions for k in ("bleu", "chrf")}
     return {"step": step, "train_seconds": seconds, "best_bleu": best_bleu if best_bleu >= 0 else None, "interrupted": stopped_by == "signal",
-            "stopped_by": stopped_by, "valid_step": validation.get("step"), **{k: validation.get(k) for k in RESULT_METRICS}}
+            "stopped_by": stopped_by, "valid_step": validation.get("step"), **{k: validation.get(k) for k in RESULT_METRICS}, **each}
 
 
 def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None, config_file: Path | None = None, init_from: str | Path | None = None) -> dict:
@@ -193,11 +233,17 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
         if opened.done:
             if ddp.main:
                 log.info("%s", opened.done["message"])
-            return result_line(opened.done["step"], 0.0, opened.done["best_bleu"], "done", run.last_validation())
+            return result_line(opened.done["step"], 0.0, opened.done["best_bleu"], "done", run.last_validation(), direction_names(opened.cfg))
         return Trainer(opened, ddp, run).run()
     finally:
         run.release()
         ddp.close()
+
+
+def direction_names(cfg: Config) -> tuple[str, ...]:
+    """The directions of a run of several, as their validation records name them; () for a run of one."""
+    found = directions(cfg.data)
+    return tuple(map(str, found)) if len(found) > 1 else ()
 
 
 @dataclass
@@ -208,7 +254,7 @@ class Opened:
     checkpoint: str | None  # the checkpoint resumed from
     payload: dict | None
     done: dict | None = None  # a resumed run with nothing left to do: step, best_bleu, message
-    data: tuple | None = None  # (tokenizer, training corpus, ValidationSet)
+    data: tuple | None = None  # (tokenizer, training corpus, a ValidationSet per direction)
     origin: dict = field(default_factory=dict)  # init_from (the checkpoint a fine-tuning run started from) and imported_from, kept in every checkpoint
     init: dict | None = None  # the payload of the checkpoint a new run starts from (--init-from)
 
@@ -287,7 +333,10 @@ class Trainer:
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg.model).to(ddp.device)
         self.updater = Updater(self.model, tc, ddp.device, ddp)
-        self.batching = [tc.max_tokens, tc.seed, ddp.world_size]  # what cuts this run's epochs into batches
+        parts = self.corpus.parts  # one per direction
+        self.mix = DirectionMix(parts, self.cfg.data.sampling_temperature) if len(parts) > 1 else None
+        # What cuts this run's epochs into batches (and, with several directions, mixes them).
+        self.batching = [tc.max_tokens, tc.seed, ddp.world_size] + ([self.mix.temperature] if self.mix else [])
         self.progress = Progress(batching=list(self.batching))
         self.origin = opened.origin
         if opened.payload:
@@ -306,6 +355,8 @@ class Trainer:
         if ddp.main:
             log.info("model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d process(es) × update_freq %d × max_tokens %d",
                      f"{count_parameters(self.model):,}", len(self.corpus), 100 * self.sampler(self.batching).padding_fraction(self.progress.epoch), ddp.world_size, tc.update_freq, tc.max_tokens)
+            if self.mix:
+                log.info("an epoch draws (data.sampling_temperature %s): %s", self.mix.temperature, self.mix.describe([v.direction for v in self.valid]))
 
     def restore(self, payload: dict) -> None:
         """Weights, optimizer, schedule, scaler, position and this process's RNG states from ``payload``."""
@@ -372,9 +423,10 @@ class Trainer:
             p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, list(self.batching)
 
     def sampler(self, batching: list[int]) -> TokenBatchSampler:
-        """The batch sampler of ``batching`` (``[max_tokens, seed, processes]``), this process's share."""
-        max_tokens, seed, world_size = batching
-        return TokenBatchSampler(self.corpus.src_lengths, self.corpus.tgt_lengths, max_tokens, seed, self.ddp.rank, world_size)
+        """The batch sampler of ``batching`` (``[max_tokens, seed, processes]``, and the sampling temperature with several directions), this process's share."""
+        max_tokens, seed, world_size, *mixing = batching
+        mix = replace(self.mix, temperature=mixing[0]) if self.mix and mixing else self.mix
+        return TokenBatchSampler(self.corpus.src_lengths, self.corpus.tgt_lengths, max_tokens, seed, self.ddp.rank, world_size, mix)
 
     def epoch_batches(self) -> list:
         """This process's batches of the current epoch, in training order."""
@@ -461,8 +513,12 @@ class Trainer:
         p.best_bleu, p.bad_validations = (metrics["bleu"], 0) if improved else (p.best_bleu, p.bad_validations + 1)
         p.validated_step = p.step
         if self.ddp.main:
-            log.info("step %d validation: loss %.3f (label-smoothed) ppl %.2f BLEU %.2f chrF %.2f%s | %s", p.step, metrics["valid_loss"], metrics["valid_ppl"], metrics["bleu"], metrics["chrf"], " (best)" if improved else "", metrics["example"])
-            self.record({"step": p.step, **{k: v for k, v in metrics.items() if k != "example"}})
+            names = [v.direction for v in self.valid if v.direction]
+            for name in names:
+                log.info("step %d validation %s: loss %.3f (label-smoothed) ppl %.2f BLEU %.2f chrF %.2f | %s", p.step, name, *(metrics[f"{k}/{name}"] for k in ("valid_loss", "valid_ppl", "bleu", "chrf", "example")))
+            log.info("step %d validation%s: loss %.3f (label-smoothed) ppl %.2f BLEU %.2f chrF %.2f%s | %s", p.step, f", mean of {len(names)} directions" if names else "",
+                     metrics["valid_loss"], metrics["valid_ppl"], metrics["bleu"], metrics["chrf"], " (best)" if improved else "", metrics["example"])
+            self.record({"step": p.step, **{k: v for k, v in metrics.items() if k.partition("/")[0] != "example"}})
         if improved:
             self.checkpoint("best.pt")
         self.checkpoint("last.pt")
@@ -502,7 +558,7 @@ class Trainer:
         if self.ddp.main:
             best = f"{self.progress.best_bleu:.2f}" if self.progress.best_bleu >= 0 else "none (no validation ran)"
             log.info("done (%s): at step %d after %.0f s of training in this invocation; best validation BLEU %s", reason, self.progress.step, seconds, best)
-        return result_line(self.progress.step, seconds, self.progress.best_bleu, reason, self.last_validation)
+        return result_line(self.progress.step, seconds, self.progress.best_bleu, reason, self.last_validation, direction_names(self.cfg))
 
     def checkpoint(self, name: str) -> None:
         """Save the full training state as ``run_dir/name`` (a collective: every process gives its RNG states)."""

@@ -7,6 +7,7 @@ import logging
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,7 @@ def translate_lines(
     steering: list[Steering] | None = None,
     progress: Callable[[int], object] | None = None,
     skipped: Counter | None = None,
+    src_prefix: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Translate every line; returns, in input order, each line's n-best list.
 
@@ -215,6 +217,10 @@ def translate_lines(
             whose length limit ended it before its constraints appeared is named in a warning.
         progress: told how many more lines are done, batch by batch (a progress bar's ``update``).
         skipped: counts the lines left untranslated, by reason (``too_long``, ``unknown``).
+        src_prefix: piece ids put before every line that is translated: a multilingual model's
+            target tag (:func:`nmt.multilingual.target`). ``max_input_pieces`` and the checks above
+            count the line's own pieces, alignments index them (a link to the tag is left out),
+            and the output limit counts the tag as a source token, as the model reads it.
     """
     skipped = skipped if skipped is not None else Counter()
     models = list(model) if isinstance(model, (list, tuple)) else [model]
@@ -229,7 +235,7 @@ def translate_lines(
                         first_index + i + 1)
             skipped["unknown"] += 1
     present = [i for i, pieces in enumerate(encoded) if 0 < len(pieces) <= decode.max_input_pieces and not unknown_only(pieces, tokenizer.src)]
-    ids = [encoded[i] for i in present]
+    ids = [[*src_prefix, *encoded[i]] for i in present] if src_prefix else [encoded[i] for i in present]
     lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
     results: list[list[Hypothesis]] = [[] for _ in lines]
     if progress is not None:
@@ -242,6 +248,8 @@ def translate_lines(
         hyps = translate_batch(models, src, decode, sampling=sampling, seeds=seeds, rules=tokenizer.output_rules, steering=steer)
         if alignment:
             hyps = add_alignments(models, sources, hyps, device, decode.alignment_layer)
+            if src_prefix:
+                hyps = [[replace(h, alignment=tuple((i - len(src_prefix), j) for i, j in h.alignment if i >= len(src_prefix))) for h in line] for line in hyps]
         for i, h in zip(batch, hyps):
             results[present[i]] = h
             if h and h[0].unmet:

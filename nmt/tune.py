@@ -103,7 +103,8 @@ def rerank(hyps: list[Hypothesis], normalization: str, alpha: float) -> list[int
 
 
 def tune_decode(
-    model, tokenizer, src_lines: list[str], ref_lines: list[str], decode, device, settings: list[Setting], tokenize: str = "13a", progress=None
+    model, tokenizer, src_lines: list[str], ref_lines: list[str], decode, device, settings: list[Setting], tokenize: str = "13a", progress=None,
+    src_prefix: tuple[int, ...] = (),
 ) -> list[dict]:
     """Translate ``src_lines`` once per beam size and score every setting against ``ref_lines``.
 
@@ -114,6 +115,7 @@ def tune_decode(
             validation scored it: ``ja-mecab`` for a Japanese target).
         progress: told how many more lines are translated (a progress bar's ``update``); the
             lines are translated once per beam size.
+        src_prefix: the target tag of a multilingual model (:func:`nmt.translate.translate_lines`).
 
     Returns:
         One row per setting, in order: its fields, ``bleu``, ``chrf``, ``length_ratio``
@@ -123,7 +125,7 @@ def tune_decode(
     rows = []
     for beam in dict.fromkeys(s.beam_size for s in settings):
         start = time.perf_counter()
-        results = translate_lines(model, tokenizer, src_lines, replace(decode, beam_size=beam, n_best=beam), device, progress=progress)
+        results = translate_lines(model, tokenizer, src_lines, replace(decode, beam_size=beam, n_best=beam), device, progress=progress, src_prefix=src_prefix)
         seconds = round(time.perf_counter() - start, 1)
         for s in (s for s in settings if s.beam_size == beam):
             hyps = tokenizer.decode_tgt([rerank(r, s.length_normalization, s.length_penalty) for r in results])

@@ -374,6 +374,9 @@ def _valid_value(f, tp):
             options.append(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=10))  # PyYAML writes U+0085 so that it reads back as a space
         elif member is type(None):
             options.append(st.none())
+        elif typing.get_origin(member) is tuple and typing.get_args(member)[-1] is Ellipsis:  # data.directions: distinct pairs of two languages
+            pairs = st.tuples(*[st.from_regex(r"[a-z]{2}(_[A-Z]{2})?", fullmatch=True)] * 2).filter(lambda p: p[0] != p[1]).map("-".join)
+            options.append(st.lists(pairs, min_size=1, max_size=3, unique=True).map(tuple))
         elif typing.get_origin(member) is tuple:
             options.append(st.tuples(*[st.floats(0, 1, exclude_max=True)] * 2))
         elif typing.get_origin(member) is dict:
@@ -397,6 +400,13 @@ def _valid_sections(draw):
         tokenizer.pop("src_model", None), tokenizer.pop("tgt_model", None)
     for a, b in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
         data[a] = data[b] = data.get(a) or data.get(b)
+    if data.get("directions"):  # they replace src_lang and tgt_lang; several need one vocabulary and no one-direction files
+        data.pop("src_lang", None), data.pop("tgt_lang", None)
+        if len(data["directions"]) > 1:
+            for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+                data.pop(key, None)
+            tokenizer["joint"] = True
+            tokenizer.pop("src_model", None), tokenizer.pop("tgt_model", None)
     decode["n_best"] = min(decode.get("n_best", 1), decode.get("beam_size", 5))
     if decode.get("alignment_layer") is not None:
         decode["alignment_layer"] = 1  # within any model's decoder

@@ -98,11 +98,12 @@ def test_every_readme_command_runs_as_written(tmp_path):
     data = tmp_path / "data"
     (data / "multi30k").mkdir(parents=True)
     toy = repo / "data" / "toy"
-    for lang in ("en", "de"):  # Multi30k's file names (its validation split is "val"), toy text
-        (data / "multi30k" / f"train.{lang}").write_text("".join((toy / f"train.{lang}").read_text(encoding="utf-8").splitlines(True)[:2000]), encoding="utf-8")
-        (data / "multi30k" / f"val.{lang}").write_text((toy / f"valid.{lang}").read_text(encoding="utf-8"), encoding="utf-8")
-        test = (toy / f"test.{lang}").read_text(encoding="utf-8").splitlines(True)[:20]
-        (data / f"test.{lang}").write_text("".join(test), encoding="utf-8")
+    for lang in ("en", "de", "fr"):  # Multi30k's file names (its validation split is "val"), toy text; "French" is the English in capitals
+        text = {split: (toy / f"{split}.{'en' if lang == 'fr' else lang}").read_text(encoding="utf-8") for split in ("train", "valid", "test")}
+        text = {split: lines.upper() if lang == "fr" else lines for split, lines in text.items()}
+        (data / "multi30k" / f"train.{lang}").write_text("".join(text["train"].splitlines(True)[:2000]), encoding="utf-8")
+        (data / "multi30k" / f"val.{lang}").write_text(text["valid"], encoding="utf-8")
+        (data / f"test.{lang}").write_text("".join(text["test"].splitlines(True)[:20]), encoding="utf-8")
     (data / "test2.de").write_text((data / "test.de").read_text(encoding="utf-8"), encoding="utf-8")
     (data / "test.ja").write_text("犬が猫を見る。\n私は毎朝紅茶を飲みます。\n", encoding="utf-8")
     (tmp_path / "hyp.ja").write_text("犬が猫を見た。\n私は毎朝コーヒーを飲みます。\n", encoding="utf-8")
@@ -111,7 +112,7 @@ def test_every_readme_command_runs_as_written(tmp_path):
     run = tmp_path / "run"
     replacements = {
         "PATH/multi30k": str(data / "multi30k"), "RUN": str(run), "CONFIG": "configs/toy.yaml", "test.en": str(data / "test.en"),
-        "test.de": str(data / "test.de"),
+        "test.de": str(data / "test.de"), "test.fr": str(data / "test.fr"), "MULTI": str(tmp_path / "multi"),
         "val.en": str(data / "multi30k" / "val.en"), "val.de": str(data / "multi30k" / "val.de"), "test2.de": str(data / "test2.de"), "hyp.de": str(tmp_path / "hyp.de"),
         "test.ja": str(data / "test.ja"), "hyp.ja": str(tmp_path / "hyp.ja"), "prefix.de": str(data / "prefix.de"), "terms.de": str(data / "terms.de"),
         "HF_DIR": str(tmp_path / "hf"), "CT2_DIR": str(tmp_path / "ct2"), "model.pt": str(tmp_path / "model.pt"), "avg.pt": str(tmp_path / "avg.pt"),

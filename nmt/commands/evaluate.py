@@ -42,19 +42,20 @@ def evaluate(
     if output is not None:
         check_not_an_input(output, [("--src", src)] * (src is not None) + [("--ref", r) for r in ref])
     references = [read_lines(r) for r in ref]
-    from_checkpoint = bool(checkpoint) and tokenize is None and tgt_lang is None
-    chosen = None if from_checkpoint else bleu_tokenizer(tokenize, tgt_lang)
+    chosen = bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None  # with a checkpoint, --tgt-lang chooses the direction
     if chosen is not None:
         check_tokenizer(chosen)  # before translating, not after
     if checkpoint:
         models, tokenizer, settings, dev, cfg = load_translator(ctx, checkpoint, n_best=1)
+        from ..multilingual import target
         from ..translate import best_strings, translate_lines
 
-        chosen = chosen or config_tokenizer(cfg)
+        goal = target(cfg, tokenizer, tgt_lang)
+        chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this direction
         check_tokenizer(chosen)
         sources = read_lines(src)
         with progress_bar(quiet, total=len(sources)) as bar:
-            hyps = best_strings(tokenizer, translate_lines(models, tokenizer, sources, settings, dev, progress=bar.update))
+            hyps = best_strings(tokenizer, translate_lines(models, tokenizer, sources, settings, dev, progress=bar.update, src_prefix=goal.src_prefix))
         if output is not None:
             atomic_write(output, "".join(h + "\n" for h in hyps))
     else:

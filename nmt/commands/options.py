@@ -27,8 +27,12 @@ Quiet = Annotated[bool, typer.Option(
 Tokenize = Annotated[str | None, typer.Option(
     "--tokenize", "-t", help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config "
     "(eval.tokenize, data.tgt_lang), else 13a.")]
+TGT_LANG_HELP = ("Target language code. With a multilingual checkpoint, the language to translate into (required; its >>xx<< tag goes before "
+                 "each source, and a source language it was not trained from is zero-shot); a checkpoint of one target language takes only that one.")
 TgtLang = Annotated[str | None, typer.Option(
-    "--tgt-lang", "-l", help="Target language code; picks the tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a.")]
+    "--tgt-lang", "-l", help=f"{TGT_LANG_HELP} Also picks the BLEU tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a "
+    "(with --checkpoint, as validation scored that direction).")]
+TranslateTgtLang = Annotated[str | None, typer.Option("--tgt-lang", "-l", help=TGT_LANG_HELP)]
 
 # The decode settings, each named as the DecodeConfig field it sets; None keeps the checkpoint's.
 DECODE_KEYS = tuple(f.name for f in fields(DecodeConfig))

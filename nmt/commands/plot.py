@@ -9,7 +9,8 @@ import typer
 
 from ..files import check_not_an_input
 from .options import (
-    AlignmentLayer, AllowUnk, BeamSize, Checkpoint, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, Threads, check_output, load_translator,
+    AlignmentLayer, AllowUnk, BeamSize, Checkpoint, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, Threads, TranslateTgtLang,
+    check_output, load_translator,
 )
 
 
@@ -34,14 +35,16 @@ def attention(
     out: Annotated[Path, typer.Option("--out", "-o", help="Image to write (.png).")] = Path("attention.png"),
     beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
     max_len_b: MaxLenB = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None, alignment_layer: AlignmentLayer = None,
-    device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+    tgt_lang: TranslateTgtLang = None, device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
 ) -> None:
     """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
     check_output(out, "--out")
     check_not_an_input(out, [("--checkpoint", checkpoint / "best.pt" if checkpoint.is_dir() else checkpoint)], "--out")
-    (model,), tokenizer, settings, dev, _ = load_translator(ctx, [checkpoint])
+    (model,), tokenizer, settings, dev, cfg = load_translator(ctx, [checkpoint])
     from ..align import alignment_layer, sentence_attention
+    from ..multilingual import target
     from ..plot import plot_attention
 
-    src_pieces, tgt_pieces, weights = sentence_attention(model, tokenizer, sentence, settings, dev)
+    goal = target(cfg, tokenizer, tgt_lang)
+    src_pieces, tgt_pieces, weights = sentence_attention(model, tokenizer, sentence, settings, dev, goal.src_prefix)
     typer.echo(f"wrote {plot_attention(weights.numpy(), src_pieces, tgt_pieces, out, marked_layer=alignment_layer(weights.size(0), settings.alignment_layer))}")

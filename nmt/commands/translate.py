@@ -14,7 +14,7 @@ from ..corpus import DataError, buffers, count_lines, iter_lines, stream_buffers
 from ..files import atomic_write, check_not_an_input
 from .options import (
     AlignmentLayer, AllowUnk, BeamSize, Checkpoints, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, NBest, Quiet,
-    Threads, check_output, load_translator, progress_bar, setup_logging, standard_input, standard_output,
+    Threads, TranslateTgtLang, check_output, load_translator, progress_bar, setup_logging, standard_input, standard_output,
 )
 
 
@@ -48,6 +48,7 @@ def translate(
     print_alignment: Annotated[bool, typer.Option(
         "--print-alignment", help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; the cross-attention of "
         "--alignment-layer, heads averaged) after each translation.")] = False,
+    tgt_lang: TranslateTgtLang = None,
     quiet: Quiet = False,
     beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
     max_len_b: MaxLenB = None, n_best: NBest = None, min_len: MinLen = None, max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None,
@@ -79,8 +80,11 @@ def translate(
         sampler = _sampling(sampling, temperature, top_k, top_p, seed)
         if sampler is not None and constraints_file is not None:
             raise ConfigError("--constraints-file needs beam search: --sampling draws each piece and cannot make a sample hold a phrase")
-        models, tokenizer, settings, dev, _ = load_translator(ctx, checkpoint)
+        models, tokenizer, settings, dev, cfg = load_translator(ctx, checkpoint)
+        from ..multilingual import target
         from ..translate import translate_stream
+
+        goal = target(cfg, tokenizer, tgt_lang)
 
         steering = SteeringLines(tokenizer, prefix_file, constraints_file, ban_file, ban) if (prefix_file or constraints_file or ban_file or ban) else None
         chunks = buffers(iter_lines(input, once=True), buffer_size) if input is not None else stream_buffers(standard_input(), buffer_size)
@@ -88,7 +92,8 @@ def translate(
         with progress_bar(quiet, total=count_lines(input) if counted else None) as bar:
             if input is None and sys.stdin.isatty() and not quiet:
                 typer.echo("nmt translate: the model is loaded; type a sentence and press Enter (Ctrl-D ends)", err=True)
-            lines = translate_stream(models, tokenizer, chunks, settings, dev, steering=steering, sampling=sampler, alignment=print_alignment, progress=bar.update)
+            lines = translate_stream(models, tokenizer, chunks, settings, dev, steering=steering, sampling=sampler, alignment=print_alignment, progress=bar.update,
+                                     src_prefix=goal.src_prefix)
             if output is None:
                 out = standard_output()
                 write_all(lambda text: (out.write(text), out.flush()))

@@ -43,15 +43,18 @@ def tune_decode(
     setup_logging(quiet)
     settings = grid(_csv("--beam-sizes", beam_sizes, int), _csv("--length-normalizations", normalizations, str), _csv("--length-penalties", alphas, float))
     src_lines, ref_lines = validation_lines(src, ref, max_sentences, allow_test_names)
-    chosen = None if tokenize is None and tgt_lang is None else bleu_tokenizer(tokenize, tgt_lang)
+    chosen = None if tokenize is None else bleu_tokenizer(tokenize, tgt_lang)
     if chosen:
         check_tokenizer(chosen)  # before translating, not after
     standard_output()  # the table goes there: closed, it would be lost
     (model,), tokenizer, decode, dev, cfg = load_translator(ctx, [checkpoint])
-    chosen = chosen or config_tokenizer(cfg)  # as validation scored this run
+    from ..multilingual import target
+
+    goal = target(cfg, tokenizer, tgt_lang)
+    chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this run's direction
     check_tokenizer(chosen)
     with progress_bar(quiet, total=len(src_lines) * len({s.beam_size for s in settings})) as bar:
-        rows = run_grid(model, tokenizer, src_lines, ref_lines, decode, dev, settings, tokenize=chosen, progress=bar.update)
+        rows = run_grid(model, tokenizer, src_lines, ref_lines, decode, dev, settings, tokenize=chosen, progress=bar.update, src_prefix=goal.src_prefix)
     best = max(rows, key=lambda r: r["bleu"])  # the first of equals: the smallest beam, in grid order
     flags = f"--beam-size {best['beam_size']} --length-normalization {best['length_normalization']} --length-penalty {best['length_penalty']}"
     if as_json:
