@@ -1,3 +1,5 @@
+"""``python -m nmt``: the command line (:mod:`nmt.cli`)."""
+
 from .cli import main
 
 if __name__ == "__main__":  # guarded: worker processes started by spawn import this module

@@ -31,8 +31,14 @@ def newest_step_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
         raise ConfigError(Key("run_dir"), f" {run_dir} is not a directory")
     found = step_checkpoints(Path(run_dir))[-last:]
     if 0 < len(found) < last:
-        log.warning("warning: --last %d asked for %d step checkpoints, but %s has %d (%s): averaging those", last, last, run_dir, len(found),
-                    ", ".join(p.name for p in found))
+        log.warning(
+            "warning: --last %d asked for %d step checkpoints, but %s has %d (%s): averaging those",
+            last,
+            last,
+            run_dir,
+            len(found),
+            ", ".join(p.name for p in found),
+        )
     return found
 
 
@@ -59,8 +65,11 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     out = Path(out)
     check_writable(out, Key("out"))
     if _TRAINING_CHECKPOINT.fullmatch(out.name) and (out.parent / METRICS).is_file():
-        raise ConfigError(Key("out"), f" {out} would replace a training checkpoint of the run in {out.parent} (--resume reads last.pt, translate uses best.pt);"
-                          f" write the average under another name, e.g. {out.parent / 'average.pt'}")
+        raise ConfigError(
+            Key("out"),
+            f" {out} would replace a training checkpoint of the run in {out.parent} (--resume reads last.pt, translate uses best.pt);"
+            f" write the average under another name, e.g. {out.parent / 'average.pt'}",
+        )
     if not paths:
         raise CheckpointError("nothing to average: give checkpoints or a run directory with step_N.pt files")
     check_not_an_input(Path(out), [("an input", Path(p)) for p in paths], "--out")
@@ -103,7 +112,9 @@ def run_of(payload: dict) -> tuple[str, str]:
 def _check_compatible(a: dict, a_path: Path, b: dict, b_path: Path, different_runs: bool = False) -> None:
     """Refuse to average checkpoints of different models or tokenizers (same shapes can hide either), or of different runs."""
     model_a, model_b = a["config"].get("model", {}), b["config"].get("model", {})
-    differ = [f"model.{k} {model_a.get(k)!r} vs {model_b.get(k)!r}" for k in sorted(set(model_a) | set(model_b)) if k != "preset" and model_a.get(k) != model_b.get(k)]
+    differ = [
+        f"model.{k} {model_a.get(k)!r} vs {model_b.get(k)!r}" for k in sorted(set(model_a) | set(model_b)) if k != "preset" and model_a.get(k) != model_b.get(k)
+    ]
     if differ:
         raise CheckpointError(f"{a_path} and {b_path} are different models ({', '.join(differ)}); average checkpoints of one run")
     tok_a, tok_b = a["tokenizer"], b["tokenizer"]
@@ -111,6 +122,8 @@ def _check_compatible(a: dict, a_path: Path, b: dict, b_path: Path, different_ru
         raise CheckpointError(f"{a_path} and {b_path} have different tokenizers (the same ids mean different pieces); average checkpoints of one run")
     (id_a, dir_a), (id_b, dir_b) = run_of(a), run_of(b)
     if not different_runs and id_a != id_b:
-        raise CheckpointError(f"{a_path} and {b_path} come from different runs ({dir_a or 'unknown'} and {dir_b or 'unknown'}): two trainings' weights "
-                              "need not lie near each other, so their average need not translate; average one run's checkpoints, or pass "
-                              "--allow-different-runs")
+        raise CheckpointError(
+            f"{a_path} and {b_path} come from different runs ({dir_a or 'unknown'} and {dir_b or 'unknown'}): two trainings' weights "
+            "need not lie near each other, so their average need not translate; average one run's checkpoints, or pass "
+            "--allow-different-runs"
+        )

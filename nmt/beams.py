@@ -67,8 +67,14 @@ class ConstraintProgress:
                 phrases[s, j, : len(phrase)] = torch.tensor(phrase)
                 lengths[s, j] = len(phrase)
         rows = n * beam
-        return cls(phrases.to(device), lengths.to(device), torch.zeros(rows, c, dtype=torch.bool, device=device),
-                   torch.full((rows,), -1, dtype=torch.long, device=device), torch.zeros(rows, dtype=torch.long, device=device), beam)
+        return cls(
+            phrases.to(device),
+            lengths.to(device),
+            torch.zeros(rows, c, dtype=torch.bool, device=device),
+            torch.full((rows,), -1, dtype=torch.long, device=device),
+            torch.zeros(rows, dtype=torch.long, device=device),
+            beam,
+        )
 
     def after(self, rows: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(met, current, position)`` of hypothesis rows ``rows`` ``(m,)`` extended by ``tokens`` ``(m,)``."""

@@ -193,8 +193,10 @@ def _check_tokenizer(payload: dict[str, Any], cfg, path: Path) -> None:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
     sizes = (tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
     if sizes != (cfg.model.src_vocab_size, cfg.model.tgt_vocab_size):
-        raise CheckpointError(f"{path}: inconsistent checkpoint: its tokenizer has {sizes[0]} source and {sizes[1]} target pieces, its model "
-                              f"{cfg.model.src_vocab_size} and {cfg.model.tgt_vocab_size} (written by {written_by(payload)})")
+        raise CheckpointError(
+            f"{path}: inconsistent checkpoint: its tokenizer has {sizes[0]} source and {sizes[1]} target pieces, its model "
+            f"{cfg.model.src_vocab_size} and {cfg.model.tgt_vocab_size} (written by {written_by(payload)})"
+        )
 
 
 def restore_model(payload: dict[str, Any], path: Path):

@@ -39,8 +39,10 @@ class CleanReport:
         return self.total - self.empty - self.unknown - self.too_long - self.bad_ratio
 
     def __str__(self) -> str:
-        return (f"{self.kept}/{self.total} pairs kept ({self.empty} with a side of no pieces, {self.unknown} with a side of unknown pieces only, "
-                f"{self.too_long} over max_len, {self.bad_ratio} over max_len_ratio)")
+        return (
+            f"{self.kept}/{self.total} pairs kept ({self.empty} with a side of no pieces, {self.unknown} with a side of unknown pieces only, "
+            f"{self.too_long} over max_len, {self.bad_ratio} over max_len_ratio)"
+        )
 
 
 def strip_pairs(src: list[str], tgt: list[str]) -> tuple[list[str], list[str], CleanReport]:

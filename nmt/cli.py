@@ -102,11 +102,24 @@ class _PlotGroup(Group):
 # (`--resume <bool>`, as if it took a value), while its plain formatter leaves flags bare.
 SETTINGS = {"no_args_is_help": True, "rich_markup_mode": None, "context_settings": {"max_content_width": 120}}
 app = typer.Typer(cls=Group, add_completion=False, **SETTINGS)
-plot_app = typer.Typer(cls=_PlotGroup, **SETTINGS, help="Plot a run's metrics (nmt plot RUN, same as nmt plot metrics RUN) or a translation's "
-                                                        "cross-attention (nmt plot attention SENTENCE --checkpoint CKPT).")
-for name, command in (("train", train.train), ("translate", translate.translate), ("evaluate", evaluate.evaluate), ("tune-decode", tune.tune_decode),
-                      ("average", average.average), ("info", info.info), ("export", export.export),
-                      ("import", import_.import_), ("serve", serve.serve), ("profile", profile.profile)):
+plot_app = typer.Typer(
+    cls=_PlotGroup,
+    **SETTINGS,
+    help="Plot a run's metrics (nmt plot RUN, same as nmt plot metrics RUN) or a translation's "
+    "cross-attention (nmt plot attention SENTENCE --checkpoint CKPT).",
+)
+for name, command in (
+    ("train", train.train),
+    ("translate", translate.translate),
+    ("evaluate", evaluate.evaluate),
+    ("tune-decode", tune.tune_decode),
+    ("average", average.average),
+    ("info", info.info),
+    ("export", export.export),
+    ("import", import_.import_),
+    ("serve", serve.serve),
+    ("profile", profile.profile),
+):
     app.command(name, cls=Command)(command)
 app.add_typer(plot_app, name="plot")
 plot_app.command("metrics", cls=Command)(plot.metrics)
@@ -134,8 +147,9 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def options(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_print_version, is_eager=True, help="Print nmt's version (and torch's, Python's) and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print nmt's version (and torch's, Python's) and exit.")
+    ] = False,
 ) -> None:
     """nmt: train Transformer translation models, translate with them, score the output, export them."""
 

@@ -14,6 +14,8 @@ The resolved config is stored inside every checkpoint, so a checkpoint alone reb
 its model.
 """
 
+# Size: over 400 lines because every section's fields, with their ranges and help, are declared here, as the one place they are.
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +26,22 @@ from typing import Any, Literal
 from .errors import Key
 from .evaluate import TOKENIZERS as BLEU_TOKENIZERS
 from .fields import (
-    AT_LEAST_0, AT_LEAST_1, NULL, POSITIVE, PROBABILITY, Checked, ConfigError, Plain, Range, did_you_mean, hints, kind, read, read_override, read_yaml, setting,
+    AT_LEAST_0,
+    AT_LEAST_1,
+    NULL,
+    POSITIVE,
+    PROBABILITY,
+    Checked,
+    ConfigError,
+    Plain,
+    Range,
+    did_you_mean,
+    hints,
+    kind,
+    read,
+    read_override,
+    read_yaml,
+    setting,
     written,
 )
 
@@ -111,10 +128,16 @@ class DataConfig(Checked):
     valid_max_sentences: int | None = setting(None, "validation sentences decoded for BLEU (null: all)", AT_LEAST_1)
     workers: int = setting(0, "SentencePiece threads encoding the training text; 0: one per usable CPU, at most 16", AT_LEAST_0)
     cache_dir: str | None = setting(None, "encoded corpora (null: RUN_DIR/cache); share one across runs to encode once")
-    directions: tuple[str, ...] | None = setting(None, "one model for several language pairs, SRC-TGT each ([en-de, en-fr]); replaces src_lang and tgt_lang",
-                                                 pattern=(r"[A-Za-z][A-Za-z0-9_]*-[A-Za-z][A-Za-z0-9_]*", "SRC-TGT, two codes of letters, digits and _ (zh_TW, not zh-TW)"))
-    sampling_temperature: float = setting(1.5, "with directions: each is drawn in proportion to (its pairs)^(1/T); 1: as the corpora are, "
-                                          "larger: more even (fairseq's --sampling-temperature)", POSITIVE)
+    directions: tuple[str, ...] | None = setting(
+        None,
+        "one model for several language pairs, SRC-TGT each ([en-de, en-fr]); replaces src_lang and tgt_lang",
+        pattern=(r"[A-Za-z][A-Za-z0-9_]*-[A-Za-z][A-Za-z0-9_]*", "SRC-TGT, two codes of letters, digits and _ (zh_TW, not zh-TW)"),
+    )
+    sampling_temperature: float = setting(
+        1.5,
+        "with directions: each is drawn in proportion to (its pairs)^(1/T); 1: as the corpora are, larger: more even (fairseq's --sampling-temperature)",
+        POSITIVE,
+    )
 
 
 @dataclass(frozen=True)
@@ -138,8 +161,9 @@ class TokenizerConfig(Checked):
     src_model: str | None = setting(None, "a trained source .model file to reuse (tokenizer.joint: false)")
     tgt_model: str | None = setting(None, "a trained target .model file to reuse (tokenizer.joint: false)")
     input_sentence_size: int = setting(2_000_000, "sentences sampled (with train.seed) to train the model", AT_LEAST_1)
-    sampling_temperature: float = setting(1.5, "with data.directions: each language's share of those sentences is in proportion to "
-                                          "(its sentences)^(1/T), a small language's repeated", POSITIVE)
+    sampling_temperature: float = setting(
+        1.5, "with data.directions: each language's share of those sentences is in proportion to (its sentences)^(1/T), a small language's repeated", POSITIVE
+    )
 
 
 @dataclass(frozen=True)
@@ -172,7 +196,9 @@ class TrainConfig(Checked):
     adam_eps: float = setting(1e-9, "Adam's epsilon", POSITIVE)
     weight_decay: float = setting(0.0, "AdamW's decoupled weight decay", AT_LEAST_0)
     clip_norm: float = setting(0.0, "largest gradient norm; 0: no clipping", AT_LEAST_0)
-    nonfinite_loss: Literal["stop", "skip"] = setting("stop", "a NaN or infinite gradient: stop the run before that update (saving last.pt), or skip the update")
+    nonfinite_loss: Literal["stop", "skip"] = setting(
+        "stop", "a NaN or infinite gradient: stop the run before that update (saving last.pt), or skip the update"
+    )
     label_smoothing: float = setting(0.1, "share of probability spread over the other pieces (the paper's ε_ls)", PROBABILITY)
     log_every: int = setting(100, "steps between log lines", AT_LEAST_1)
     validate_every: int = setting(1000, "steps between validations", AT_LEAST_1)
@@ -213,8 +239,9 @@ class DecodeConfig(Checked):
     max_tokens: int = setting(4096, "source-side batch budget in tokens, padding included", AT_LEAST_1)
     max_input_pieces: int = setting(1024, "a longer source line is not translated (its output line stays empty)", AT_LEAST_1)
     allow_unk: bool = setting(False, "let translations contain the unknown piece")
-    alignment_layer: int | None = setting(None, "decoder layer (1-based) alignments are read from; null: the penultimate of 3 or more, else the last",
-                                          AT_LEAST_1)
+    alignment_layer: int | None = setting(
+        None, "decoder layer (1-based) alignments are read from; null: the penultimate of 3 or more, else the last", AT_LEAST_1
+    )
 
 
 @dataclass(frozen=True)
@@ -321,8 +348,12 @@ def validate(cfg: Config) -> None:
     """
     m, d, data, tk = cfg.model, cfg.decode, cfg.data, cfg.tokenizer
     if m.share_embeddings and not tk.joint:
-        raise ConfigError(Key("model.share_embeddings"), " needs ", Key("tokenizer.joint"), "=true: separate vocabularies give one id different pieces "
-                          "on each side; set model.share_embeddings=false")
+        raise ConfigError(
+            Key("model.share_embeddings"),
+            " needs ",
+            Key("tokenizer.joint"),
+            "=true: separate vocabularies give one id different pieces on each side; set model.share_embeddings=false",
+        )
     for a, b in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
         if bool(getattr(data, a)) != bool(getattr(data, b)):
             raise ConfigError(Key(f"data.{a}"), " and ", Key(f"data.{b}"), " go together: set both (or neither, to use data.dir or data.hf_dataset)")
@@ -357,8 +388,11 @@ def _validate_directions(data: DataConfig, tk: TokenizerConfig) -> None:
         raise ConfigError(Key("data.directions"), " is empty; give at least one SRC-TGT pair, or null for data.src_lang-data.tgt_lang")
     if len(pairs) > 1 and (data.train_src or data.valid_src):
         given = "data.train_src" if data.train_src else "data.valid_src"
-        raise ConfigError(Key(given), " names the files of one direction; with several data.directions use data.dir "
-                          "({split}.{src}-{tgt}.{lang} or {split}.{lang} files) or data.hf_dataset")
+        raise ConfigError(
+            Key(given),
+            " names the files of one direction; with several data.directions use data.dir "
+            "({split}.{src}-{tgt}.{lang} or {split}.{lang} files) or data.hf_dataset",
+        )
     if len(pairs) > 1 and not tk.joint:
         raise ConfigError(Key("data.directions"), " of several pairs share one vocabulary: set ", Key("tokenizer.joint"), "=true")
 

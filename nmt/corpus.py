@@ -5,6 +5,8 @@ lives in :mod:`nmt.clean`, the encoded-ids cache in :mod:`nmt.encoded`, batching
 :mod:`nmt.data`. This module needs no torch.
 """
 
+# Size: just over 400 lines: reading text (files, pipes, gzip, datasets) is one concern, split further it would cross-import.
+
 from __future__ import annotations
 
 import codecs
@@ -35,14 +37,14 @@ class DataError(NmtError, ValueError):
 
 
 def iter_lines(path: str | Path, once: bool = False) -> Iterator[str]:
-    """Stream a plain or gzipped UTF-8 text file, one sentence a line.
+    r"""Stream a plain or gzipped UTF-8 text file, one sentence a line.
 
     ``once``: the caller reads the text once, so a pipe, a FIFO or a device (``/dev/stdin``,
     ``<(zcat ref.gz)``) will do as well as a regular file (see :func:`check_file`).
 
-    Lines are split on ``\\n`` only (never on the Unicode separators that
+    Lines are split on ``\n`` only (never on the Unicode separators that
     ``str.splitlines`` also honours, which would shift the alignment of a parallel
-    corpus); a trailing ``\\r`` (CRLF files) and a UTF-8 byte-order mark on the first
+    corpus); a trailing ``\r`` (CRLF files) and a UTF-8 byte-order mark on the first
     line are removed. Blank lines are kept, so line numbers stay aligned.
 
     Raises:
@@ -77,7 +79,7 @@ def _open_bytes(path: Path) -> Iterator[BinaryIO]:
 
 
 def decode_line(raw: bytes, number: int, name) -> str:
-    """Line ``number`` (1-based) of input ``name`` as text, without its ``\\n`` or ``\\r\\n`` (and, on
+    r"""Line ``number`` (1-based) of input ``name`` as text, without its ``\n`` or ``\r\n`` (and, on
     line 1, without a UTF-8 byte-order mark).
 
     Raises:
@@ -223,8 +225,10 @@ def check_file(path: str | Path, once: bool = False) -> Path:
     if not path.exists():
         raise DataError(f"{path}: file not found")
     if not path.is_file() and not (once and is_stream(path)):
-        raise DataError(f"{path}: not a regular file (a pipe?); nmt train reads its text more than once (to check it, train the tokenizer and "
-                        "encode it), so give a file, e.g. zcat f.gz > f")
+        raise DataError(
+            f"{path}: not a regular file (a pipe?); nmt train reads its text more than once (to check it, train the tokenizer and "
+            "encode it), so give a file, e.g. zcat f.gz > f"
+        )
     return path
 
 
@@ -309,7 +313,7 @@ class ParallelText:
         return [s for s, _ in pairs], [t for _, t in pairs]
 
     def fingerprint(self, digest) -> None:
-        """Feed the corpus's content into ``digest`` (a hashlib object): file bytes, or lines.
+        r"""Feed the corpus's content into ``digest`` (a hashlib object): file bytes, or lines.
 
         Every line and file is preceded by its length in bytes (and the lists by their
         lengths), so no two different corpora feed the same bytes: ``["a\nb"]`` and

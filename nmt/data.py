@@ -62,8 +62,9 @@ class TokenBatchSampler:
     Every choice is a function of ``seed`` and the epoch, so a resumed run cuts the same batches.
     """
 
-    def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int, rank: int = 0, world_size: int = 1,
-                 mix: DirectionMix | None = None):
+    def __init__(
+        self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int, rank: int = 0, world_size: int = 1, mix: DirectionMix | None = None
+    ):
         self.lengths = np.maximum(src_lengths, tgt_lengths)
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
         self.max_tokens, self.seed, self.rank, self.world_size, self.mix = max_tokens, seed, rank, world_size, mix
@@ -105,9 +106,11 @@ class Batch:
 
     @property
     def n_tgt_tokens(self) -> int:
+        """Target tokens in the batch, PAD excluded (EOS counted): the loss's denominator."""
         return int((self.tgt_out != PAD).sum())
 
     def to(self, device: torch.device) -> "Batch":
+        """The batch on ``device`` (copied without blocking where it can be)."""
         return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
 
 

@@ -55,10 +55,12 @@ class Distributed:
 
     @property
     def enabled(self) -> bool:
+        """Whether there is more than one process."""
         return self.world_size > 1
 
     @property
     def main(self) -> bool:
+        """Whether this is rank 0, the process that logs and writes files."""
         return self.rank == 0
 
     def share(self, value: Any) -> Any:
@@ -105,6 +107,7 @@ class Distributed:
         return result
 
     def close(self) -> None:
+        """Destroy the process group if this object created it."""
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
 

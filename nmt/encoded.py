@@ -217,8 +217,9 @@ def _unwritable(where, exc: OSError) -> DataError:
     return DataError(f"cannot write the encoded corpus under {where} ({exc.strerror or exc}); free some space or set data.cache_dir elsewhere")
 
 
-def _write_ids(directory: Path, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, threads: int, chunk_lines: int,
-               src_prefix: tuple[int, ...] = ()) -> CleanReport:
+def _write_ids(
+    directory: Path, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, threads: int, chunk_lines: int, src_prefix: tuple[int, ...] = ()
+) -> CleanReport:
     """Write the kept pairs' ids to ``directory/ids.arrow`` (each source after ``src_prefix``), a
     record batch a block of text, then ``report.json`` (last: it marks a complete cache) with the counts and the CRC-32."""
     import pyarrow as pa

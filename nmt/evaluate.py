@@ -100,7 +100,11 @@ def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[s
             log.warning(
                 "%d word(s) of the hypotheses differ from %s only in Unicode normalisation (line %d: %s against %s), and score as different words; "
                 "normalise both to one form first (unicodedata.normalize('NFKC', line) in Python, or uconv -x any-nfkc)",
-                count, name, line, ascii(hyp_word), ascii(ref_word),
+                count,
+                name,
+                line,
+                ascii(hyp_word),
+                ascii(ref_word),
             )
 
 
@@ -165,9 +169,7 @@ def check_tokenizer(tokenize: str) -> None:
         try:
             importlib.import_module(module)
         except ImportError:
-            raise EvaluationError(
-                f"BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not installed): pip install \"nmt[{extra}]\""
-            ) from None
+            raise EvaluationError(f'BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not installed): pip install "nmt[{extra}]"') from None
 
 
 def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...] | None = None, tokenize: str = "13a") -> dict:

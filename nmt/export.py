@@ -12,6 +12,8 @@ partial one that would load (a tokenizer without its config, say); the temporary
 a killed export is removed by the next export to the same place.
 """
 
+# Size: three export formats and the in-place directory they share; write_huggingface() writes its files one after another (55 lines of code).
+
 from __future__ import annotations
 
 import contextlib
@@ -48,8 +50,14 @@ def marian_ids(tokenizer: Tokenizer) -> dict[str, int]:
     if isinstance(tokenizer, MarianTokenizer):
         spec = tokenizer.spec
         vocab, target = spec["vocab"], spec["target_vocab"] or spec["vocab"]
-        return {"pad": vocab[spec["pad"]], "eos": vocab[spec["eos"]], "unk": target[spec["unk"]], "start": tokenizer.tgt.layout.marian_ids[BOS],
-                "vocab_size": len(vocab), "decoder_vocab_size": len(target)}
+        return {
+            "pad": vocab[spec["pad"]],
+            "eos": vocab[spec["eos"]],
+            "unk": target[spec["unk"]],
+            "start": tokenizer.tgt.layout.marian_ids[BOS],
+            "vocab_size": len(vocab),
+            "decoder_vocab_size": len(target),
+        }
     size = tokenizer.tgt.get_piece_size()
     return {"pad": PAD, "eos": EOS, "unk": UNK, "start": BOS, "vocab_size": size, "decoder_vocab_size": size}
 
@@ -70,12 +78,28 @@ def marian_model(model: Transformer, tokenizer: Tokenizer, max_positions: int = 
         raise ExportError("only models with one embedding for source and target (tokenizer.joint: true, model.share_embeddings: true) can be exported")
     ids = marian_ids(tokenizer)
     config = MarianConfig(
-        vocab_size=ids["vocab_size"], decoder_vocab_size=ids["decoder_vocab_size"], max_position_embeddings=max_positions, d_model=cfg.d_model,
-        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-        activation_dropout=cfg.activation_dropout, scale_embedding=True, pad_token_id=ids["pad"], eos_token_id=ids["eos"],
-        bos_token_id=BOS if ids["start"] == BOS else None, decoder_start_token_id=ids["start"], forced_eos_token_id=ids["eos"],
-        share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=True,
+        vocab_size=ids["vocab_size"],
+        decoder_vocab_size=ids["decoder_vocab_size"],
+        max_position_embeddings=max_positions,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.n_encoder_layers,
+        decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function=cfg.activation,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        scale_embedding=True,
+        pad_token_id=ids["pad"],
+        eos_token_id=ids["eos"],
+        bos_token_id=BOS if ids["start"] == BOS else None,
+        decoder_start_token_id=ids["start"],
+        forced_eos_token_id=ids["eos"],
+        share_encoder_decoder_embeddings=cfg.share_embeddings,
+        tie_word_embeddings=True,
     )
     hf = MarianMTModel(config)
     missing, unexpected = hf.load_state_dict(to_marian(model.state_dict(), cfg, Rows.of(tokenizer)), strict=False)
@@ -111,8 +135,10 @@ def generation_settings(decode: DecodeConfig, tokenizer: Tokenizer, max_position
         values["max_length"] = decode.max_len_b + 2
     else:
         values["max_length"] = max_positions
-        notes.append(f"generate() has no output limit relative to the source (nmt: {decode.max_len_a:g} x source pieces + {decode.max_len_b}): "
-                     f"generation_config.json sets max_length {max_positions}, the model's position limit")
+        notes.append(
+            f"generate() has no output limit relative to the source (nmt: {decode.max_len_a:g} x source pieces + {decode.max_len_b}): "
+            f"generation_config.json sets max_length {max_positions}, the model's position limit"
+        )
     if decode.min_len:
         values["min_length"] = decode.min_len + 1
     return values, notes
@@ -180,8 +206,16 @@ def directory_in_place(out: Path):
     shutil.rmtree(displaced, ignore_errors=True)
 
 
-def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, max_positions: int = 1024, decode: DecodeConfig | None = None,
-                       name: str | Path | None = None, languages: tuple[str, str] | None = None, tags: tuple[str, ...] = ()) -> None:
+def export_huggingface(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    out_dir: Path,
+    max_positions: int = 1024,
+    decode: DecodeConfig | None = None,
+    name: str | Path | None = None,
+    languages: tuple[str, str] | None = None,
+    tags: tuple[str, ...] = (),
+) -> None:
     """Write ``out_dir`` (in place, see :func:`directory_in_place`) so that ``MarianMTModel.from_pretrained(out_dir)``
     and ``MarianTokenizer.from_pretrained(out_dir)`` load it, with ``generation_config.json`` set so that
     ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`), and
@@ -208,10 +242,19 @@ def export_huggingface(model: Transformer, tokenizer: Tokenizer, out_dir: Path, 
         write_huggingface(model, tokenizer, tmp, max_positions, decode, name or out_dir, languages, tags)
 
 
-def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_positions: int, decode: DecodeConfig | None, name: str | Path,
-                      languages: tuple[str, str] | None = None, tags: tuple[str, ...] = ()) -> None:
+def write_huggingface(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    tmp: Path,
+    max_positions: int,
+    decode: DecodeConfig | None,
+    name: str | Path,
+    languages: tuple[str, str] | None = None,
+    tags: tuple[str, ...] = (),
+) -> None:
     """:func:`export_huggingface`'s files, written into the empty directory ``tmp``; messages name ``name``."""
-    from transformers import GenerationConfig, MarianTokenizer as HFMarianTokenizer
+    from transformers import GenerationConfig
+    from transformers import MarianTokenizer as HFMarianTokenizer
 
     imported = isinstance(tokenizer, MarianTokenizer)
     if not imported and not tokenizer.joint:
@@ -230,8 +273,14 @@ def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_p
         files["source_spm"].write_bytes(protos["src"])
         files["target_spm"].write_bytes(protos["tgt"])
         files["vocab"].write_text(json.dumps(spec["vocab"], ensure_ascii=False), encoding="utf-8")
-        options = {"eos_token": spec["eos"], "unk_token": spec["unk"], "pad_token": spec["pad"], "source_lang": spec.get("source_lang"),
-                   "target_lang": spec.get("target_lang"), "split_special_tokens": bool(spec.get("split_special_tokens"))}
+        options = {
+            "eos_token": spec["eos"],
+            "unk_token": spec["unk"],
+            "pad_token": spec["pad"],
+            "source_lang": spec.get("source_lang"),
+            "target_lang": spec.get("target_lang"),
+            "split_special_tokens": bool(spec.get("split_special_tokens")),
+        }
         if spec.get("target_vocab") is not None:
             files["target_vocab_file"] = tmp / "target_vocab.json"
             files["target_vocab_file"].write_text(json.dumps(spec["target_vocab"], ensure_ascii=False), encoding="utf-8")
@@ -247,12 +296,18 @@ def write_huggingface(model: Transformer, tokenizer: Tokenizer, tmp: Path, max_p
             options |= {"source_lang": languages[0], "target_lang": languages[1]}
     HFMarianTokenizer(**{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options).save_pretrained(tmp)
     if tags:
-        log.warning("%s: a multilingual model: start each input with its target's tag (%s), as for OPUS-MT's multi-target models; MarianTokenizer "
-                    "keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
-                    name, ", ".join(tags))
+        log.warning(
+            "%s: a multilingual model: start each input with its target's tag (%s), as for OPUS-MT's multi-target models; MarianTokenizer "
+            "keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
+            name,
+            ", ".join(tags),
+        )
     elif not imported:
-        log.warning("%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text, "
-                    "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives", name)
+        log.warning(
+            "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text, "
+            "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
+            name,
+        )
 
 
 def export_slim(path: str | Path, out: str | Path) -> dict:
@@ -321,9 +376,12 @@ def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, 
     pieces = tokenizer.tgt.id_to_piece
     banned = [pieces(BOS)] + ([] if imported else [pieces(PAD)])
     files = ("source.spm", "target.spm") if imported else ("spm.model", "spm.model")
-    detok = ".replace(\"\\u2581\", \" \").strip()" if imported else ""
-    code_note = ("\n# A multi-target model chooses its output language with a leading token: [\">>fra<<\"] + pieces.\n"
-                 if imported and any(p.startswith(">>") and p.endswith("<<") for p in tokenizer.src.layout.pieces) else "")
+    detok = '.replace("\\u2581", " ").strip()' if imported else ""
+    code_note = (
+        '\n# A multi-target model chooses its output language with a leading token: [">>fra<<"] + pieces.\n'
+        if imported and any(p.startswith(">>") and p.endswith("<<") for p in tokenizer.src.layout.pieces)
+        else ""
+    )
     limit = f"int({decode.max_len_a:g} * max(map(len, tokens)) + {decode.max_len_b})" if decode.max_len_a else str(decode.max_len_b)
     return f"""# CTranslate2 model
 
@@ -412,6 +470,6 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
                 (tmp / filename).write_bytes(proto)
             (tmp / "README.md").write_text(ctranslate2_readme(tokenizer, cfg.decode, str(checkpoint), str(out)), encoding="utf-8")
     except ImportError as exc:
-        raise ExportError(f"exporting to {format} needs {exc.name or 'transformers and ctranslate2'}: pip install -e \".[export]\"") from None
+        raise ExportError(f'exporting to {format} needs {exc.name or "transformers and ctranslate2"}: pip install -e ".[export]"') from None
     except MarianError as exc:
         raise ExportError(str(exc)) from None

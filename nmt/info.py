@@ -83,12 +83,17 @@ def format_info(info: dict[str, Any]) -> str:
         f"best validation BLEU: {info['best_bleu']:.2f}" if info["best_bleu"] is not None else "best validation BLEU: none (no validation yet)",
         f"parameters: {info['parameters']:,} ({info['dtype']}; d_model {m['d_model']}, d_ff {m['d_ff']}, {m['n_heads']} heads, "
         f"{m['n_encoder_layers']}+{m['n_decoder_layers']} layers, {m['norm_position']}-LN)",
-        f"tokenizer: {'joint' if tk['joint'] else 'separate'} SentencePiece {tk['type']}, {vocab}" if tk.get("vocabulary") != "marian" else
-        f"tokenizer: Marian's vocabulary ({'one for both sides' if tk['joint'] else 'one per side'}; {vocab}, nmt's padding row included) over source and "
+        f"tokenizer: {'joint' if tk['joint'] else 'separate'} SentencePiece {tk['type']}, {vocab}"
+        if tk.get("vocabulary") != "marian"
+        else f"tokenizer: Marian's vocabulary ({'one for both sides' if tk['joint'] else 'one per side'}; {vocab}, nmt's padding row included) over source and "
         f"target SentencePiece {tk['type']} segmenters",
         "optimizer state: " + ("yes (nmt train --resume can continue from it)" if info["optimizer_state"] else "no (for translate and evaluate only)"),
-        f"directions: {', '.join(info['directions'])}" + (f" (into {', '.join(info['tgt_langs'])}: choose with --tgt-lang, the tags {', '.join(info['tags'])}; "
-                                                          "any other source language is zero-shot)" if info["tags"] else ""),
+        f"directions: {', '.join(info['directions'])}"
+        + (
+            f" (into {', '.join(info['tgt_langs'])}: choose with --tgt-lang, the tags {', '.join(info['tags'])}; any other source language is zero-shot)"
+            if info["tags"]
+            else ""
+        ),
     ]
     if "averaged_from" in info:
         lines.append(f"averaged from: {', '.join(info['averaged_from'])}")
@@ -97,8 +102,10 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"initialised from: {info['init_from']['path']} ({f'step {step}' if step is not None else 'not trained by nmt'}; nmt train --init-from)")
     if "imported_from" in info:
         origin = info["imported_from"]
-        lines.append(f"imported from: {origin['path']} ({origin.get('format')} {origin.get('model_type', '')} {origin.get('name_or_path', '')}, "
-                     f"{origin.get('weights')}; nmt import)".replace("  ", " "))
+        lines.append(
+            f"imported from: {origin['path']} ({origin.get('format')} {origin.get('model_type', '')} {origin.get('name_or_path', '')}, "
+            f"{origin.get('weights')}; nmt import)".replace("  ", " ")
+        )
         lines += [f"  not applied from its generation settings: {note}" for note in origin.get("not_applied", [])]
     lines.append("config:")
     lines += ["  " + line for line in yaml.safe_dump(info["config"], sort_keys=False).splitlines()]

@@ -26,6 +26,8 @@ trained keeps its own ids and starts from BOS when exported; an imported one get
 layout back, so export after import gives the weights it was imported from.
 """
 
+# Size: one weight map read both ways and Marian's config checked key by key (model_config() is that check list) make a 600-line module.
+
 from __future__ import annotations
 
 import json
@@ -47,10 +49,23 @@ log = logging.getLogger("nmt.marian")
 #: the loss, and low enough that ``exp`` of it is exactly 0 in float32 (and bfloat16).
 NEVER = -1.0e4
 #: What ``MarianConfig`` assumes for a key its ``config.json`` does not write (transformers 5).
-MARIAN_DEFAULTS = {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_attention_heads": 16, "decoder_attention_heads": 16,
-                   "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "activation_function": "gelu", "dropout": 0.1, "attention_dropout": 0.0,
-                   "activation_dropout": 0.0, "scale_embedding": False, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
-                   "max_position_embeddings": 1024}
+MARIAN_DEFAULTS = {
+    "d_model": 1024,
+    "encoder_layers": 12,
+    "decoder_layers": 12,
+    "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16,
+    "encoder_ffn_dim": 4096,
+    "decoder_ffn_dim": 4096,
+    "activation_function": "gelu",
+    "dropout": 0.1,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    "scale_embedding": False,
+    "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 1024,
+}
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # transformers' name → nmt's (the same functions)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -83,15 +98,23 @@ def links(cfg: ModelConfig) -> list[tuple[str, int, int, str, str]]:
     for i in range(cfg.n_encoder_layers):
         p, m = f"encoder.{i}", f"model.encoder.layers.{i}"
         attention(f"{p}.self_attn", f"{m}.self_attn", [("qkv", "qkv")])
-        out += [(f"{p}.res_attn.norm", 0, 1, f"{m}.self_attn_layer_norm", NORM), (f"{p}.ffn.fc1", 0, 1, f"{m}.fc1", READS),
-                (f"{p}.ffn.fc2", 0, 1, f"{m}.fc2", WRITES), (f"{p}.res_ffn.norm", 0, 1, f"{m}.final_layer_norm", NORM)]
+        out += [
+            (f"{p}.res_attn.norm", 0, 1, f"{m}.self_attn_layer_norm", NORM),
+            (f"{p}.ffn.fc1", 0, 1, f"{m}.fc1", READS),
+            (f"{p}.ffn.fc2", 0, 1, f"{m}.fc2", WRITES),
+            (f"{p}.res_ffn.norm", 0, 1, f"{m}.final_layer_norm", NORM),
+        ]
     for i in range(cfg.n_decoder_layers):
         p, m = f"decoder.{i}", f"model.decoder.layers.{i}"
         attention(f"{p}.self_attn", f"{m}.self_attn", [("qkv", "qkv")])
         out.append((f"{p}.res_self.norm", 0, 1, f"{m}.self_attn_layer_norm", NORM))
         attention(f"{p}.cross_attn", f"{m}.encoder_attn", [("q", "q"), ("kv", "kv")])
-        out += [(f"{p}.res_cross.norm", 0, 1, f"{m}.encoder_attn_layer_norm", NORM), (f"{p}.ffn.fc1", 0, 1, f"{m}.fc1", READS),
-                (f"{p}.ffn.fc2", 0, 1, f"{m}.fc2", WRITES), (f"{p}.res_ffn.norm", 0, 1, f"{m}.final_layer_norm", NORM)]
+        out += [
+            (f"{p}.res_cross.norm", 0, 1, f"{m}.encoder_attn_layer_norm", NORM),
+            (f"{p}.ffn.fc1", 0, 1, f"{m}.fc1", READS),
+            (f"{p}.ffn.fc2", 0, 1, f"{m}.fc2", WRITES),
+            (f"{p}.res_ffn.norm", 0, 1, f"{m}.final_layer_norm", NORM),
+        ]
     return out
 
 
@@ -112,13 +135,14 @@ class Rows:
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> Rows:
+        """The row maps of an imported model's tokenizer; None on both sides (the same ids) for a tokenizer nmt trained."""
         if isinstance(tokenizer, MarianTokenizer):
             return cls(tokenizer.src.layout.to_marian(), tokenizer.tgt.layout.to_marian())
         return cls()
 
 
 def to_marian(state: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows = Rows()) -> dict[str, torch.Tensor]:
-    """nmt's weights ``state`` under Marian's names: the model dimension permuted, vocabulary rows in Marian's order.
+    """Nmt's weights ``state`` under Marian's names: the model dimension permuted, vocabulary rows in Marian's order.
 
     ``final_logits_bias`` is the output bias (zeros for a model without one).
     """
@@ -189,8 +213,10 @@ def _check_names(marian: dict[str, torch.Tensor], cfg: ModelConfig, path) -> Non
     missing = sorted(expected - set(marian))
     missing += [f"{names[0]} (or {', '.join(names[1:])})" for names in (src_names, tgt_names) if not any(n in marian for n in names)]
     if unexpected or missing:
+
         def listed(names):
             return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
         what = "; ".join(f"{label}: {listed(names)}" for label, names in (("unexpected", unexpected), ("missing", missing)) if names)
         hint = " (an embedding or final LayerNorm, or another part nmt's Post-LN Transformer does not have)" if unexpected else ""
         raise MarianError(f"{path}: the weights do not fit the model config.json describes ({what}){hint}")
@@ -220,8 +246,10 @@ def _check_positions(marian: dict[str, torch.Tensor], d_model: int, path) -> Non
 def _json(path: Path, required: bool = True) -> dict[str, Any]:
     if not path.is_file():
         if required:
-            raise MarianError(f"{path.parent}: no {path.name}; a Hugging Face Marian directory has config.json, vocab.json, source.spm, target.spm "
-                              "and model.safetensors or pytorch_model.bin")
+            raise MarianError(
+                f"{path.parent}: no {path.name}; a Hugging Face Marian directory has config.json, vocab.json, source.spm, target.spm "
+                "and model.safetensors or pytorch_model.bin"
+            )
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
@@ -286,6 +314,7 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 def _special_tokens(tok_config: dict, special_map: dict) -> dict[str, Any]:
     """The special tokens' spellings (``MarianTokenizer``'s defaults where neither file names them) and the added tokens."""
+
     def text(value):
         return value.get("content") if isinstance(value, dict) else value
 
@@ -298,8 +327,11 @@ def _special_tokens(tok_config: dict, special_map: dict) -> dict[str, Any]:
         if isinstance(entry, dict):
             for flag in ("lstrip", "rstrip", "single_word"):
                 if entry.get(flag):
-                    raise MarianError("tokenizer_config.json: ", Key(f"added_tokens_decoder {entry.get('content')!r} {flag}"),
-                                      " is true; nmt cuts text as MarianTokenizer does with plain special tokens only")
+                    raise MarianError(
+                        "tokenizer_config.json: ",
+                        Key(f"added_tokens_decoder {entry.get('content')!r} {flag}"),
+                        " is true; nmt cuts text as MarianTokenizer does with plain special tokens only",
+                    )
             extra.append(entry.get("content"))
     names["special"] = sorted({t for t in [*names.values(), *extra] if isinstance(t, str) and t})
     return names
@@ -314,9 +346,14 @@ def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> Mar
     """
     tok_config = _json(directory / "tokenizer_config.json", required=False)
     special_map = _json(directory / "special_tokens_map.json", required=False)
-    spec: dict[str, Any] = {"vocab": _json(directory / "vocab.json"), "target_vocab": None, **_special_tokens(tok_config, special_map),
-                            "split_special_tokens": bool(tok_config.get("split_special_tokens", False)),
-                            "source_lang": tok_config.get("source_lang"), "target_lang": tok_config.get("target_lang")}
+    spec: dict[str, Any] = {
+        "vocab": _json(directory / "vocab.json"),
+        "target_vocab": None,
+        **_special_tokens(tok_config, special_map),
+        "split_special_tokens": bool(tok_config.get("split_special_tokens", False)),
+        "source_lang": tok_config.get("source_lang"),
+        "target_lang": tok_config.get("target_lang"),
+    }
     if tok_config.get("separate_vocabs"):
         spec["target_vocab"] = _json(directory / "target_vocab.json")
     protos = []
@@ -355,11 +392,12 @@ def _refuse(file: str, key: str, text: str) -> MarianError:
 
 
 def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str = "config.json") -> ModelConfig:
-    """nmt's model section for ``config.json``'s values (transformers' defaults where it is silent).
+    """Nmt's model section for ``config.json``'s values (transformers' defaults where it is silent).
 
     Raises:
         MarianError: one line naming the first key whose value nmt cannot represent.
     """
+
     def get(key):
         return config.get(key, MARIAN_DEFAULTS.get(key))
 
@@ -386,9 +424,14 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
     src, tgt = tokenizer.src.layout, tokenizer.tgt.layout
     spec = tokenizer.spec
     vocab, target_vocab = spec["vocab"], spec["target_vocab"] or spec["vocab"]
-    sizes = {"vocab_size": (get("vocab_size"), len(vocab), "vocab.json"),
-             "decoder_vocab_size": (config.get("decoder_vocab_size") or get("vocab_size"), len(target_vocab),
-                                    "target_vocab.json" if not tokenizer.joint else "vocab.json (one vocabulary for both sides)")}
+    sizes = {
+        "vocab_size": (get("vocab_size"), len(vocab), "vocab.json"),
+        "decoder_vocab_size": (
+            config.get("decoder_vocab_size") or get("vocab_size"),
+            len(target_vocab),
+            "target_vocab.json" if not tokenizer.joint else "vocab.json (one vocabulary for both sides)",
+        ),
+    }
     for key, (value, size, where) in sizes.items():
         if value != size:
             raise _refuse(file, key, f"is {value}; {where} has {size} pieces")
@@ -398,10 +441,22 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
     shared = bool(get("share_encoder_decoder_embeddings"))
     if shared and not tokenizer.joint:
         raise _refuse(file, "share_encoder_decoder_embeddings", "is true, but the sides have their own vocabularies (target_vocab.json)")
-    values = dict(d_model=get("d_model"), d_ff=get("encoder_ffn_dim"), n_heads=get("encoder_attention_heads"), n_encoder_layers=get("encoder_layers"),
-                  n_decoder_layers=get("decoder_layers"), dropout=float(get("dropout")), attention_dropout=float(get("attention_dropout")),
-                  activation_dropout=float(get("activation_dropout")), activation=activation, norm_position="post", share_embeddings=shared,
-                  output_bias=True, src_vocab_size=len(src.pieces), tgt_vocab_size=len(tgt.pieces))
+    values = dict(
+        d_model=get("d_model"),
+        d_ff=get("encoder_ffn_dim"),
+        n_heads=get("encoder_attention_heads"),
+        n_encoder_layers=get("encoder_layers"),
+        n_decoder_layers=get("decoder_layers"),
+        dropout=float(get("dropout")),
+        attention_dropout=float(get("attention_dropout")),
+        activation_dropout=float(get("activation_dropout")),
+        activation=activation,
+        norm_position="post",
+        share_embeddings=shared,
+        output_bias=True,
+        src_vocab_size=len(src.pieces),
+        tgt_vocab_size=len(tgt.pieces),
+    )
     for key in ("d_model", "encoder_ffn_dim", "encoder_attention_heads", "encoder_layers", "decoder_layers"):
         if type(get(key)) is not int or get(key) < 1:
             raise _refuse(file, key, f"is {get(key)!r}, not a positive integer")
@@ -409,12 +464,25 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
 
 
 #: generate() settings nmt's search does not have: (key, the value that changes nothing, what nmt does instead).
-NOT_APPLIED = (("early_stopping", True, "nmt stops a sentence once beam_size hypotheses have ended, or earlier when none still running could rank "
-                                        "higher (exact); generate() with early_stopping false goes on by its own heuristic"),
-               ("renormalize_logits", False, "nmt does not renormalise the log-probabilities after banning <pad>"),
-               ("repetition_penalty", 1.0, ""), ("no_repeat_ngram_size", 0, ""), ("encoder_no_repeat_ngram_size", 0, ""), ("do_sample", False, ""),
-               ("num_beam_groups", 1, ""), ("diversity_penalty", 0.0, ""), ("forced_bos_token_id", None, ""), ("begin_suppress_tokens", None, ""),
-               ("exponential_decay_length_penalty", None, ""), ("num_return_sequences", 1, ""))
+NOT_APPLIED = (
+    (
+        "early_stopping",
+        True,
+        "nmt stops a sentence once beam_size hypotheses have ended, or earlier when none still running could rank "
+        "higher (exact); generate() with early_stopping false goes on by its own heuristic",
+    ),
+    ("renormalize_logits", False, "nmt does not renormalise the log-probabilities after banning <pad>"),
+    ("repetition_penalty", 1.0, ""),
+    ("no_repeat_ngram_size", 0, ""),
+    ("encoder_no_repeat_ngram_size", 0, ""),
+    ("do_sample", False, ""),
+    ("num_beam_groups", 1, ""),
+    ("diversity_penalty", 0.0, ""),
+    ("forced_bos_token_id", None, ""),
+    ("begin_suppress_tokens", None, ""),
+    ("exponential_decay_length_penalty", None, ""),
+    ("num_return_sequences", 1, ""),
+)
 
 
 def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer) -> tuple[DecodeConfig, list[str]]:
@@ -434,8 +502,16 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer) -> tup
     limit = (int(get("max_new_tokens")) - 1) if get("max_new_tokens") else int(get("max_length") or 20) - 2
     floor = (int(get("min_new_tokens")) - 1) if get("min_new_tokens") else int(get("min_length") or 0) - 1
     beam = int(get("num_beams") or 1)
-    decode = DecodeConfig(beam_size=beam, length_penalty=float(get("length_penalty", 1.0)), length_normalization="length", max_len_a=0.0,
-                          max_len_b=max(limit, 1), min_len=max(floor, 0), n_best=1, allow_unk=tgt.marian_ids[UNK] not in banned)
+    decode = DecodeConfig(
+        beam_size=beam,
+        length_penalty=float(get("length_penalty", 1.0)),
+        length_normalization="length",
+        max_len_a=0.0,
+        max_len_b=max(limit, 1),
+        min_len=max(floor, 0),
+        n_best=1,
+        allow_unk=tgt.marian_ids[UNK] not in banned,
+    )
     notes = []
     for key, neutral, why in NOT_APPLIED:
         value = get(key, False) if key == "early_stopping" else get(key, neutral)  # generate()'s default early_stopping is false
@@ -448,8 +524,22 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer) -> tup
     return decode, notes
 
 
-GENERATION_KEYS = ("num_beams", "max_length", "max_new_tokens", "min_length", "min_new_tokens", "length_penalty", "bad_words_ids", "suppress_tokens",
-                   "early_stopping", "renormalize_logits", "repetition_penalty", "no_repeat_ngram_size", "do_sample", "num_return_sequences")
+GENERATION_KEYS = (
+    "num_beams",
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "length_penalty",
+    "bad_words_ids",
+    "suppress_tokens",
+    "early_stopping",
+    "renormalize_logits",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "do_sample",
+    "num_return_sequences",
+)
 
 
 def tokenizer_config(tokenizer: MarianTokenizer) -> TokenizerConfig:
@@ -497,10 +587,17 @@ def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: 
     validate(cfg)
     state_dict, weights = read_weights(directory)
     state = from_marian(state_dict, model, Rows.of(tokenizer), directory / weights)
-    origin = {"format": "huggingface", "path": str(directory.absolute()), "weights": weights, "model_type": "marian",
-              "vocab_size": len(tokenizer.spec["vocab"]),
-              "name_or_path": str(config.get("_name_or_path") or directory.name), "transformers_version": config.get("transformers_version"),
-              "max_position_embeddings": int(config.get("max_position_embeddings") or MARIAN_DEFAULTS["max_position_embeddings"]), "not_applied": notes}
+    origin = {
+        "format": "huggingface",
+        "path": str(directory.absolute()),
+        "weights": weights,
+        "model_type": "marian",
+        "vocab_size": len(tokenizer.spec["vocab"]),
+        "name_or_path": str(config.get("_name_or_path") or directory.name),
+        "transformers_version": config.get("transformers_version"),
+        "max_position_embeddings": int(config.get("max_position_embeddings") or MARIAN_DEFAULTS["max_position_embeddings"]),
+        "not_applied": notes,
+    }
     return Imported(cfg, state, tokenizer, origin)
 
 
@@ -522,7 +619,11 @@ def import_checkpoint(path: str | Path, out: str | Path, format: str = "huggingf
         raise MarianError(Key("format"), f" {format!r} is not supported; use huggingface (a MarianMTModel directory, such as an OPUS-MT model)")
     check_writable(Path(out), Key("out"))
     imported = import_huggingface(path, src_lang, tgt_lang)
-    payload = {"model": imported.state, "config": config_to_dict(imported.cfg), "tokenizer": tokenizer_to_tensors(imported.tokenizer.protos()),
-               "imported_from": imported.origin}
+    payload = {
+        "model": imported.state,
+        "config": config_to_dict(imported.cfg),
+        "tokenizer": tokenizer_to_tensors(imported.tokenizer.protos()),
+        "imported_from": imported.origin,
+    }
     save_checkpoint(payload, Path(out))
     return payload

@@ -96,8 +96,10 @@ def check_tags(tokenizer: Tokenizer, data) -> None:
     """
     missing = [t for t in tags(data) if tokenizer.src.piece_to_id(t) == UNK]
     if missing:
-        raise TokenizerError(f"the tokenizer has no piece {', '.join(missing)}: the target tags of data.directions must be pieces of their own; "
-                             "let nmt train the tokenizer (it reserves them), or train yours with user_defined_symbols=" + ",".join(tags(data)))
+        raise TokenizerError(
+            f"the tokenizer has no piece {', '.join(missing)}: the target tags of data.directions must be pieces of their own; "
+            "let nmt train the tokenizer (it reserves them), or train yours with user_defined_symbols=" + ",".join(tags(data))
+        )
 
 
 def tag_ids(tokenizer: Tokenizer, data, lang: str) -> tuple[int, ...]:
@@ -131,7 +133,9 @@ def target(cfg, tokenizer: Tokenizer, tgt_lang: str | None) -> Target:
             raise ConfigError(Key("tgt_lang"), f" {tgt_lang}: this model translates into {langs[0]} only (its config's target language)")
         raise ConfigError(Key("tgt_lang"), f" {tgt_lang}: this model translates into {', '.join(langs)}{did_you_mean(tgt_lang, langs)}")
     if tgt_lang is None and len(langs) > 1:
-        raise ConfigError(f"this model translates into {', '.join(langs)} (directions {', '.join(map(str, directions(cfg.data)))}): choose one with ", Key("tgt_lang"))
+        raise ConfigError(
+            f"this model translates into {', '.join(langs)} (directions {', '.join(map(str, directions(cfg.data)))}): choose one with ", Key("tgt_lang")
+        )
     lang = tgt_lang or langs[0]
     return Target(lang, tag_ids(tokenizer, cfg.data, lang))
 
@@ -201,8 +205,11 @@ def train_multilingual_tokenizer(texts: list[tuple[Direction, ParallelText]], cf
             sources.setdefault(lang, {}).setdefault(path.resolve() if path is not None else (text.name, lang), (text, side))
     sizes = {lang: sum(text.check() for text, _ in found.values()) for lang, found in sources.items()}
     shares = language_shares(sizes, min(cfg.input_sentence_size, sum(sizes.values())), cfg.sampling_temperature)
-    log.info("tokenizer text by language (tokenizer.sampling_temperature %s): %s", cfg.sampling_temperature,
-             ", ".join(f"{lang} {shares[lang]:,} of {sizes[lang]:,} sentences" for lang in sizes))
+    log.info(
+        "tokenizer text by language (tokenizer.sampling_temperature %s): %s",
+        cfg.sampling_temperature,
+        ", ".join(f"{lang} {shares[lang]:,} of {sizes[lang]:,} sentences" for lang in sizes),
+    )
     samples = {}
     for i, (lang, found) in enumerate(sources.items()):
         lines = itertools.chain.from_iterable(stripped_side(text, side) for text, side in found.values())
@@ -264,9 +271,12 @@ def mean_validation(results: dict[str, dict]) -> dict:
     first = next(iter(results.values()))
     mean = {k: float(np.mean([r[k] for r in results.values()])) for k in ("bleu", "chrf", "valid_loss", "valid_nll")}
     signatures = list(dict.fromkeys(r["bleu_signature"] for r in results.values()))
-    out = {**mean, "valid_ppl": math.exp(min(mean["valid_nll"], 50.0)), "bleu_signature": signatures[0] if len(signatures) == 1 else " ; ".join(signatures),
-           "example": first["example"]}
+    out = {
+        **mean,
+        "valid_ppl": math.exp(min(mean["valid_nll"], 50.0)),
+        "bleu_signature": signatures[0] if len(signatures) == 1 else " ; ".join(signatures),
+        "example": first["example"],
+    }
     for name, r in results.items():
         out |= {f"{k}/{name}": r[k] for k in ("bleu", "chrf", "valid_loss", "valid_nll", "valid_ppl", "bleu_signature", "example")}
     return out
-

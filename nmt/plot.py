@@ -32,7 +32,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def _pyplot():
-    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    """Matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")

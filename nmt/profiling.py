@@ -35,7 +35,15 @@ from torch import nn
 from .config import DecodeConfig, ModelConfig
 from .model import Transformer
 
-PARTS = ("encoder self-attention", "decoder self-attention", "cross-attention", "feed-forward", "output projection + log-softmax", "search bookkeeping", "other")
+PARTS = (
+    "encoder self-attention",
+    "decoder self-attention",
+    "cross-attention",
+    "feed-forward",
+    "output projection + log-softmax",
+    "search bookkeeping",
+    "other",
+)
 TRAIN_PARTS = ("encoder self-attention", "decoder self-attention", "cross-attention", "feed-forward", "output projection + loss", "optimizer", "other")
 
 
@@ -72,6 +80,7 @@ class Timer:
 
     def watch(self, module: nn.Module, name: str, backward: bool = False) -> None:
         """Count ``module``'s forward (and, with ``backward``, its backward) as ``name``."""
+
         def begin(key):
             return lambda *args: self._open.__setitem__(key, self._now())
 
@@ -93,6 +102,7 @@ class Timer:
             self.watch(layer.ffn, "feed-forward", backward)
 
     def close(self) -> None:
+        """Remove the timing hooks from the model."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -179,6 +189,7 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
         def run(*args, **kwargs):
             with timer.part(name):
                 return function(*args, **kwargs)
+
         return run
 
     peak_memory(device, reset=True)
@@ -197,8 +208,13 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
     total = seconds["total"]
     seconds["cross-attention"] += seconds["source side"]  # the source keys/values, computed once per sentence
     seconds["search bookkeeping"] = total - seconds["encode"] - seconds["source side"] - seconds["scorer"]
-    return {"seconds": total, "parts": shares(seconds, total, PARTS), "peak_memory_bytes": peak_memory(device),
-            "sentences_per_s": shape.batch / total, "tokens_per_s": shape.batch * shape.tgt_len / total}
+    return {
+        "seconds": total,
+        "parts": shares(seconds, total, PARTS),
+        "peak_memory_bytes": peak_memory(device),
+        "sentences_per_s": shape.batch / total,
+        "tokens_per_s": shape.batch * shape.tgt_len / total,
+    }
 
 
 def latency(model, device: torch.device, src_len: int, tgt_len: int, beam: int, repeats: int = 3) -> float:
@@ -276,7 +292,9 @@ def profile(model, shape: Shape, device: torch.device, dtype_name: str = "float3
     return {
         "model": {k: getattr(cfg, k) for k in ("d_model", "d_ff", "n_heads", "n_encoder_layers", "n_decoder_layers", "tgt_vocab_size")},
         "shape": asdict(shape),
-        "device": str(device), "dtype": dtype_name, "threads": torch.get_num_threads(),
+        "device": str(device),
+        "dtype": dtype_name,
+        "threads": torch.get_num_threads(),
         "decode": profile_decode(model, shape, device),
         "train": profile_train(cfg, shape, device) if dtype_name == "float32" else None,
         "cache": cache_bytes(model, shape, dtype),
@@ -286,8 +304,10 @@ def profile(model, shape: Shape, device: torch.device, dtype_name: str = "float3
 
 def format_profile(result: dict) -> str:
     """:func:`profile`'s result as a table for a terminal."""
-    lines = [f"{result['device']}, {result['dtype']}, {result['threads']} thread(s); batch {result['shape']['batch']}, "
-             f"beam {result['shape']['beam']}, {result['shape']['src_len']} source and {result['shape']['tgt_len']} target pieces"]
+    lines = [
+        f"{result['device']}, {result['dtype']}, {result['threads']} thread(s); batch {result['shape']['batch']}, "
+        f"beam {result['shape']['beam']}, {result['shape']['src_len']} source and {result['shape']['tgt_len']} target pieces"
+    ]
     for name, parts in (("decode", result["decode"]), ("training step", result["train"])):
         if parts is None:
             continue
@@ -297,7 +317,9 @@ def format_profile(result: dict) -> str:
     lines.append(f"\nthroughput: {d['sentences_per_s']:.1f} sentences/s, {d['tokens_per_s']:.0f} target pieces/s")
     lines.append("latency, one sentence: " + ", ".join(f"{k} {v:.2f} ms a piece" for k, v in result["latency_ms_per_piece"].items()))
     c = result["cache"]
-    lines.append(f"decoder cache: self-attention {c['self_kv_bytes_measured']:,} bytes measured, {c['self_kv_bytes_formula']:,} by formula "
-                 f"({c['self_kv_bytes_allocated']:,} allocated); source side {c['source_kv_bytes_measured']:,} shared "
-                 f"({c['source_kv_bytes_formula']:,} by formula; {c['source_kv_bytes_if_copied_per_beam']:,} if copied per beam)")
+    lines.append(
+        f"decoder cache: self-attention {c['self_kv_bytes_measured']:,} bytes measured, {c['self_kv_bytes_formula']:,} by formula "
+        f"({c['self_kv_bytes_allocated']:,} allocated); source side {c['source_kv_bytes_measured']:,} shared "
+        f"({c['source_kv_bytes_formula']:,} by formula; {c['source_kv_bytes_if_copied_per_beam']:,} if copied per beam)"
+    )
     return "\n".join(lines)

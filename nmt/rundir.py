@@ -77,8 +77,9 @@ class RunDir:
             holder = self.lock_file.read().strip() or "unknown"
             self.lock_file.close()
             self.lock_file = None
-            raise ConfigError(f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or choose another ",
-                              Key("train.run_dir")) from None
+            raise ConfigError(
+                f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or choose another ", Key("train.run_dir")
+            ) from None
         self.lock_file.truncate(0)
         self.lock_file.write(f"{os.getpid()}\n")
         self.lock_file.flush()
@@ -105,6 +106,7 @@ class RunDir:
                 tmp.unlink()
 
     def checkpoints(self) -> list[Path]:
+        """``last.pt``, ``best.pt`` (those that exist) and the ``step_N.pt`` files, oldest step first."""
         return [p for p in (self.path / "last.pt", self.path / "best.pt") if p.is_file()] + step_checkpoints(self.path)
 
     def check_fresh(self) -> None:
@@ -127,7 +129,9 @@ class RunDir:
         order = {"last.pt": 2, "best.pt": 0}
         candidates = sorted(self.checkpoints(), key=lambda p: (_peek_step(p), order.get(p.name, 1)), reverse=True)
         if not candidates:
-            raise ConfigError(f"--resume: {self.path} holds no checkpoint (the run stopped before its first one, or never started); run without --resume to start afresh")
+            raise ConfigError(
+                f"--resume: {self.path} holds no checkpoint (the run stopped before its first one, or never started); run without --resume to start afresh"
+            )
         first_error = None
         for path in candidates:
             try:
@@ -167,6 +171,7 @@ class RunDir:
         return None
 
     def record(self, values: dict) -> None:
+        """Append ``values`` to ``metrics.jsonl`` as one JSON line."""
         append_line(self.path / METRICS, json.dumps(values))
 
     def tensorboard(self, step: int):
@@ -293,9 +298,16 @@ def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Pat
         if section == "model" and key in REGULARISATION:
             raw["model"][key] = given["model"][key]
         elif given[section][key] != saved[section][key]:
-            raise ConfigError("--init-from ", str(source), ": ", Key(f"{section}.{key}"), f" {given[section][key]!r} differs from the checkpoint's "
-                              f"{saved[section][key]!r}; the {'architecture' if section == 'model' else 'tokenizer'} comes from the checkpoint (only "
-                              + ", ".join(f"model.{k}" for k in REGULARISATION) + " may change)")
+            raise ConfigError(
+                "--init-from ",
+                str(source),
+                ": ",
+                Key(f"{section}.{key}"),
+                f" {given[section][key]!r} differs from the checkpoint's "
+                f"{saved[section][key]!r}; the {'architecture' if section == 'model' else 'tokenizer'} comes from the checkpoint (only "
+                + ", ".join(f"model.{k}" for k in REGULARISATION)
+                + " may change)",
+            )
 
     for section, key in _written_keys(overrides, config_file):
         if key not in given.get(section, {}):

@@ -27,6 +27,8 @@ A bad request gets a 4xx answer ``{"error": "one line"}``; a client that leaves 
 answer only loses the answer.
 """
 
+# Size: create_app() holds the routes as closures over one batcher and translator (Starlette's idiom), 85 lines.
+
 from __future__ import annotations
 
 import asyncio
@@ -60,6 +62,7 @@ from .translate import to_dtype, translate_lines
 
 log = logging.getLogger("nmt.serve")
 
+
 @dataclass
 class Translator:
     """A loaded model and what ``/health`` and ``/info`` report about it."""
@@ -89,12 +92,14 @@ class Translator:
         name = "int8" if dtype == torch.qint8 else str(dtype).removeprefix("torch.")
         return cls(to_dtype(model.to(device).eval(), dtype), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"), name)
 
-    def translate(self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None,
-                  src_prefix: tuple[int, ...] = ()) -> list[list[Hypothesis]]:
+    def translate(
+        self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None, src_prefix: tuple[int, ...] = ()
+    ) -> list[list[Hypothesis]]:
         """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`; the lines
         left untranslated (only unknown characters) are counted in ``skipped``, for ``/health``."""
-        return translate_lines(self.model, self.tokenizer, lines, decode, self.device, alignment=alignment, steering=steering, skipped=self.skipped,
-                               src_prefix=src_prefix)
+        return translate_lines(
+            self.model, self.tokenizer, lines, decode, self.device, alignment=alignment, steering=steering, skipped=self.skipped, src_prefix=src_prefix
+        )
 
     @torch.inference_mode()
     def attention(self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()) -> dict:
@@ -163,7 +168,10 @@ class Batcher:
                 start = 0
                 for i in members:
                     job = batch[i]
-                    out[i] = [self._entry(line, hyps[: job.decode.n_best], alignment, src_prefix) for line, hyps in zip(job.lines, results[start : start + len(job.lines)])]
+                    out[i] = [
+                        self._entry(line, hyps[: job.decode.n_best], alignment, src_prefix)
+                        for line, hyps in zip(job.lines, results[start : start + len(job.lines)])
+                    ]
                     start += len(job.lines)
             except Exception as exc:  # answered as a 500 to these requests; the server keeps serving
                 for i in members:
@@ -206,7 +214,7 @@ def _error(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8")}, status_code=status)
 
 
-def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
+def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:  # noqa: B008 (Limits is frozen)
     """The Starlette application; the batcher runs for the application's lifespan."""
     limits.check()
     page = resources.files("nmt").joinpath("static/index.html").read_text(encoding="utf-8")
@@ -215,7 +223,13 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
     async def translate(request: Request) -> JSONResponse:
         started = time.perf_counter()
         response, job = await answer(request)
-        log.info("POST /translate %d %d lines %d tokens %.0f ms", response.status_code, len(job.lines) if job else 0, job.tokens if job else 0, 1000 * (time.perf_counter() - started))
+        log.info(
+            "POST /translate %d %d lines %d tokens %.0f ms",
+            response.status_code,
+            len(job.lines) if job else 0,
+            job.tokens if job else 0,
+            1000 * (time.perf_counter() - started),
+        )
         return response
 
     async def answer(request: Request) -> tuple[JSONResponse, Job | None]:
@@ -238,9 +252,17 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(
-            {"status": "ok", "device": str(translator.device), "dtype": translator.dtype, "checkpoint": translator.checkpoint, "checkpoint_step": translator.step,
-             "queued_requests": batcher.queue.qsize(), "running_requests": batcher.running, "batches": batcher.batches,
-             "untranslated_lines": {"unknown_only": translator.skipped["unknown"]}}
+            {
+                "status": "ok",
+                "device": str(translator.device),
+                "dtype": translator.dtype,
+                "checkpoint": translator.checkpoint,
+                "checkpoint_step": translator.step,
+                "queued_requests": batcher.queue.qsize(),
+                "running_requests": batcher.running,
+                "batches": batcher.batches,
+                "untranslated_lines": {"unknown_only": translator.skipped["unknown"]},
+            }
         )
 
     async def info(request: Request) -> JSONResponse:
@@ -249,9 +271,20 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:
         pairs = directions(translator.cfg.data)
         one = pairs[0] if len(pairs) == 1 else None  # several directions have no one pair to name
         return JSONResponse(
-            {"src_lang": one and one.src, "tgt_lang": one and one.tgt, "directions": list(map(str, pairs)), "tgt_langs": list(target_languages(translator.cfg.data)),
-             "tokenizer": {"type": translator.cfg.tokenizer.type, "joint": tok.joint, "src_vocab_size": tok.src.get_piece_size(), "tgt_vocab_size": tok.tgt.get_piece_size()},
-             "config": {k: cfg[k] for k in ("model", "tokenizer", "decode")}, "limits": vars(limits)}
+            {
+                "src_lang": one and one.src,
+                "tgt_lang": one and one.tgt,
+                "directions": list(map(str, pairs)),
+                "tgt_langs": list(target_languages(translator.cfg.data)),
+                "tokenizer": {
+                    "type": translator.cfg.tokenizer.type,
+                    "joint": tok.joint,
+                    "src_vocab_size": tok.src.get_piece_size(),
+                    "tgt_vocab_size": tok.tgt.get_piece_size(),
+                },
+                "config": {k: cfg[k] for k in ("model", "tokenizer", "decode")},
+                "limits": vars(limits),
+            }
         )
 
     async def index(request: Request) -> HTMLResponse:

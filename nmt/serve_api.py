@@ -120,8 +120,13 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
         raise RequestError(f"{len(lines)} lines in one request; the limit is {limits.max_lines} (--max-lines)", 413)
     default = translator.cfg.decode
     beam_size = _number(body, "beam_size", min(default.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
-    decode = replace(default, beam_size=beam_size, length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
-                     n_best=_number(body, "n_best", 1, int, 1, beam_size), max_tokens=limits.max_batch_tokens)
+    decode = replace(
+        default,
+        beam_size=beam_size,
+        length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
+        n_best=_number(body, "n_best", 1, int, 1, beam_size),
+        max_tokens=limits.max_batch_tokens,
+    )
     alignment = body.get("alignment", False)
     if not isinstance(alignment, bool):
         raise RequestError(f"alignment must be true or false, got {json.dumps(alignment)}")

@@ -11,6 +11,8 @@ EOS     3   ends every source and every target
 =====  ===  ==============================================
 """
 
+# Size: just over 400 lines: training, encoding, the id layout and the output rules of one SentencePiece pair.
+
 from __future__ import annotations
 
 import functools
@@ -116,8 +118,11 @@ class Tokenizer:
         unwritable too: it chooses what a source is translated into, and is never text."""
         sp = self.tgt
         values = [int(sp.id_to_piece(i)[3:5], 16) if sp.is_byte(i) else -1 for i in range(sp.get_piece_size())]
-        unwritable = [i for i, v in enumerate(values) if (0 <= v < 0x80 and chr(v) in NEVER_OUTPUT) or (v < 0 and not NEVER_OUTPUT.isdisjoint(sp.id_to_piece(i)))
-                      or TAG.fullmatch(sp.id_to_piece(i))]
+        unwritable = [
+            i
+            for i, v in enumerate(values)
+            if (0 <= v < 0x80 and chr(v) in NEVER_OUTPUT) or (v < 0 and not NEVER_OUTPUT.isdisjoint(sp.id_to_piece(i))) or TAG.fullmatch(sp.id_to_piece(i))
+        ]
         return OutputRules(tuple(unwritable), tuple(values) if max(values, default=-1) >= 0 else ())
 
     def protos(self) -> dict[str, bytes]:
@@ -165,11 +170,11 @@ _SPACED = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09} | {c
 
 
 def controls_as_spaces(line: str) -> str:
-    """``line`` with every control character but TAB replaced by a space, and every surrogate
+    r"""``line`` with every control character but TAB replaced by a space, and every surrogate
     code point by U+FFFD (the replacement character), before SentencePiece sees it.
 
     SentencePiece's ``nmt_nfkc`` normaliser deletes most controls, so that neighbouring
-    words fuse (``dog\\x01sees`` becomes the pieces of ``dogsees``), keeps NUL and U+0085
+    words fuse (``dog\x01sees`` becomes the pieces of ``dogsees``), keeps NUL and U+0085
     (NEL) as unknown characters, and reads TAB, LF, CR and FF as spaces. Read as spaces,
     controls separate words as a line break does. A surrogate (not a character; UTF-8 cannot
     hold one) would make SentencePiece raise; ``nmt_nfkc`` reads U+FFFD as a space too.
@@ -350,8 +355,12 @@ def coverage_settings(cfg, heads: dict[str, list[str]]) -> tuple[float, bool]:
         log.info("tokenizer.character_coverage auto: %s (%s)", coverage, reason)
     if fallback == "auto":
         fallback = coverage < 1.0
-        log.info("tokenizer.byte_fallback auto: %s (character coverage %s: %s)", str(fallback).lower(), coverage,
-                 "characters left out are spelt in bytes, never UNK" if fallback else "every character has a piece")
+        log.info(
+            "tokenizer.byte_fallback auto: %s (character coverage %s: %s)",
+            str(fallback).lower(),
+            coverage,
+            "characters left out are spelt in bytes, never UNK" if fallback else "every character has a piece",
+        )
     return coverage, fallback
 
 

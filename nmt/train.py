@@ -1,4 +1,7 @@
-"""The training loop: data, tokenizer, model, optimisation, validation and checkpoints.
+"""The training loop: the Trainer's named steps, from an opened run to its result line.
+
+Opening a run (fresh, resumed, ``--init-from``) is :mod:`nmt.opening`, validation
+:mod:`nmt.validation`, the update :mod:`nmt.update`.
 
 A run lives in ``train.run_dir`` (its lifecycle: :mod:`nmt.rundir`)::
 
@@ -15,162 +18,35 @@ should stop, finish). Under ``torchrun`` every stop and validate decision is one
 processes agree on (:mod:`nmt.distributed`).
 """
 
+# Size: the Trainer is one class of about 330 lines, since its named steps share one state (progress, batches, model, updater).
+
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-import yaml
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from . import evaluate
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, tokenizer_from_tensors, tokenizer_to_tensors
-from .config import Config, ConfigError, config_from_dict, config_to_dict, with_vocab
-from .clean import clean_pairs, stripped_side
-from .corpus import DataError, ParallelText, check_inputs
-from .encoded import EncodedCorpus, encode_corpus, encoding_threads
-from .errors import Key
+from .checkpoint import rng_state, save_checkpoint, set_rng_state, tokenizer_to_tensors
+from .config import Config, ConfigError, config_to_dict
+from .corpus import DataError
 from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
-from .files import atomic_write
-from .loss import label_smoothed_loss
+from .errors import Key
 from .model import Transformer, count_parameters
-from .multilingual import DirectionMix, check_tags, directions, mean_validation, split_text, tag_ids, tags, train_multilingual_tokenizer
-from .rundir import RunDir, absolute_paths, init_config, resume_config, step_checkpoints
-from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
-from .translate import best_strings, resolve_device, translate_lines
+from .multilingual import DirectionMix, directions
+from .opening import Opened, Progress, open_run, read_back
+from .rundir import RunDir, step_checkpoints
+from .translate import resolve_device
 from .update import Updater, Window
+from .validation import validate
 
 log = logging.getLogger("nmt.train")
-
-
-@dataclass
-class Progress:
-    """Where a run stands: optimizer steps done, the sampler's position, the best score."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0  # batches of `epoch` already trained on
-    best_bleu: float = -1.0
-    bad_validations: int = 0  # validations since the last BLEU improvement
-    validated_step: int = -1  # step of the last completed validation
-    batching: list[int] | None = None  # [max_tokens, seed, processes] this epoch's batches were cut with
-
-
-@dataclass
-class ValidationSet:
-    """One direction's validation text, cleaned, and its encoding (each source after ``src_prefix``, its target's tag)."""
-
-    corpus: EncodedCorpus
-    src_lines: list[str]
-    ref_lines: list[str]
-    direction: str = ""  # SRC-TGT in a run of several directions; "" in a run of one
-    tgt_lang: str | None = None  # what the BLEU tokenizer follows (eval.tokenize auto)
-    src_prefix: tuple[int, ...] = ()
-
-
-def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> tuple[Tokenizer, EncodedCorpus, list[ValidationSet]]:
-    """Read and clean the data, train (or reuse) the tokenizer and encode both splits of every direction.
-
-    Training text is streamed: the tokenizer trains on a stream (SentencePiece samples
-    ``tokenizer.input_sentence_size`` sentences) and ``data.workers`` SentencePiece threads
-    encode it into a memory-mapped cache, so memory does not grow with the corpus. With ``write``
-    the tokenizer is saved in ``run_dir`` and encodings cached under ``run_dir/cache``
-    (rank 0 does this; other ranks then read them back). Several directions
-    (:mod:`nmt.multilingual`) give one training corpus of them all, one after another, and a
-    validation set each.
-    """
-    started = time.perf_counter()
-    texts = [(d, split_text(cfg.data, d, "train"), split_text(cfg.data, d, "valid")) for d in directions(cfg.data)]
-    if write:
-        for _, train_text, valid_text in texts:
-            check_inputs(train_text, valid_text)
-    if tokenizer is None:
-        tokenizer = tokenizer_from_config(cfg.tokenizer)
-    if tokenizer is None:
-        log.info("training SentencePiece %s tokenizer (vocab %d, %s)", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate")
-        if len(texts) == 1:
-            tokenizer = train_tokenizer(stripped_side(texts[0][1], 0), stripped_side(texts[0][1], 1), cfg.tokenizer, cfg.train.seed)
-        else:
-            tokenizer = train_multilingual_tokenizer([(d, t) for d, t, _ in texts], cfg.tokenizer, cfg.train.seed, tags(cfg.data))
-        log.info("tokenizer trained in %.1f s", time.perf_counter() - started)
-    check_tags(tokenizer, cfg.data)
-    if write:
-        tokenizer.save(run_dir)
-    cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
-    corpora, valid = [], []
-    for direction, train_text, valid_text in texts:
-        name = str(direction) if len(texts) > 1 else ""
-        prefix = tag_ids(tokenizer, cfg.data, direction.tgt)
-        corpora.append(_encode_training_text(cfg, train_text, tokenizer, cache, write, name, prefix))
-        valid.append(_validation_set(cfg, valid_text, tokenizer, cache, write, name, direction.tgt, prefix))
-    return tokenizer, EncodedCorpus.joined(corpora), valid
-
-
-def _encode_training_text(cfg: Config, text: ParallelText, tokenizer: Tokenizer, cache: Path, write: bool, name: str, prefix: tuple[int, ...]) -> EncodedCorpus:
-    """One direction's training pairs, cleaned and encoded (or loaded from ``cache``); ``name``: the direction, in a run of several."""
-    threads = encoding_threads(cfg.data.workers)
-    encoding = time.perf_counter()
-    corpus, report = encode_corpus(text, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write, threads=threads, src_prefix=prefix)
-    if write:
-        log.info("train%s: %s; encoded or loaded from %s in %.1f s (threads: %d)", f" {name}" if name else "", report, cache, time.perf_counter() - encoding, threads)
-    if len(corpus) == 0:
-        raise DataError(f"no training pairs left after cleaning{f' in {text.name}' if name else ''} ({report}); check the training files, "
-                        "data.max_len and data.max_len_ratio")
-    return corpus
-
-
-def _validation_set(cfg: Config, text: ParallelText, tokenizer: Tokenizer, cache: Path, write: bool, name: str, tgt_lang: str,
-                    prefix: tuple[int, ...]) -> ValidationSet:
-    """One direction's validation pairs, cleaned (never filtered by length), the first ``data.valid_max_sentences``, and encoded."""
-    pairs = clean_pairs(tokenizer, *text.read())
-    vsrc, vtgt, vreport = pairs.src, pairs.tgt, pairs.report
-    if not vsrc:
-        raise DataError(f"the validation set ({text.name}) has no pair with pieces on both sides ({vreport}); check those files")
-    if cfg.data.valid_max_sentences:
-        vsrc, vtgt = vsrc[: cfg.data.valid_max_sentences], vtgt[: cfg.data.valid_max_sentences]
-    corpus, _ = encode_corpus(ParallelText.lists(vsrc, vtgt), tokenizer, cache, write=write, src_prefix=prefix)
-    if write:
-        capped = f"; the first {len(vsrc)} used (data.valid_max_sentences)" if len(vsrc) < vreport.kept else ""
-        log.info("valid%s: %s%s", f" {name}" if name else "", vreport, capped)
-    return ValidationSet(corpus, vsrc, vtgt, name, tgt_lang, prefix)
-
-
-@torch.no_grad()
-def validate(model: Transformer, tokenizer: Tokenizer, valid: list[ValidationSet], cfg: Config, device: torch.device) -> dict:
-    """Validation loss, perplexity and BLEU/chrF of beam-search translations, of each direction of ``valid``.
-
-    Translations are scored by :func:`nmt.evaluate.score`, the code ``nmt evaluate`` uses, each
-    direction with its target's BLEU tokenizer. Several directions give their mean, which
-    ``best.pt`` and ``train.patience`` follow, and each one's (:func:`nmt.multilingual.mean_validation`).
-    """
-    results = {v.direction: validate_direction(model, tokenizer, v, cfg, device) for v in valid}
-    return results[""] if list(results) == [""] else mean_validation(results)
-
-
-def validate_direction(model: Transformer, tokenizer: Tokenizer, valid: ValidationSet, cfg: Config, device: torch.device) -> dict:
-    """:func:`validate` of one direction."""
-    model.eval()
-    loss_sum = nll_sum = 0.0
-    n_tokens = 0
-    sampler = TokenBatchSampler(valid.corpus.src_lengths, valid.corpus.tgt_lengths, cfg.train.max_tokens, seed=0)
-    for indices in sampler.epoch_batches(0):
-        batch = collate(valid.corpus, indices).to(device)
-        out = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing)
-        loss_sum += float(out.loss)
-        nll_sum += float(out.nll)
-        n_tokens += int(out.n_tokens)
-    decode = replace(cfg.decode, beam_size=cfg.train.valid_beam_size, n_best=1)
-    hyps = best_strings(tokenizer, translate_lines(model, tokenizer, valid.src_lines, decode, device, src_prefix=valid.src_prefix))
-    scores = evaluate.score(hyps, [valid.ref_lines], tokenize=evaluate.config_tokenizer(cfg, valid.tgt_lang))
-    nll = nll_sum / max(1, n_tokens)
-    return {"valid_loss": loss_sum / max(1, n_tokens), "valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"], "example": hyps[0] if hyps else ""}
 
 
 RESULT_METRICS = ("bleu", "chrf", "valid_loss", "valid_nll", "valid_ppl", "bleu_signature")
@@ -185,8 +61,16 @@ def result_line(step: int, seconds: float, best_bleu: float, stopped_by: str, va
     """
     validation = validation or {}
     each = {f"{k}/{d}": validation.get(f"{k}/{d}") for d in directions for k in ("bleu", "chrf")}
-    return {"step": step, "train_seconds": seconds, "best_bleu": best_bleu if best_bleu >= 0 else None, "interrupted": stopped_by == "signal",
-            "stopped_by": stopped_by, "valid_step": validation.get("step"), **{k: validation.get(k) for k in RESULT_METRICS}, **each}
+    return {
+        "step": step,
+        "train_seconds": seconds,
+        "best_bleu": best_bleu if best_bleu >= 0 else None,
+        "interrupted": stopped_by == "signal",
+        "stopped_by": stopped_by,
+        "valid_step": validation.get("step"),
+        **{k: validation.get(k) for k in RESULT_METRICS},
+        **each,
+    }
 
 
 def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None, config_file: Path | None = None, init_from: str | Path | None = None) -> dict:
@@ -220,8 +104,12 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
         nmt.files.OutputError: the run directory cannot be written (read-only, full).
     """
     if resume and init_from is not None:
-        raise ConfigError(Key("resume"), " and ", Key("init_from"), " cannot go together: --init-from starts a new run from a checkpoint, --resume continues "
-                          "this run (a fine-tuning run too) from its own")
+        raise ConfigError(
+            Key("resume"),
+            " and ",
+            Key("init_from"),
+            " cannot go together: --init-from starts a new run from a checkpoint, --resume continues this run (a fine-tuning run too) from its own",
+        )
     ddp = Distributed(resolve_device(cfg.train.device))
     run = RunDir(Path(cfg.train.run_dir).absolute())
     try:
@@ -244,75 +132,6 @@ def direction_names(cfg: Config) -> tuple[str, ...]:
     """The directions of a run of several, as their validation records name them; () for a run of one."""
     found = directions(cfg.data)
     return tuple(map(str, found)) if len(found) > 1 else ()
-
-
-@dataclass
-class Opened:
-    """What rank 0 found and prepared in the run directory."""
-
-    cfg: Config
-    checkpoint: str | None  # the checkpoint resumed from
-    payload: dict | None
-    done: dict | None = None  # a resumed run with nothing left to do: step, best_bleu, message
-    data: tuple | None = None  # (tokenizer, training corpus, a ValidationSet per direction)
-    origin: dict = field(default_factory=dict)  # init_from (the checkpoint a fine-tuning run started from) and imported_from, kept in every checkpoint
-    init: dict | None = None  # the payload of the checkpoint a new run starts from (--init-from)
-
-
-def read_back(run: RunDir, cfg_dict: dict, checkpoint: str | None, done: dict | None, origin: dict) -> Opened:
-    """On ranks other than 0: rank 0's config, checkpoint, tokenizer and encoded corpora, read back."""
-    opened = Opened(config_from_dict(cfg_dict), checkpoint, None, done, origin=origin)
-    if not done:
-        opened.payload = load_checkpoint(checkpoint, training=True) if checkpoint else None
-        if not checkpoint and "init_from" in origin:
-            opened.init = load_checkpoint(origin["init_from"]["path"])
-        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else Tokenizer.load_dir(run.path)
-        opened.data = prepare(opened.cfg, run.path, tokenizer, write=False)
-    return opened
-
-
-def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], config_file: Path | None, init_from: str | Path | None = None) -> Opened:
-    """Lock the run directory, choose the checkpoint (or start fresh, or from ``init_from``), settle the config, prepare the data."""
-    run.lock(resuming=resume)
-    run.sweep()
-    opened, start = Opened(absolute_paths(cfg), None, None), 0
-    if init_from is not None:
-        if (Path(init_from) / "config.json").is_file():
-            raise ConfigError(Key("init_from"), f" {init_from} is a Hugging Face directory; import it first: nmt import --format huggingface {init_from} "
-                              "--out model.pt, then --init-from model.pt")
-        init_from = Path(init_from) / "best.pt" if Path(init_from).is_dir() else Path(init_from)  # a run directory: its best.pt, as translate reads it
-        init = load_checkpoint(init_from)
-        step = init.get("progress", {}).get("step")
-        origin = init.get("imported_from")
-        log.info("initialised from %s (%s%s): its weights and tokenizer; %s, the schedule and the step counter start afresh", init_from,
-                 f"step {step}" if step is not None else "no step: not trained by nmt", f", imported from {origin['path']}" if origin else "",
-                 "Adam's moments from it" if not cfg.train.reset_optimizer and "optimizer" in init else "Adam")
-        opened = Opened(init_config(init["config"], cfg, overrides, config_file, Path(init_from)), None, None, init=init)
-        opened.origin = {"init_from": {"path": str(Path(init_from).absolute()), "step": step}} | ({"imported_from": origin} if origin else {})
-    if resume:
-        path, payload = run.newest_checkpoint()
-        progress = Progress(**payload["progress"])
-        log.info("resuming from %s (step %d)", path, progress.step)
-        opened = Opened(resume_config(payload["config"], overrides, config_file, path), str(path), payload,
-                        origin={key: payload[key] for key in ("init_from", "imported_from") if key in payload})
-        tc = opened.cfg.train
-        limits = [f"train.max_steps {tc.max_steps}" if progress.step >= tc.max_steps else "", f"train.max_epochs {tc.max_epochs}" if progress.epoch >= tc.max_epochs else "",
-                  f"train.patience {tc.patience}" if tc.patience and progress.bad_validations >= tc.patience else ""]
-        if any(limits) and payload["progress"].get("validated_step", progress.step) == progress.step:
-            message = f"{run.path} is finished at step {progress.step} ({', '.join(filter(None, limits))}): nothing left to do; raise the limit with --set to train on"
-            opened.done = {"step": progress.step, "best_bleu": progress.best_bleu, "message": message}
-            return opened
-        start = progress.step
-    else:
-        run.check_fresh()
-    evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))  # now, not at the first validation
-    given = opened.payload or opened.init
-    tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(given["tokenizer"])) if given else None
-    opened.data = prepare(opened.cfg, run.path, tokenizer)
-    run.keep_history_until(start)
-    opened.cfg = with_vocab(opened.cfg, opened.data[0].src.get_piece_size(), opened.data[0].tgt.get_piece_size())
-    atomic_write(run.path / "config.yaml", yaml.safe_dump(config_to_dict(opened.cfg), sort_keys=False))
-    return opened
 
 
 class Trainer:
@@ -353,8 +172,15 @@ class Trainer:
         self.writer = run.tensorboard(self.progress.step) if ddp.main and tc.tensorboard else None
         self.started = time.perf_counter()
         if ddp.main:
-            log.info("model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d process(es) × update_freq %d × max_tokens %d",
-                     f"{count_parameters(self.model):,}", len(self.corpus), 100 * self.sampler(self.batching).padding_fraction(self.progress.epoch), ddp.world_size, tc.update_freq, tc.max_tokens)
+            log.info(
+                "model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d process(es) × update_freq %d × max_tokens %d",
+                f"{count_parameters(self.model):,}",
+                len(self.corpus),
+                100 * self.sampler(self.batching).padding_fraction(self.progress.epoch),
+                ddp.world_size,
+                tc.update_freq,
+                tc.max_tokens,
+            )
             if self.mix:
                 log.info("an epoch draws (data.sampling_temperature %s): %s", self.mix.temperature, self.mix.describe([v.direction for v in self.valid]))
 
@@ -373,10 +199,18 @@ class Trainer:
         self.progress.batching = self.progress.batching or [saved["max_tokens"], saved["seed"], len(states)]  # before this was recorded
         self.keep_epoch_batching()
         if len(states) != self.ddp.world_size:
-            log.warning("%s was written by %d process(es), this run has %d: resuming, but random draws (dropout) differ from an uninterrupted run", self.checkpoint_from, len(states), self.ddp.world_size)
+            log.warning(
+                "%s was written by %d process(es), this run has %d: resuming, but random draws (dropout) differ from an uninterrupted run",
+                self.checkpoint_from,
+                len(states),
+                self.ddp.world_size,
+            )
         set_rng_state(states[self.ddp.rank % len(states)])
         if payload.get("data_key") not in (None, self.corpus.key):
-            log.warning("the training text changed since %s was written: resuming, but not exactly (the sampler position now points into other batches)", self.checkpoint_from)
+            log.warning(
+                "the training text changed since %s was written: resuming, but not exactly (the sampler position now points into other batches)",
+                self.checkpoint_from,
+            )
 
     def start_from(self, payload: dict) -> None:
         """A new run's weights from ``payload`` (``--init-from``); Adam's moments too when ``train.reset_optimizer`` is false and it has them."""
@@ -391,7 +225,13 @@ class Trainer:
 
     def run(self) -> dict:
         """Train until a limit, patience or a signal stops the run; then :meth:`finish`."""
-        bar = tqdm(total=self.cfg.train.max_steps, initial=self.progress.step, unit="step", disable=not (self.cfg.train.progress_bar and self.ddp.main) or None, dynamic_ncols=True)
+        bar = tqdm(
+            total=self.cfg.train.max_steps,
+            initial=self.progress.step,
+            unit="step",
+            disable=not (self.cfg.train.progress_bar and self.ddp.main) or None,
+            dynamic_ncols=True,
+        )
         with StopSignal() as signals, logging_redirect_tqdm():
             self.maybe_validate(signals)  # resumed at a step whose validation a signal abandoned
             while (reason := self.should_stop(signals)) is None:
@@ -415,11 +255,22 @@ class Trainer:
         if p.batch_in_epoch == 0:
             p.batching = list(self.batching)
         elif p.batching[2] == self.batching[2]:
-            log.info("train.max_tokens %d and train.seed %d apply from epoch %d on; epoch %d goes on with the batches it started with (max_tokens %d, seed %d)",
-                     self.batching[0], self.batching[1], p.epoch + 1, p.epoch, *p.batching[:2])
+            log.info(
+                "train.max_tokens %d and train.seed %d apply from epoch %d on; epoch %d goes on with the batches it started with (max_tokens %d, seed %d)",
+                self.batching[0],
+                self.batching[1],
+                p.epoch + 1,
+                p.epoch,
+                *p.batching[:2],
+            )
         else:
-            log.warning("%s was written by %d process(es), this run has %d: the rest of epoch %d cannot be cut into the same batches and is skipped",
-                        self.checkpoint_from, p.batching[2], self.batching[2], p.epoch)
+            log.warning(
+                "%s was written by %d process(es), this run has %d: the rest of epoch %d cannot be cut into the same batches and is skipped",
+                self.checkpoint_from,
+                p.batching[2],
+                self.batching[2],
+                p.epoch,
+            )
             p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, list(self.batching)
 
     def sampler(self, batching: list[int]) -> TokenBatchSampler:
@@ -434,8 +285,11 @@ class Trainer:
         if self._batches[0] != epoch:
             batches = self.sampler(self.progress.batching).epoch_batches(epoch)
             if not batches:
-                raise DataError(f"{len(self.corpus)} training pairs make fewer batches of train.max_tokens {self.cfg.train.max_tokens} tokens than the {self.ddp.world_size} processes (epoch {epoch}); "
-                                "every process needs at least one batch: lower train.max_tokens, add training data or start fewer processes")
+                raise DataError(
+                    f"{len(self.corpus)} training pairs make fewer batches of train.max_tokens {self.cfg.train.max_tokens} tokens "
+                    f"than the {self.ddp.world_size} processes (epoch {epoch}); "
+                    "every process needs at least one batch: lower train.max_tokens, add training data or start fewer processes"
+                )
             self._batches = (epoch, batches)
         return self._batches[1]
 
@@ -459,10 +313,18 @@ class Trainer:
         outs = self.updater.step(group)
         if self.updater.nonfinite:
             if self.ddp.main:
-                action = "update skipped (train.nonfinite_loss: skip)" if self.cfg.train.nonfinite_loss == "skip" else \
-                    "stopping before the update, last.pt keeps the weights of the step before (train.nonfinite_loss: stop)"
-                log.warning("warning: step %d: the gradients are NaN or infinite (loss %s); %s; a lower learning rate (train.lr_scale, train.lr) or "
-                            "train.clip_norm usually helps", self.progress.step + 1, f"{sum(float(o.loss.detach()) for o in outs):.4g}", action)
+                action = (
+                    "update skipped (train.nonfinite_loss: skip)"
+                    if self.cfg.train.nonfinite_loss == "skip"
+                    else "stopping before the update, last.pt keeps the weights of the step before (train.nonfinite_loss: stop)"
+                )
+                log.warning(
+                    "warning: step %d: the gradients are NaN or infinite (loss %s); %s; a lower learning rate (train.lr_scale, train.lr) or "
+                    "train.clip_norm usually helps",
+                    self.progress.step + 1,
+                    f"{sum(float(o.loss.detach()) for o in outs):.4g}",
+                    action,
+                )
             self.diverged = self.cfg.train.nonfinite_loss == "stop"
             return False
         for out in outs:
@@ -472,12 +334,22 @@ class Trainer:
         return not self.updater.skipped
 
     def maybe_log(self, bar) -> None:
+        """Every ``train.log_every`` steps: log the window's loss, perplexity, lr and tokens/s, and record them."""
         if self.progress.step % self.cfg.train.log_every:
             return
         values = self.window.flush(self.progress, self.updater.last_lr)
         self.notice_divergence(values)
         if self.ddp.main:
-            log.info("step %d epoch %d: loss %.3f (label-smoothed) nll %.3f ppl %.2f lr %.2e %.0f tgt tok/s", values["step"], values["epoch"], values["loss"], values["nll"], values["ppl"], values["lr"], values["tgt_tokens_per_s"])
+            log.info(
+                "step %d epoch %d: loss %.3f (label-smoothed) nll %.3f ppl %.2f lr %.2e %.0f tgt tok/s",
+                values["step"],
+                values["epoch"],
+                values["loss"],
+                values["nll"],
+                values["ppl"],
+                values["lr"],
+                values["tgt_tokens_per_s"],
+            )
             bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['lr']:.1e}", tok_s=f"{values['tgt_tokens_per_s']:.0f}")
             self.record(values)
 
@@ -488,10 +360,16 @@ class Trainer:
             self.lowest_loss = (loss, step)
         elif loss > 2 * self.lowest_loss[0] and not self.warned_divergence and self.ddp.main:
             self.warned_divergence = True
-            log.warning("warning: step %d: the training loss %.3f is more than twice its lowest, %.3f at step %d: the run may be diverging; "
-                        "a lower learning rate (train.lr_scale, train.lr) or train.clip_norm usually helps", step, loss, *self.lowest_loss)
+            log.warning(
+                "warning: step %d: the training loss %.3f is more than twice its lowest, %.3f at step %d: the run may be diverging; "
+                "a lower learning rate (train.lr_scale, train.lr) or train.clip_norm usually helps",
+                step,
+                loss,
+                *self.lowest_loss,
+            )
 
     def maybe_validate(self, signals: StopSignal) -> None:
+        """Every ``train.validate_every`` steps (once per step): validate."""
         p = self.progress
         if p.step and p.step % self.cfg.train.validate_every == 0 and p.validated_step != p.step:
             self.validate(signals)
@@ -515,9 +393,23 @@ class Trainer:
         if self.ddp.main:
             names = [v.direction for v in self.valid if v.direction]
             for name in names:
-                log.info("step %d validation %s: loss %.3f (label-smoothed) ppl %.2f BLEU %.2f chrF %.2f | %s", p.step, name, *(metrics[f"{k}/{name}"] for k in ("valid_loss", "valid_ppl", "bleu", "chrf", "example")))
-            log.info("step %d validation%s: loss %.3f (label-smoothed) ppl %.2f BLEU %.2f chrF %.2f%s | %s", p.step, f", mean of {len(names)} directions" if names else "",
-                     metrics["valid_loss"], metrics["valid_ppl"], metrics["bleu"], metrics["chrf"], " (best)" if improved else "", metrics["example"])
+                log.info(
+                    "step %d validation %s: loss %.3f (label-smoothed) ppl %.2f BLEU %.2f chrF %.2f | %s",
+                    p.step,
+                    name,
+                    *(metrics[f"{k}/{name}"] for k in ("valid_loss", "valid_ppl", "bleu", "chrf", "example")),
+                )
+            log.info(
+                "step %d validation%s: loss %.3f (label-smoothed) ppl %.2f BLEU %.2f chrF %.2f%s | %s",
+                p.step,
+                f", mean of {len(names)} directions" if names else "",
+                metrics["valid_loss"],
+                metrics["valid_ppl"],
+                metrics["bleu"],
+                metrics["chrf"],
+                " (best)" if improved else "",
+                metrics["example"],
+            )
             self.record({"step": p.step, **{k: v for k, v in metrics.items() if k.partition("/")[0] != "example"}})
         if improved:
             self.checkpoint("best.pt")
@@ -525,6 +417,7 @@ class Trainer:
         return metrics
 
     def maybe_checkpoint(self) -> None:
+        """Every ``train.save_every`` steps: write ``step_N.pt`` and drop all but the newest ``train.keep_last``."""
         tc = self.cfg.train
         if tc.save_every and self.progress.step % tc.save_every == 0:
             self.checkpoint(f"step_{self.progress.step}.pt")
@@ -566,14 +459,27 @@ class Trainer:
         u = self.updater
 
         def save() -> None:
-            save_checkpoint({"model": self.model.state_dict(), "optimizer": u.optimizer.state_dict(), "scheduler": u.scheduler.state_dict(), "scaler": u.scaler.state_dict(),
-                             "progress": vars(self.progress).copy(), "rng": states, "config": config_to_dict(self.cfg),
-                             "tokenizer": tokenizer_to_tensors(self.tokenizer.protos()), "data_key": self.corpus.key, "run": self.run_id, **self.origin},
-                            self.run_dir.path / name)
+            save_checkpoint(
+                {
+                    "model": self.model.state_dict(),
+                    "optimizer": u.optimizer.state_dict(),
+                    "scheduler": u.scheduler.state_dict(),
+                    "scaler": u.scaler.state_dict(),
+                    "progress": vars(self.progress).copy(),
+                    "rng": states,
+                    "config": config_to_dict(self.cfg),
+                    "tokenizer": tokenizer_to_tensors(self.tokenizer.protos()),
+                    "data_key": self.corpus.key,
+                    "run": self.run_id,
+                    **self.origin,
+                },
+                self.run_dir.path / name,
+            )
 
         self.ddp.on_main(save)
 
     def record(self, values: dict) -> None:
+        """Record ``values`` in ``metrics.jsonl`` and, when enabled, TensorBoard (numbers only)."""
         self.run_dir.record(values)
         if self.writer is not None:
             for key, value in values.items():

@@ -51,14 +51,19 @@ def validation_lines(src: str | Path, ref: str | Path, max_sentences: int | None
     """
     for name, path in (("src", src), ("ref", ref)):
         if looks_like_test_data(path) and not allow_test_names:
-            raise ConfigError(Key(name), f" {path}: the name says test data; choose decoding settings on a validation set (tuning on the test set "
-                              "overstates its score), or pass ", Key("allow_test_names"), " if this file is a validation set named like a test set")
+            raise ConfigError(
+                Key(name),
+                f" {path}: the name says test data; choose decoding settings on a validation set (tuning on the test set overstates its score), or pass ",
+                Key("allow_test_names"),
+                " if this file is a validation set named like a test set",
+            )
     if max_sentences is not None and max_sentences < 1:
         raise ConfigError(Key("max_sentences"), f" must be at least 1, got {max_sentences}")
     src_lines, ref_lines = read_lines(src)[:max_sentences], read_lines(ref)[:max_sentences]
     if len(src_lines) != len(ref_lines):
-        raise ConfigError(Key("src"), f" {src} and ", Key("ref"), f" {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); "
-                          "they must match line for line")
+        raise ConfigError(
+            Key("src"), f" {src} and ", Key("ref"), f" {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); they must match line for line"
+        )
     return src_lines, ref_lines
 
 
@@ -103,7 +108,15 @@ def rerank(hyps: list[Hypothesis], normalization: str, alpha: float) -> list[int
 
 
 def tune_decode(
-    model, tokenizer, src_lines: list[str], ref_lines: list[str], decode, device, settings: list[Setting], tokenize: str = "13a", progress=None,
+    model,
+    tokenizer,
+    src_lines: list[str],
+    ref_lines: list[str],
+    decode,
+    device,
+    settings: list[Setting],
+    tokenize: str = "13a",
+    progress=None,
     src_prefix: tuple[int, ...] = (),
 ) -> list[dict]:
     """Translate ``src_lines`` once per beam size and score every setting against ``ref_lines``.
@@ -130,6 +143,12 @@ def tune_decode(
         for s in (s for s in settings if s.beam_size == beam):
             hyps = tokenizer.decode_tgt([rerank(r, s.length_normalization, s.length_penalty) for r in results])
             result = score(hyps, [ref_lines], tokenize=tokenize)
-            rows.append({**asdict(s), **{k: result[k] for k in ("bleu", "chrf", "length_ratio")}, "search_s": seconds,
-                         **{k: result[k] for k in ("bleu_signature", "chrf_signature")}})
+            rows.append(
+                {
+                    **asdict(s),
+                    **{k: result[k] for k in ("bleu", "chrf", "length_ratio")},
+                    "search_s": seconds,
+                    **{k: result[k] for k in ("bleu_signature", "chrf_signature")},
+                }
+            )
     return rows

@@ -130,12 +130,14 @@ class Window:
         self.reset()
 
     def reset(self) -> None:
+        """Start an empty window: zero loss, NLL and token count."""
         self.loss = torch.zeros((), device=self.device)
         self.nll = torch.zeros((), device=self.device)
         self.tokens = 0
         self.time = time.perf_counter()
 
     def add(self, out) -> None:
+        """Add one micro-batch's summed loss and NLL (detached: the window never holds the graph)."""
         self.loss += out.loss.detach()
         self.nll += out.nll.detach()
 

@@ -135,18 +135,23 @@ class Segmenter:
         self._skipped = frozenset([PAD, BOS, EOS, UNK, *(layout.ids[s] for s in special if s in layout.ids)])
 
     def get_piece_size(self) -> int:
+        """The vocabulary size (Marian's ids, in nmt's layout)."""
         return len(self.layout.pieces)
 
     def id_to_piece(self, i: int) -> str:
+        """The piece of id ``i``."""
         return self.layout.pieces[i]
 
     def piece_to_id(self, piece: str) -> int:
+        """The id of ``piece``; UNK for a piece outside the vocabulary."""
         return self.layout.ids.get(piece, UNK)
 
     def is_control(self, i: int) -> bool:
+        """Whether ``i`` is PAD, BOS or EOS."""
         return i in (PAD, BOS, EOS)
 
     def is_unknown(self, i: int) -> bool:
+        """Whether ``i`` is UNK."""
         return i == UNK
 
     def is_byte(self, i: int) -> bool:
@@ -156,6 +161,7 @@ class Segmenter:
         return self.sp.id_to_piece(own) == piece and self.sp.is_byte(own)
 
     def serialized_model_proto(self) -> bytes:
+        """The source segmenter's SentencePiece model, serialized."""
         return self.sp.serialized_model_proto()
 
     def _fragments(self, line: str) -> list[int | str]:
@@ -229,8 +235,11 @@ class MarianTokenizer(Tokenizer):
 
     def protos(self) -> dict[str, bytes]:
         """Both SentencePiece models and the spec (UTF-8 JSON), for storing inside a checkpoint."""
-        return {"src": self.src.serialized_model_proto(), "tgt": self.tgt.serialized_model_proto(),
-                "vocab": json.dumps(self.spec, ensure_ascii=False, sort_keys=True).encode("utf-8")}
+        return {
+            "src": self.src.serialized_model_proto(),
+            "tgt": self.tgt.serialized_model_proto(),
+            "vocab": json.dumps(self.spec, ensure_ascii=False, sort_keys=True).encode("utf-8"),
+        }
 
     @classmethod
     def build(cls, src_proto: bytes, tgt_proto: bytes, spec: dict[str, Any], what: str = "Marian tokenizer") -> MarianTokenizer:
@@ -247,8 +256,10 @@ class MarianTokenizer(Tokenizer):
         src_layout = Layout.of(spec["vocab"], **names, what=f"{what} vocabulary")
         tgt_layout = src_layout if spec.get("target_vocab") is None else Layout.of(spec["target_vocab"], **names, what=f"{what} target vocabulary")
         split = bool(spec.get("split_special_tokens", False))
-        sides = [Segmenter(_segmenter(proto, f"{what} {name}"), layout, special, split)
-                 for proto, layout, name in ((src_proto, src_layout, "source model"), (tgt_proto, tgt_layout, "target model"))]
+        sides = [
+            Segmenter(_segmenter(proto, f"{what} {name}"), layout, special, split)
+            for proto, layout, name in ((src_proto, src_layout, "source model"), (tgt_proto, tgt_layout, "target model"))
+        ]
         return cls(*sides, spec=dict(spec))
 
     @classmethod

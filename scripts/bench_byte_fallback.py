@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nmt.config import load_config  # noqa: E402
 from nmt.clean import stripped_side  # noqa: E402
+from nmt.config import load_config  # noqa: E402
 from nmt.corpus import load_split, read_lines  # noqa: E402
 from nmt.tokenizer import UNK, train_tokenizer  # noqa: E402
 

@@ -80,13 +80,22 @@ def main() -> None:
     steered = best_strings(tokenizer, translate_lines(models, tokenizer, src, decode, device, steering=wishes))
     steered_s = time.perf_counter() - start
     plain_score, steered_score = score(plain, [ref]), score(steered, [ref])
-    print(json.dumps({
-        "checkpoint": args.checkpoint, "split": args.split, "sentences": len(src), "sentences_with_constraints": sum(bool(c) for c in constraints),
-        "constraints": sum(len(c) for c in constraints), "beam": args.beam, "threads": args.threads,
-        "unconstrained": {"bleu": plain_score["bleu"], "chrf": plain_score["chrf"], "term_use": term_use(plain, constraints), "seconds": plain_s},
-        "constrained": {"bleu": steered_score["bleu"], "chrf": steered_score["chrf"], "term_use": term_use(steered, constraints), "seconds": steered_s},
-        "bleu_signature": plain_score["bleu_signature"],
-    }))
+    print(
+        json.dumps(
+            {
+                "checkpoint": args.checkpoint,
+                "split": args.split,
+                "sentences": len(src),
+                "sentences_with_constraints": sum(bool(c) for c in constraints),
+                "constraints": sum(len(c) for c in constraints),
+                "beam": args.beam,
+                "threads": args.threads,
+                "unconstrained": {"bleu": plain_score["bleu"], "chrf": plain_score["chrf"], "term_use": term_use(plain, constraints), "seconds": plain_s},
+                "constrained": {"bleu": steered_score["bleu"], "chrf": steered_score["chrf"], "term_use": term_use(steered, constraints), "seconds": steered_s},
+                "bleu_signature": plain_score["bleu_signature"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ ct2-float32, ct2-int8, ct2-float16, ct2-bfloat16 (CTranslate2 on the converted m
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,9 @@ def worker(args, work: Path) -> None:
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}[args.dtype]  # int8: float32 activations between quantized matmuls
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}[
+        args.dtype
+    ]  # int8: float32 activations between quantized matmuls
     engine = args.worker
     model, tokenizer, cfg = load_model((work / "checkpoint").read_text(), device)
     lines = (work / "src.txt").read_text(encoding="utf-8").splitlines()
@@ -134,7 +136,11 @@ def worker(args, work: Path) -> None:
 
         def run(idx):
             src = pad_sources([ids[i] for i in idx]).to(device)
-            kw = dict(min_new_tokens=forced, max_new_tokens=forced + 1) if forced else dict(max_new_tokens=int(cfg.decode.max_len_a * src.size(1) + cfg.decode.max_len_b) + 1, length_penalty=args.alpha)
+            kw = (
+                dict(min_new_tokens=forced, max_new_tokens=forced + 1)
+                if forced
+                else dict(max_new_tokens=int(cfg.decode.max_len_a * src.size(1) + cfg.decode.max_len_b) + 1, length_penalty=args.alpha)
+            )
             with torch.inference_mode():
                 out = hf.generate(input_ids=src, attention_mask=(src != 0).long(), num_beams=beam, do_sample=False, **kw)
             return [[t for t in row[1:] if t > 3] for row in out.tolist()]
@@ -143,12 +149,18 @@ def worker(args, work: Path) -> None:
         import ctranslate2
 
         compute = engine.split("-", 1)[1]
-        translator = ctranslate2.Translator(str(work / engine), device="cuda" if device.type == "cuda" else "cpu", compute_type=compute, intra_threads=args.threads)
+        translator = ctranslate2.Translator(
+            str(work / engine), device="cuda" if device.type == "cuda" else "cpu", compute_type=compute, intra_threads=args.threads
+        )
 
         def run(idx):
             pieces = [[sp.id_to_piece(t) for t in ids[i]] + ["</s>"] for i in idx]
             longest = max(len(p) for p in pieces)
-            kw = dict(min_decoding_length=forced, max_decoding_length=forced) if forced else dict(max_decoding_length=int(cfg.decode.max_len_a * longest + cfg.decode.max_len_b), length_penalty=args.alpha)
+            kw = (
+                dict(min_decoding_length=forced, max_decoding_length=forced)
+                if forced
+                else dict(max_decoding_length=int(cfg.decode.max_len_a * longest + cfg.decode.max_len_b), length_penalty=args.alpha)
+            )
             results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=len(idx), **kw)
             return [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
 
@@ -171,10 +183,18 @@ def worker(args, work: Path) -> None:
         sync()
         seconds = time.perf_counter() - start
         record = {
-            "engine": engine, "device": args.device, "dtype": args.dtype if not engine.startswith("ct2") else engine.split("-", 1)[1],
-            "threads": args.threads, "beam": beam, "batch_sentences": size, "sentences": len(outputs), "forced_len": forced,
-            "sentences_per_s": round(len(outputs) / seconds, 2), "tgt_tokens_per_s": round(sum(map(len, outputs.values())) / seconds, 1),
-            "seconds": round(seconds, 3), "peak_rss_bytes": peak_rss_bytes(),
+            "engine": engine,
+            "device": args.device,
+            "dtype": args.dtype if not engine.startswith("ct2") else engine.split("-", 1)[1],
+            "threads": args.threads,
+            "beam": beam,
+            "batch_sentences": size,
+            "sentences": len(outputs),
+            "forced_len": forced,
+            "sentences_per_s": round(len(outputs) / seconds, 2),
+            "tgt_tokens_per_s": round(sum(map(len, outputs.values())) / seconds, 1),
+            "seconds": round(seconds, 3),
+            "peak_rss_bytes": peak_rss_bytes(),
         }
         if device.type == "cuda":
             record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -216,7 +236,14 @@ def cache_bytes(model, m, sources, beam: int, length: int, dtype, device) -> dic
     return {
         "self_cache_bytes_measured": cache.self_kv[..., : cache.length, :].numel() * cache.self_kv.element_size(),
         "self_cache_bytes_allocated": cache.self_kv.numel() * cache.self_kv.element_size(),
-        "self_cache_bytes_formula": 2 * m.n_decoder_layers * len(sources) * beam * m.n_heads * length * (m.d_model // m.n_heads) * (torch.finfo(dtype).bits // 8),
+        "self_cache_bytes_formula": 2
+        * m.n_decoder_layers
+        * len(sources)
+        * beam
+        * m.n_heads
+        * length
+        * (m.d_model // m.n_heads)
+        * (torch.finfo(dtype).bits // 8),
         "cross_cache_bytes_shared": shared,
         "cross_cache_bytes_if_tiled": shared * beam,
     }
@@ -238,7 +265,12 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty for free decoding")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int8"], help="nmt and hf engines; int8: nmt only (dynamic quantization of linear layers, CPU)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16", "int8"],
+        help="nmt and hf engines; int8: nmt only (dynamic quantization of linear layers, CPU)",
+    )
     p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency (0 = none)")
     p.add_argument("--workdir", help="reuse a prepared directory (internal)")
     p.add_argument("--worker", help="measure this engine only (internal)")

@@ -32,8 +32,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from nmt.config import TokenizerConfig
     from nmt.clean import stripped_side
+    from nmt.config import TokenizerConfig
     from nmt.corpus import ParallelText, find_split_file
     from nmt.encoded import encode_corpus
     from nmt.tokenizer import train_tokenizer

@@ -62,8 +62,25 @@ def translate_file(args, lines: list[str], work: Path) -> tuple[list[str], float
         src, out = work / f"{name}.en", work / f"{name}.de"
         src.write_text("".join(line + "\n" for line in text), encoding="utf-8")
         start = time.perf_counter()
-        subprocess.run(nmt_command("translate", "--checkpoint", args.checkpoint, "-i", str(src), "-o", str(out), "--beam-size", str(args.beam_size),
-                                   "--threads", str(args.threads), "--max-tokens", str(args.max_batch_tokens)), check=True, env=env())
+        subprocess.run(
+            nmt_command(
+                "translate",
+                "--checkpoint",
+                args.checkpoint,
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--beam-size",
+                str(args.beam_size),
+                "--threads",
+                str(args.threads),
+                "--max-tokens",
+                str(args.max_batch_tokens),
+            ),
+            check=True,
+            env=env(),
+        )
         return out.read_text(encoding="utf-8").splitlines(), time.perf_counter() - start
 
     _, startup = run("one", lines[:1])
@@ -164,9 +181,28 @@ def main() -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(nmt_command("serve", "--checkpoint", args.checkpoint, "--host", "127.0.0.1", "--port", str(port), "--threads", str(args.threads),
-                                          "--max-batch-tokens", str(args.max_batch_tokens), "--max-wait-ms", str(args.max_wait_ms), "--max-lines", str(max(64, args.lines_per_request))),
-                              env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        nmt_command(
+            "serve",
+            "--checkpoint",
+            args.checkpoint,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--threads",
+            str(args.threads),
+            "--max-batch-tokens",
+            str(args.max_batch_tokens),
+            "--max-wait-ms",
+            str(args.max_wait_ms),
+            "--max-lines",
+            str(max(64, args.lines_per_request)),
+        ),
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(600):
             try:
@@ -180,10 +216,19 @@ def main() -> None:
             result = asyncio.run(load(url, lines, clients, args))
             batches = httpx.get(f"{url}/health").json()["batches"] - batches_before
             lat = np.array(result["latencies"]) * 1000
-            row = {"mode": "nmt serve", "clients": clients, "requests_per_s": len(lat) / result["wall_s"], "sentences_per_s": len(result["answers"]) / result["wall_s"],
-                   "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)), "p99_ms": float(np.percentile(lat, 99)),
-                   "sentences_per_batch": len(result["answers"]) / max(batches, 1), "wall_s": result["wall_s"], "errors": len(result["errors"]),
-                   **check(result["answers"], result["sent"], reference)}
+            row = {
+                "mode": "nmt serve",
+                "clients": clients,
+                "requests_per_s": len(lat) / result["wall_s"],
+                "sentences_per_s": len(result["answers"]) / result["wall_s"],
+                "p50_ms": float(np.percentile(lat, 50)),
+                "p95_ms": float(np.percentile(lat, 95)),
+                "p99_ms": float(np.percentile(lat, 99)),
+                "sentences_per_batch": len(result["answers"]) / max(batches, 1),
+                "wall_s": result["wall_s"],
+                "errors": len(result["errors"]),
+                **check(result["answers"], result["sent"], reference),
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
         if args.screenshot:
@@ -192,11 +237,17 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=120)
 
-    print("\n| | clients | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | sentences/batch | sent | errors / lost / mismatched / swapped |\n|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| | clients | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | sentences/batch | sent | errors / lost / mismatched / swapped |"
+        "\n|---|---|---|---|---|---|---|---|---|---|"
+    )
     for r in rows:
         if r["mode"] == "nmt serve":
-            print(f"| nmt serve | {r['clients']} | {r['requests_per_s']:.1f} | {r['sentences_per_s']:.1f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
-                  f"{r['sentences_per_batch']:.1f} | {r['sent']} | {r['errors']} / {r['lost']} / {r['mismatched']} / {r['swapped']} |")
+            print(
+                f"| nmt serve | {r['clients']} | {r['requests_per_s']:.1f} | {r['sentences_per_s']:.1f} | "
+                f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
+                f"{r['sentences_per_batch']:.1f} | {r['sent']} | {r['errors']} / {r['lost']} / {r['mismatched']} / {r['swapped']} |"
+            )
         else:
             print(f"| nmt translate -i FILE | | | {r['sentences_per_s']:.1f} | | | | | {len(lines)} | |")
 

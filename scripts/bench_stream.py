@@ -54,7 +54,20 @@ def pipe(args) -> dict:
     if args.whole_input:
         cmd = [sys.executable, __file__, "whole", "--checkpoint", args.checkpoint, "--beam", str(args.beam), "--threads", str(args.threads)]
     else:
-        cmd = [sys.executable, "-m", "nmt", "translate", "--checkpoint", args.checkpoint, "--buffer-size", str(args.buffer_size), "--beam-size", str(args.beam), "--threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nmt",
+            "translate",
+            "--checkpoint",
+            args.checkpoint,
+            "--buffer-size",
+            str(args.buffer_size),
+            "--beam-size",
+            str(args.beam),
+            "--threads",
+            str(args.threads),
+        ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     written, translated = [0], [0]
@@ -89,8 +102,13 @@ def pipe(args) -> dict:
     quarter = [samples[min(len(samples) - 1, len(samples) * q // 4)] for q in (1, 2, 3, 4)] if samples else []
     return {
         "mode": "whole-input" if args.whole_input else f"stream (--buffer-size {args.buffer_size})",
-        "lines_asked": args.lines, "lines_written": written[0], "lines_translated": translated[0], "finished": finished,
-        "seconds": round(seconds, 1), "sentences_per_s_including_load": round(translated[0] / seconds, 1), "peak_rss_bytes": peak,
+        "lines_asked": args.lines,
+        "lines_written": written[0],
+        "lines_translated": translated[0],
+        "finished": finished,
+        "seconds": round(seconds, 1),
+        "sentences_per_s_including_load": round(translated[0] / seconds, 1),
+        "peak_rss_bytes": peak,
         "rss_at_quarters_of_run": [{"s": s, "translated": n, "rss_bytes": r} for s, n, r in quarter],
     }
 
@@ -124,7 +142,10 @@ def file(args) -> dict:
     lines = [base[i % len(base)] for i in range(args.lines)]
     models, tokenizer, cfg = load_models([args.checkpoint], torch.device("cpu"))
     decode, cpu = replace(cfg.decode, beam_size=args.beam), torch.device("cpu")
-    batching = {"whole": batch_shapes(tokenizer, [lines], decode.max_tokens), "stream": batch_shapes(tokenizer, buffers(lines, args.buffer_size), decode.max_tokens)}
+    batching = {
+        "whole": batch_shapes(tokenizer, [lines], decode.max_tokens),
+        "stream": batch_shapes(tokenizer, buffers(lines, args.buffer_size), decode.max_tokens),
+    }
     best = {"whole": float("inf"), "stream": float("inf")}
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -135,8 +156,13 @@ def file(args) -> dict:
             pass
         best["stream"] = min(best["stream"], time.perf_counter() - t)
     return {
-        "lines": len(lines), "beam": args.beam, "buffer_size": args.buffer_size, "threads": args.threads, "repeats": args.repeats,
-        "whole_sentences_per_s": round(len(lines) / best["whole"], 2), "stream_sentences_per_s": round(len(lines) / best["stream"], 2),
+        "lines": len(lines),
+        "beam": args.beam,
+        "buffer_size": args.buffer_size,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "whole_sentences_per_s": round(len(lines) / best["whole"], 2),
+        "stream_sentences_per_s": round(len(lines) / best["stream"], 2),
         "stream_over_whole": round(best["whole"] / best["stream"], 3),
         **{f"{path}_{key}": value for path, shapes in batching.items() for key, value in shapes.items()},
     }

@@ -87,7 +87,24 @@ GPU = Plan(
     limits_s={"env": 60, "train": 120, "decode": 150},
     matmul_size=8192,
     train_args=["--preset", "base", "--max-tokens", "40000", "--steps", "30", "--warmup", "5", "--threads", "4"],
-    decode_args=["--preset", "base", "--lines", "1000", "--beam", "5", "--forced-len", "25", "--batch", "1,32,64,128", "--max-batches", "32", "--threads", "4", "--engines", "nmt,hf,ct2-float16"],
+    decode_args=[
+        "--preset",
+        "base",
+        "--lines",
+        "1000",
+        "--beam",
+        "5",
+        "--forced-len",
+        "25",
+        "--batch",
+        "1,32,64,128",
+        "--max-batches",
+        "32",
+        "--threads",
+        "4",
+        "--engines",
+        "nmt,hf,ct2-float16",
+    ],
     multi30k_sets=[],
     multi30k_train_s=300,
     multi30k_reserve_s=75,
@@ -101,12 +118,44 @@ DRY = Plan(
     matmul_size=256,
     train_args=["--preset", "tiny", "--max-tokens", "800", "--steps", "2", "--warmup", "1", "--threads", "1", "--vocab-size", DRY_VOCAB],
     # ct2-int8: a CPU has no float16 kernels in CTranslate2; the conversion is quantised just the same.
-    decode_args=["--preset", "tiny", "--lines", "24", "--beam", "2", "--forced-len", "3", "--batch", "1,4,8", "--max-batches", "3", "--threads", "1", "--vocab-size", DRY_VOCAB, "--engines", "nmt,hf,ct2-int8"],
+    decode_args=[
+        "--preset",
+        "tiny",
+        "--lines",
+        "24",
+        "--beam",
+        "2",
+        "--forced-len",
+        "3",
+        "--batch",
+        "1,4,8",
+        "--max-batches",
+        "3",
+        "--threads",
+        "1",
+        "--vocab-size",
+        DRY_VOCAB,
+        "--engines",
+        "nmt,hf,ct2-int8",
+    ],
     multi30k_sets=[
-        "model.d_model=32", "model.d_ff=64", "model.n_heads=4", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
-        f"tokenizer.vocab_size={DRY_VOCAB}", "data.workers=1", "data.valid_max_sentences=16", "train.threads=1",
-        "train.max_steps=6", "train.max_tokens=800", "train.warmup_steps=2", "train.log_every=2", "train.validate_every=3",
-        "train.save_every=2", "train.valid_beam_size=2", "train.tensorboard=false",
+        "model.d_model=32",
+        "model.d_ff=64",
+        "model.n_heads=4",
+        "model.n_encoder_layers=1",
+        "model.n_decoder_layers=1",
+        f"tokenizer.vocab_size={DRY_VOCAB}",
+        "data.workers=1",
+        "data.valid_max_sentences=16",
+        "train.threads=1",
+        "train.max_steps=6",
+        "train.max_tokens=800",
+        "train.warmup_steps=2",
+        "train.log_every=2",
+        "train.validate_every=3",
+        "train.save_every=2",
+        "train.valid_beam_size=2",
+        "train.tensorboard=false",
     ],
     multi30k_train_s=120,
     multi30k_reserve_s=240,
@@ -132,6 +181,7 @@ class Data:
     @classmethod
     def at(cls, directory: Path) -> Data:
         """Multi30k's split names (val, test_2016_flickr) where its files are there, else nmt's (valid, test)."""
+
         def has(split: str) -> bool:
             return any((directory / f"{split}.en{gz}").is_file() for gz in ("", ".gz"))
 
@@ -151,7 +201,9 @@ def find_data(given: str | None, dry_run: bool) -> Data:
     if dry_run and not given:
         return Data.at(ROOT / "data" / "toy")
     where = given or "gpu_data/multi30k, $MULTI30K or ../shared/data/multi30k"
-    fail(f"no Multi30k data (train.en or train.en.gz) in {where}; copy it into gpu_data/multi30k (python scripts/gpu_check.py --prepare does) or pass --data DIR")
+    fail(
+        f"no Multi30k data (train.en or train.en.gz) in {where}; copy it into gpu_data/multi30k (python scripts/gpu_check.py --prepare does) or pass --data DIR"
+    )
 
 
 # --------------------------------------------------------------------------- running steps
@@ -295,14 +347,44 @@ def step_env(plan: Plan, run) -> dict:
 
 
 def step_train(plan: Plan, data: Data, ceiling_tflops: float | None, engines: str, run) -> dict:
-    cmd = [sys.executable, str(SCRIPTS / "bench_train.py"), "--data", str(data.dir), "--device", plan.device, "--precision", "bf16", "--rounds", "1", "--engines", engines, "--matmul-size", str(plan.matmul_size), *plan.train_args]
+    cmd = [
+        sys.executable,
+        str(SCRIPTS / "bench_train.py"),
+        "--data",
+        str(data.dir),
+        "--device",
+        plan.device,
+        "--precision",
+        "bf16",
+        "--rounds",
+        "1",
+        "--engines",
+        engines,
+        "--matmul-size",
+        str(plan.matmul_size),
+        *plan.train_args,
+    ]
     if ceiling_tflops:
         cmd += ["--ceiling-tflops", str(ceiling_tflops)]
     return run("train", cmd, plan.limits_s["train"])
 
 
 def step_decode(plan: Plan, data: Data, run) -> dict:
-    cmd = [sys.executable, str(SCRIPTS / "bench_decode.py"), "--data", str(data.dir), "--split", data.test_split, "--device", plan.device, "--dtype", "bfloat16", "--latency-sentences", "0", *plan.decode_args]
+    cmd = [
+        sys.executable,
+        str(SCRIPTS / "bench_decode.py"),
+        "--data",
+        str(data.dir),
+        "--split",
+        data.test_split,
+        "--device",
+        plan.device,
+        "--dtype",
+        "bfloat16",
+        "--latency-sentences",
+        "0",
+        *plan.decode_args,
+    ]
     return run("decode", cmd, plan.limits_s["decode"])
 
 
@@ -315,13 +397,26 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets:
         results.add(record)
         return record
     run_dir = work / "multi30k"
-    sets = [f"data.dir={data.dir}", f"data.valid_split={data.valid_split}", f"train.device={plan.device}", f"train.max_time_s={train_s:.0f}", *plan.multi30k_sets, *extra_sets]
+    sets = [
+        f"data.dir={data.dir}",
+        f"data.valid_split={data.valid_split}",
+        f"train.device={plan.device}",
+        f"train.max_time_s={train_s:.0f}",
+        *plan.multi30k_sets,
+        *extra_sets,
+    ]
     cmd = [sys.executable, "-m", "nmt", "train", "-c", str(ROOT / "configs" / "multi30k_gpu.yaml"), "--run-dir", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]
     started = time.monotonic()
     status, seconds, printed, tail = run_process(cmd, train_s + plan.multi30k_reserve_s, results.log, results.env)
-    record: dict = {"step": "multi30k", "data": str(data.dir), "train_time_limit_s": round(train_s), "train_status": status, "train_process_s": round(seconds, 1)}
+    record: dict = {
+        "step": "multi30k",
+        "data": str(data.dir),
+        "train_time_limit_s": round(train_s),
+        "train_status": status,
+        "train_process_s": round(seconds, 1),
+    }
     if printed:  # nmt train's last line: the final validation, steps, seconds
         done = printed[-1]
         record.update(steps=done.get("step"), train_seconds=round(done.get("train_seconds", 0.0), 1), best_valid_bleu=done.get("best_bleu"))
@@ -331,7 +426,22 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets:
         record["error"] = tail
     if (run_dir / "best.pt").is_file():
         left = plan.multi30k_reserve_s + train_s - (time.monotonic() - started)
-        cmd = [sys.executable, __file__, "--select", str(run_dir), "--data", str(data.dir), "--valid-split", data.valid_split, "--test-split", data.test_split, "--device", plan.device, "--eval-lines", str(plan.eval_lines)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--select",
+            str(run_dir),
+            "--data",
+            str(data.dir),
+            "--valid-split",
+            data.valid_split,
+            "--test-split",
+            data.test_split,
+            "--device",
+            plan.device,
+            "--eval-lines",
+            str(plan.eval_lines),
+        ]
         status, _, selected, tail = run_process(cmd, max(30.0, left), results.log, results.env)
         statuses.append(status)
         if selected:
@@ -374,13 +484,27 @@ def probe_env(device_name: str, matmul_size: int) -> None:
     from bench_train import matmul_ceiling
 
     device = torch.device(device_name)
-    record: dict = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "device": device_name}
+    record: dict = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "device": device_name,
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        record.update(gpu=props.name, capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version())
+        record.update(
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            multiprocessors=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            cudnn=torch.backends.cudnn.version(),
+        )
         smi = shutil.which("nvidia-smi")
         if smi:
-            out = subprocess.run([smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"], capture_output=True, text=True, check=False)
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"], capture_output=True, text=True, check=False
+            )
             record["nvidia_smi"] = out.stdout.strip()
     record["matmul_size"] = matmul_size
     record["bf16_matmul_tflops"] = float(f"{matmul_ceiling(device, torch.bfloat16, matmul_size) / 1e12:.4g}")
@@ -414,7 +538,11 @@ def sdpa_probe(device, small: bool) -> dict:
     cases = {
         "encoder_key_mask": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], {"attn_mask": mask}, True),
         "decoder_causal": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], {"is_causal": True}, True),
-        "decode_cross_beams": (lambda: [rand(batch, heads, beam, head_dim), rand(batch, heads, length, head_dim), rand(batch, heads, length, head_dim)], {"attn_mask": mask}, False),
+        "decode_cross_beams": (
+            lambda: [rand(batch, heads, beam, head_dim), rand(batch, heads, length, head_dim), rand(batch, heads, length, head_dim)],
+            {"attn_mask": mask},
+            False,
+        ),
     }
     backends = {"default": None, **{name.lower(): getattr(SDPBackend, name) for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")}}
     out: dict = {}
@@ -471,9 +599,15 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
     chosen = max(valid, key=valid.get)
     test = bleu(candidates[chosen], test_split)
     return {
-        "averaged": [p.name for p in steps] if "average" in candidates else [], "valid_bleu": {k: round(v, 2) for k, v in valid.items()},
-        "selected": chosen, "test_split": test_split, "test_lines": len(lines(test_split, "en")),
-        "test_bleu": round(test["bleu"], 2), "test_chrf": round(test["chrf"], 2), "bleu_signature": test["bleu_signature"], "chrf_signature": test["chrf_signature"],
+        "averaged": [p.name for p in steps] if "average" in candidates else [],
+        "valid_bleu": {k: round(v, 2) for k, v in valid.items()},
+        "selected": chosen,
+        "test_split": test_split,
+        "test_lines": len(lines(test_split, "en")),
+        "test_bleu": round(test["bleu"], 2),
+        "test_chrf": round(test["chrf"], 2),
+        "bleu_signature": test["bleu_signature"],
+        "chrf_signature": test["chrf_signature"],
         "select_and_score_s": round(time.perf_counter() - started, 1),
     }
 
@@ -493,8 +627,26 @@ def prepare(source: str | None, python_version: str) -> None:
         if f.is_file():
             shutil.copyfile(f, dest / f.name)
     wheels = GPU_DATA / "wheels"
-    platforms = [arg for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for arg in ("--platform", tag)]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(wheels), "ctranslate2"]
+    platforms = [
+        arg for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for arg in ("--platform", tag)
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        *platforms,
+        "-d",
+        str(wheels),
+        "ctranslate2",
+    ]
     subprocess.run(cmd, check=True)
     size = sum(p.stat().st_size for p in GPU_DATA.rglob("*") if p.is_file())
     print(f"gpu_data: {size / 2**20:.1f} MiB ({dest}, {', '.join(p.name for p in wheels.glob('*.whl'))})")
@@ -511,13 +663,19 @@ def summary(lines: list[dict]) -> str:
             out.append(f"env: {r.get('gpu', r['device'])}, torch {r['torch']}, CUDA {r['cuda']}, bf16 matmul {r['bf16_matmul_tflops']} TFLOP/s")
         for e in r.get("records", []):
             if r["step"] == "train" and "engine" in e:
-                out.append(f"train {e['engine']:<6} {e['tgt_tokens_per_s']:>12,.0f} tgt tok/s  step {e['step_time_s']} s  MFU {e['mfu']:.1%}  {e.get('cuda_max_allocated_mb', e['peak_rss_mb'])} MB")
+                out.append(
+                    f"train {e['engine']:<6} {e['tgt_tokens_per_s']:>12,.0f} tgt tok/s  step {e['step_time_s']} s  MFU {e['mfu']:.1%}  "
+                    f"{e.get('cuda_max_allocated_mb', e['peak_rss_mb'])} MB"
+                )
             elif r["step"] == "decode" and "sentences_per_s" in e:
                 out.append(f"decode {e['engine']:<12} batch {e['batch_sentences']:>4}  {e['sentences_per_s']:>10,.1f} sentences/s")
             elif "error" in e:
                 out.append(f"{r['step']} {e.get('engine', '')}: error {e['error']}")
         if r["step"] == "multi30k" and "test_bleu" in r:
-            out.append(f"multi30k: {r.get('steps')} steps in {r.get('train_seconds', 0):.0f} s, {r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']}")
+            out.append(
+                f"multi30k: {r.get('steps')} steps in {r.get('train_seconds', 0):.0f} s, "
+                f"{r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']}"
+            )
     return "\n".join(out)
 
 
@@ -530,7 +688,9 @@ def main() -> None:
     p.add_argument("--only", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     p.add_argument("--budget-s", type=float, default=None, help="seconds for all steps after setup (default 480; dry run 900)")
     p.add_argument("--train-engines", default="nmt,hf", help="bench_train.py engines of the train step (nmt-compile adds torch.compile)")
-    p.add_argument("--multi30k-set", action="append", default=[], metavar="KEY=VALUE", help="override configs/multi30k_gpu.yaml in the multi30k step (repeatable)")
+    p.add_argument(
+        "--multi30k-set", action="append", default=[], metavar="KEY=VALUE", help="override configs/multi30k_gpu.yaml in the multi30k step (repeatable)"
+    )
     p.add_argument("--prepare", action="store_true", help="copy the data into gpu_data/ and fetch wheels for the GPU machine, then stop")
     p.add_argument("--wheel-python", default="3.12", help="with --prepare: the GPU machine's Python version")
     p.add_argument("--probe-env", action="store_true", help=argparse.SUPPRESS)

@@ -37,6 +37,7 @@ Usage (these are the defaults, so running without arguments reproduces data/toy)
 The test split is drawn first, then valid, then train (so test/valid do not change when
 --train changes), and every English sentence is unique across the whole corpus.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,32 +77,48 @@ NOUNS = {
     "egg": ("eggs", "Ei", "Eier", "n", "thing"),
 }
 ADJECTIVES = {  # english: german stem (all take regular endings)
-    "big": "groß", "small": "klein", "old": "alt", "young": "jung", "new": "neu",
-    "red": "rot", "blue": "blau", "green": "grün", "fast": "schnell",
-    "beautiful": "schön", "clever": "klug", "hungry": "hungrig",
+    "big": "groß",
+    "small": "klein",
+    "old": "alt",
+    "young": "jung",
+    "new": "neu",
+    "red": "rot",
+    "blue": "blau",
+    "green": "grün",
+    "fast": "schnell",
+    "beautiful": "schön",
+    "clever": "klug",
+    "hungry": "hungrig",
 }
 # english base: (english 3sg, german 3sg, german 3pl); all take an accusative object
 VERBS = {
-    "see": ("sees", "sieht", "sehen"), "find": ("finds", "findet", "finden"),
-    "like": ("likes", "mag", "mögen"), "buy": ("buys", "kauft", "kaufen"),
-    "carry": ("carries", "trägt", "tragen"), "hear": ("hears", "hört", "hören"),
-    "wash": ("washes", "wäscht", "waschen"), "paint": ("paints", "malt", "malen"),
-    "visit": ("visits", "besucht", "besuchen"), "catch": ("catches", "fängt", "fangen"),
-    "hold": ("holds", "hält", "halten"), "need": ("needs", "braucht", "brauchen"),
-    "love": ("loves", "liebt", "lieben"), "know": ("knows", "kennt", "kennen"),
+    "see": ("sees", "sieht", "sehen"),
+    "find": ("finds", "findet", "finden"),
+    "like": ("likes", "mag", "mögen"),
+    "buy": ("buys", "kauft", "kaufen"),
+    "carry": ("carries", "trägt", "tragen"),
+    "hear": ("hears", "hört", "hören"),
+    "wash": ("washes", "wäscht", "waschen"),
+    "paint": ("paints", "malt", "malen"),
+    "visit": ("visits", "besucht", "besuchen"),
+    "catch": ("catches", "fängt", "fangen"),
+    "hold": ("holds", "hält", "halten"),
+    "need": ("needs", "braucht", "brauchen"),
+    "love": ("loves", "liebt", "lieben"),
+    "know": ("knows", "kennt", "kennen"),
     "look for": ("looks for", "sucht", "suchen"),
 }
 REPORT_VERBS = {  # take a "that"/"dass" clause instead of an object
-    "say": ("says", "sagt", "sagen"), "think": ("thinks", "denkt", "denken"),
-    "know": ("knows", "weiß", "wissen"), "believe": ("believes", "glaubt", "glauben"),
+    "say": ("says", "sagt", "sagen"),
+    "think": ("thinks", "denkt", "denken"),
+    "know": ("knows", "weiß", "wissen"),
+    "believe": ("believes", "glaubt", "glauben"),
 }
-ADVERBS = {"today": "heute", "now": "jetzt", "often": "oft", "sometimes": "manchmal",
-           "tomorrow": "morgen", "every day": "jeden Tag"}
+ADVERBS = {"today": "heute", "now": "jetzt", "often": "oft", "sometimes": "manchmal", "tomorrow": "morgen", "every day": "jeden Tag"}
 PREPS = {"with": "mit", "in": "in", "behind": "hinter", "under": "unter", "next to": "neben"}
 NUMERALS = {"two": "zwei", "three": "drei"}
 COORD = {"and": "und", "but": "aber"}
-SUBORD = {"because": "weil", "while": "während", "although": "obwohl", "if": "wenn",
-          "that": "dass"}
+SUBORD = {"because": "weil", "while": "während", "although": "obwohl", "if": "wenn", "that": "dass"}
 
 DEF_ARTICLE = {
     "nom": {"m": "der", "f": "die", "n": "das", "pl": "die"},
@@ -205,8 +222,7 @@ class Clause:
         """order: "main" (S V O), "inverted" (V S O, after a fronted element), "final" (S O V)."""
         subj, verb = self.subj.de("nom"), [self._forms()[1]]
         rest = (self.obj.de("acc") if self.obj else []) + (self.pp.de() if self.pp else [])
-        return {"main": subj + verb + rest, "inverted": verb + subj + rest,
-                "final": subj + rest + verb}[order]
+        return {"main": subj + verb + rest, "inverted": verb + subj + rest, "final": subj + rest + verb}[order]
 
 
 @dataclass(frozen=True)
@@ -285,8 +301,7 @@ def n_words(sentence: str) -> int:
     return sum(tok not in (",", ".") for tok in sentence.split())
 
 
-def generate_corpus(seed: int = 1, train: int = 12000, valid: int = 500,
-                    test: int = 500) -> dict[str, list[tuple[str, str]]]:
+def generate_corpus(seed: int = 1, train: int = 12000, valid: int = 500, test: int = 500) -> dict[str, list[tuple[str, str]]]:
     """Return {split: [(en, de), ...]}; English sentences are unique across all splits."""
     rng = random.Random(seed)
     seen: set[str] = set()

@@ -27,8 +27,16 @@ from pathlib import Path
 
 # (English, Chinese, third person singular)
 SUBJECTS = [
-    ("I", "我", False), ("you", "你", False), ("he", "他", True), ("she", "她", True), ("we", "我们", False), ("they", "他们", False),
-    ("the teacher", "老师", True), ("my friend", "我的朋友", True), ("the doctor", "医生", True), ("the children", "孩子们", False),
+    ("I", "我", False),
+    ("you", "你", False),
+    ("he", "他", True),
+    ("she", "她", True),
+    ("we", "我们", False),
+    ("they", "他们", False),
+    ("the teacher", "老师", True),
+    ("my friend", "我的朋友", True),
+    ("the doctor", "医生", True),
+    ("the children", "孩子们", False),
 ]
 TIMES = [("", ""), ("today", "今天"), ("tomorrow", "明天"), ("every day", "每天"), ("every morning", "每天早上"), ("on sunday", "星期天")]
 PLACES = [("", ""), ("at home", "家"), ("in the park", "公园"), ("at school", "学校"), ("in the library", "图书馆")]

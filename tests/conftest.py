@@ -58,8 +58,32 @@ def toy_tokenizer() -> Tokenizer:
 # Lines of any code points, surrogates included (an in-memory string or JSON's \uD800 can hold
 # one), weighted towards what has broken tokenizers: controls, separators, combining marks, the
 # word-boundary mark itself, characters outside the toy vocabulary, and words inside it.
-_AWKWARD = [*map(chr, range(0x20)), "\x7f", *map(chr, range(0x80, 0xA0)), "\u2028", "\u2029", "\u200b", "\ufeff", "\u00a0", "\u3000",
-            "\u0301", "\u0308", "\u20dd", "\u2581", "\ud800", "\udfff", "\ufffd", "😀", "日本", "!!!", "42", " ", "the ", "dog ", "Hund "]
+_AWKWARD = [
+    *map(chr, range(0x20)),
+    "\x7f",
+    *map(chr, range(0x80, 0xA0)),
+    "\u2028",
+    "\u2029",
+    "\u200b",
+    "\ufeff",
+    "\u00a0",
+    "\u3000",
+    "\u0301",
+    "\u0308",
+    "\u20dd",
+    "\u2581",
+    "\ud800",
+    "\udfff",
+    "\ufffd",
+    "😀",
+    "日本",
+    "!!!",
+    "42",
+    " ",
+    "the ",
+    "dog ",
+    "Hund ",
+]
 AWKWARD_LINES = st.lists(st.one_of(st.characters(exclude_categories=()), st.sampled_from(_AWKWARD)), max_size=30).map("".join)
 # Property tests try 60 examples each; HYPOTHESIS_PROFILE=thorough tries 2,000.
 settings.register_profile("nmt", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

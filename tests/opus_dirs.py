@@ -23,7 +23,6 @@ from pathlib import Path
 
 import sentencepiece as spm
 import torch
-
 from conftest import TOY
 
 SOURCE = (TOY / "train.en").read_text(encoding="utf-8").splitlines()[:800]
@@ -35,8 +34,9 @@ CODES = (">>fr<<", ">>de<<")
 def segmenter(side: str, size: int) -> bytes:
     """A SentencePiece unigram model (SentencePiece's own special ids, as OPUS-MT's have) of ``size`` pieces."""
     buffer = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(SOURCE if side == "source" else TARGET), model_writer=buffer, vocab_size=size,
-                                   model_type="unigram", minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SOURCE if side == "source" else TARGET), model_writer=buffer, vocab_size=size, model_type="unigram", minloglevel=2, num_threads=1
+    )
     return buffer.getvalue()
 
 
@@ -69,9 +69,23 @@ def _train(model, tokenizer, steps: int, seed: int) -> None:
         optimizer.zero_grad()
 
 
-def make_opus_dir(out: Path, d_model: int = 32, layers: tuple[int, int] = (2, 2), heads: int = 4, ffn: int = 64, activation: str = "swish",
-                  separate_vocabs: bool = False, weights: str = "safetensors", seed: int = 0, num_beams: int = 4, max_length: int = 40,
-                  eos_bias: float = 0.0, gain: float = 1.0, train_steps: int = 40, **config_changes) -> Path:
+def make_opus_dir(
+    out: Path,
+    d_model: int = 32,
+    layers: tuple[int, int] = (2, 2),
+    heads: int = 4,
+    ffn: int = 64,
+    activation: str = "swish",
+    separate_vocabs: bool = False,
+    weights: str = "safetensors",
+    seed: int = 0,
+    num_beams: int = 4,
+    max_length: int = 40,
+    eos_bias: float = 0.0,
+    gain: float = 1.0,
+    train_steps: int = 40,
+    **config_changes,
+) -> Path:
     """Write an OPUS-MT-like directory at ``out`` (see the module docstring) and return it."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
@@ -90,10 +104,29 @@ def make_opus_dir(out: Path, d_model: int = 32, layers: tuple[int, int] = (2, 2)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (out / "tokenizer_config.json").write_text(json.dumps({"target_lang": "de", "source_lang": "en", "separate_vocabs": separate_vocabs}))
     config = dict(
-        vocab_size=size, decoder_vocab_size=size, max_position_embeddings=128, d_model=d_model, encoder_layers=layers[0], decoder_layers=layers[1],
-        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, activation_function=activation,
-        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, init_std=0.2, scale_embedding=True, pad_token_id=pad, eos_token_id=0,
-        bos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0, share_encoder_decoder_embeddings=not separate_vocabs, tie_word_embeddings=True,
+        vocab_size=size,
+        decoder_vocab_size=size,
+        max_position_embeddings=128,
+        d_model=d_model,
+        encoder_layers=layers[0],
+        decoder_layers=layers[1],
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=ffn,
+        decoder_ffn_dim=ffn,
+        activation_function=activation,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        init_std=0.2,
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        bos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=0,
+        share_encoder_decoder_embeddings=not separate_vocabs,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
     model = MarianMTModel(MarianConfig(**config))
@@ -117,12 +150,35 @@ def make_opus_dir(out: Path, d_model: int = 32, layers: tuple[int, int] = (2, 2)
         model.save_pretrained(out)
         (out / "generation_config.json").unlink(missing_ok=True)
     # config.json and generation_config.json with the keys OPUS-MT's have (written by transformers 4).
-    legacy = dict(architectures=["MarianMTModel"], model_type="marian", add_bias_logits=False, add_final_layer_norm=False, normalize_before=False,
-                  normalize_embedding=False, static_position_embeddings=True, is_encoder_decoder=True, bad_words_ids=[[pad]], num_beams=num_beams,
-                  max_length=max_length, classif_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0, transformers_version="4.22.0.dev0",
-                  _name_or_path=f"opus-mt-test-{d_model}")
+    legacy = dict(
+        architectures=["MarianMTModel"],
+        model_type="marian",
+        add_bias_logits=False,
+        add_final_layer_norm=False,
+        normalize_before=False,
+        normalize_embedding=False,
+        static_position_embeddings=True,
+        is_encoder_decoder=True,
+        bad_words_ids=[[pad]],
+        num_beams=num_beams,
+        max_length=max_length,
+        classif_dropout=0.0,
+        encoder_layerdrop=0.0,
+        decoder_layerdrop=0.0,
+        transformers_version="4.22.0.dev0",
+        _name_or_path=f"opus-mt-test-{d_model}",
+    )
     (out / "config.json").write_text(json.dumps({**config, **legacy, **config_changes}, indent=2))
-    generation = dict(bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0, max_length=max_length,
-                      num_beams=num_beams, pad_token_id=pad, transformers_version="4.32.0.dev0")
+    generation = dict(
+        bad_words_ids=[[pad]],
+        bos_token_id=0,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        max_length=max_length,
+        num_beams=num_beams,
+        pad_token_id=pad,
+        transformers_version="4.32.0.dev0",
+    )
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return out

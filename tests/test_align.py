@@ -102,7 +102,10 @@ def test_plot_labels_get_a_font_that_has_their_characters(tmp_path, caplog):
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "no installed font has 2 of the labels' characters (が猫...)" in warning and "fonts-noto-cjk" in warning
     serif = font_manager.findfont("DejaVu Serif")  # it has U+2900 (⤀), which DejaVu Sans lacks
-    assert label_fonts(["a⤀"], candidates=[("Nothing", str(tmp_path / "missing.ttf")), ("DejaVu Sans Mono", mono), ("DejaVu Serif", serif)]) == ["DejaVu Sans", "DejaVu Serif"]
+    assert label_fonts(["a⤀"], candidates=[("Nothing", str(tmp_path / "missing.ttf")), ("DejaVu Sans Mono", mono), ("DejaVu Serif", serif)]) == [
+        "DejaVu Sans",
+        "DejaVu Serif",
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning per missing glyph
         out = plot_attention(np.full((2, 3, 3), 1 / 3), ["▁猫", "が", "</s>"], ["▁a", "▁cat", "</s>"], tmp_path / "a.png", marked_layer=0)

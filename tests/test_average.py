@@ -13,7 +13,9 @@ def write(path, seed):
     torch.manual_seed(seed)
     model = Transformer(tiny_config())
     state = model.state_dict()
-    cfg = config_from_dict({"model": {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "src_vocab_size": 40, "tgt_vocab_size": 40}})
+    cfg = config_from_dict(
+        {"model": {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "src_vocab_size": 40, "tgt_vocab_size": 40}}
+    )
     save_checkpoint({"model": state, "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(cached_tokenizer(40).protos())}, path)
     return state
 

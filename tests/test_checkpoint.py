@@ -86,12 +86,15 @@ def test_a_truncated_checkpoint_gives_a_whole_sentence(tmp_path, protos):
     assert message.startswith(f"damaged checkpoint: {path} (") and message.endswith("probably truncated or overwritten)")
 
 
-@pytest.mark.parametrize("content, looks_like", [
-    (b"ein Hund rennt\nzwei Katzen\n", "a text file (first line 'ein Hund rennt')"),
-    (b"model:\n  d_model: 32\ntrain:\n  max_steps: 5\n", "YAML text"),
-    (b"", "an empty file"),
-    (b"\x00\x01\x02\xff\xfe" * 100, "binary data"),
-])
+@pytest.mark.parametrize(
+    "content, looks_like",
+    [
+        (b"ein Hund rennt\nzwei Katzen\n", "a text file (first line 'ein Hund rennt')"),
+        (b"model:\n  d_model: 32\ntrain:\n  max_steps: 5\n", "YAML text"),
+        (b"", "an empty file"),
+        (b"\x00\x01\x02\xff\xfe" * 100, "binary data"),
+    ],
+)
 def test_files_that_are_not_checkpoints_are_named(tmp_path, content, looks_like):
     path = tmp_path / "x.pt"
     path.write_bytes(content)
@@ -175,9 +178,8 @@ def test_read_only_mount_is_refused_before_work(tmp_path):
         os.system(f"umount {ro}")
 
 
-
 def test_a_tokenizer_that_is_not_sentencepiece_or_not_the_models_is_refused_by_every_reader(tmp_path, protos):
-    """nmt info, export --format nmt and average once accepted tokenizer bytes that are not a
+    """Nmt info, export --format nmt and average once accepted tokenizer bytes that are not a
     SentencePiece model (info even said it could be resumed); translate then refused what they wrote."""
     from nmt.average import average_checkpoints
     from nmt.export import export_slim

@@ -23,10 +23,29 @@ def trained_run(tmp_path_factory):
     """A few steps on the shipped corpus with the shipped config, shrunk for speed."""
     run = tmp_path_factory.mktemp("cli") / "run"
     result = invoke(
-        "train", "--config", ROOT / "configs" / "toy.yaml", "--run-dir", run,
-        "--set", f"data.dir={TOY}", "--set", "train.max_steps=4", "--set", "train.log_every=2",
-        "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "tokenizer.vocab_size=200",
-        "--set", "data.valid_max_sentences=10", "--set", "train.valid_beam_size=1", "--set", "train.threads=1",
+        "train",
+        "--config",
+        ROOT / "configs" / "toy.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={TOY}",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "train.log_every=2",
+        "--set",
+        "model.d_model=32",
+        "--set",
+        "model.d_ff=64",
+        "--set",
+        "tokenizer.vocab_size=200",
+        "--set",
+        "data.valid_max_sentences=10",
+        "--set",
+        "train.valid_beam_size=1",
+        "--set",
+        "train.threads=1",
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -371,7 +390,9 @@ def test_export_slim_checkpoint_translates_the_same(trained_run, tmp_path):
     info = json.loads(invoke("info", slim, "--json").stdout)
     assert info["optimizer_state"] is False and info["step"] == 4
     assert "is the checkpoint being exported" in _one_line_error(invoke("export", slim, "--checkpoint", slim, "--format", "nmt"))
-    assert "--format ctranslate2 only" in _one_line_error(invoke("export", tmp_path / "x.pt", "--checkpoint", slim, "--format", "nmt", "--quantization", "int8"))
+    assert "--format ctranslate2 only" in _one_line_error(
+        invoke("export", tmp_path / "x.pt", "--checkpoint", slim, "--format", "nmt", "--quantization", "int8")
+    )
 
 
 def test_export_ctranslate2_command_translates_like_nmt(trained_run, tmp_path):
@@ -403,7 +424,9 @@ def test_n_best_score_is_length_normalised_log_probability(trained_run):
     from nmt.translate import load_model, translate_lines
 
     alpha = 0.6
-    result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "3", "--n-best", "3", "--length-penalty", alpha, "--max-len-b", "4", input="a dog .\n")
+    result = invoke(
+        "translate", "--checkpoint", trained_run, "--beam-size", "3", "--n-best", "3", "--length-penalty", alpha, "--max-len-b", "4", input="a dog .\n"
+    )
     assert result.exit_code == 0, result.output
     model, tokenizer, cfg = load_model(trained_run, "cpu")
     # The hypotheses' pieces (an untrained model's text need not re-encode to the same pieces).
@@ -421,9 +444,30 @@ def test_n_best_score_is_length_normalised_log_probability(trained_run):
 
 
 def test_quiet_train_prints_only_its_result_line(tmp_path):
-    args = ["--config", ROOT / "configs" / "toy.yaml", "--run-dir", tmp_path / "run", "--set", f"data.dir={TOY}", "--set", "train.max_steps=2",
-            "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "tokenizer.vocab_size=200", "--set", "data.valid_max_sentences=4",
-            "--set", "train.valid_beam_size=1", "--set", "train.threads=1", "--set", "train.log_every=1"]
+    args = [
+        "--config",
+        ROOT / "configs" / "toy.yaml",
+        "--run-dir",
+        tmp_path / "run",
+        "--set",
+        f"data.dir={TOY}",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "model.d_model=32",
+        "--set",
+        "model.d_ff=64",
+        "--set",
+        "tokenizer.vocab_size=200",
+        "--set",
+        "data.valid_max_sentences=4",
+        "--set",
+        "train.valid_beam_size=1",
+        "--set",
+        "train.threads=1",
+        "--set",
+        "train.log_every=1",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "nmt", "train", "--quiet", *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -484,7 +528,9 @@ def test_translate_streams_a_pipe_line_by_line(trained_run):
         assert proc.wait(timeout=300) == 0, proc.stderr.read()
     finally:
         proc.kill()
-    whole = invoke("translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "4", input="the dog sees a cat .\nthe big man likes the small house .\n")
+    whole = invoke(
+        "translate", "--checkpoint", trained_run, "--beam-size", "2", "--max-len-b", "4", input="the dog sees a cat .\nthe big man likes the small house .\n"
+    )
     assert (first + rest).decode() == whole.stdout and len(whole.stdout.splitlines()) == 2
 
 
@@ -494,6 +540,7 @@ def test_translate_buffers_keep_order_and_global_n_best_indices(trained_run, tmp
     whole = invoke(*args, input=text)
     small = invoke(*args, "--buffer-size", "2", input=text)
     assert small.exit_code == 0, small.output
+
     def entries(output):  # scores agree to rounding: batches differ in padding
         rows = [line.split(" ||| ") for line in output.splitlines()]
         return [(i, text) for i, text, _ in rows], [float(score) for _, _, score in rows]
@@ -591,10 +638,25 @@ def test_train_checks_every_input_before_writing_anything(tmp_path):
     (tmp_path / "latin.de").write_bytes(b"ein Hund .\n" * 49 + b"ein M\xe4dchen .\n")
     (tmp_path / "blank.de").write_text("\n" * 50)
     cache = tmp_path / "shared-cache"
-    for valid_tgt, message in (("v.de", "v.en has 50 lines but .*v.de has 49"), ("latin.de", r"latin.de:50: invalid UTF-8"), ("blank.de", r"the validation set \(.*v.en and .*blank.de\) has no pair")):
+    for valid_tgt, message in (
+        ("v.de", "v.en has 50 lines but .*v.de has 49"),
+        ("latin.de", r"latin.de:50: invalid UTF-8"),
+        ("blank.de", r"the validation set \(.*v.en and .*blank.de\) has no pair"),
+    ):
         result = invoke(
-            "train", "--run-dir", tmp_path / "run", "--set", f"data.train_src={TOY / 'train.en'}", "--set", f"data.train_tgt={TOY / 'train.de'}",
-            "--set", f"data.valid_src={tmp_path / 'v.en'}", "--set", f"data.valid_tgt={tmp_path / valid_tgt}", "--set", f"data.cache_dir={cache}",
+            "train",
+            "--run-dir",
+            tmp_path / "run",
+            "--set",
+            f"data.train_src={TOY / 'train.en'}",
+            "--set",
+            f"data.train_tgt={TOY / 'train.de'}",
+            "--set",
+            f"data.valid_src={tmp_path / 'v.en'}",
+            "--set",
+            f"data.valid_tgt={tmp_path / valid_tgt}",
+            "--set",
+            f"data.cache_dir={cache}",
         )
         assert result.exit_code == 2 and re.search(message, result.output), result.output
         assert not (tmp_path / "run").exists() and not cache.exists()  # no tokenizer, no cache, no run directory
@@ -616,7 +678,9 @@ def test_lines_without_pieces_and_overlong_lines_give_empty_output_lines(trained
 def test_translate_length_normalization_flag(trained_run):
     text = "the dog sees a cat .\nthe big man likes the small house .\n"
     for name in ("gnmt", "length", "none"):
-        result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "3", "--length-normalization", name, "--n-best", "3", "--max-len-b", "4", input=text)
+        result = invoke(
+            "translate", "--checkpoint", trained_run, "--beam-size", "3", "--length-normalization", name, "--n-best", "3", "--max-len-b", "4", input=text
+        )
         assert result.exit_code == 0, result.output
         assert len(result.stdout.splitlines()) == 6
     bad = invoke("translate", "--checkpoint", trained_run, "--length-normalization", "average", input=text)
@@ -633,7 +697,11 @@ def test_tune_decode_table_and_best_setting_reproduce_with_evaluate(trained_run,
     out = json.loads(result.stdout)
     assert out["sentences"] == 6
     assert [(r["beam_size"], r["length_normalization"], r["length_penalty"]) for r in out["rows"]] == [
-        (1, "none", 0.0), (2, "gnmt", 0.6), (2, "gnmt", 1.0), (2, "length", 0.6), (2, "length", 1.0)
+        (1, "none", 0.0),
+        (2, "gnmt", 0.6),
+        (2, "gnmt", 1.0),
+        (2, "length", 0.6),
+        (2, "length", 1.0),
     ]
     best = out["best"]
     assert best["bleu"] == max(r["bleu"] for r in out["rows"])
@@ -653,7 +721,9 @@ def test_tune_decode_refuses_test_files_before_reading_them(trained_run, tmp_pat
     renamed.write_text("the dog sees a cat .\n", encoding="utf-8")
     one_ref = tmp_path / "valid1.de"
     one_ref.write_text("der Hund sieht eine Katze .\n", encoding="utf-8")
-    result = invoke("tune-decode", "--checkpoint", trained_run, "--src", renamed, "--ref", one_ref, "--beam-sizes", "1", "--allow-test-names", "--json", "--threads", "1")
+    result = invoke(
+        "tune-decode", "--checkpoint", trained_run, "--src", renamed, "--ref", one_ref, "--beam-sizes", "1", "--allow-test-names", "--json", "--threads", "1"
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["sentences"] == 1
     result = invoke("tune-decode", "--checkpoint", trained_run, "--src", renamed, "--ref", valid, "--allow-test-names")
@@ -680,8 +750,25 @@ def test_translate_with_prefix_constraints_and_bans_from_files(trained_run, tmp_
     prefixes.write_text("der Hund \n\n")
     terms.write_text("Katze\tsieht\n\n")
     bans.write_text("\nder\n")
-    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "--beam-size", "3", "--max-len-b", "6",
-                    "--prefix-file", prefixes, "--constraints-file", terms, "--ban-file", bans, "--ban", "Hund Hund")
+    result = invoke(
+        "translate",
+        "--checkpoint",
+        trained_run,
+        "-i",
+        src,
+        "--beam-size",
+        "3",
+        "--max-len-b",
+        "6",
+        "--prefix-file",
+        prefixes,
+        "--constraints-file",
+        terms,
+        "--ban-file",
+        bans,
+        "--ban",
+        "Hund Hund",
+    )
     assert result.exit_code == 0, result.output
     first, second = result.stdout.splitlines()
     assert first.startswith("der Hund ") and "Katze" in first and "sieht" in first and "Hund Hund" not in first
@@ -697,7 +784,7 @@ def test_translate_with_prefix_constraints_and_bans_from_files(trained_run, tmp_
 
 
 def test_an_output_that_is_an_input_is_refused_before_anything_is_read(trained_run, tmp_path):
-    """nmt translate -i same.en -o same.en replaced the source with its translation and exited 0."""
+    """Nmt translate -i same.en -o same.en replaced the source with its translation and exited 0."""
     src = tmp_path / "same.en"
     src.write_text("the dog .\n")
     (tmp_path / "link.en").symlink_to(src)
@@ -710,8 +797,16 @@ def test_an_output_that_is_an_input_is_refused_before_anything_is_read(trained_r
 
 
 def _nmt(*args, stdin=None, stdout=subprocess.PIPE, env=None, **kwargs):
-    return subprocess.run([sys.executable, "-m", "nmt", *map(str, args)], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=300, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "nmt", *map(str, args)],
+        stdin=stdin,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        timeout=300,
+        **kwargs,
+    )
 
 
 def test_closed_standard_streams_are_one_line_not_a_traceback(trained_run, tmp_path):
@@ -752,7 +847,7 @@ def test_translate_writes_through_a_fifo_and_keeps_it(trained_run, tmp_path):
 
 
 def test_text_read_once_may_come_from_a_pipe_and_training_text_may_not(trained_run, tmp_path):
-    """evaluate --ref <(zcat ref.gz), --hyp /dev/stdin and translate -i <(head -3 f) were refused with the training-data message."""
+    """Evaluate --ref <(zcat ref.gz), --hyp /dev/stdin and translate -i <(head -3 f) were refused with the training-data message."""
     import threading
 
     ref = tmp_path / "ref.de"
@@ -770,13 +865,26 @@ def test_text_read_once_may_come_from_a_pipe_and_training_text_may_not(trained_r
     assert translated.exit_code == 0, translated.output
     assert (tmp_path / "out.de").read_text().count("\n") == 3
     os.mkfifo(tmp_path / "train.en")
-    line = _one_line_error(invoke("train", "--set", f"data.train_src={tmp_path / 'train.en'}", "--set", f"data.train_tgt={ref}",
-                                  "--set", f"data.valid_src={ref}", "--set", f"data.valid_tgt={ref}", "--run-dir", tmp_path / "run"))
+    line = _one_line_error(
+        invoke(
+            "train",
+            "--set",
+            f"data.train_src={tmp_path / 'train.en'}",
+            "--set",
+            f"data.train_tgt={ref}",
+            "--set",
+            f"data.valid_src={ref}",
+            "--set",
+            f"data.valid_tgt={ref}",
+            "--run-dir",
+            tmp_path / "run",
+        )
+    )
     assert "not a regular file (a pipe?); nmt train reads its text more than once" in line and "zcat f.gz > f" in line
 
 
 def test_gzip_on_standard_input_is_read_as_text(trained_run):
-    """gzip data on stdin was reported as invalid UTF-8, with advice to run iconv."""
+    """Gzip data on stdin was reported as invalid UTF-8, with advice to run iconv."""
     import gzip
 
     plain = invoke("translate", "--checkpoint", trained_run, "--max-len-b", "3", input="the dog .\na cat .\n")

@@ -151,8 +151,11 @@ def test_numbers_in_python_or_json_notation(tmp_path, text, key, value):
 
 def test_numbers_inside_lists_and_bad_numbers():
     assert load_config(None, ["train.adam_betas=[9e-1, 9.8e-1]"]).train.adam_betas == (0.9, 0.98)
-    for bad, message in (("train.max_steps=1.5", "train.max_steps must be an integer >= 1, got '1.5'"),
-                         ("train.lr=true", "train.lr must be a number >= 0, got 'true'"), ("train.lr=5e", "train.lr must be a number >= 0, got '5e'")):
+    for bad, message in (
+        ("train.max_steps=1.5", "train.max_steps must be an integer >= 1, got '1.5'"),
+        ("train.lr=true", "train.lr must be a number >= 0, got 'true'"),
+        ("train.lr=5e", "train.lr must be a number >= 0, got '5e'"),
+    ):
         with pytest.raises(ConfigError) as err:
             load_config(None, [bad])
         assert str(err.value) == message
@@ -300,9 +303,14 @@ def _one_line_naming_its_key(err: ConfigError, where: str = "") -> None:
 
 
 KEYS = [f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in fields(cls)]
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True, allow_infinity=True),
-                    st.text(st.characters(blacklist_categories=("Cs",)), max_size=12),
-                    st.sampled_from(["auto", "no", "off", "null", "~", "010", "5e-4", "1_000"]))
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=12),
+    st.sampled_from(["auto", "no", "off", "null", "~", "010", "5e-4", "1_000"]),
+)
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
 SECTION_NAMES = st.sampled_from([*SECTIONS, "trian"])
 KEY_NAMES = st.sampled_from(KEYS).map(lambda k: k.split(".")[1]) | st.text(max_size=8)
@@ -386,8 +394,9 @@ def _valid_value(f, tp):
 
 def _valid_sections(draw):
     """Sections of random valid values for random keys, made to obey validate's rules that relate keys."""
-    raw = {name: {f.name: draw(_valid_value(f, typing.get_type_hints(cls)[f.name])) for f in fields(cls) if draw(st.booleans())}
-           for name, cls in SECTIONS.items()}
+    raw = {
+        name: {f.name: draw(_valid_value(f, typing.get_type_hints(cls)[f.name])) for f in fields(cls) if draw(st.booleans())} for name, cls in SECTIONS.items()
+    }
     model, data, tokenizer, decode = raw["model"], raw["data"], raw["tokenizer"], raw["decode"]
     if {"d_model", "n_heads"} & set(model):
         model["n_heads"] = draw(st.integers(1, 16))

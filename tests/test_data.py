@@ -121,7 +121,9 @@ def test_hugging_face_datasets_from_local_json(tmp_path):
     rows = [{"translation": {"en": f"sentence {i}", "de": f"Satz {i}"}} for i in range(5)]
     for split in ("train", "validation"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = DataConfig(hf_dataset="json", hf_data_files={"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "validation.jsonl")}, valid_split="validation")
+    cfg = DataConfig(
+        hf_dataset="json", hf_data_files={"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "validation.jsonl")}, valid_split="validation"
+    )
     src, tgt = load_split(cfg, "valid").read()
     assert src[3] == "sentence 3" and tgt[3] == "Satz 3" and len(src) == 5
 
@@ -163,7 +165,9 @@ def test_threads_and_blocks_give_the_same_cache_as_one_pass(tmp_path, toy_tokeni
     with gzip.open(tmp_path / "t.de.gz", "wt") as f:
         f.write("\n".join(tgt) + "\n")
     one, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=50, max_len_ratio=3.0)
-    many, report_many = encode_corpus(ParallelText.files(tmp_path / "t.en", tmp_path / "t.de.gz"), toy_tokenizer, tmp_path / "cache", max_len=50, max_len_ratio=3.0, threads=2, chunk_lines=64)
+    many, report_many = encode_corpus(
+        ParallelText.files(tmp_path / "t.en", tmp_path / "t.de.gz"), toy_tokenizer, tmp_path / "cache", max_len=50, max_len_ratio=3.0, threads=2, chunk_lines=64
+    )
     assert (report.total, report.empty, report.bad_ratio, report.kept) == (500, 1, 1, 498) and report_many == report
     assert _examples(one) == _examples(many) and many.src(0).dtype == np.int32
     assert np.array_equal(one.src_lengths, many.src_lengths) and np.array_equal(one.tgt_lengths, many.tgt_lengths)
@@ -266,8 +270,14 @@ def test_stream_buffers_of_a_file_or_memory_fill_up_and_report_bad_lines(tmp_pat
 
 
 def test_count_lines_agrees_with_iter_lines(tmp_path):
-    cases = {"none": b"", "one_newline": b"\n", "no_final_newline": b"a\nb", "final_newline": b"a\nb\n", "crlf_bom": b"\xef\xbb\xbfa\r\nb\r\n",
-             "block_boundary": b"x" * ((1 << 20) - 1) + "é\nz".encode()}  # é's two bytes straddle the first 1 MiB block
+    cases = {
+        "none": b"",
+        "one_newline": b"\n",
+        "no_final_newline": b"a\nb",
+        "final_newline": b"a\nb\n",
+        "crlf_bom": b"\xef\xbb\xbfa\r\nb\r\n",
+        "block_boundary": b"x" * ((1 << 20) - 1) + "é\nz".encode(),
+    }  # é's two bytes straddle the first 1 MiB block
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with gzip.open(tmp_path / f"{name}.gz", "wb") as f:

@@ -85,12 +85,15 @@ def test_chinese_needs_the_zh_tokenizer():
     assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(ZH_HYP, [ZH_REF]).score, abs=1e-9)
 
 
-@pytest.mark.parametrize("hyp, ref, tokenize, expected", [
-    (JA_HYP, JA_REF, "ja-mecab", 63.68),  # MeCab words: 私/は/毎朝/コーヒー/を/飲み/ます/。 ...
-    (JA_HYP, JA_REF, "char", 70.37),
-    (KO_HYP, KO_REF, "ko-mecab", 46.39),
-    (KO_HYP, KO_REF, "13a", 25.67),  # Korean has spaces between phrases, so 13a scores something
-])
+@pytest.mark.parametrize(
+    "hyp, ref, tokenize, expected",
+    [
+        (JA_HYP, JA_REF, "ja-mecab", 63.68),  # MeCab words: 私/は/毎朝/コーヒー/を/飲み/ます/。 ...
+        (JA_HYP, JA_REF, "char", 70.37),
+        (KO_HYP, KO_REF, "ko-mecab", 46.39),
+        (KO_HYP, KO_REF, "13a", 25.67),  # Korean has spaces between phrases, so 13a scores something
+    ],
+)
 def test_japanese_and_korean_match_sacrebleu(hyp, ref, tokenize, expected):
     result = score(hyp, [ref], tokenize=tokenize)
     reference = sacrebleu.corpus_bleu(hyp, [ref], tokenize=tokenize)
@@ -103,10 +106,21 @@ def test_scores_are_not_rounded():
     assert result["bleu"] == pytest.approx(100 * (0.75 * (2 / 3) * 0.5 * 0.5) ** 0.25, abs=1e-12)
 
 
-@pytest.mark.parametrize("lang, expected", [
-    ("zh", "zh"), ("zh-CN", "zh"), ("zh_TW", "zh"), ("ja", "ja-mecab"), ("JA-jp", "ja-mecab"), ("ko", "ko-mecab"),
-    ("de", "13a"), ("ru", "13a"), ("", "13a"), (None, "13a"),
-])
+@pytest.mark.parametrize(
+    "lang, expected",
+    [
+        ("zh", "zh"),
+        ("zh-CN", "zh"),
+        ("zh_TW", "zh"),
+        ("ja", "ja-mecab"),
+        ("JA-jp", "ja-mecab"),
+        ("ko", "ko-mecab"),
+        ("de", "13a"),
+        ("ru", "13a"),
+        ("", "13a"),
+        (None, "13a"),
+    ],
+)
 def test_tokenizer_from_target_language(lang, expected):
     assert bleu_tokenizer(None, lang) == bleu_tokenizer("auto", lang) == expected
     assert bleu_tokenizer("char", lang) == "char"  # an explicit choice wins
@@ -134,9 +148,17 @@ def test_missing_mecab_names_the_extra(monkeypatch, tokenize, module, extra):
     check_tokenizer("zh")  # needs nothing optional
 
 
-@pytest.mark.parametrize("lines, expected", [
-    (ZH_REF, "zh"), (JA_REF, "ja"), (KO_REF, "ko"), (["der Hund sieht eine Katze ."], None), (["東京 is big , says the man ."], None), ([""], None),
-])
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        (ZH_REF, "zh"),
+        (JA_REF, "ja"),
+        (KO_REF, "ko"),
+        (["der Hund sieht eine Katze ."], None),
+        (["東京 is big , says the man ."], None),
+        ([""], None),
+    ],
+)
 def test_guess_cjk_language(lines, expected):
     assert guess_cjk_language(lines) == expected
 
@@ -144,16 +166,22 @@ def test_guess_cjk_language(lines, expected):
 @pytest.mark.parametrize(
     "given,message",
     [
-        ({"hyp": "h", "checkpoints": ["c"]},
-         "--hyp (translations to score) and --checkpoint (a source to translate) exclude each other: give one or the other"),
-        ({"hyp": "h", "checkpoints": ["c"], "src": "s"}, "--hyp (translations to score) and --checkpoint and --src (a source to translate) exclude each other: "
-                                                         "give one or the other"),
+        (
+            {"hyp": "h", "checkpoints": ["c"]},
+            "--hyp (translations to score) and --checkpoint (a source to translate) exclude each other: give one or the other",
+        ),
+        (
+            {"hyp": "h", "checkpoints": ["c"], "src": "s"},
+            "--hyp (translations to score) and --checkpoint and --src (a source to translate) exclude each other: give one or the other",
+        ),
         ({}, "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE"),
         ({"src": "s"}, "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE (--src needs --checkpoint to translate it)"),
         ({"checkpoints": ["c"]}, "--checkpoint needs --src (the text to translate)"),
         ({"hyp": "h", "output": "o"}, "--output writes the translations made with --checkpoint; with --hyp there is nothing to write"),
-        ({"hyp": "h", "translation_settings": ["beam_size", "min_len"]},
-         "--beam-size, --min-len: these set how --checkpoint translates; with --hyp nothing is translated"),
+        (
+            {"hyp": "h", "translation_settings": ["beam_size", "min_len"]},
+            "--beam-size, --min-len: these set how --checkpoint translates; with --hyp nothing is translated",
+        ),
     ],
 )
 def test_evaluate_refuses_inputs_that_would_be_ignored(given, message):

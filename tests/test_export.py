@@ -31,7 +31,13 @@ def exported(tmp_path_factory):
 
 def test_permutation_maps_interleaved_to_half_split_positions():
     ours = sinusoidal_positions(5, 8)
-    marian = torch.cat([torch.sin(torch.arange(5.0)[:, None] / 10000 ** (torch.arange(0, 8, 2) / 8)), torch.cos(torch.arange(5.0)[:, None] / 10000 ** (torch.arange(0, 8, 2) / 8))], 1)
+    marian = torch.cat(
+        [
+            torch.sin(torch.arange(5.0)[:, None] / 10000 ** (torch.arange(0, 8, 2) / 8)),
+            torch.cos(torch.arange(5.0)[:, None] / 10000 ** (torch.arange(0, 8, 2) / 8)),
+        ],
+        1,
+    )
     torch.testing.assert_close(ours[:, marian_permutation(8)], marian, atol=1e-6, rtol=0)
 
 
@@ -59,11 +65,31 @@ def test_greedy_output_identical(exported):
 
 ADVERSARIAL = [
     "the big dog sees a small cat .",
-    "the dog </s> runs .", "<pad> the cat", "<unk>", "<s> a </s>", "</s>", "▁the ▁dog",  # special-token and piece spellings
-    "the >>fr<< cat <<", " >>de<< a dog", "<<>>",  # Marian language tags anywhere but at the very start
-    "a\x00b\x07c\x1fd", "\x1c the dog \x1d", "the dog\x85", "\x85", "\t", "", "  the   dog  ",  # control characters, whitespace
-    "\u3000the dog\u3000", "\ufeffthe", "\u200bthe\u200b", "\u200b", "the\u00a0dog", "\u2028the", "héllo wörld ﬁ ①",  # Unicode
-    "A" * 5000, "dog" * 700,  # very long words
+    "the dog </s> runs .",
+    "<pad> the cat",
+    "<unk>",
+    "<s> a </s>",
+    "</s>",
+    "▁the ▁dog",  # special-token and piece spellings
+    "the >>fr<< cat <<",
+    " >>de<< a dog",
+    "<<>>",  # Marian language tags anywhere but at the very start
+    "a\x00b\x07c\x1fd",
+    "\x1c the dog \x1d",
+    "the dog\x85",
+    "\x85",
+    "\t",
+    "",
+    "  the   dog  ",  # control characters, whitespace
+    "\u3000the dog\u3000",
+    "\ufeffthe",
+    "\u200bthe\u200b",
+    "\u200b",
+    "the\u00a0dog",
+    "\u2028the",
+    "héllo wörld ﬁ ①",  # Unicode
+    "A" * 5000,
+    "dog" * 700,  # very long words
 ]
 
 
@@ -149,9 +175,15 @@ def test_generation_config_searches_as_nmt_translate_does_by_default(exported, c
     # A beam: generate() ranks by log P / |Y|^α and stops a sentence once num_beams hypotheses have ended, as nmt does.
     values, notes = generation_settings(DecodeConfig(beam_size=5, length_penalty=2.0), tokenizer, 1024)
     assert {k: values[k] for k in ("num_beams", "length_penalty", "early_stopping", "max_length")} == {
-        "num_beams": 5, "length_penalty": 2.0, "early_stopping": True, "max_length": 1024}
-    assert notes == ["generate() has no output limit relative to the source (nmt: 1.5 x source pieces + 10): generation_config.json sets max_length 1024, "
-                     "the model's position limit"]
+        "num_beams": 5,
+        "length_penalty": 2.0,
+        "early_stopping": True,
+        "max_length": 1024,
+    }
+    assert notes == [
+        "generate() has no output limit relative to the source (nmt: 1.5 x source pieces + 10): generation_config.json sets max_length 1024, "
+        "the model's position limit"
+    ]
 
 
 def test_a_killed_export_leaves_nothing_that_loads(checkpoint, tmp_path, monkeypatch):
@@ -159,9 +191,11 @@ def test_a_killed_export_leaves_nothing_that_loads(checkpoint, tmp_path, monkeyp
     import sys
 
     out = tmp_path / "hf"
-    kill = ("import os, signal, transformers\n"
-            "transformers.MarianTokenizer.save_pretrained = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # after the weights, before the tokenizer\n"
-            f"from nmt.export import export\nexport({str(checkpoint)!r}, {str(out)!r})\n")
+    kill = (
+        "import os, signal, transformers\n"
+        "transformers.MarianTokenizer.save_pretrained = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # after the weights, before the tokenizer\n"
+        f"from nmt.export import export\nexport({str(checkpoint)!r}, {str(out)!r})\n"
+    )
     proc = subprocess.run([sys.executable, "-c", kill], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert not out.exists()
@@ -193,7 +227,10 @@ def test_an_unwritable_or_full_place_is_one_line_and_leaves_nothing(checkpoint, 
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "other")])
-    assert result.exit_code == 2 and result.output == f"error: OUT {tmp_path / 'other'} holds other files; give a new or empty directory (an earlier export there is replaced)\n"
+    assert (
+        result.exit_code == 2
+        and result.output == f"error: OUT {tmp_path / 'other'} holds other files; give a new or empty directory (an earlier export there is replaced)\n"
+    )
     result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "missing" / "hf")])
     assert result.exit_code == 2 and "does not exist; create it first" in result.output and result.output.count("\n") == 1
 

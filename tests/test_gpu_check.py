@@ -58,7 +58,9 @@ def test_a_step_over_its_limit_is_killed_with_its_children_and_keeps_what_it_pri
 
 
 def test_a_failing_step_reports_failed_and_its_last_lines(gpu_check, tmp_path):
-    status, _, records, tail = gpu_check.run_process([sys.executable, "-c", "print('{\"partial\": 2}'); raise SystemExit('boom')"], 30, tmp_path / "log", dict(os.environ))
+    status, _, records, tail = gpu_check.run_process(
+        [sys.executable, "-c", "print('{\"partial\": 2}'); raise SystemExit('boom')"], 30, tmp_path / "log", dict(os.environ)
+    )
     assert status == "failed"
     assert records == [{"partial": 2}]
     assert "boom" in tail
@@ -71,7 +73,9 @@ def _write_wheel(directory: Path) -> None:
         "gpucheck_probe-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: gpucheck-probe\nVersion: 0.1\n",
         "gpucheck_probe-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
-    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n" for name, data in files.items())
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n" for name, data in files.items()
+    )
     files["gpucheck_probe-0.1.dist-info/RECORD"] = (record + "gpucheck_probe-0.1.dist-info/RECORD,,\n").encode()
     directory.mkdir(parents=True)
     with zipfile.ZipFile(directory / "gpucheck_probe-0.1-py3-none-any.whl", "w") as wheel:
@@ -94,7 +98,9 @@ def test_setup_installs_only_what_is_missing_from_copied_wheels_without_an_index
     assert line["missing"] == ["gpucheck-probe"] and line["still_missing"] == []
     assert "--no-index" in line["install"]
     # every step's process finds it
-    out = subprocess.run([sys.executable, "-c", "import gpucheck_probe; print(gpucheck_probe.VALUE)"], env=gpu_check.child_env(site), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import gpucheck_probe; print(gpucheck_probe.VALUE)"], env=gpu_check.child_env(site), capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "7"
     # nothing missing: nothing installed
     assert gpu_check.setup(work, results) is None
@@ -125,8 +131,17 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     """scripts/gpu_check.sh --dry-run: one result line per step, in order, each ok, with the figures the GPU run reports."""
     out = tmp_path / "results.jsonl"
     env = {**os.environ, "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + (out.with_suffix(".log").read_text()[-3000:] if out.with_suffix(".log").exists() else "")
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, (
+        proc.stdout[-3000:] + proc.stderr[-3000:] + (out.with_suffix(".log").read_text()[-3000:] if out.with_suffix(".log").exists() else "")
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["step"] for r in lines] == ["setup", "env", "train", "decode", "multi30k"]
     assert all(r["status"] == "ok" for r in lines), lines
@@ -148,7 +163,7 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
 
     by_key = {(r["engine"], r["batch_sentences"]): r for r in decode["records"]}
     assert set(by_key) == {(e, b) for e in ("nmt", "hf", "ct2-int8") for b in (1, 4, 8)}
-    for (engine, batch), r in by_key.items():
+    for (_engine, batch), r in by_key.items():
         # --max-batches 3 of 24 sentences: 3 batches of each size, 24 at most
         assert r["sentences"] == min(24, 3 * batch)
         assert r["tgt_tokens_per_s"] == pytest.approx(3 * r["sentences_per_s"], rel=0.02)  # every engine generated exactly the 3 forced pieces

@@ -20,7 +20,18 @@ from nmt.tokenizer import UNK, auto_character_coverage, train_tokenizer
 
 TOY_ZH = ROOT / "data" / "toy_zh"
 ENJA = Path(os.environ.get("SMALL_PARALLEL_ENJA", ROOT.parent / "shared" / "data" / "small_parallel_enja"))
-TINY = ["--set", "model.preset=tiny", "--set", "train.threads=1", "--set", "train.progress_bar=false", "--set", "train.tensorboard=false", "--set", "data.workers=1"]
+TINY = [
+    "--set",
+    "model.preset=tiny",
+    "--set",
+    "train.threads=1",
+    "--set",
+    "train.progress_bar=false",
+    "--set",
+    "train.tensorboard=false",
+    "--set",
+    "data.workers=1",
+]
 
 
 def lines(path: Path) -> list[str]:
@@ -43,9 +54,32 @@ def zh_run(tmp_path_factory):
     """A tiny English→Chinese model, validated (greedy, tok:zh) at steps 50, 100 and 150."""
     run = tmp_path_factory.mktemp("zh") / "run"
     result = invoke(
-        "train", "--run-dir", run, "--set", f"data.dir={TOY_ZH}", "--set", "data.src_lang=en", "--set", "data.tgt_lang=zh", *TINY,
-        "--set", "tokenizer.vocab_size=150", "--set", "train.max_steps=150", "--set", "train.warmup_steps=50", "--set", "train.validate_every=50",
-        "--set", "train.save_every=50", "--set", "train.log_every=50", "--set", "train.max_tokens=1500", "--set", "train.valid_beam_size=1",
+        "train",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={TOY_ZH}",
+        "--set",
+        "data.src_lang=en",
+        "--set",
+        "data.tgt_lang=zh",
+        *TINY,
+        "--set",
+        "tokenizer.vocab_size=150",
+        "--set",
+        "train.max_steps=150",
+        "--set",
+        "train.warmup_steps=50",
+        "--set",
+        "train.validate_every=50",
+        "--set",
+        "train.save_every=50",
+        "--set",
+        "train.log_every=50",
+        "--set",
+        "train.max_tokens=1500",
+        "--set",
+        "train.valid_beam_size=1",
     )
     assert result.exit_code == 0, result.output
     return run
@@ -58,8 +92,18 @@ def test_chinese_validation_bleu_is_nmt_evaluate_bleu_and_picks_best(zh_run):
     assert all("|tok:zh|" in v["bleu_signature"] for v in validations)
     for v in validations:
         # No --tokenize or --tgt-lang: the checkpoint's data.tgt_lang (zh) chooses `zh`, as validation did.
-        result = invoke("evaluate", "--checkpoint", zh_run / f"step_{v['step']}.pt", "--src", TOY_ZH / "valid.en", "--ref", TOY_ZH / "valid.zh",
-                        "--beam-size", "1", "--json")
+        result = invoke(
+            "evaluate",
+            "--checkpoint",
+            zh_run / f"step_{v['step']}.pt",
+            "--src",
+            TOY_ZH / "valid.en",
+            "--ref",
+            TOY_ZH / "valid.zh",
+            "--beam-size",
+            "1",
+            "--json",
+        )
         assert result.exit_code == 0, result.output
         scored = json.loads(result.stdout)
         assert scored["tokenize"] == "zh" and scored["bleu"] == v["bleu"] and scored["chrf"] == v["chrf"]
@@ -81,7 +125,9 @@ def test_evaluate_flags_choose_the_tokenizer(zh_run, tmp_path):
     assert "warning: the references look like zh text, which sacreBLEU scores with tokenizer zh, not 13a: pass --tgt-lang zh" in default.stderr
     assert by_flag["zh"]["bleu"] > by_flag["13a"]["bleu"]
     # An explicit flag overrides the checkpoint's language.
-    forced = json.loads(invoke("evaluate", "--checkpoint", zh_run, "--src", TOY_ZH / "test.en", "--ref", ref, "--beam-size", "2", "--tokenize", "char", "--json").stdout)
+    forced = json.loads(
+        invoke("evaluate", "--checkpoint", zh_run, "--src", TOY_ZH / "test.en", "--ref", ref, "--beam-size", "2", "--tokenize", "char", "--json").stdout
+    )
     assert forced["bleu"] == by_flag["char"]["bleu"] and "|tok:char|" in forced["bleu_signature"]
     text = invoke("evaluate", "--hyp", hyp, "--ref", ref, "--tgt-lang", "zh")
     assert text.exit_code == 0 and text.stdout.startswith(f"BLEU = {by_flag['zh']['bleu']:.2f} ")
@@ -106,7 +152,9 @@ def test_tune_decode_scores_as_validation_did(zh_run):
 def test_translate_allow_unk_reaches_the_search(zh_run, monkeypatch):
     seen = []
     search = nmt.search.beam_search
-    monkeypatch.setattr(nmt.search, "beam_search", lambda *a, **k: seen.append(inspect.signature(search).bind(*a, **k).arguments["decode"].allow_unk) or search(*a, **k))
+    monkeypatch.setattr(
+        nmt.search, "beam_search", lambda *a, **k: seen.append(inspect.signature(search).bind(*a, **k).arguments["decode"].allow_unk) or search(*a, **k)
+    )
     for flags, expected in (((), False), (("--allow-unk",), True), (("--no-allow-unk",), False)):
         result = invoke("translate", "--checkpoint", zh_run, "--beam-size", "2", *flags, input="He drinks tea .\n")
         assert result.exit_code == 0, result.output
@@ -163,7 +211,9 @@ def test_byte_fallback_spells_unseen_characters_instead_of_unk():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (ENJA / "train.ja.gz").is_file(), reason=f"small_parallel_enja not found at {ENJA}; set SMALL_PARALLEL_ENJA to run the English→Japanese test")
+@pytest.mark.skipif(
+    not (ENJA / "train.ja.gz").is_file(), reason=f"small_parallel_enja not found at {ENJA}; set SMALL_PARALLEL_ENJA to run the English→Japanese test"
+)
 def test_english_japanese_run_on_a_slice(tmp_path):
     data = tmp_path / "enja"
     data.mkdir()
@@ -173,9 +223,26 @@ def test_english_japanese_run_on_a_slice(tmp_path):
                 (data / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
     run = tmp_path / "run"
     result = invoke(
-        "train", "--config", ROOT / "configs" / "small_enja.yaml", "--run-dir", run, "--set", f"data.dir={data}", *TINY,
-        "--set", "tokenizer.vocab_size=2000", "--set", "train.max_steps=30", "--set", "train.validate_every=30", "--set", "train.log_every=10",
-        "--set", "train.max_tokens=1500", "--set", "train.valid_beam_size=1",
+        "train",
+        "--config",
+        ROOT / "configs" / "small_enja.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        f"data.dir={data}",
+        *TINY,
+        "--set",
+        "tokenizer.vocab_size=2000",
+        "--set",
+        "train.max_steps=30",
+        "--set",
+        "train.validate_every=30",
+        "--set",
+        "train.log_every=10",
+        "--set",
+        "train.max_tokens=1500",
+        "--set",
+        "train.valid_beam_size=1",
     )
     assert result.exit_code == 0, result.output
     record = [json.loads(line) for line in lines(run / "metrics.jsonl") if '"bleu"' in line][-1]

@@ -23,6 +23,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import TOY
+from opus_dirs import SOURCE, TARGET, make_opus_dir
 from typer.testing import CliRunner
 
 from nmt.checkpoint import load_checkpoint
@@ -33,23 +35,43 @@ from nmt.marian import NEVER, MarianError, Rows, from_marian, import_checkpoint,
 from nmt.tokenizer import BOS, EOS, PAD, UNK
 from nmt.translate import best_strings, load_model, translate_lines
 
-from conftest import TOY
-from opus_dirs import SOURCE, TARGET, make_opus_dir
-
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
 
 LINES = SOURCE[-12:] + [">>fr<< the big dog sees a small cat .", "a woman .", "zebra quokka !", "the man , the man , the man"]
 ADVERSARIAL = [
-    "", " ", "the dog </s> runs .", "a</s>b", "<pad> the cat", "<unk>", "<unk>dog", "</s>>>fr<< x", "<s> a", "▁the ▁dog",
-    ">>fr<< the dog", ">>fr<<the dog", " >>fr<< the", ">>xx<< a dog", ">>x<< y <<", ">><<", "the >>fr<< cat",  # language codes
-    "«the dog»  „x“ – 1,5 ’s", "héllo wörld ﬁ ①", "\u3000the dog\u3000", "the\u00a0dog", "a\tb", "A" * 300, "zzzz qqqq",  # normalisation, unknown pieces
+    "",
+    " ",
+    "the dog </s> runs .",
+    "a</s>b",
+    "<pad> the cat",
+    "<unk>",
+    "<unk>dog",
+    "</s>>>fr<< x",
+    "<s> a",
+    "▁the ▁dog",
+    ">>fr<< the dog",
+    ">>fr<<the dog",
+    " >>fr<< the",
+    ">>xx<< a dog",
+    ">>x<< y <<",
+    ">><<",
+    "the >>fr<< cat",  # language codes
+    "«the dog»  „x“ – 1,5 ’s",
+    "héllo wörld ﬁ ①",
+    "\u3000the dog\u3000",
+    "the\u00a0dog",
+    "a\tb",
+    "A" * 300,
+    "zzzz qqqq",  # normalisation, unknown pieces
 ]
 SIZES = {  # name: (make_opus_dir arguments, slow)
     "32-wide 2+2 swish safetensors": (dict(d_model=32, layers=(2, 2), heads=4, ffn=64, seed=1), False),
     "48-wide 1+3 gelu pytorch_model.bin": (dict(d_model=48, layers=(1, 3), heads=2, ffn=96, activation="gelu", weights="bin", seed=4, train_steps=60), True),
-    "16-wide 3+1 relu separate vocabularies": (dict(d_model=16, layers=(3, 1), heads=2, ffn=32, activation="relu", separate_vocabs=True,
-                                                    seed=3, train_steps=60), True),
+    "16-wide 3+1 relu separate vocabularies": (
+        dict(d_model=16, layers=(3, 1), heads=2, ffn=32, activation="relu", separate_vocabs=True, seed=3, train_steps=60),
+        True,
+    ),
 }
 
 
@@ -109,7 +131,7 @@ def test_teacher_forced_log_probs_equal(opus):
     with torch.no_grad():
         theirs = torch.log_softmax(hf(**enc, decoder_input_ids=decoder_in).logits, -1)
         ours = torch.log_softmax(model(src, tgt_in), -1)[..., Rows.of(tokenizer).tgt]  # Marian's columns, in Marian's order
-    real = (labels != hf.config.pad_token_id)  # positions of real target tokens (</s> included)
+    real = labels != hf.config.pad_token_id  # positions of real target tokens (</s> included)
     assert real.sum() > 30
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-4, rtol=0)
     with torch.no_grad():  # nmt's PAD row: probability exactly 0, so the normaliser is Marian's
@@ -146,8 +168,14 @@ def test_beam_search_tokens_equal_generate(opus, alpha):
 def test_imported_decode_defaults_follow_generation_config(opus):
     directory, _, _, _, tokenizer, cfg = opus
     generation = json.loads((directory / "generation_config.json").read_text())
-    assert cfg.decode == DecodeConfig(beam_size=generation["num_beams"], length_penalty=1.0, length_normalization="length", max_len_a=0.0,
-                                      max_len_b=generation["max_length"] - 2, allow_unk=True)  # generate() bans only <pad>, not <unk>
+    assert cfg.decode == DecodeConfig(
+        beam_size=generation["num_beams"],
+        length_penalty=1.0,
+        length_normalization="length",
+        max_len_a=0.0,
+        max_len_b=generation["max_length"] - 2,
+        allow_unk=True,
+    )  # generate() bans only <pad>, not <unk>
     assert cfg.model.activation in ("swish", "gelu", "relu") and cfg.model.output_bias
     assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("en", "de")
     assert tokenizer.src.id_to_piece(BOS) == "<pad>" and tokenizer.src.id_to_piece(EOS) == "</s>" and tokenizer.src.id_to_piece(UNK) == "<unk>"
@@ -164,12 +192,18 @@ def test_export_after_import_gives_the_same_directory(opus, tmp_path):
     for name in ("vocab.json", "source.spm", "target.spm", "target_vocab.json"):
         if (directory / name).exists():
             assert (tmp_path / "hf" / name).read_bytes() == (directory / name).read_bytes() or json.loads((tmp_path / "hf" / name).read_text()) == json.loads(
-                (directory / name).read_text()), name
+                (directory / name).read_text()
+            ), name
     tok_again = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
     assert [tok_again(t)["input_ids"] for t in LINES + ADVERSARIAL] == [tok(t)["input_ids"] for t in LINES + ADVERSARIAL]
     generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert {k: generation[k] for k in ("num_beams", "length_penalty", "early_stopping", "max_length", "bad_words_ids")} == {
-        "num_beams": 4, "length_penalty": 1.0, "early_stopping": True, "max_length": 40, "bad_words_ids": [[hf.config.pad_token_id]]}
+        "num_beams": 4,
+        "length_penalty": 1.0,
+        "early_stopping": True,
+        "max_length": 40,
+        "bad_words_ids": [[hf.config.pad_token_id]],
+    }
 
 
 def test_nmt_weights_round_trip_through_marian_names(opus):
@@ -191,8 +225,9 @@ def test_translate_defaults_equal_generate_defaults(small_opus, tmp_path):
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
     generation = json.loads((directory / "generation_config.json").read_text())
-    (directory / "generation_config.json").write_text(json.dumps({**generation, "early_stopping": True, "length_penalty": 0.8, "num_beams": 3,
-                                                                  "max_length": 30}))
+    (directory / "generation_config.json").write_text(
+        json.dumps({**generation, "early_stopping": True, "length_penalty": 0.8, "num_beams": 3, "max_length": 30})
+    )
     result = runner.invoke(app, ["import", str(directory), "--out", str(tmp_path / "m.pt")])
     assert result.exit_code == 0, result.output
     lines = SOURCE[-8:]
@@ -220,18 +255,21 @@ def test_a_hub_cache_entry_imports_from_the_snapshot_its_main_ref_names(small_op
     assert load_checkpoint(tmp_path / "m.pt")["imported_from"]["path"] == str(entry / "snapshots" / "0123abcd")
 
 
-@pytest.mark.parametrize("changes, key", [
-    ({"normalize_before": True}, "normalize_before"),
-    ({"normalize_embedding": True}, "normalize_embedding"),
-    ({"static_position_embeddings": False}, "static_position_embeddings"),
-    ({"scale_embedding": False}, "scale_embedding"),
-    ({"activation_function": "gelu_new"}, "activation_function"),
-    ({"decoder_vocab_size": 9}, "decoder_vocab_size"),
-    ({"decoder_ffn_dim": 128}, "decoder_ffn_dim"),
-    ({"decoder_start_token_id": 0}, "decoder_start_token_id"),
-    ({"tie_word_embeddings": False}, "tie_word_embeddings"),
-    ({"model_type": "bart"}, "model_type"),
-])
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"normalize_before": True}, "normalize_before"),
+        ({"normalize_embedding": True}, "normalize_embedding"),
+        ({"static_position_embeddings": False}, "static_position_embeddings"),
+        ({"scale_embedding": False}, "scale_embedding"),
+        ({"activation_function": "gelu_new"}, "activation_function"),
+        ({"decoder_vocab_size": 9}, "decoder_vocab_size"),
+        ({"decoder_ffn_dim": 128}, "decoder_ffn_dim"),
+        ({"decoder_start_token_id": 0}, "decoder_start_token_id"),
+        ({"tie_word_embeddings": False}, "tie_word_embeddings"),
+        ({"model_type": "bart"}, "model_type"),
+    ],
+)
 def test_a_config_json_nmt_cannot_represent_is_refused_naming_the_key(small_opus, tmp_path, changes, key):
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
@@ -262,7 +300,9 @@ def test_generation_settings_nmt_does_not_apply_are_named(small_opus, tmp_path, 
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
     generation = json.loads((directory / "generation_config.json").read_text())
-    (directory / "generation_config.json").write_text(json.dumps({**generation, "renormalize_logits": True, "bad_words_ids": [[5, 6], generation["bad_words_ids"][0]]}))
+    (directory / "generation_config.json").write_text(
+        json.dumps({**generation, "renormalize_logits": True, "bad_words_ids": [[5, 6], generation["bad_words_ids"][0]]})
+    )
     payload = import_checkpoint(directory, tmp_path / "m.pt")
     notes = payload["imported_from"]["not_applied"]
     assert [n.split("=")[0].split(" ")[0] for n in notes] == ["early_stopping", "renormalize_logits", "bad_words_ids"]
@@ -293,10 +333,38 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
     direct = runner.invoke(app, ["train", "--init-from", str(small_opus), "--run-dir", str(run), "--set", f"data.dir={TOY}"])
     assert direct.exit_code == 2 and direct.output.startswith(f"error: --init-from {small_opus} is a Hugging Face directory; import it first")
     assert not run.exists()
-    result = runner.invoke(app, ["train", "--init-from", str(tmp_path / "m.pt"), "--run-dir", str(run), "--set", f"data.dir={TOY}",
-                                 "--set", "train.max_steps=3", "--set", "train.log_every=1", "--set", "train.validate_every=3", "--set", "data.valid_max_sentences=4",
-                                 "--set", "train.valid_beam_size=1", "--set", "train.max_tokens=400", "--set", "train.threads=1",
-                                 "--set", "train.schedule=constant", "--set", "train.lr=1e-4", "--set", "train.warmup_steps=1"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--init-from",
+            str(tmp_path / "m.pt"),
+            "--run-dir",
+            str(run),
+            "--set",
+            f"data.dir={TOY}",
+            "--set",
+            "train.max_steps=3",
+            "--set",
+            "train.log_every=1",
+            "--set",
+            "train.validate_every=3",
+            "--set",
+            "data.valid_max_sentences=4",
+            "--set",
+            "train.valid_beam_size=1",
+            "--set",
+            "train.max_tokens=400",
+            "--set",
+            "train.threads=1",
+            "--set",
+            "train.schedule=constant",
+            "--set",
+            "train.lr=1e-4",
+            "--set",
+            "train.warmup_steps=1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3] and all(r["lr"] == 1e-4 for r in records if "loss" in r)
@@ -343,11 +411,11 @@ def test_serve_translates_an_imported_model_as_translate_does(small_opus, tmp_pa
 
 def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path):
     """A directory nmt export wrote decodes from <s> (nmt's BOS), not <pad>: its ids are kept, no row is added."""
+    from conftest import cached_tokenizer, tiny_config
+
     from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import Config, config_to_dict
     from nmt.model import Transformer
-
-    from conftest import cached_tokenizer, tiny_config
 
     tokenizer = cached_tokenizer(300, 3000, german=True)
     torch.manual_seed(0)

@@ -54,14 +54,28 @@ def two_target_corpus(directory: Path, n: int = 300, n_valid: int = 20, n_up: in
 
 def run_config(data: Path, run_dir: Path, max_steps: int, languages: dict | None = None, **train_settings):
     """A tiny model's run of ``data`` in ``languages`` (default: the directions en-de and en-up)."""
-    return config_from_dict({
-        "model": {"d_model": 64, "d_ff": 128, "n_heads": 4, "n_encoder_layers": 1, "n_decoder_layers": 1, "dropout": 0.0},
-        "data": {"dir": str(data), **(languages or {"directions": ["en-de", "en-up"]})},
-        "tokenizer": {"vocab_size": 150},
-        "train": {"run_dir": str(run_dir), "max_steps": max_steps, "max_tokens": 800, "warmup_steps": 20, "lr_scale": 0.7, "log_every": 10,
-                  "validate_every": 1000, "valid_beam_size": 1, "threads": 1, "progress_bar": False, "tensorboard": False, **train_settings},
-        "decode": {"beam_size": 1, "max_len_a": 1.2, "max_len_b": 5},
-    })
+    return config_from_dict(
+        {
+            "model": {"d_model": 64, "d_ff": 128, "n_heads": 4, "n_encoder_layers": 1, "n_decoder_layers": 1, "dropout": 0.0},
+            "data": {"dir": str(data), **(languages or {"directions": ["en-de", "en-up"]})},
+            "tokenizer": {"vocab_size": 150},
+            "train": {
+                "run_dir": str(run_dir),
+                "max_steps": max_steps,
+                "max_tokens": 800,
+                "warmup_steps": 20,
+                "lr_scale": 0.7,
+                "log_every": 10,
+                "validate_every": 1000,
+                "valid_beam_size": 1,
+                "threads": 1,
+                "progress_bar": False,
+                "tensorboard": False,
+                **train_settings,
+            },
+            "decode": {"beam_size": 1, "max_len_a": 1.2, "max_len_b": 5},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +102,18 @@ def test_directions_replace_the_language_pair_and_read_back():
     assert tags(load_config(None, ["data.directions=[de-en, fr-en]"]).data) == ()  # one target language: no tag needed
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data.directions=[en-de, en-en]"], r"data.directions\[1\] en-en translates en into itself"),
-    (["data.directions=[en-de, en-de]"], r"data.directions\[1\] en-de is written twice"),
-    (["data.directions=[en-zh-TW]"], r"data.directions\[0\] must be SRC-TGT"),
-    (["data.directions=[en-de, en-fr]", "data.tgt_lang=fr"], "data.directions replaces data.tgt_lang"),
-    (["data.directions=[en-de, en-fr]", "tokenizer.joint=false", "model.share_embeddings=false"], "share one vocabulary: set tokenizer.joint=true"),
-    (["data.directions=[en-de, en-fr]", "data.train_src=a", "data.train_tgt=b"], "data.train_src names the files of one direction"),
-    (["data.directions=[]"], "data.directions is empty"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.directions=[en-de, en-en]"], r"data.directions\[1\] en-en translates en into itself"),
+        (["data.directions=[en-de, en-de]"], r"data.directions\[1\] en-de is written twice"),
+        (["data.directions=[en-zh-TW]"], r"data.directions\[0\] must be SRC-TGT"),
+        (["data.directions=[en-de, en-fr]", "data.tgt_lang=fr"], "data.directions replaces data.tgt_lang"),
+        (["data.directions=[en-de, en-fr]", "tokenizer.joint=false", "model.share_embeddings=false"], "share one vocabulary: set tokenizer.joint=true"),
+        (["data.directions=[en-de, en-fr]", "data.train_src=a", "data.train_tgt=b"], "data.train_src names the files of one direction"),
+        (["data.directions=[]"], "data.directions is empty"),
+    ],
+)
 def test_direction_settings_that_cannot_work_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
@@ -191,7 +208,10 @@ def test_a_resumed_run_of_two_directions_equals_an_uninterrupted_one(tmp_path):
     a, b = load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "split" / "last.pt")
     assert a["progress"]["epoch"] >= 1 and a["progress"]["batching"] == [300, 1, 1, 1.5]  # crossed an epoch; the temperature cut its batches
     assert all(torch.equal(t, b["model"][k]) for k, t in a["model"].items())
-    losses = [{r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r} for run in (tmp_path / "whole", tmp_path / "split")]
+    losses = [
+        {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+        for run in (tmp_path / "whole", tmp_path / "split")
+    ]
     assert losses[0] == losses[1] and len(losses[0]) == 12
     with pytest.raises(ConfigError, match=r"cannot change the model or tokenizer of a run \(data.directions\)"):
         train(run_config(data, tmp_path / "split", 6, **mixed), resume=True, overrides=["data.directions=[en-de]"])
@@ -207,8 +227,22 @@ def test_validation_per_direction_equals_nmt_evaluate_of_that_direction(trained)
     assert validation["bleu"] == pytest.approx((validation["bleu/en-de"] + validation["bleu/en-up"]) / 2)  # best.pt follows the mean
     assert result["bleu/en-up"] == validation["bleu/en-up"] and result["best_bleu"] == validation["bleu"]
     for lang in ("de", "up"):
-        scored = invoke("evaluate", "--checkpoint", run / "best.pt", "--src", data / "valid.en", "--ref", data / f"valid.{lang}", "--tgt-lang", lang,
-                        "--beam-size", 1, "--json", "--threads", 1)
+        scored = invoke(
+            "evaluate",
+            "--checkpoint",
+            run / "best.pt",
+            "--src",
+            data / "valid.en",
+            "--ref",
+            data / f"valid.{lang}",
+            "--tgt-lang",
+            lang,
+            "--beam-size",
+            1,
+            "--json",
+            "--threads",
+            1,
+        )
         assert scored.exit_code == 0, scored.output
         assert json.loads(scored.stdout)["bleu"] == validation[f"bleu/en-{lang}"]
         assert json.loads(scored.stdout)["chrf"] == validation[f"chrf/en-{lang}"]
@@ -244,7 +278,9 @@ def test_a_two_direction_model_translates_into_the_requested_language(trained, t
 def test_the_target_language_is_required_and_checked(trained, tmp_path):
     _, run, _ = trained
     missing = invoke("translate", "--checkpoint", run, input="the dog .\n")
-    assert missing.exit_code == 2 and one_line_error(missing) == "error: this model translates into de, up (directions en-de, en-up): choose one with --tgt-lang"
+    assert (
+        missing.exit_code == 2 and one_line_error(missing) == "error: this model translates into de, up (directions en-de, en-up): choose one with --tgt-lang"
+    )
     unknown = invoke("translate", "--checkpoint", run, "--tgt-lang", "fr", input="the dog .\n")
     assert one_line_error(unknown) == "error: --tgt-lang fr: this model translates into de, up"
     for command in (["evaluate", "--src", TOY / "valid.en", "--ref", TOY / "valid.de"], ["tune-decode", "--src", TOY / "valid.en", "--ref", TOY / "valid.de"]):
@@ -281,8 +317,12 @@ def test_serve_takes_tgt_lang_and_the_page_offers_the_languages(trained):
         for lang in ("de", "up"):
             answer = client.post("/translate", json={"text": lines, "tgt_lang": lang, "beam_size": 1, "alignment": True}).json()["translations"]
             goal = target(translator.cfg, translator.tokenizer, lang)
-            expected = best_strings(translator.tokenizer, translate_lines(translator.model, translator.tokenizer, lines, replace_beam(translator.cfg.decode),
-                                                                          torch.device("cpu"), src_prefix=goal.src_prefix))
+            expected = best_strings(
+                translator.tokenizer,
+                translate_lines(
+                    translator.model, translator.tokenizer, lines, replace_beam(translator.cfg.decode), torch.device("cpu"), src_prefix=goal.src_prefix
+                ),
+            )
             assert [t["text"] for t in answer] == expected
             assert answer[0]["attention"]["src_pieces"][0] == f">>{lang}<<"  # the heatmap shows what the model read
         refused = client.post("/translate", json={"text": "a dog ."})

@@ -46,11 +46,16 @@ def test_profile_command_prints_one_json_object_or_one_line_errors():
     from nmt.cli import app
 
     runner = CliRunner()
-    result = runner.invoke(app, ["profile", "--preset", "tiny", "--batch", "2", "--src-len", "5", "--tgt-len", "4", "--beam-size", "2", "--threads", "1", "--json"])
+    result = runner.invoke(
+        app, ["profile", "--preset", "tiny", "--batch", "2", "--src-len", "5", "--tgt-len", "4", "--beam-size", "2", "--threads", "1", "--json"]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["shape"] == {"batch": 2, "src_len": 5, "tgt_len": 4, "beam": 2} and report["model"]["d_model"] == 64
-    for args, message in ((["profile"], "give a model to profile"), (["profile", "--preset", "huge"], "--preset 'huge' is not one of"),
-                          (["profile", "--preset", "tiny", "--batch", "0"], "--batch must be at least 1")):
+    for args, message in (
+        (["profile"], "give a model to profile"),
+        (["profile", "--preset", "huge"], "--preset 'huge' is not one of"),
+        (["profile", "--preset", "tiny", "--batch", "0"], "--batch must be at least 1"),
+    ):
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1

@@ -23,7 +23,7 @@ TINY_TRAIN = "--set train.log_every=2 --set data.valid_max_sentences=8 --set tra
 
 def bash_blocks(heading: str) -> list[str]:
     """The lines of the first ```bash block after ``heading`` (comments and blank lines dropped)."""
-    section = README[README.index(heading):]
+    section = README[README.index(heading) :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     lines = [line.split("  #")[0].split("# ")[0].strip() if not line.lstrip().startswith("#") else "" for line in block.splitlines()]
     return [line for line in lines if line]
@@ -111,11 +111,25 @@ def test_every_readme_command_runs_as_written(tmp_path):
     (data / "terms.de").write_text("Hund\tKatze\n" + "\n" * 19, encoding="utf-8")
     run = tmp_path / "run"
     replacements = {
-        "PATH/multi30k": str(data / "multi30k"), "RUN": str(run), "CONFIG": "configs/toy.yaml", "test.en": str(data / "test.en"),
-        "test.de": str(data / "test.de"), "test.fr": str(data / "test.fr"), "MULTI": str(tmp_path / "multi"),
-        "val.en": str(data / "multi30k" / "val.en"), "val.de": str(data / "multi30k" / "val.de"), "test2.de": str(data / "test2.de"), "hyp.de": str(tmp_path / "hyp.de"),
-        "test.ja": str(data / "test.ja"), "hyp.ja": str(tmp_path / "hyp.ja"), "prefix.de": str(data / "prefix.de"), "terms.de": str(data / "terms.de"),
-        "HF_DIR": str(tmp_path / "hf"), "CT2_DIR": str(tmp_path / "ct2"), "model.pt": str(tmp_path / "model.pt"), "avg.pt": str(tmp_path / "avg.pt"),
+        "PATH/multi30k": str(data / "multi30k"),
+        "RUN": str(run),
+        "CONFIG": "configs/toy.yaml",
+        "test.en": str(data / "test.en"),
+        "test.de": str(data / "test.de"),
+        "test.fr": str(data / "test.fr"),
+        "MULTI": str(tmp_path / "multi"),
+        "val.en": str(data / "multi30k" / "val.en"),
+        "val.de": str(data / "multi30k" / "val.de"),
+        "test2.de": str(data / "test2.de"),
+        "hyp.de": str(tmp_path / "hyp.de"),
+        "test.ja": str(data / "test.ja"),
+        "hyp.ja": str(tmp_path / "hyp.ja"),
+        "prefix.de": str(data / "prefix.de"),
+        "terms.de": str(data / "terms.de"),
+        "HF_DIR": str(tmp_path / "hf"),
+        "CT2_DIR": str(tmp_path / "ct2"),
+        "model.pt": str(tmp_path / "model.pt"),
+        "avg.pt": str(tmp_path / "avg.pt"),
     }
     assert len(run_all(command_list(), repo, replacements)) == len(command_list())
     assert (tmp_path / "hyp.de").read_text(encoding="utf-8").count("\n") == 20

@@ -31,7 +31,9 @@ def test_scheduler_sets_the_rate_of_each_step(schedule):
     cfg = TrainConfig(schedule=schedule, warmup_steps=10, lr=1e-3)
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
     sched = build_scheduler(opt, cfg, d_model=64)
-    fn = {"noam": lambda s: noam_lr(s, 64, 10), "inverse_sqrt": lambda s: inverse_sqrt_lr(s, 1e-3, 10), "constant": lambda s: constant_lr(s, 1e-3, 10)}[schedule]
+    fn = {"noam": lambda s: noam_lr(s, 64, 10), "inverse_sqrt": lambda s: inverse_sqrt_lr(s, 1e-3, 10), "constant": lambda s: constant_lr(s, 1e-3, 10)}[
+        schedule
+    ]
     for step in range(1, 30):
         assert opt.param_groups[0]["lr"] == pytest.approx(fn(step))  # the rate used by update `step`
         opt.step()

@@ -36,8 +36,11 @@ def translator() -> Translator:
     lines = (TOY / "train.en").read_text(encoding="utf-8").splitlines()[:2000] + (TOY / "train.de").read_text(encoding="utf-8").splitlines()[:2000]
     sp = train_sentencepiece(lines, vocab_size=200)
     torch.manual_seed(0)
-    cfg = Config(model=tiny_config(src_vocab_size=200, tgt_vocab_size=200, dropout=0.0), data=DataConfig(src_lang="en", tgt_lang="de"),
-                 decode=DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.0, max_len_b=4))
+    cfg = Config(
+        model=tiny_config(src_vocab_size=200, tgt_vocab_size=200, dropout=0.0),
+        data=DataConfig(src_lang="en", tgt_lang="de"),
+        decode=DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.0, max_len_b=4),
+    )
     return Translator(Transformer(cfg.model).eval(), Tokenizer(sp, sp), cfg, torch.device("cpu"), "tiny.pt", 7)
 
 
@@ -205,8 +208,10 @@ def test_page_is_self_contained(client):
     assert "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
 
 
-@pytest.mark.parametrize("limits,flag", [(Limits(max_lines=0), "--max-lines"), (Limits(max_wait_ms=-1), "--max-wait-ms"),
-                                         (Limits(max_batch_tokens=10, max_input_pieces=10), "--max-batch-tokens")])
+@pytest.mark.parametrize(
+    "limits,flag",
+    [(Limits(max_lines=0), "--max-lines"), (Limits(max_wait_ms=-1), "--max-wait-ms"), (Limits(max_batch_tokens=10, max_input_pieces=10), "--max-batch-tokens")],
+)
 def test_limits_out_of_range(limits, flag):
     with pytest.raises(ConfigError, match=flag):
         limits.check()
@@ -221,7 +226,12 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def checkpoint(translator, tmp_path_factory):
     path = tmp_path_factory.mktemp("serve") / "tiny.pt"
-    payload = {"model": translator.model.state_dict(), "config": config_to_dict(translator.cfg), "tokenizer": tokenizer_to_tensors(translator.tokenizer.protos()), "progress": {"step": 7}}
+    payload = {
+        "model": translator.model.state_dict(),
+        "config": config_to_dict(translator.cfg),
+        "tokenizer": tokenizer_to_tensors(translator.tokenizer.protos()),
+        "progress": {"step": 7},
+    }
     save_checkpoint(payload, path)
     return path
 
@@ -229,8 +239,13 @@ def checkpoint(translator, tmp_path_factory):
 def start_server(checkpoint, *flags):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "--checkpoint", str(checkpoint), "--port", str(port), "--threads", "1", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "serve", "--checkpoint", str(checkpoint), "--port", str(port), "--threads", "1", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -373,14 +388,16 @@ def test_int8_loads_through_the_translate_dtype_path(checkpoint, translator):
     assert int8.dtype == "int8" and any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.model.modules())
     decode = replace(translator.cfg.decode, beam_size=2)
     (expected,), tokenizer, _ = load_models([checkpoint], torch.device("cpu"), torch.qint8)
-    assert [h.tokens for h in int8.translate(SENTENCES[:2], decode)[0]] == [h.tokens for h in translate_lines(expected, tokenizer, SENTENCES[:2], decode, torch.device("cpu"))[0]]
+    assert [h.tokens for h in int8.translate(SENTENCES[:2], decode)[0]] == [
+        h.tokens for h in translate_lines(expected, tokenizer, SENTENCES[:2], decode, torch.device("cpu"))[0]
+    ]
     with TestClient(create_app(int8, Limits(max_wait_ms=0.0))) as c:
         assert c.get("/health").json()["dtype"] == "int8"
         assert c.post("/translate", json={"text": SENTENCES[0]}).status_code == 200
 
 
 def test_a_lone_surrogate_gets_a_json_4xx(client):
-    """``"\\ud800"`` once gave a plain-text 500 (the tokenizer could not encode it)."""
+    r"""``"\ud800"`` once gave a plain-text 500 (the tokenizer could not encode it)."""
     for body in (b'{"text": "a \\ud800 b"}', b'{"text": ["ok", "\\udfff"]}', b'{"text": "a", "\\ud800": 1}'):
         response = client.post("/translate", content=body, headers={"content-type": "application/json"})
         assert response.status_code == 422 and "\n" not in response.json()["error"], response.text
@@ -388,14 +405,23 @@ def test_a_lone_surrogate_gets_a_json_4xx(client):
 
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=True) | st.text(st.characters(), max_size=20),
+    st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=True) | st.text(st.characters(), max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-FIELD_VALUES = st.fixed_dictionaries({}, optional={"text": JSON | st.text(st.characters(), max_size=40) | st.lists(st.text(st.characters(), max_size=30), min_size=1, max_size=3),
-                                                   "beam_size": JSON | st.integers(-2, 8), "n_best": JSON | st.integers(-2, 8), "length_penalty": JSON, "alignment": JSON,
-                                                   "prefix": JSON | st.text(max_size=10), "constraints": JSON | st.lists(st.text(max_size=8), max_size=3),
-                                                   "ban": JSON | st.lists(st.text(max_size=8), max_size=3)})
+FIELD_VALUES = st.fixed_dictionaries(
+    {},
+    optional={
+        "text": JSON | st.text(st.characters(), max_size=40) | st.lists(st.text(st.characters(), max_size=30), min_size=1, max_size=3),
+        "beam_size": JSON | st.integers(-2, 8),
+        "n_best": JSON | st.integers(-2, 8),
+        "length_penalty": JSON,
+        "alignment": JSON,
+        "prefix": JSON | st.text(max_size=10),
+        "constraints": JSON | st.lists(st.text(max_size=8), max_size=3),
+        "ban": JSON | st.lists(st.text(max_size=8), max_size=3),
+    },
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -437,13 +463,16 @@ def test_prefix_constraints_and_bans_per_line_equal_the_translate_path(client, t
     assert single.status_code == 200 and single.json()["translations"][0]["text"].startswith("der ")
 
 
-@pytest.mark.parametrize("body,reason", [
-    ({"text": "a", "prefix": ["x"]}, "prefix must be a string"),
-    ({"text": ["a", "b"], "constraints": [["x"]]}, "constraints must be a list of strings, or a list of 2 of them, one per line of text"),
-    ({"text": ["a"], "ban": [[3]]}, "ban[0] must be a list of strings, got [3]"),
-    ({"text": "a", "constraints": ["x"] * 17}, "constraints has 17 phrases; the limit is 16"),
-    ({"text": "a", "prefix": "\ud800"}, "prefix holds a lone UTF-16 surrogate"),
-])
+@pytest.mark.parametrize(
+    "body,reason",
+    [
+        ({"text": "a", "prefix": ["x"]}, "prefix must be a string"),
+        ({"text": ["a", "b"], "constraints": [["x"]]}, "constraints must be a list of strings, or a list of 2 of them, one per line of text"),
+        ({"text": ["a"], "ban": [[3]]}, "ban[0] must be a list of strings, got [3]"),
+        ({"text": "a", "constraints": ["x"] * 17}, "constraints has 17 phrases; the limit is 16"),
+        ({"text": "a", "prefix": "\ud800"}, "prefix holds a lone UTF-16 surrogate"),
+    ],
+)
 def test_steering_fields_of_the_wrong_shape_get_one_line(client, body, reason):
     response = client.post("/translate", content=json.dumps(body).encode(), headers={"content-type": "application/json"})
     assert response.status_code in (413, 422) and reason in response.json()["error"], response.text

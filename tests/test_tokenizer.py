@@ -54,7 +54,7 @@ def test_sampled_tokenizer_is_the_same_in_every_process_for_one_seed():
 
 
 def test_control_characters_part_words_as_spaces_do(toy_tokenizer):
-    """SentencePiece's nmt_nfkc deletes most controls (``dog\\x01sees`` became ``dogsees``) and
+    r"""SentencePiece's nmt_nfkc deletes most controls (``dog\x01sees`` became ``dogsees``) and
     keeps NUL and NEL as unknown characters; every one (C0, DEL, C1) reads as a space now, on
     both sides, as TAB and the line and paragraph separators U+2028 and U+2029 already did."""
     spaced = toy_tokenizer.encode_src(["dog sees"])[0]

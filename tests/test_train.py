@@ -32,7 +32,17 @@ def tiny_run_config(data, run_dir, max_steps, **train):
             "model": {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 1, "n_decoder_layers": 1, "dropout": 0.1},
             "data": {"dir": str(data)},
             "tokenizer": {"vocab_size": 120},
-            "train": {"run_dir": str(run_dir), "max_steps": max_steps, "max_tokens": 600, "warmup_steps": 4, "log_every": 1, "validate_every": 1000, "valid_beam_size": 1, "threads": 1, **train},
+            "train": {
+                "run_dir": str(run_dir),
+                "max_steps": max_steps,
+                "max_tokens": 600,
+                "warmup_steps": 4,
+                "log_every": 1,
+                "validate_every": 1000,
+                "valid_beam_size": 1,
+                "threads": 1,
+                **train,
+            },
             "decode": {"max_len_b": 3, "max_len_a": 1.0},
         }
     )
@@ -128,9 +138,34 @@ def test_mixed_precision_trains_with_finite_loss(tmp_path, precision):
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     data = small_corpus(tmp_path, n=100)
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "nmt", "train", "--run-dir", str(run), "--set", f"data.dir={data}", "--set", "tokenizer.vocab_size=120",
-           "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.n_encoder_layers=1", "--set", "model.n_decoder_layers=1",
-           "--set", "train.max_steps=100000", "--set", "train.log_every=1", "--set", "train.threads=1", "--set", "train.max_tokens=300"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nmt",
+        "train",
+        "--run-dir",
+        str(run),
+        "--set",
+        f"data.dir={data}",
+        "--set",
+        "tokenizer.vocab_size=120",
+        "--set",
+        "model.d_model=32",
+        "--set",
+        "model.d_ff=64",
+        "--set",
+        "model.n_encoder_layers=1",
+        "--set",
+        "model.n_decoder_layers=1",
+        "--set",
+        "train.max_steps=100000",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.threads=1",
+        "--set",
+        "train.max_tokens=300",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 3):
@@ -425,7 +460,10 @@ def test_resume_with_the_command_that_started_the_run(tmp_path):
     data = small_corpus(tmp_path, n=40)
     run = tmp_path / "run"
     file = tmp_path / "run.yaml"
-    file.write_text(f"model:\n  preset: tiny\n  d_model: 128\ndata:\n  dir: {data}\ntokenizer:\n  vocab_size: 1000\ntrain:\n  max_tokens: 600\n  validate_every: 1000\n  threads: 1\n")
+    file.write_text(
+        f"model:\n  preset: tiny\n  d_model: 128\ndata:\n  dir: {data}\ntokenizer:\n  vocab_size: 1000\n"
+        "train:\n  max_tokens: 600\n  validate_every: 1000\n  threads: 1\n"
+    )
     sizes = ["model.d_model=32", "model.d_ff=64", "tokenizer.vocab_size=120", f"train.run_dir={run}"]
     train(load_config(file, sizes + ["train.max_steps=2"]), overrides=sizes + ["train.max_steps=2"], config_file=file)
     again = sizes + ["train.max_steps=3"]  # the same sizes again: no change to the model or tokenizer
@@ -520,7 +558,9 @@ def test_a_system_without_file_locks_runs_unlocked_and_says_so(tmp_path, monkeyp
 
     real_import = builtins.__import__
     monkeypatch.setattr(nmt.rundir, "fcntl", None)
-    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name == "msvcrt" else real_import(name, *a, **k))
+    monkeypatch.setattr(
+        builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name == "msvcrt" else real_import(name, *a, **k)
+    )
     run = nmt.rundir.RunDir(tmp_path / "run")
     with caplog.at_level("WARNING", logger="nmt.train"):
         run.lock()
@@ -641,11 +681,18 @@ def test_init_from_refuses_another_architecture_and_resume_before_writing(tmp_pa
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "base", 1))
     with pytest.raises(ConfigError) as err:
-        train(overridden(tiny_run_config(data, tmp_path / "tuned", 1), ["model.d_model=64"]), init_from=tmp_path / "base" / "last.pt", overrides=["model.d_model=64"])
+        train(
+            overridden(tiny_run_config(data, tmp_path / "tuned", 1), ["model.d_model=64"]),
+            init_from=tmp_path / "base" / "last.pt",
+            overrides=["model.d_model=64"],
+        )
     assert err.value.key == "model.d_model" and "differs from the checkpoint's 32" in str(err.value)
     with pytest.raises(ConfigError, match="tokenizer.vocab_size 200 differs from the checkpoint's 120"):
-        train(overridden(tiny_run_config(data, tmp_path / "tuned", 1), ["tokenizer.vocab_size=200"]), init_from=tmp_path / "base" / "last.pt",
-              overrides=["tokenizer.vocab_size=200"])
+        train(
+            overridden(tiny_run_config(data, tmp_path / "tuned", 1), ["tokenizer.vocab_size=200"]),
+            init_from=tmp_path / "base" / "last.pt",
+            overrides=["tokenizer.vocab_size=200"],
+        )
     with pytest.raises(ConfigError) as err:
         train(tiny_run_config(data, tmp_path / "base", 1), resume=True, init_from=tmp_path / "base" / "last.pt")
     assert err.value.render({"resume": "--resume", "init_from": "--init-from"}.get).startswith("--resume and --init-from cannot go together")

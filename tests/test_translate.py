@@ -84,6 +84,7 @@ def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_se
     from collections import Counter
 
     from conftest import cached_tokenizer, tiny_config
+
     from nmt.model import Transformer
     from nmt.translate import translate_lines
 

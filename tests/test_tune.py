@@ -15,7 +15,11 @@ def test_one_search_reranked_equals_a_search_per_setting(model, beam):
     pool = translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=0.0, max_len_a=1.0, max_len_b=8, n_best=beam))
     compared = 0
     for setting in grid([beam], ["gnmt", "length", "none"], [0.0, 0.6, 1.0, 2.0, -0.5]):
-        direct = translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=setting.length_penalty, max_len_a=1.0, max_len_b=8, length_normalization=setting.length_normalization))
+        direct = translate_batch(
+            model,
+            src,
+            DecodeConfig(beam_size=beam, length_penalty=setting.length_penalty, max_len_a=1.0, max_len_b=8, length_normalization=setting.length_normalization),
+        )
         assert [rerank(p, setting.length_normalization, setting.length_penalty) for p in pool] == [d[0].tokens for d in direct], setting
         compared += 1
     assert compared == 9
@@ -45,8 +49,17 @@ def test_rerank_counts_eos_in_the_length():
 
 @pytest.mark.parametrize(
     "name,is_test",
-    [("test.de", True), ("test_2016_flickr.en.gz", True), ("newstest2014.de", True), ("wmt.newstest2013.en", True), ("TEST.en", True),
-     ("valid.de", False), ("val.en.gz", False), ("latest.en", False), ("contest.de", False)],
+    [
+        ("test.de", True),
+        ("test_2016_flickr.en.gz", True),
+        ("newstest2014.de", True),
+        ("wmt.newstest2013.en", True),
+        ("TEST.en", True),
+        ("valid.de", False),
+        ("val.en.gz", False),
+        ("latest.en", False),
+        ("contest.de", False),
+    ],
 )
 def test_test_file_names(tmp_path, name, is_test):
     assert looks_like_test_data(tmp_path / "test" / name) == is_test  # the name counts, not the directory
@@ -77,7 +90,8 @@ def test_tuning_refuses_test_sets_and_bad_grids_in_the_python_api_too(tmp_path):
         validation_lines(tmp_path / "newstest2014.en", tmp_path / "valid.de")
     assert err.value.key == "src" and str(err.value).startswith(f"src {tmp_path / 'newstest2014.en'}: the name says test data")
     assert err.value.render({"src": "--src", "allow_test_names": "--allow-test-names"}.get).endswith(
-        "or pass --allow-test-names if this file is a validation set named like a test set")
+        "or pass --allow-test-names if this file is a validation set named like a test set"
+    )
     with pytest.raises(ConfigError, match=r"^src .*valid.en and ref .*valid.de differ in length \(2 and 1 lines\); they must match line for line$"):
         validation_lines(tmp_path / "valid.en", tmp_path / "valid.de")
     assert validation_lines(tmp_path / "valid.en", tmp_path / "valid.de", max_sentences=1) == (["a"], ["x"])

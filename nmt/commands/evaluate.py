@@ -1,5 +1,7 @@
 """``nmt evaluate``: sacreBLEU scores of translations, given or made by a checkpoint."""
 
+# Size: Typer declares every option, with its help, in the command's signature; the body is under 40 lines.
+
 from __future__ import annotations
 
 import json
@@ -12,8 +14,29 @@ from ..corpus import read_lines
 from ..evaluate import LANGUAGE_TOKENIZERS, bleu_tokenizer, check_inputs, check_tokenizer, config_tokenizer, guess_cjk_language, score
 from ..files import atomic_write, check_not_an_input
 from .options import (
-    DECODE_KEYS, RUNNING, AllowUnk, BeamSize, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, Quiet,
-    TgtLang, Threads, Tokenize, check_output, load_translator, on_command_line, progress_bar, setup_logging, standard_output,
+    DECODE_KEYS,
+    RUNNING,
+    AllowUnk,
+    BeamSize,
+    Device,
+    DType,
+    LengthNormalization,
+    LengthPenalty,
+    MaxInputPieces,
+    MaxLenA,
+    MaxLenB,
+    MaxTokens,
+    MinLen,
+    Quiet,
+    TgtLang,
+    Threads,
+    Tokenize,
+    check_output,
+    load_translator,
+    on_command_line,
+    progress_bar,
+    setup_logging,
+    standard_output,
 )
 
 
@@ -21,17 +44,27 @@ def evaluate(
     ctx: typer.Context,
     ref: Annotated[list[Path], typer.Option("--ref", "-r", metavar="<path>", help="Reference file (repeat for several references).")],
     hyp: Annotated[Path | None, typer.Option("--hyp", help="Detokenized hypotheses, one a line.")] = None,
-    checkpoint: Annotated[list[Path], typer.Option(
-        "--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score.")] = [],
+    checkpoint: Annotated[
+        list[Path], typer.Option("--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score.")
+    ] = [],
     src: Annotated[Path | None, typer.Option("--src", help="Source text to translate (with --checkpoint).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="With --checkpoint: also write the translations here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (unrounded scores) instead of text.")] = False,
     tokenize: Tokenize = None,
     tgt_lang: TgtLang = None,
     quiet: Quiet = False,
-    beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
-    max_len_b: MaxLenB = None, min_len: MinLen = None, max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None,
-    device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+    beam_size: BeamSize = None,
+    length_penalty: LengthPenalty = None,
+    length_normalization: LengthNormalization = None,
+    max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None,
+    min_len: MinLen = None,
+    max_tokens: MaxTokens = None,
+    max_input_pieces: MaxInputPieces = None,
+    allow_unk: AllowUnk = None,
+    device: Device = "auto",
+    threads: Threads = 0,
+    dtype: DType = "float32",
 ) -> None:
     """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
     setup_logging(quiet)
@@ -63,8 +96,11 @@ def evaluate(
     result = score(hyps, references, tuple(str(r) for r in ref), chosen)
     guessed = guess_cjk_language(references[0]) if tokenize is None and tgt_lang is None and chosen == "13a" else None
     if guessed:
-        typer.echo(f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {LANGUAGE_TOKENIZERS[guessed]}, not 13a: "
-                   f"pass --tgt-lang {guessed} (or --tokenize NAME)", err=True)
+        typer.echo(
+            f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {LANGUAGE_TOKENIZERS[guessed]}, not 13a: "
+            f"pass --tgt-lang {guessed} (or --tokenize NAME)",
+            err=True,
+        )
     if as_json:
         typer.echo(json.dumps(result))
     else:

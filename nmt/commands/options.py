@@ -20,56 +20,110 @@ from ..files import check_writable
 
 CKPT_HELP = "Checkpoint file, or a run directory (uses its best.pt)."
 Checkpoint = Annotated[Path, typer.Option("--checkpoint", help=CKPT_HELP)]
-Checkpoints = Annotated[list[Path], typer.Option(
-    "--checkpoint", help=f"{CKPT_HELP[:-1]}. Repeat for an ensemble: models' next-token probabilities averaged; their tokenizers must be the same.")]
-Quiet = Annotated[bool, typer.Option(
-    "--quiet", "-q", help="For scripts: no progress bar and no info messages on stderr (warnings and errors still print).")]
-Tokenize = Annotated[str | None, typer.Option(
-    "--tokenize", "-t", help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config "
-    "(eval.tokenize, data.tgt_lang), else 13a.")]
-TGT_LANG_HELP = ("Target language code. With a multilingual checkpoint, the language to translate into (required; its >>xx<< tag goes before "
-                 "each source, and a source language it was not trained from is zero-shot); a checkpoint of one target language takes only that one.")
-TgtLang = Annotated[str | None, typer.Option(
-    "--tgt-lang", "-l", help=f"{TGT_LANG_HELP} Also picks the BLEU tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a "
-    "(with --checkpoint, as validation scored that direction).")]
+Checkpoints = Annotated[
+    list[Path],
+    typer.Option(
+        "--checkpoint", help=f"{CKPT_HELP[:-1]}. Repeat for an ensemble: models' next-token probabilities averaged; their tokenizers must be the same."
+    ),
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="For scripts: no progress bar and no info messages on stderr (warnings and errors still print).")]
+Tokenize = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenize",
+        "-t",
+        help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config "
+        "(eval.tokenize, data.tgt_lang), else 13a.",
+    ),
+]
+TGT_LANG_HELP = (
+    "Target language code. With a multilingual checkpoint, the language to translate into (required; its >>xx<< tag goes before "
+    "each source, and a source language it was not trained from is zero-shot); a checkpoint of one target language takes only that one."
+)
+TgtLang = Annotated[
+    str | None,
+    typer.Option(
+        "--tgt-lang",
+        "-l",
+        help=f"{TGT_LANG_HELP} Also picks the BLEU tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a "
+        "(with --checkpoint, as validation scored that direction).",
+    ),
+]
 TranslateTgtLang = Annotated[str | None, typer.Option("--tgt-lang", "-l", help=TGT_LANG_HELP)]
 
 # The decode settings, each named as the DecodeConfig field it sets; None keeps the checkpoint's.
 DECODE_KEYS = tuple(f.name for f in fields(DecodeConfig))
-BeamSize = Annotated[int | None, typer.Option(
-    "--beam-size", "-b", help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's decode.beam_size.")]
-LengthPenalty = Annotated[float | None, typer.Option(
-    "--length-penalty", "-a", help="Length-penalty exponent α (see --length-normalization); 0 = raw log-probability. "
-    "Default: the checkpoint's decode.length_penalty.")]
-LengthNormalization = Annotated[str | None, typer.Option(
-    "--length-normalization", help="Rank finished hypotheses by log P / lp(|Y|), |Y| pieces with EOS: length |Y|^α (fairseq, Hugging Face), "
-    "gnmt ((5+|Y|)/6)^α, none. Default: the checkpoint's decode.length_normalization.")]
+BeamSize = Annotated[
+    int | None, typer.Option("--beam-size", "-b", help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's decode.beam_size.")
+]
+LengthPenalty = Annotated[
+    float | None,
+    typer.Option(
+        "--length-penalty",
+        "-a",
+        help="Length-penalty exponent α (see --length-normalization); 0 = raw log-probability. Default: the checkpoint's decode.length_penalty.",
+    ),
+]
+LengthNormalization = Annotated[
+    str | None,
+    typer.Option(
+        "--length-normalization",
+        help="Rank finished hypotheses by log P / lp(|Y|), |Y| pieces with EOS: length |Y|^α (fairseq, Hugging Face), "
+        "gnmt ((5+|Y|)/6)^α, none. Default: the checkpoint's decode.length_normalization.",
+    ),
+]
 MaxLenA = Annotated[float | None, typer.Option("--max-len-a", help="Output limit = a · source tokens + b (pieces).")]
 MaxLenB = Annotated[int | None, typer.Option("--max-len-b", help="Output limit = a · source tokens + b (pieces).")]
-NBest = Annotated[int | None, typer.Option(
-    "--n-best", help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a blank input line gets one empty entry). "
-    "score = log P(text|source) in nats (EOS included) divided by lp(|Y|) of --length-normalization, |Y| pieces with EOS: the value beam search "
-    "ranks by, higher is better.")]
-MinLen = Annotated[int | None, typer.Option(
-    "--min-len", help="No translation ends before this many pieces (EOS is forbidden until then). Default: the checkpoint's decode.min_len (0).")]
+NBest = Annotated[
+    int | None,
+    typer.Option(
+        "--n-best",
+        help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a blank input line gets one empty entry). "
+        "score = log P(text|source) in nats (EOS included) divided by lp(|Y|) of --length-normalization, |Y| pieces with EOS: the value beam search "
+        "ranks by, higher is better.",
+    ),
+]
+MinLen = Annotated[
+    int | None,
+    typer.Option("--min-len", help="No translation ends before this many pieces (EOS is forbidden until then). Default: the checkpoint's decode.min_len (0)."),
+]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Source tokens per batch, padding included.")]
-MaxInputPieces = Annotated[int | None, typer.Option(
-    "--max-input-pieces", help="Longest source line translated, in pieces (default: the checkpoint's decode.max_input_pieces, 1024); a longer line "
-    "gets an empty output line and a warning on stderr.")]
-AllowUnk = Annotated[bool | None, typer.Option(
-    "--allow-unk/--no-allow-unk", help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the checkpoint's decode.allow_unk (false).")]
+MaxInputPieces = Annotated[
+    int | None,
+    typer.Option(
+        "--max-input-pieces",
+        help="Longest source line translated, in pieces (default: the checkpoint's decode.max_input_pieces, 1024); a longer line "
+        "gets an empty output line and a warning on stderr.",
+    ),
+]
+AllowUnk = Annotated[
+    bool | None,
+    typer.Option(
+        "--allow-unk/--no-allow-unk", help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the checkpoint's decode.allow_unk (false)."
+    ),
+]
 
-AlignmentLayer = Annotated[int | None, typer.Option(
-    "--alignment-layer", help="Decoder layer (1-based) that --print-alignment reads cross-attention from. Default: the checkpoint's "
-    "decode.alignment_layer, else the penultimate layer of three or more, the last of fewer (nmt plot attention shows each layer).")]
+AlignmentLayer = Annotated[
+    int | None,
+    typer.Option(
+        "--alignment-layer",
+        help="Decoder layer (1-based) that --print-alignment reads cross-attention from. Default: the checkpoint's "
+        "decode.alignment_layer, else the penultimate layer of three or more, the last of fewer (nmt plot attention shows each layer).",
+    ),
+]
 
 # How a checkpoint runs, beside its decode settings.
 RUNNING = ("device", "threads", "dtype")
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")]
 Threads = Annotated[int, typer.Option("--threads", help="CPU threads for torch (0 = torch's default).")]
-DType = Annotated[str, typer.Option(
-    "--dtype", help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or AVX512-BF16; several times slower on others), "
-    "float16 (GPU), int8 (CPU: every linear layer dynamically quantized), or auto (bfloat16 where it is fast, else float32). Scores stay float32.")]
+DType = Annotated[
+    str,
+    typer.Option(
+        "--dtype",
+        help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or AVX512-BF16; several times slower on others), "
+        "float16 (GPU), int8 (CPU: every linear layer dynamically quantized), or auto (bfloat16 where it is fast, else float32). Scores stay float32.",
+    ),
+]
 
 
 def on_command_line(ctx: typer.Context, name: str) -> bool:

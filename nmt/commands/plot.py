@@ -9,15 +9,29 @@ import typer
 
 from ..files import check_not_an_input
 from .options import (
-    AlignmentLayer, AllowUnk, BeamSize, Checkpoint, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, Threads, TranslateTgtLang,
-    check_output, load_translator,
+    AlignmentLayer,
+    AllowUnk,
+    BeamSize,
+    Checkpoint,
+    Device,
+    DType,
+    LengthNormalization,
+    LengthPenalty,
+    MaxInputPieces,
+    MaxLenA,
+    MaxLenB,
+    Threads,
+    TranslateTgtLang,
+    check_output,
+    load_translator,
 )
 
 
 def metrics(
     run_dir: Annotated[Path, typer.Argument(help="A run directory with metrics.jsonl.")],
-    out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg. Default: RUN_DIR/metrics.png.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg. Default: RUN_DIR/metrics.png.")
+    ] = None,
 ) -> None:
     """Plot training/validation loss, validation BLEU and the learning rate over steps."""
     from ..plot import plot_metrics
@@ -33,9 +47,18 @@ def attention(
     sentence: Annotated[str, typer.Argument(help="The source sentence to translate.")],
     checkpoint: Checkpoint,
     out: Annotated[Path, typer.Option("--out", "-o", help="Image to write (.png).")] = Path("attention.png"),
-    beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
-    max_len_b: MaxLenB = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None, alignment_layer: AlignmentLayer = None,
-    tgt_lang: TranslateTgtLang = None, device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+    beam_size: BeamSize = None,
+    length_penalty: LengthPenalty = None,
+    length_normalization: LengthNormalization = None,
+    max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None,
+    max_input_pieces: MaxInputPieces = None,
+    allow_unk: AllowUnk = None,
+    alignment_layer: AlignmentLayer = None,
+    tgt_lang: TranslateTgtLang = None,
+    device: Device = "auto",
+    threads: Threads = 0,
+    dtype: DType = "float32",
 ) -> None:
     """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
     check_output(out, "--out")

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..config import PRESETS, ConfigError
-from .options import CKPT_HELP, Device, DType, Threads, device, standard_output
+from .options import CKPT_HELP, DType, Threads, device, standard_output
 
 
 def profile(
@@ -22,7 +22,8 @@ def profile(
     tgt_len: Annotated[int, typer.Option("--tgt-len", help="Target pieces generated per sentence (EOS forbidden before, forced after).")] = 25,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the table.")] = False,
     device_name: Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")] = "auto",
-    threads: Threads = 0, dtype: DType = "float32",
+    threads: Threads = 0,
+    dtype: DType = "float32",
 ) -> None:
     """Where decoding and training spend their time and memory, part by part, on batches of a fixed shape.
 

@@ -1,5 +1,7 @@
 """``nmt train``."""
 
+# Size: Typer declares every option, with its help, in the command's signature; the body is under 30 lines.
+
 from __future__ import annotations
 
 import json
@@ -16,19 +18,36 @@ from .options import Quiet, setup_logging
 
 def train(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (sections model, data, tokenizer, train, decode, eval).")] = None,
-    set_: Annotated[list[str], typer.Option(
-        "--set", metavar="SECTION.KEY=VALUE", help="Override a config value: section.key=value, e.g. train.max_steps=2000 (repeatable); read as the config "
-        "file's values are.")] = [],
-    run_dir: Annotated[Path | None, typer.Option(
-        "--run-dir", help="Run directory for checkpoints, tokenizer and logs (same as --set train.run_dir=...).")] = None,
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue the run in the run directory from its newest checkpoint (config comes from the checkpoint; --set, and keys written in "
-        "--config, may change all but model and tokenizer).")] = False,
-    init_from: Annotated[Path | None, typer.Option(
-        "--init-from", metavar="CHECKPOINT", help="Start a new run from this checkpoint's weights and tokenizer (fine-tuning): an nmt checkpoint, a slim "
-        "export, an average or an imported model (nmt import). Its model and tokenizer are kept (the config may change only model.dropout, "
-        "model.attention_dropout, model.activation_dropout); Adam, the schedule and the step counter start afresh (--set train.reset_optimizer=false "
-        "keeps Adam's moments).")] = None,
+    set_: Annotated[
+        list[str],
+        typer.Option(
+            "--set",
+            metavar="SECTION.KEY=VALUE",
+            help="Override a config value: section.key=value, e.g. train.max_steps=2000 (repeatable); read as the config file's values are.",
+        ),
+    ] = [],
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="Run directory for checkpoints, tokenizer and logs (same as --set train.run_dir=...).")
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in the run directory from its newest checkpoint (config comes from the checkpoint; --set, and keys written in "
+            "--config, may change all but model and tokenizer).",
+        ),
+    ] = False,
+    init_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--init-from",
+            metavar="CHECKPOINT",
+            help="Start a new run from this checkpoint's weights and tokenizer (fine-tuning): an nmt checkpoint, a slim "
+            "export, an average or an imported model (nmt import). Its model and tokenizer are kept (the config may change only model.dropout, "
+            "model.attention_dropout, model.activation_dropout); Adam, the schedule and the step counter start afresh (--set train.reset_optimizer=false "
+            "keeps Adam's moments).",
+        ),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Train a SentencePiece tokenizer and a Transformer (or fine-tune a checkpoint's, --init-from), validating and checkpointing as it goes."""
@@ -46,8 +65,9 @@ def train(
         resolve_device(cfg.train.device, "train.device")  # now, not after the tokenizer is trained
         result = run_training(cfg, resume=resume, overrides=overrides, config_file=config if resume or init_from else None, init_from=init_from)
     except KeyboardInterrupt:  # before the training loop, or a second signal inside it
-        typer.echo("error: stopped at once; files already written are intact (they are replaced atomically); --resume continues from the newest "
-                   "checkpoint", err=True)
+        typer.echo(
+            "error: stopped at once; files already written are intact (they are replaced atomically); --resume continues from the newest checkpoint", err=True
+        )
         raise typer.Exit(code=130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

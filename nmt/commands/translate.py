@@ -1,5 +1,7 @@
 """``nmt translate``: a stream of lines in, one translation (or n-best list) per line out."""
 
+# Size: translate's 30 options are declared, with their help, in its signature (80 lines); its body is about 60.
+
 from __future__ import annotations
 
 import os
@@ -13,8 +15,29 @@ from ..config import ConfigError
 from ..corpus import DataError, buffers, count_lines, iter_lines, stream_buffers
 from ..files import atomic_write, check_not_an_input
 from .options import (
-    AlignmentLayer, AllowUnk, BeamSize, Checkpoints, Device, DType, LengthNormalization, LengthPenalty, MaxInputPieces, MaxLenA, MaxLenB, MaxTokens, MinLen, NBest, Quiet,
-    Threads, TranslateTgtLang, check_output, load_translator, progress_bar, setup_logging, standard_input, standard_output,
+    AlignmentLayer,
+    AllowUnk,
+    BeamSize,
+    Checkpoints,
+    Device,
+    DType,
+    LengthNormalization,
+    LengthPenalty,
+    MaxInputPieces,
+    MaxLenA,
+    MaxLenB,
+    MaxTokens,
+    MinLen,
+    NBest,
+    Quiet,
+    Threads,
+    TranslateTgtLang,
+    check_output,
+    load_translator,
+    progress_bar,
+    setup_logging,
+    standard_input,
+    standard_output,
 )
 
 
@@ -23,36 +46,76 @@ def translate(
     checkpoint: Checkpoints,
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Source text, one sentence a line (plain or .gz). Default: standard input.")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write translations. Default: standard output.")] = None,
-    buffer_size: Annotated[int, typer.Option(
-        "--buffer-size", help="Lines read and translated together (sorted by length into batches); memory is bounded by it, not by the input. Also translated "
-        "as soon as no more input is waiting, so a typed line is translated when entered.")] = 1000,
-    sampling: Annotated[bool, typer.Option(
-        "--sampling", help="Draw --n-best independent random samples per line instead of beam search (back-translation, data augmentation).")] = False,
-    temperature: Annotated[float | None, typer.Option(
-        "--temperature", help="With --sampling: log-probabilities divided by this (below 1 sharper, above 1 flatter). Default 1.")] = None,
+    buffer_size: Annotated[
+        int,
+        typer.Option(
+            "--buffer-size",
+            help="Lines read and translated together (sorted by length into batches); memory is bounded by it, not by the input. Also translated "
+            "as soon as no more input is waiting, so a typed line is translated when entered.",
+        ),
+    ] = 1000,
+    sampling: Annotated[
+        bool, typer.Option("--sampling", help="Draw --n-best independent random samples per line instead of beam search (back-translation, data augmentation).")
+    ] = False,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", help="With --sampling: log-probabilities divided by this (below 1 sharper, above 1 flatter). Default 1.")
+    ] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", help="With --sampling: draw from the k most probable pieces only (0 = all, the default).")] = None,
-    top_p: Annotated[float | None, typer.Option(
-        "--top-p", help="With --sampling: draw from the fewest most probable pieces whose probabilities sum to at least p "
-        "(nucleus; 1 = all, the default).")] = None,
-    seed: Annotated[int | None, typer.Option(
-        "--seed", help="With --sampling: random seed (default 0); the same input, seed and options give the same samples, however batched.")] = None,
-    prefix_file: Annotated[Path | None, typer.Option(
-        "--prefix-file", help="One line per input line: target text its translation must start with (an empty line: none). A prefix that ends inside "
-        "a word lets the model finish the word in its own pieces; one that ends with a space makes the next piece start a word.")] = None,
-    constraints_file: Annotated[Path | None, typer.Option(
-        "--constraints-file", help="One line per input line: target phrases, tab-separated, that its translation must contain, in any order, each as "
-        "written (an empty line: none). Beam search only.")] = None,
-    ban_file: Annotated[Path | None, typer.Option(
-        "--ban-file", help="One line per input line: target phrases, tab-separated, that its translation must not contain (an empty line: none).")] = None,
+    top_p: Annotated[
+        float | None,
+        typer.Option(
+            "--top-p", help="With --sampling: draw from the fewest most probable pieces whose probabilities sum to at least p (nucleus; 1 = all, the default)."
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="With --sampling: random seed (default 0); the same input, seed and options give the same samples, however batched."),
+    ] = None,
+    prefix_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--prefix-file",
+            help="One line per input line: target text its translation must start with (an empty line: none). A prefix that ends inside "
+            "a word lets the model finish the word in its own pieces; one that ends with a space makes the next piece start a word.",
+        ),
+    ] = None,
+    constraints_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--constraints-file",
+            help="One line per input line: target phrases, tab-separated, that its translation must contain, in any order, each as "
+            "written (an empty line: none). Beam search only.",
+        ),
+    ] = None,
+    ban_file: Annotated[
+        Path | None,
+        typer.Option("--ban-file", help="One line per input line: target phrases, tab-separated, that its translation must not contain (an empty line: none)."),
+    ] = None,
     ban: Annotated[list[str], typer.Option("--ban", help="A target phrase no translation may contain (repeatable; adds to --ban-file's).")] = [],
-    print_alignment: Annotated[bool, typer.Option(
-        "--print-alignment", help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; the cross-attention of "
-        "--alignment-layer, heads averaged) after each translation.")] = False,
+    print_alignment: Annotated[
+        bool,
+        typer.Option(
+            "--print-alignment",
+            help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; the cross-attention of "
+            "--alignment-layer, heads averaged) after each translation.",
+        ),
+    ] = False,
     tgt_lang: TranslateTgtLang = None,
     quiet: Quiet = False,
-    beam_size: BeamSize = None, length_penalty: LengthPenalty = None, length_normalization: LengthNormalization = None, max_len_a: MaxLenA = None,
-    max_len_b: MaxLenB = None, n_best: NBest = None, min_len: MinLen = None, max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None,
-    allow_unk: AllowUnk = None, alignment_layer: AlignmentLayer = None, device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+    beam_size: BeamSize = None,
+    length_penalty: LengthPenalty = None,
+    length_normalization: LengthNormalization = None,
+    max_len_a: MaxLenA = None,
+    max_len_b: MaxLenB = None,
+    n_best: NBest = None,
+    min_len: MinLen = None,
+    max_tokens: MaxTokens = None,
+    max_input_pieces: MaxInputPieces = None,
+    allow_unk: AllowUnk = None,
+    alignment_layer: AlignmentLayer = None,
+    device: Device = "auto",
+    threads: Threads = 0,
+    dtype: DType = "float32",
 ) -> None:
     """Translate text with beam search (or sampling): exactly one output line per input line, in input order.
 
@@ -73,8 +136,14 @@ def translate(
         if input is None:
             standard_input()
         if output is not None:
-            check_not_an_input(output, [(flag, path) for flag, path in (("--input", input), ("--prefix-file", prefix_file),
-                                        ("--constraints-file", constraints_file), ("--ban-file", ban_file)) if path is not None])
+            check_not_an_input(
+                output,
+                [
+                    (flag, path)
+                    for flag, path in (("--input", input), ("--prefix-file", prefix_file), ("--constraints-file", constraints_file), ("--ban-file", ban_file))
+                    if path is not None
+                ],
+            )
         if buffer_size < 1:
             raise ConfigError(f"--buffer-size must be at least 1 line, got {buffer_size}")
         sampler = _sampling(sampling, temperature, top_k, top_p, seed)
@@ -92,8 +161,18 @@ def translate(
         with progress_bar(quiet, total=count_lines(input) if counted else None) as bar:
             if input is None and sys.stdin.isatty() and not quiet:
                 typer.echo("nmt translate: the model is loaded; type a sentence and press Enter (Ctrl-D ends)", err=True)
-            lines = translate_stream(models, tokenizer, chunks, settings, dev, steering=steering, sampling=sampler, alignment=print_alignment, progress=bar.update,
-                                     src_prefix=goal.src_prefix)
+            lines = translate_stream(
+                models,
+                tokenizer,
+                chunks,
+                settings,
+                dev,
+                steering=steering,
+                sampling=sampler,
+                alignment=print_alignment,
+                progress=bar.update,
+                src_prefix=goal.src_prefix,
+            )
             if output is None:
                 out = standard_output()
                 write_all(lambda text: (out.write(text), out.flush()))
@@ -117,8 +196,11 @@ class SteeringLines:
 
     def __init__(self, tokenizer, prefix_file: Path | None, constraints_file: Path | None, ban_file: Path | None, bans: list[str]):
         self.tokenizer, self.bans, self.lines = tokenizer, list(bans), 0
-        self.files = {flag: (path, iter_lines(path, once=True)) for flag, path in (("--prefix-file", prefix_file), ("--constraints-file", constraints_file),
-                                                                        ("--ban-file", ban_file)) if path is not None}
+        self.files = {
+            flag: (path, iter_lines(path, once=True))
+            for flag, path in (("--prefix-file", prefix_file), ("--constraints-file", constraints_file), ("--ban-file", ban_file))
+            if path is not None
+        }
 
     def __iter__(self):
         from ..translate import steering
@@ -126,8 +208,12 @@ class SteeringLines:
         while True:
             self.lines += 1
             given = {flag: self._line(flag) for flag in self.files}
-            yield steering(self.tokenizer, given.get("--prefix-file", ""), given.get("--constraints-file", "").split("\t"),
-                           [*given.get("--ban-file", "").split("\t"), *self.bans])
+            yield steering(
+                self.tokenizer,
+                given.get("--prefix-file", ""),
+                given.get("--constraints-file", "").split("\t"),
+                [*given.get("--ban-file", "").split("\t"), *self.bans],
+            )
 
     def _line(self, flag: str) -> str:
         path, lines = self.files[flag]

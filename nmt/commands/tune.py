@@ -11,7 +11,20 @@ import typer
 from ..config import ConfigError
 from ..evaluate import bleu_tokenizer, check_tokenizer, config_tokenizer
 from .options import (
-    AllowUnk, Checkpoint, Device, DType, MaxInputPieces, MaxTokens, Quiet, TgtLang, Threads, Tokenize, load_translator, progress_bar, setup_logging, standard_output,
+    AllowUnk,
+    Checkpoint,
+    Device,
+    DType,
+    MaxInputPieces,
+    MaxTokens,
+    Quiet,
+    TgtLang,
+    Threads,
+    Tokenize,
+    load_translator,
+    progress_bar,
+    setup_logging,
+    standard_output,
 )
 
 
@@ -21,18 +34,24 @@ def tune_decode(
     src: Annotated[Path, typer.Option("--src", help="Validation source text (never the test set).")],
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Validation reference text, line for line with --src.")],
     beam_sizes: Annotated[str, typer.Option("--beam-sizes", help="Comma-separated beam sizes to try (1 = greedy).")] = "1,5",
-    normalizations: Annotated[str, typer.Option(
-        "--length-normalizations", help="Comma-separated: gnmt, length, none (see translate --length-normalization).")] = "gnmt,length",
+    normalizations: Annotated[
+        str, typer.Option("--length-normalizations", help="Comma-separated: gnmt, length, none (see translate --length-normalization).")
+    ] = "gnmt,length",
     alphas: Annotated[str, typer.Option("--length-penalties", help="Comma-separated length-penalty exponents α to try.")] = "0.6,1.0,1.5,2.0",
     max_sentences: Annotated[int | None, typer.Option("--max-sentences", help="Use only the first N lines (a fixed, faster sample).")] = None,
-    allow_test_names: Annotated[bool, typer.Option(
-        "--allow-test-names", help="Accept a file whose name says test (e.g. WMT's newstest2013 used as a validation set).")] = False,
+    allow_test_names: Annotated[
+        bool, typer.Option("--allow-test-names", help="Accept a file whose name says test (e.g. WMT's newstest2013 used as a validation set).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (rows and best) instead of a table.")] = False,
     tokenize: Tokenize = None,
     tgt_lang: TgtLang = None,
     quiet: Quiet = False,
-    max_tokens: MaxTokens = None, max_input_pieces: MaxInputPieces = None, allow_unk: AllowUnk = None,
-    device: Device = "auto", threads: Threads = 0, dtype: DType = "float32",
+    max_tokens: MaxTokens = None,
+    max_input_pieces: MaxInputPieces = None,
+    allow_unk: AllowUnk = None,
+    device: Device = "auto",
+    threads: Threads = 0,
+    dtype: DType = "float32",
 ) -> None:
     """Choose beam size, length normalisation and α on a validation set: prints BLEU for each
     setting of a small grid and the best one. Settings chosen on the test set overstate its
@@ -63,8 +82,10 @@ def tune_decode(
     typer.echo(f"{len(src_lines)} sentences of {src}; {rows[0]['bleu_signature']}")
     typer.echo(f"{'beam':>4} {'normalization':>13} {'alpha':>5} {'BLEU':>6} {'chrF':>6} {'len ratio':>9} {'search s':>8}")
     for r in rows:
-        typer.echo(f"{r['beam_size']:>4} {r['length_normalization']:>13} {r['length_penalty']:>5} {r['bleu']:>6.2f} {r['chrf']:>6.2f} "
-                   f"{r['length_ratio']:>9.3f} {r['search_s']:>8}")
+        typer.echo(
+            f"{r['beam_size']:>4} {r['length_normalization']:>13} {r['length_penalty']:>5} {r['bleu']:>6.2f} {r['chrf']:>6.2f} "
+            f"{r['length_ratio']:>9.3f} {r['search_s']:>8}"
+        )
     typer.echo(f"best: BLEU {best['bleu']:.2f} with {flags}")
 
 

@@ -1,0 +1,201 @@
+"""Opening a run before its first step: the run directory locked, the checkpoint chosen (fresh,
+``--resume`` or ``--init-from``), the config settled and the data prepared (tokenizer, encoded
+corpora, validation sets). Rank 0 does the work; the other processes read it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import evaluate
+from .checkpoint import load_checkpoint, tokenizer_from_tensors
+from .clean import clean_pairs, stripped_side
+from .config import Config, ConfigError, config_from_dict, config_to_dict, with_vocab
+from .corpus import DataError, ParallelText, check_inputs
+from .encoded import EncodedCorpus, encode_corpus, encoding_threads
+from .errors import Key
+from .files import atomic_write
+from .multilingual import check_tags, directions, split_text, tag_ids, tags, train_multilingual_tokenizer
+from .rundir import RunDir, absolute_paths, init_config, resume_config
+from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
+from .validation import ValidationSet
+
+log = logging.getLogger("nmt.train")
+
+
+@dataclass
+class Progress:
+    """Where a run stands: optimizer steps done, the sampler's position, the best score."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of `epoch` already trained on
+    best_bleu: float = -1.0
+    bad_validations: int = 0  # validations since the last BLEU improvement
+    validated_step: int = -1  # step of the last completed validation
+    batching: list[int] | None = None  # [max_tokens, seed, processes] this epoch's batches were cut with
+
+
+def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> tuple[Tokenizer, EncodedCorpus, list[ValidationSet]]:
+    """Read and clean the data, train (or reuse) the tokenizer and encode both splits of every direction.
+
+    Training text is streamed: the tokenizer trains on a stream (SentencePiece samples
+    ``tokenizer.input_sentence_size`` sentences) and ``data.workers`` SentencePiece threads
+    encode it into a memory-mapped cache, so memory does not grow with the corpus. With ``write``
+    the tokenizer is saved in ``run_dir`` and encodings cached under ``run_dir/cache``
+    (rank 0 does this; other ranks then read them back). Several directions
+    (:mod:`nmt.multilingual`) give one training corpus of them all, one after another, and a
+    validation set each.
+    """
+    started = time.perf_counter()
+    texts = [(d, split_text(cfg.data, d, "train"), split_text(cfg.data, d, "valid")) for d in directions(cfg.data)]
+    if write:
+        for _, train_text, valid_text in texts:
+            check_inputs(train_text, valid_text)
+    if tokenizer is None:
+        tokenizer = tokenizer_from_config(cfg.tokenizer)
+    if tokenizer is None:
+        log.info(
+            "training SentencePiece %s tokenizer (vocab %d, %s)", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate"
+        )
+        if len(texts) == 1:
+            tokenizer = train_tokenizer(stripped_side(texts[0][1], 0), stripped_side(texts[0][1], 1), cfg.tokenizer, cfg.train.seed)
+        else:
+            tokenizer = train_multilingual_tokenizer([(d, t) for d, t, _ in texts], cfg.tokenizer, cfg.train.seed, tags(cfg.data))
+        log.info("tokenizer trained in %.1f s", time.perf_counter() - started)
+    check_tags(tokenizer, cfg.data)
+    if write:
+        tokenizer.save(run_dir)
+    cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
+    corpora, valid = [], []
+    for direction, train_text, valid_text in texts:
+        name = str(direction) if len(texts) > 1 else ""
+        prefix = tag_ids(tokenizer, cfg.data, direction.tgt)
+        corpora.append(_encode_training_text(cfg, train_text, tokenizer, cache, write, name, prefix))
+        valid.append(_validation_set(cfg, valid_text, tokenizer, cache, write, name, direction.tgt, prefix))
+    return tokenizer, EncodedCorpus.joined(corpora), valid
+
+
+def _encode_training_text(cfg: Config, text: ParallelText, tokenizer: Tokenizer, cache: Path, write: bool, name: str, prefix: tuple[int, ...]) -> EncodedCorpus:
+    """One direction's training pairs, cleaned and encoded (or loaded from ``cache``); ``name``: the direction, in a run of several."""
+    threads = encoding_threads(cfg.data.workers)
+    encoding = time.perf_counter()
+    corpus, report = encode_corpus(text, tokenizer, cache, cfg.data.max_len, cfg.data.max_len_ratio, write=write, threads=threads, src_prefix=prefix)
+    if write:
+        log.info(
+            "train%s: %s; encoded or loaded from %s in %.1f s (threads: %d)", f" {name}" if name else "", report, cache, time.perf_counter() - encoding, threads
+        )
+    if len(corpus) == 0:
+        raise DataError(
+            f"no training pairs left after cleaning{f' in {text.name}' if name else ''} ({report}); check the training files, "
+            "data.max_len and data.max_len_ratio"
+        )
+    return corpus
+
+
+def _validation_set(
+    cfg: Config, text: ParallelText, tokenizer: Tokenizer, cache: Path, write: bool, name: str, tgt_lang: str, prefix: tuple[int, ...]
+) -> ValidationSet:
+    """One direction's validation pairs, cleaned (never filtered by length), the first ``data.valid_max_sentences``, and encoded."""
+    pairs = clean_pairs(tokenizer, *text.read())
+    vsrc, vtgt, vreport = pairs.src, pairs.tgt, pairs.report
+    if not vsrc:
+        raise DataError(f"the validation set ({text.name}) has no pair with pieces on both sides ({vreport}); check those files")
+    if cfg.data.valid_max_sentences:
+        vsrc, vtgt = vsrc[: cfg.data.valid_max_sentences], vtgt[: cfg.data.valid_max_sentences]
+    corpus, _ = encode_corpus(ParallelText.lists(vsrc, vtgt), tokenizer, cache, write=write, src_prefix=prefix)
+    if write:
+        capped = f"; the first {len(vsrc)} used (data.valid_max_sentences)" if len(vsrc) < vreport.kept else ""
+        log.info("valid%s: %s%s", f" {name}" if name else "", vreport, capped)
+    return ValidationSet(corpus, vsrc, vtgt, name, tgt_lang, prefix)
+
+
+@dataclass
+class Opened:
+    """What rank 0 found and prepared in the run directory."""
+
+    cfg: Config
+    checkpoint: str | None  # the checkpoint resumed from
+    payload: dict | None
+    done: dict | None = None  # a resumed run with nothing left to do: step, best_bleu, message
+    data: tuple | None = None  # (tokenizer, training corpus, a ValidationSet per direction)
+    origin: dict = field(default_factory=dict)  # init_from (the checkpoint a fine-tuning run started from) and imported_from, kept in every checkpoint
+    init: dict | None = None  # the payload of the checkpoint a new run starts from (--init-from)
+
+
+def read_back(run: RunDir, cfg_dict: dict, checkpoint: str | None, done: dict | None, origin: dict) -> Opened:
+    """On ranks other than 0: rank 0's config, checkpoint, tokenizer and encoded corpora, read back."""
+    opened = Opened(config_from_dict(cfg_dict), checkpoint, None, done, origin=origin)
+    if not done:
+        opened.payload = load_checkpoint(checkpoint, training=True) if checkpoint else None
+        if not checkpoint and "init_from" in origin:
+            opened.init = load_checkpoint(origin["init_from"]["path"])
+        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else Tokenizer.load_dir(run.path)
+        opened.data = prepare(opened.cfg, run.path, tokenizer, write=False)
+    return opened
+
+
+def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], config_file: Path | None, init_from: str | Path | None = None) -> Opened:
+    """Lock the run directory, choose the checkpoint (or start fresh, or from ``init_from``), settle the config, prepare the data."""
+    run.lock(resuming=resume)
+    run.sweep()
+    opened, start = Opened(absolute_paths(cfg), None, None), 0
+    if init_from is not None:
+        if (Path(init_from) / "config.json").is_file():
+            raise ConfigError(
+                Key("init_from"),
+                f" {init_from} is a Hugging Face directory; import it first: nmt import --format huggingface {init_from} "
+                "--out model.pt, then --init-from model.pt",
+            )
+        init_from = Path(init_from) / "best.pt" if Path(init_from).is_dir() else Path(init_from)  # a run directory: its best.pt, as translate reads it
+        init = load_checkpoint(init_from)
+        step = init.get("progress", {}).get("step")
+        origin = init.get("imported_from")
+        log.info(
+            "initialised from %s (%s%s): its weights and tokenizer; %s, the schedule and the step counter start afresh",
+            init_from,
+            f"step {step}" if step is not None else "no step: not trained by nmt",
+            f", imported from {origin['path']}" if origin else "",
+            "Adam's moments from it" if not cfg.train.reset_optimizer and "optimizer" in init else "Adam",
+        )
+        opened = Opened(init_config(init["config"], cfg, overrides, config_file, Path(init_from)), None, None, init=init)
+        opened.origin = {"init_from": {"path": str(Path(init_from).absolute()), "step": step}} | ({"imported_from": origin} if origin else {})
+    if resume:
+        path, payload = run.newest_checkpoint()
+        progress = Progress(**payload["progress"])
+        log.info("resuming from %s (step %d)", path, progress.step)
+        opened = Opened(
+            resume_config(payload["config"], overrides, config_file, path),
+            str(path),
+            payload,
+            origin={key: payload[key] for key in ("init_from", "imported_from") if key in payload},
+        )
+        tc = opened.cfg.train
+        limits = [
+            f"train.max_steps {tc.max_steps}" if progress.step >= tc.max_steps else "",
+            f"train.max_epochs {tc.max_epochs}" if progress.epoch >= tc.max_epochs else "",
+            f"train.patience {tc.patience}" if tc.patience and progress.bad_validations >= tc.patience else "",
+        ]
+        if any(limits) and payload["progress"].get("validated_step", progress.step) == progress.step:
+            message = (
+                f"{run.path} is finished at step {progress.step} ({', '.join(filter(None, limits))}): "
+                "nothing left to do; raise the limit with --set to train on"
+            )
+            opened.done = {"step": progress.step, "best_bleu": progress.best_bleu, "message": message}
+            return opened
+        start = progress.step
+    else:
+        run.check_fresh()
+    evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))  # now, not at the first validation
+    given = opened.payload or opened.init
+    tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(given["tokenizer"])) if given else None
+    opened.data = prepare(opened.cfg, run.path, tokenizer)
+    run.keep_history_until(start)
+    opened.cfg = with_vocab(opened.cfg, opened.data[0].src.get_piece_size(), opened.data[0].tgt.get_piece_size())
+    atomic_write(run.path / "config.yaml", yaml.safe_dump(config_to_dict(opened.cfg), sort_keys=False))
+    return opened
