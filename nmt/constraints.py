@@ -2,7 +2,8 @@
 
 A sentence with constraints chooses its next beam differently from an unconstrained one.
 Its candidates are the ``2·beam`` best extensions (as usual), each hypothesis's best
-extension and its end (EOS), and every extension that spells a constraint further. Each candidate falls into
+extension, and every extension that spells a constraint further; an end (EOS) is a
+candidate only as one of the first two, never merely because a hypothesis could end. Each candidate falls into
 the bank of how many constraint pieces it has spelt; the beam is shared out among the
 banks, one slot per bank in turn from the fullest bank down (a bank with too few candidates
 leaves its slots to the others), and within a bank by score. So hypotheses on their way to
@@ -10,7 +11,8 @@ meeting the constraints stay in the beam although the model scores them lower, i
 being pruned by hypotheses that ignore them. A hypothesis ends only once every constraint
 is met (:class:`~nmt.restrictions.Restrictions` forbids EOS before), unless its length limit
 forces the end; ending candidates are set aside as finished when they rank within the
-``beam`` best of the complete bank.
+``beam`` best of the complete bank, where a forced end that misses a constraint ranks after
+every candidate that has met them all.
 
 Sentences without constraints keep the ordinary choice of :class:`~nmt.beams.Candidates`,
 bit for bit, in the same batch.
@@ -49,7 +51,7 @@ def allocate(top: Candidates, beams: Beams, lprobs: Tensor) -> Candidates:
 def _sentence_candidates(s: int, beams: Beams, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sentence ``s``'s candidates in the order the search reads them: those that end (finished),
     then the ``beam`` that go on; as (scores, hypothesis within the sentence, token, ends)."""
-    progress, (n, beam), vocab = beams.progress, beams.scores.shape, lprobs.size(1)
+    progress, (_, beam), vocab = beams.progress, beams.scores.shape, lprobs.size(1)
     device = lprobs.device
     rows = torch.arange(s * beam, (s + 1) * beam, device=device)
     extended = beams.scores[s].unsqueeze(1) + lprobs[rows]  # (beam, vocab)
@@ -60,7 +62,8 @@ def _sentence_candidates(s: int, beams: Beams, lprobs: Tensor) -> tuple[Tensor, 
     starts = torch.where(met, -1, phrases[:, 0].unsqueeze(0))  # (beam, C)
     spelling = torch.cat([goes_on.unsqueeze(1), starts], 1)  # (beam, C + 1) pieces that spell a constraint further
     pool.append((spelling + torch.arange(beam, device=device).unsqueeze(1) * vocab)[spelling >= 0])
-    pool.append(torch.arange(beam, device=device) * vocab + EOS)  # every hypothesis may end (where it may at all: EOS is finite)
+    # An end is a candidate only as any other piece is (among the 2k best, or its hypothesis's best): offering every
+    # hypothesis's EOS let improbable ends of the few complete hypotheses fill the finished list within steps.
     index = torch.unique(torch.cat(pool))
     index = index[torch.isfinite(flat[index])]
     candidate_scores, hyp, tok = flat[index], torch.div(index, vocab, rounding_mode="floor"), index % vocab
@@ -68,7 +71,8 @@ def _sentence_candidates(s: int, beams: Beams, lprobs: Tensor) -> tuple[Tensor, 
     spelt = progress.spelt(new_met, new_position, rows[hyp]).tolist()
     total, ends = int(progress.lengths[s].sum()), (tok == EOS).tolist()
     order = sorted(range(len(index)), key=lambda i: -float(candidate_scores[i]))
-    complete = [i for i in order if spelt[i] >= total or ends[i]][:beam]  # the complete bank's best
+    # The complete bank's best; an end that misses a constraint (only the length limit allows one) ranks after them all.
+    complete = ([i for i in order if spelt[i] >= total] + [i for i in order if ends[i] and spelt[i] < total])[:beam]
     finished = [i for i in complete if ends[i]]
     banks: dict[int, list[int]] = {}
     for i in order:

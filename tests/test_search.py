@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nmt.search as search_module
+from nmt.beams import Steering
 from nmt.config import ConfigError, DecodeConfig
 from nmt.model import CrossAttention
 from nmt.scorers import EnsembleScorer, TransformerScorer
@@ -202,7 +203,10 @@ def test_n_best_sorted_and_distinct(model):
 @pytest.mark.parametrize("beam,n_best,alpha", [(1, 1, 0.0), (4, 1, 0.6), (4, 4, 0.0), (8, 4, 1.0)])
 def test_production_search_equals_recompute_and_tiled_references(model, beam, n_best, alpha):
     src = random_sources([1, 2, 7, 19, 33, 60], seed=beam)
-    runs = {name: translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best), scorer=name) for name in ("cached", "tiled", "recompute")}
+    runs = {
+        name: translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best), scorer=name)
+        for name in ("cached", "tiled", "recompute")
+    }
     for name in ("tiled", "recompute"):
         for ref_hyps, hyps in zip(runs[name], runs["cached"]):
             assert [h.tokens for h in hyps] == [h.tokens for h in ref_hyps], name
@@ -249,9 +253,13 @@ def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win(normalizati
 @pytest.mark.parametrize("alpha,n_best", [(0.0, 1), (0.6, 1), (1.0, 3), (2.0, 1), (-0.5, 2)])
 def test_early_stop_bound_changes_no_result(model, monkeypatch, normalization, alpha, n_best):
     src = random_sources([3, 9, 14, 22], seed=7)
-    fast = translate_batch(model, src, DecodeConfig(beam_size=4, length_penalty=alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, length_normalization=normalization))
+    fast = translate_batch(
+        model, src, DecodeConfig(beam_size=4, length_penalty=alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, length_normalization=normalization)
+    )
     monkeypatch.setattr(search_module, "_settled", lambda done, best, step, max_len, decode: len(done) >= decode.beam_size)
-    slow = translate_batch(model, src, DecodeConfig(beam_size=4, length_penalty=alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, length_normalization=normalization))
+    slow = translate_batch(
+        model, src, DecodeConfig(beam_size=4, length_penalty=alpha, max_len_a=1.0, max_len_b=6, n_best=n_best, length_normalization=normalization)
+    )
     for f, s in zip(fast, slow):
         assert [h.tokens for h in f] == [h.tokens for h in s]
         assert [h.score for h in f] == pytest.approx([h.score for h in s], abs=1e-6)
@@ -322,7 +330,9 @@ def test_samples_follow_the_distribution_and_report_model_log_probs():
 def test_top_k_one_is_greedy(model):
     src = random_sources([3, 8, 13, 21], seed=2)
     greedy = translate_batch(model, src, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5))
-    sampled = translate_batch(model, src, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5), sampling=Sampling(top_k=1, temperature=2.0, seed=9))
+    sampled = translate_batch(
+        model, src, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5), sampling=Sampling(top_k=1, temperature=2.0, seed=9)
+    )
     assert [h[0].tokens for h in sampled] == [h[0].tokens for h in greedy]
     assert [h[0].log_prob for h in sampled] == pytest.approx([h[0].log_prob for h in greedy], abs=1e-5)
 
@@ -330,7 +340,9 @@ def test_top_k_one_is_greedy(model):
 def test_sampling_is_seeded_and_independent_of_batching(model):
     src = random_sources([3, 8, 13, 21], seed=2)
     seeds = [sample_seed(7, i) for i in range(4)]
-    run = lambda s, seed_list: translate_batch(model, s, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5, n_best=3), sampling=Sampling(), seeds=seed_list)
+    run = lambda s, seed_list: translate_batch(
+        model, s, DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=1.0, max_len_b=5, n_best=3), sampling=Sampling(), seeds=seed_list
+    )
     together = run(src, seeds)
     assert [[h.tokens for h in hyps] for hyps in together] == [[h.tokens for h in hyps] for hyps in run(src, seeds)]
     for i in range(4):
@@ -349,7 +361,10 @@ def test_ensemble_of_two_models_cached_equals_recompute_and_tiled(model):
     torch.manual_seed(1)
     other = Transformer(tiny_config(n_decoder_layers=1)).eval()  # members need not share a shape
     src = random_sources([2, 7, 19, 33], seed=11)
-    runs = {name: translate_batch([model, other], src, DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2), scorer=name) for name in ("cached", "tiled", "recompute")}
+    runs = {
+        name: translate_batch([model, other], src, DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2), scorer=name)
+        for name in ("cached", "tiled", "recompute")
+    }
     for name in ("tiled", "recompute"):
         for ref_hyps, hyps in zip(runs[name], runs["cached"]):
             assert [h.tokens for h in hyps] == [h.tokens for h in ref_hyps], name
@@ -491,6 +506,7 @@ def test_a_huge_length_limit_allocates_nothing_up_front(model, monkeypatch):
     monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_eos)
     capacities = []
     start = Transformer.start_decoding
+
     def recording(self, memory, src_mask, beam, capacity=32):
         capacities.append(capacity)
         return start(self, memory, src_mask, beam, capacity)
@@ -498,3 +514,143 @@ def test_a_huge_length_limit_allocates_nothing_up_front(model, monkeypatch):
     monkeypatch.setattr(Transformer, "start_decoding", recording)
     hyps = translate_batch(model, random_sources([4, 6]), DecodeConfig(beam_size=2, max_len_a=100, max_len_b=10_000))
     assert capacities == [64] and all(len(h[0].tokens) < 50 for h in hyps)
+
+
+# ---------------------------------------------------------------- prefixes, constraints, bans
+
+
+def steered(table, beam, steering, n_best=1, max_len=10):
+    decode = DecodeConfig(beam_size=beam, length_penalty=0.0, n_best=n_best, length_normalization="none")
+    return beam_search(ScriptedScorer(table), None, torch.full((len(steering),), max_len), decode, steering=steering)
+
+
+def test_a_constraint_the_best_hypothesis_omits_is_met_by_the_hand_derived_best():
+    table = {(): {A: 0.7, B: 0.2, C: 0.1}, (A,): {EOS: 0.9, A: 0.1}, (B,): {EOS: 0.9, B: 0.1}, (C,): {EOS: 0.6, A: 0.4}, (C, A): {EOS: 1.0}}
+    (free,) = steered(table, 2, [Steering()])
+    assert free[0].tokens == [A] and free[0].log_prob == pytest.approx(math.log(0.63), abs=1e-6)
+    # Step 1: C (0.1) is the only candidate in the bank of one constraint piece; dynamic beam allocation keeps it
+    # beside A, pruning B (0.2), which a filter over the ordinary beam would have kept instead.
+    # Step 2: "C" ends (0.06); "C A" (0.04) and "A A" (0.07, no EOS while the constraint is unmet) go on.
+    (hyps,) = steered(table, 2, [Steering(constraints=((C,),))], n_best=2)
+    assert [h.tokens for h in hyps] == [[C], [C, A]] and [h.unmet for h in hyps] == [0, 0]
+    assert [h.log_prob for h in hyps] == pytest.approx([math.log(0.06), math.log(0.04)], abs=1e-6)
+
+
+def test_constraints_of_several_pieces_in_any_order():
+    table = {
+        (): {A: 0.5, B: 0.3, C: 0.2},
+        (A,): {B: 0.5, C: 0.3, EOS: 0.2},
+        (A, B): {C: 0.6, EOS: 0.4},
+        (A, B, C): {EOS: 1.0},
+        (C,): {A: 0.7, EOS: 0.3},
+        (C, A): {B: 0.9, EOS: 0.1},
+        (C, A, B): {EOS: 1.0},
+    }
+    (hyps,) = steered(table, 3, [Steering(constraints=((A, B), (C,)))], n_best=3)
+    assert all(h.unmet == 0 for h in hyps)
+    for h in hyps:  # every one holds "A B" as consecutive pieces, and C
+        assert C in h.tokens and any(h.tokens[i : i + 2] == [A, B] for i in range(len(h.tokens)))
+    # "A B C" 0.5·0.5·0.6 = 0.15 beats "C A B" 0.2·0.7·0.9 = 0.126
+    assert [h.tokens for h in hyps[:2]] == [[A, B, C], [C, A, B]]
+    assert [h.log_prob for h in hyps[:2]] == pytest.approx([math.log(0.15), math.log(0.126)], abs=1e-6)
+
+
+def test_a_prefix_is_forced_then_the_best_continuations_follow():
+    table = {(): {A: 0.9, B: 0.1}, (B,): {EOS: 0.6, A: 0.3, C: 0.1}, (B, A): {EOS: 1.0}, (B, C): {EOS: 1.0}}
+    (hyps,) = steered(table, 3, [Steering(prefix=((B,),))], n_best=3)
+    assert [h.tokens for h in hyps] == [[B], [B, A], [B, C]]
+    assert [h.log_prob for h in hyps] == pytest.approx([math.log(0.06), math.log(0.03), math.log(0.01)], abs=1e-6)  # the prefix's own probability counts
+    # A prefix step with a choice (a word the user has not finished): the best allowed piece.
+    (hyps,) = steered(table, 2, [Steering(prefix=((B, C),))])
+    assert hyps[0].tokens == [B]
+
+
+def test_banned_phrases_never_appear():
+    table = {(): {A: 0.6, B: 0.4}, (A,): {A: 0.7, EOS: 0.3}, (A, A): {EOS: 1.0}, (B,): {EOS: 1.0}}
+    (hyps,) = steered(table, 2, [Steering(bans=((A, A),))], n_best=2)
+    assert [h.tokens for h in hyps] == [[B], [A]]  # "A A" (0.42) is banned
+    (hyps,) = steered(table, 2, [Steering(bans=((A,),))])
+    assert hyps[0].tokens == [B]
+
+
+def test_a_constraint_the_length_limit_cuts_is_reported():
+    table = {(): {A: 0.9, B: 0.1}, (A,): {A: 0.9, EOS: 0.1}, (A, A): {A: 0.9, EOS: 0.1}}
+    (hyps,) = steered(table, 1, [Steering(constraints=((C,),))], max_len=2)  # C has probability 0: it cannot be met
+    assert hyps and hyps[0].unmet == 1
+
+
+def test_no_steering_is_bit_identical_and_a_mixed_batch_equals_each_line_alone(model):
+    src = random_sources([5, 9, 14, 3], seed=12)
+    decode = DecodeConfig(beam_size=4, length_penalty=1.0, max_len_a=1.0, max_len_b=5, n_best=3)
+    plain = translate_batch(model, src, decode)
+    assert translate_batch(model, src, decode, steering=[Steering()] * 4) == plain
+    steering = [Steering(constraints=((7, 8), (9,))), Steering(), Steering(prefix=((11,), (12,)), bans=((13,),)), Steering(bans=((14, 15),))]
+    mixed = translate_batch(model, src, decode, steering=steering)
+    for i in range(4):
+        n = int((src[i] != PAD).sum())
+        (alone,) = translate_batch(model, src[i : i + 1, :n], decode, steering=[steering[i]])
+        assert [h.tokens for h in alone] == [h.tokens for h in mixed[i]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in mixed[i]], abs=1e-5)
+    assert mixed[1] == plain[1]
+    # The best meets both constraints; a hypothesis the length limit cut short of them ranks after every one that meets them.
+    assert mixed[0][0].unmet == 0 and [h.unmet for h in mixed[0]] == sorted(h.unmet for h in mixed[0])
+    assert all(any(h.tokens[j : j + 2] == [7, 8] for j in range(len(h.tokens))) and 9 in h.tokens for h in mixed[0] if h.unmet == 0)
+    assert all(h.tokens[:2] == [11, 12] and 13 not in h.tokens[2:] for h in mixed[2])
+
+
+def _holds(tokens, phrase):
+    return any(tokens[i : i + len(phrase)] == list(phrase) for i in range(len(tokens) - len(phrase) + 1))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # the model is only read
+@given(data=st.data(), beam=st.integers(1, 5), sampling=st.booleans())
+def test_every_output_holds_its_constraints_and_no_banned_phrase(model, data, beam, sampling):
+    piece = st.integers(4, 39)
+    constraints = tuple(data.draw(st.lists(st.lists(piece, min_size=1, max_size=3).map(tuple), max_size=2 if not sampling else 0)))
+    bans = tuple(
+        p for p in data.draw(st.lists(st.lists(piece, min_size=1, max_size=2).map(tuple), max_size=3)) if not any(_holds(list(c), p) for c in constraints)
+    )
+    steering = Steering(constraints=constraints, bans=bans)
+    src = random_sources([data.draw(st.integers(2, 12))], seed=data.draw(st.integers(0, 100)))
+    decode = DecodeConfig(beam_size=beam, length_penalty=1.0, max_len_a=1.0, max_len_b=4, n_best=beam)
+    hyps = translate_batch(model, src, decode, steering=[steering], sampling=Sampling(seed=3) if sampling else None)[0]
+    assert hyps
+    for h in hyps:
+        assert not any(_holds(h.tokens, p) for p in bans), (h.tokens, bans)
+        if h.unmet == 0:
+            assert all(_holds(h.tokens, c) for c in constraints), (h.tokens, constraints)
+    assert any(h.unmet == 0 for h in hyps)  # with room for the constraints, the search meets them
+
+
+class EndsLate(ScriptedScorer):
+    """A scorer for one sentence: first C 0.2, A 0.45, B 0.35; before C, pieces A and B are likely and
+    C rare (0.01), and no end; after C, A (0.98) or an improbable end (0.02) until three pieces follow C,
+    then the end."""
+
+    def __init__(self):
+        super().__init__({(): {C: 0.2, A: 0.45, B: 0.35}})
+
+    def step(self, prefix, state):
+        if prefix.size(1) == 1:
+            return super().step(prefix, state)
+        rows = []
+        for row in prefix.tolist():
+            tokens = row[1:]
+            probs = torch.zeros(VOCAB)
+            if C not in tokens:
+                probs[A], probs[B], probs[C] = 0.5, 0.49, 0.01
+            elif len(tokens) - tokens.index(C) > 3:
+                probs[EOS] = 1.0
+            else:
+                probs[A], probs[EOS] = 0.98, 0.02
+            rows.append(probs.log())
+        return torch.stack(rows), state
+
+
+def test_improbable_ends_of_complete_hypotheses_do_not_fill_the_finished_list():
+    """Offering every hypothesis's EOS as a candidate once let the few hypotheses that had met the
+    constraint end at each step (0.02) while ranked among the ``beam`` best of the complete bank, so
+    three such ends stopped the sentence at [C] (0.2 · 0.02). The probable end comes three pieces later."""
+    decode = DecodeConfig(beam_size=3, length_penalty=0.0, n_best=1, length_normalization="none")
+    ((best,),) = beam_search(EndsLate(), None, torch.full((1,), 10), decode, steering=[Steering(constraints=((C,),))])
+    assert best.tokens == [C, A, A, A] and best.log_prob == pytest.approx(math.log(0.2 * 0.98**3), abs=1e-6)
