@@ -94,9 +94,9 @@ def child(args) -> None:
     import torch
 
     from nmt.config import config_from_dict, with_vocab
-    from nmt.encoded import encode_corpus
     from nmt.corpus import ParallelText
     from nmt.data import TokenBatchSampler, collate
+    from nmt.encoded import encode_corpus
     from nmt.loss import LossOutput, label_smoothed_loss
     from nmt.model import Transformer, count_parameters
     from nmt.tokenizer import Tokenizer
@@ -114,7 +114,10 @@ def child(args) -> None:
     indices = indices[: args.warmup + args.steps]
     pin = device.type == "cuda"
     batches = [collate(corpus, b, pin_memory=pin) for b in indices]
-    overrides = {"model": {"preset": args.preset, "dropout": 0.1}, "train": {"precision": args.precision, "compile": args.engine == "nmt-compile", "warmup_steps": 4000}}
+    overrides = {
+        "model": {"preset": args.preset, "dropout": 0.1},
+        "train": {"precision": args.precision, "compile": args.engine == "nmt-compile", "warmup_steps": 4000},
+    }
     cfg = with_vocab(config_from_dict(overrides), tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
     torch.manual_seed(0)
     model = Transformer(cfg.model).to(device)
@@ -122,7 +125,7 @@ def child(args) -> None:
     if args.engine == "hf":
         from nmt.export import marian_model
 
-        hf = marian_model(model).to(device)
+        hf = marian_model(model, tokenizer).to(device)
         hf.config._attn_implementation = "sdpa"
 
         class Marian(torch.nn.Module):  # nmt's (src, tgt_in) -> logits interface around MarianMTModel
@@ -165,13 +168,23 @@ def child(args) -> None:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     ceiling = args.ceiling_tflops * 1e12 if args.ceiling_tflops else matmul_ceiling(device, dtype, args.matmul_size)
     record = {
-        "engine": args.engine, "device": str(device), "precision": args.precision, "threads": args.threads, "preset": args.preset,
-        "parameters": count_parameters(model), "max_tokens": args.max_tokens, "steps": len(times),
-        "step_time_s": round(statistics.median(times), 4), "tgt_tokens_per_s": round(tgt_tokens / seconds, 1),
-        "tgt_tokens_per_step": round(tgt_tokens / len(times), 1), "src_tokens_per_step": round(src_tokens / len(times), 1),
+        "engine": args.engine,
+        "device": str(device),
+        "precision": args.precision,
+        "threads": args.threads,
+        "preset": args.preset,
+        "parameters": count_parameters(model),
+        "max_tokens": args.max_tokens,
+        "steps": len(times),
+        "step_time_s": round(statistics.median(times), 4),
+        "tgt_tokens_per_s": round(tgt_tokens / seconds, 1),
+        "tgt_tokens_per_step": round(tgt_tokens / len(times), 1),
+        "src_tokens_per_step": round(src_tokens / len(times), 1),
         "padding_fraction": round(1 - (src_tokens + tgt_tokens) / padded, 4),
-        "first_step_loss": round(first_loss, 5), "tflops_per_s": float(f"{flops / seconds / 1e12:.4g}"),
-        "matmul_ceiling_tflops": float(f"{ceiling / 1e12:.4g}"), "mfu": round(flops / seconds / ceiling, 4),
+        "first_step_loss": round(first_loss, 5),
+        "tflops_per_s": float(f"{flops / seconds / 1e12:.4g}"),
+        "matmul_ceiling_tflops": float(f"{ceiling / 1e12:.4g}"),
+        "mfu": round(flops / seconds / ceiling, 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     if device.type == "cuda":
@@ -199,7 +212,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--matmul-size", type=int, default=2048, help="side of the square product that measures the ceiling")
-    parser.add_argument("--ceiling-tflops", type=float, default=0.0, help="MFU against this matrix-product rate (TFLOP/s) instead of one measured in each engine's process")
+    parser.add_argument(
+        "--ceiling-tflops", type=float, default=0.0, help="MFU against this matrix-product rate (TFLOP/s) instead of one measured in each engine's process"
+    )
     parser.add_argument("--vocab-size", type=int, default=8000, help="joint BPE pieces")
     parser.add_argument("--engines", default="nmt,hf", help="nmt, nmt-compile (torch.compile), hf (MarianMTModel)")
     parser.add_argument("--rounds", type=int, default=2, help="runs per engine, alternating; the fastest is reported")
