@@ -446,7 +446,9 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
     model, tokenizer, cfg = restore_model(payload, checkpoint)
     max_positions = int(payload.get("imported_from", {}).get("max_position_embeddings") or 1024)
     pairs, tag_list = directions(cfg.data), tags(cfg.data)
-    languages = (pairs[0].src, pairs[0].tgt) if len(pairs) == 1 else None
+    sources = list(dict.fromkeys(p.src for p in pairs))
+    # tokenizer_config.json's languages: the pair, or one source into several targets ("mul", as OPUS-MT's multi-target models say).
+    languages = (pairs[0].src, pairs[0].tgt) if len(pairs) == 1 else (sources[0], "mul") if len(sources) == 1 else None
     try:
         if format == "huggingface":
             export_huggingface(model, tokenizer, out, max_positions, cfg.decode, languages=languages, tags=tag_list)

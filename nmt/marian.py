@@ -40,7 +40,7 @@ import torch
 
 from .config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict, validate
 from .errors import Key, NmtError
-from .tokenizer import BOS, PAD, UNK, Tokenizer, TokenizerError
+from .tokenizer import BOS, PAD, TAG, UNK, Tokenizer, TokenizerError
 from .vocab import MarianTokenizer
 
 log = logging.getLogger("nmt.marian")
@@ -372,9 +372,19 @@ def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> Mar
     if special:
         raise MarianError(f"{directory}: the special token(s) {', '.join(special)} are not in vocab.json; their ids would lie outside the model's vocabulary")
     try:
-        return MarianTokenizer.build(*protos, spec, str(directory))
+        tokenizer = MarianTokenizer.build(*protos, spec, str(directory))
     except TokenizerError as exc:
         raise MarianError(str(exc)) from None
+    for side, name in ((tokenizer.src, "source.spm"), (tokenizer.tgt, "target.spm")):
+        sp, known = side.sp, side.layout.ids
+        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+        missing = sum(p not in known for p in pieces)
+        if missing > len(pieces) / 2:  # OPUS-MT's vocab.json holds (nearly) every piece of both models
+            raise MarianError(
+                f"{directory}: {missing:,} of the {len(pieces):,} pieces of {name} are not in vocab.json, so most text would be <unk>: "
+                "the two were not made for one model; take both from the same model directory"
+            )
+    return tokenizer
 
 
 @dataclass
@@ -517,10 +527,13 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer) -> tup
         value = get(key, False) if key == "early_stopping" else get(key, neutral)  # generate()'s default early_stopping is false
         if value != neutral and not (key == "early_stopping" and beam == 1):
             notes.append(f"{key}={value!r}" + (f": {why}" if why else " is not applied"))
-    always = {tgt.marian_ids[PAD], tgt.marian_ids[BOS], tgt.marian_ids[UNK]}  # what nmt bans (<unk> unless decode.allow_unk)
-    other = [ids for ids in bans if not (isinstance(ids, list) and len(ids) == 1 and ids[0] in always)]
-    if other:
-        notes.append(f"bad_words_ids {other} is not applied (nmt bans its padding and start pieces and, unless decode.allow_unk, <unk>)")
+    # What nmt bans: its padding and start pieces, target-language tags (>>fr<<), and <unk> unless decode.allow_unk.
+    tag_ids = [tgt.marian_ids[i] for i, piece in enumerate(tgt.pieces) if TAG.fullmatch(piece)]
+    always = {tgt.marian_ids[PAD], tgt.marian_ids[BOS], tgt.marian_ids[UNK], *tag_ids}
+    for key, listed in (("bad_words_ids", get("bad_words_ids") or []), ("suppress_tokens", [[i] for i in get("suppress_tokens") or []])):
+        other = [ids for ids in listed if not (isinstance(ids, list) and len(ids) == 1 and ids[0] in always)]
+        if other:
+            notes.append(f"{key} {other} is not applied (nmt bans its padding and start pieces, language tags and, unless decode.allow_unk, <unk>)")
     return decode, notes
 
 
@@ -561,7 +574,10 @@ def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: 
     """Read a Hugging Face Marian directory (an OPUS-MT model as downloaded, or one ``nmt export`` wrote) as an nmt model.
 
     The languages come from ``tokenizer_config.json`` (``source_lang``, ``target_lang``), else from a directory named
-    ``opus-mt-SRC-TGT``, unless given; ``und`` (ISO 639: undetermined) where none says.
+    ``opus-mt-SRC-TGT``, unless given; ``und`` (ISO 639: undetermined) where none says. A vocabulary with two or more
+    target-language tags (``>>de<<``, ``>>fr<<``) and no target language among them (``mul``, ``ROMANCE`` or none) makes
+    a model of one direction per tag (``data.directions``), the target chosen with ``--tgt-lang``, unless ``tgt_lang``
+    is given or the vocabularies are separate.
 
     Raises:
         MarianError: a file is missing or unreadable, or a setting nmt cannot represent (one line naming the file and key).
@@ -583,7 +599,15 @@ def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: 
         named = entry.split("-")[-2:] if entry.startswith("opus-mt-") else named
     found = [tokenizer.spec.get("source_lang") or named[0], tokenizer.spec.get("target_lang") or named[1]]
     langs = [str(given or guess or "und") for given, guess in zip((src_lang, tgt_lang), found)]
-    cfg = Config(model=model, data=DataConfig(src_lang=langs[0], tgt_lang=langs[1]), tokenizer=tokenizer_config(tokenizer), decode=decode)
+    # Target-language tags in the vocabulary (>>fr<<, as nmt's multilingual export and OPUS-MT's multi-target models
+    # have them): one direction per tag, chosen with --tgt-lang, unless a target language is given.
+    # A named target that is one of the tags (an OPUS-MT en-de whose vocabulary also lists >>fr<<) keeps the one pair.
+    targets = [piece[2:-2] for piece in tokenizer.src.layout.pieces if TAG.fullmatch(piece) and piece[2:-2] != langs[0]]
+    if len(targets) > 1 and tgt_lang is None and tokenizer.joint and found[1] not in targets:
+        data = DataConfig(directions=tuple(f"{langs[0]}-{t}" for t in targets))
+    else:
+        data = DataConfig(src_lang=langs[0], tgt_lang=langs[1])
+    cfg = Config(model=model, data=data, tokenizer=tokenizer_config(tokenizer), decode=decode)
     validate(cfg)
     state_dict, weights = read_weights(directory)
     state = from_marian(state_dict, model, Rows.of(tokenizer), directory / weights)
@@ -613,11 +637,13 @@ def import_checkpoint(path: str | Path, out: str | Path, format: str = "huggingf
         nmt.files.OutputError: ``out`` cannot be written (checked before anything is read).
     """
     from .checkpoint import save_checkpoint, tokenizer_to_tensors
-    from .files import check_writable
+    from .files import check_not_an_input, check_writable
 
     if format != "huggingface":
         raise MarianError(Key("format"), f" {format!r} is not supported; use huggingface (a MarianMTModel directory, such as an OPUS-MT model)")
     check_writable(Path(out), Key("out"))
+    if Path(path).is_dir():  # --out inside the directory it reads would replace one of its files
+        check_not_an_input(Path(out), [("DIR", f) for f in Path(path).rglob("*") if f.is_file()], "--out")
     imported = import_huggingface(path, src_lang, tgt_lang)
     payload = {
         "model": imported.state,

@@ -152,10 +152,17 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
                 f" {init_from} is a Hugging Face directory; import it first: nmt import --format huggingface {init_from} "
                 "--out model.pt, then --init-from model.pt",
             )
+        if Path(init_from).is_dir() and not (Path(init_from) / "best.pt").is_file():
+            raise ConfigError(
+                Key("init_from"),
+                f" {init_from} is a directory without best.pt (a run directory means its best.pt); "
+                f"pass a checkpoint file, such as {Path(init_from) / 'last.pt'}",
+            )
         init_from = Path(init_from) / "best.pt" if Path(init_from).is_dir() else Path(init_from)  # a run directory: its best.pt, as translate reads it
         init = load_checkpoint(init_from)
         step = init.get("progress", {}).get("step")
         origin = init.get("imported_from")
+        opened = Opened(init_config(init["config"], cfg, overrides, config_file, Path(init_from)), None, None, init=init)
         log.info(
             "initialised from %s (%s%s): its weights and tokenizer; %s, the schedule and the step counter start afresh",
             init_from,
@@ -163,7 +170,6 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
             f", imported from {origin['path']}" if origin else "",
             "Adam's moments from it" if not cfg.train.reset_optimizer and "optimizer" in init else "Adam",
         )
-        opened = Opened(init_config(init["config"], cfg, overrides, config_file, Path(init_from)), None, None, init=init)
         opened.origin = {"init_from": {"path": str(Path(init_from).absolute()), "step": step}} | ({"imported_from": origin} if origin else {})
     if resume:
         path, payload = run.newest_checkpoint()

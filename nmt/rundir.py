@@ -274,13 +274,17 @@ def _written_keys(overrides: list[str], config_file: Path | None) -> list[tuple[
     return list(dict.fromkeys(keys))
 
 
+LANGUAGE_KEYS = ("src_lang", "tgt_lang", "directions")  # what a run translates between: one pair, or directions
+
+
 def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Path | None, source: Path) -> Config:
     """The config of a new run that starts from the checkpoint ``source`` (``nmt train --init-from``), whose config is ``saved``.
 
     ``cfg`` (the config file and ``--set``, as for any new run) gives the data, training, scoring and run
     settings; the model and the tokenizer are the checkpoint's, except the :data:`REGULARISATION` keys
     written in ``config_file`` or ``overrides``; the decode settings are the checkpoint's but for the keys
-    written, and so are the languages (which pick the BLEU tokenizer) unless written.
+    written, and so are the languages (``src_lang``/``tgt_lang`` or ``directions``, which pick the BLEU
+    tokenizer and the tags) unless one of them is written.
 
     Raises:
         ConfigError: a key written in the model (a preset counts as its keys) or tokenizer section asks for
@@ -289,33 +293,40 @@ def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Pat
     given = config_to_dict(absolute_paths(cfg))
     saved = config_to_dict(config_from_dict(saved, str(source)))  # every key, old checkpoints' too
     raw = {section: dict(values) for section, values in given.items()} | {section: dict(saved[section]) for section in ("model", "tokenizer", "decode")}
-    raw["data"] |= {key: saved["data"][key] for key in ("src_lang", "tgt_lang")}
+    written = _written_keys(overrides, config_file)
+    # The languages (src_lang and tgt_lang, or directions) come whole from one side: the checkpoint's unless any is written.
+    languages = given if any(section == "data" and key in LANGUAGE_KEYS for section, key in written) else saved
+    raw["data"] = {k: v for k, v in raw["data"].items() if k not in LANGUAGE_KEYS} | {k: languages["data"][k] for k in LANGUAGE_KEYS if k in languages["data"]}
 
-    def keep(section: str, key: str) -> None:
-        """A written model or tokenizer value: a regularisation value is taken, any other must be the checkpoint's."""
+    def keep(section: str, key: str, preset: str | None = None) -> None:
+        """A written model or tokenizer value (or one the written ``preset`` sets): a regularisation value is taken,
+        any other must be the checkpoint's."""
         if key == "preset":
             return
         if section == "model" and key in REGULARISATION:
             raw["model"][key] = given["model"][key]
         elif given[section][key] != saved[section][key]:
+            named = (
+                [Key("model.preset"), f" {preset} sets {section}.{key} {given[section][key]!r}, which"]
+                if preset
+                else [Key(f"{section}.{key}"), f" {given[section][key]!r}"]
+            )
             raise ConfigError(
                 "--init-from ",
                 str(source),
                 ": ",
-                Key(f"{section}.{key}"),
-                f" {given[section][key]!r} differs from the checkpoint's "
-                f"{saved[section][key]!r}; the {'architecture' if section == 'model' else 'tokenizer'} comes from the checkpoint (only "
-                + ", ".join(f"model.{k}" for k in REGULARISATION)
-                + " may change)",
+                *named,
+                f" differs from the checkpoint's {saved[section][key]!r}; the {'architecture' if section == 'model' else 'tokenizer'} comes "
+                "from the checkpoint (leave it out of the config; only " + ", ".join(f"model.{k}" for k in REGULARISATION) + " may change)",
             )
 
-    for section, key in _written_keys(overrides, config_file):
-        if key not in given.get(section, {}):
+    for section, key in written:
+        if key not in given.get(section, {}) or (section == "data" and key in LANGUAGE_KEYS):
             continue
         if section in ("data", "decode"):
             raw[section][key] = given[section][key]
         elif section in ("model", "tokenizer"):
             keep(section, key)
             for preset_key in PRESETS.get(given["model"]["preset"], {}) if (section, key) == ("model", "preset") else ():
-                keep("model", preset_key)
+                keep("model", preset_key, given["model"]["preset"])
     return absolute_paths(config_from_dict(raw, f"{source} with the changes given"))

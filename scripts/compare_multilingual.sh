@@ -4,7 +4,7 @@
 #
 #   scripts/compare_multilingual.sh OUT STEPS [extra nmt train args]
 #
-# Trains (each run: the Multi30k recipe's config, its warm-up scaled to the run's length, 1 thread,
+# Trains (each run: the Multi30k recipe's config, its warm-up scaled to the run's length at the recipe's peak rate, 1 thread,
 # one validation at the end on the first 300 `val` sentences):
 #   OUT/multi   data.directions [en-de, en-fr, de-en], 3 × STEPS steps
 #   OUT/en-de   en→de alone, STEPS steps
@@ -26,9 +26,12 @@ common=(--set data.dir="$DATA" --set train.threads=1 --set train.save_every=0 --
 run() {  # run DIR STEPS CONFIG [--set ...]
   local dir=$1 steps=$2 config=$3
   shift 3
-  # warm-up: the recipe's share of the run (600 of 2,600 steps), so that every run's schedule has one shape
+  # The warm-up is the recipe's share of the run (600 of 2,600 steps) and lr_scale keeps the recipe's peak (0.5 at
+  # warm-up 600: 1.28e-3; the noam peak falls as warm-up^-0.5), so that every run's schedule has one shape.
+  local warmup=$((steps * 600 / 2600))
   nmt train -c "$config" --run-dir "$dir" --set train.max_steps="$steps" --set train.validate_every="$steps" \
-    --set train.warmup_steps=$((steps * 600 / 2600)) "${common[@]}" "$@" > "$dir.log" 2>&1
+    --set train.warmup_steps=$warmup --set train.lr_scale="$(python -c "print(round(0.5 * ($warmup / 600) ** 0.5, 4))")" \
+    "${common[@]}" "$@" > "$dir.log" 2>&1
 }
 mkdir -p "$OUT"
 run "$OUT/multi" $((3 * STEPS)) configs/multi30k_multi.yaml --set 'data.directions=[en-de, en-fr, de-en]' &

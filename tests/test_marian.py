@@ -296,6 +296,20 @@ def test_weights_of_another_architecture_are_refused(small_opus, tmp_path):
     assert not (tmp_path / "m.pt").exists()
 
 
+def test_a_vocab_json_of_another_model_is_refused(small_opus, tmp_path):
+    """A vocab.json whose pieces are not the SentencePiece models' once imported, and every line then
+    translated to nothing (each piece <unk>)."""
+    directory = tmp_path / "opus"
+    shutil.copytree(small_opus, directory)
+    vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+    special = {"</s>", "<unk>", "<pad>"}
+    renamed = {(piece if piece in special else f"x{i}"): i for piece, i in vocab.items()}
+    (directory / "vocab.json").write_text(json.dumps(renamed), encoding="utf-8")
+    with pytest.raises(MarianError, match=r"pieces of source\.spm are not in vocab\.json"):
+        import_checkpoint(directory, tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()
+
+
 def test_generation_settings_nmt_does_not_apply_are_named(small_opus, tmp_path, caplog):
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)

@@ -356,3 +356,55 @@ def test_export_keeps_the_tags_as_marian_does(trained, tmp_path):
         with torch.no_grad():  # one piece more than nmt wrote (its length limit may have ended it before EOS; generate forces EOS last)
             generated = hf.generate(input_ids=pad_sources([ids]), num_beams=1, do_sample=False, max_new_tokens=len(hyps[0].tokens) + 1)
         assert generated[0, 1:].tolist()[: len(hyps[0].tokens)] == hyps[0].tokens
+
+
+def test_init_from_a_multilingual_checkpoint_keeps_or_replaces_its_languages_whole(trained, tmp_path):
+    """``--init-from`` a checkpoint of several directions once failed with ``KeyError: 'src_lang'``
+    (its config holds ``directions``, not the pair) whatever the new config said."""
+    from nmt.errors import NmtError
+
+    data, run, _ = trained
+    kept = train(run_config(data, tmp_path / "kept", 2), init_from=run / "last.pt")
+    assert kept["step"] == 2 and "bleu/en-up" in kept
+    assert load_checkpoint(tmp_path / "kept" / "last.pt")["config"]["data"]["directions"] == ["en-de", "en-up"]
+    pair = ["data.src_lang=en", "data.tgt_lang=de"]  # written: the languages come from the new config, whole
+    train(run_config(data, tmp_path / "pair", 2, {"src_lang": "en", "tgt_lang": "de"}), init_from=run / "last.pt", overrides=pair)
+    saved = load_checkpoint(tmp_path / "pair" / "last.pt")["config"]["data"]
+    assert (saved["src_lang"], saved["tgt_lang"]) == ("en", "de") and saved.get("directions") is None
+    more = tmp_path / "data"  # the same text, with "fr" files: a target the tokenizer has no tag for
+    more.mkdir()
+    for f in data.iterdir():
+        (more / f.name).write_bytes(f.read_bytes())
+        if f.suffix == ".up":
+            (more / f.with_suffix(".fr").name).write_bytes(f.read_bytes())
+    with pytest.raises(NmtError, match=">>fr<<"):
+        train(run_config(more, tmp_path / "new", 2, {"directions": ["en-de", "en-fr"]}), init_from=run / "last.pt", overrides=["data.directions=en-de,en-fr"])
+
+
+def test_an_exported_multilingual_model_imports_back_with_its_directions(trained, tmp_path, caplog):
+    """A multilingual export, imported back, was once a model of "und→und" that refused --tgt-lang and
+    warned that a ban it applies was not applied; its directions come back from the tags in vocab.json."""
+    pytest.importorskip("transformers")
+    from nmt.marian import import_checkpoint
+
+    data, run, _ = trained
+    assert invoke("export", "--checkpoint", run, "--format", "huggingface", tmp_path / "hf").exit_code == 0
+    with caplog.at_level("WARNING"):
+        payload = import_checkpoint(tmp_path / "hf", tmp_path / "back.pt")
+    assert payload["config"]["data"]["directions"] == ["en-de", "en-up"] and "not applied" not in caplog.text
+    lines = read_lines(data / "valid.en")[:5]
+    for lang in ("de", "up"):
+        same = ["--tgt-lang", lang, "--beam-size", "1", "--max-len-a", "0", "--max-len-b", "12"]  # generate()'s limit is absolute
+        ours = invoke("translate", "--checkpoint", run / "best.pt", *same, input="\n".join(lines) + "\n")
+        back = invoke("translate", "--checkpoint", tmp_path / "back.pt", *same, input="\n".join(lines) + "\n")
+        assert ours.exit_code == back.exit_code == 0 and back.stdout == ours.stdout
+    assert "--tgt-lang" in one_line_error(invoke("translate", "--checkpoint", tmp_path / "back.pt", input="a dog .\n"))
+
+
+def test_import_refuses_to_write_over_a_file_it_reads(trained, tmp_path):
+    pytest.importorskip("transformers")
+    _, run, _ = trained
+    assert invoke("export", "--checkpoint", run, "--format", "huggingface", tmp_path / "hf").exit_code == 0
+    before = (tmp_path / "hf" / "config.json").read_bytes()
+    line = one_line_error(invoke("import", tmp_path / "hf", "--out", tmp_path / "hf" / "config.json"))
+    assert "is the same file as DIR" in line and (tmp_path / "hf" / "config.json").read_bytes() == before

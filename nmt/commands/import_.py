@@ -40,5 +40,10 @@ def import_(
     m = cfg["model"]
     typer.echo(
         f"wrote {out}: {m['d_model']}-wide {m['n_encoder_layers']}+{m['n_decoder_layers']}-layer Marian model, "
-        f"{payload['imported_from']['vocab_size']:,} pieces, {cfg['data']['src_lang']}→{cfg['data']['tgt_lang']}"
+        f"{payload['imported_from']['vocab_size']:,} pieces, "
+        + (
+            f"directions {', '.join(cfg['data']['directions'])} (choose one with --tgt-lang)"
+            if cfg["data"].get("directions")
+            else f"{cfg['data']['src_lang']}→{cfg['data']['tgt_lang']}"
+        )
     )
