@@ -362,7 +362,11 @@ def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
         path = Path(directory) / name
         if path.is_file():
             return path
-    raise DataError(f"{directory}: neither {split}.{lang} nor {split}.{lang}.gz exists")
+    splits = sorted(
+        {p.name.removesuffix(".gz").removesuffix(f".{lang}") for p in Path(directory).glob(f"*.{lang}*") if p.name.removesuffix(".gz").endswith(f".{lang}")}
+    )
+    there = f" ({lang} files there are of the splits {', '.join(splits)}: choose with data.train_split and data.valid_split)" if splits else ""
+    raise DataError(f"{directory}: neither {split}.{lang} nor {split}.{lang}.gz exists{there}")
 
 
 def load_hf_split(name: str, config: str | None, data_files: dict[str, str] | None, split: str, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:

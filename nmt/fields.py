@@ -219,7 +219,7 @@ def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
         if isinstance(value, str):
             return str(value)
     elif origin is tuple and typing.get_args(tp)[-1] is Ellipsis:  # any length: a list, or text with commas (fairseq's --lang-pairs)
-        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        items = ([v.strip() for v in value.split(",")] if value.strip() else []) if isinstance(value, str) else value  # an empty item is refused, not dropped
         if isinstance(items, (list, tuple)):
             return tuple(read(v, typing.get_args(tp)[0], f"{key}[{i}]", allowed) for i, v in enumerate(items))
     elif origin is tuple:

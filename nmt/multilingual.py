@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from .clean import stripped_side
-from .corpus import ParallelText, load_split
+from .corpus import DataError, ParallelText, load_split
 from .errors import Key
 from .fields import ConfigError, did_you_mean
 from .tokenizer import AUTO_COVERAGE_SENTENCES, UNK, Tokenizer, TokenizerError, coverage_settings, reservoir_sample, train_sentencepiece
@@ -129,9 +129,15 @@ def target(cfg, tokenizer: Tokenizer, tgt_lang: str | None) -> Target:
     """
     langs = target_languages(cfg.data)
     if tgt_lang is not None and tgt_lang not in langs:
+        # What a user may have meant: the tag's spelling (>>fr<<), another case (FR) or a region (fr-FR).
+        meant = next((lang for lang in langs if lang.lower() in {tgt_lang.strip().strip("><").lower(), tgt_lang.strip().lower().split("-")[0]}), None)
+        hint = f"; did you mean {meant}?" if meant else did_you_mean(tgt_lang, langs)
+        shown = repr(tgt_lang) if not tgt_lang.strip() else tgt_lang
+        if not tgt_lang.strip():
+            hint = f"; give a language code ({', '.join(langs)})"
         if len(langs) == 1:
-            raise ConfigError(Key("tgt_lang"), f" {tgt_lang}: this model translates into {langs[0]} only (its config's target language)")
-        raise ConfigError(Key("tgt_lang"), f" {tgt_lang}: this model translates into {', '.join(langs)}{did_you_mean(tgt_lang, langs)}")
+            raise ConfigError(Key("tgt_lang"), f" {shown}: this model translates into {langs[0]} only (its config's target language){hint if meant else ''}")
+        raise ConfigError(Key("tgt_lang"), f" {shown}: this model translates into {', '.join(langs)}{hint}")
     if tgt_lang is None and len(langs) > 1:
         raise ConfigError(
             f"this model translates into {', '.join(langs)} (directions {', '.join(map(str, directions(cfg.data)))}): choose one with ", Key("tgt_lang")
@@ -156,7 +162,10 @@ def split_text(data, direction: Direction, split: str) -> ParallelText:
         own = [_split_file(Path(data.dir), stem, lang) for lang in (direction.src, direction.tgt)]
         if all(own):
             return ParallelText.files(*own)
-    return load_split(one, split)
+    try:
+        return load_split(one, split)
+    except DataError as exc:
+        raise DataError(f"data.directions {direction}: {exc}" + (f"; or give {stem}.{direction.src} and {stem}.{direction.tgt}" if data.dir else "")) from None
 
 
 def _split_file(directory: Path, stem: str, lang: str) -> Path | None:

@@ -1,6 +1,7 @@
 """One model for several directions: config, tags, the direction mix, validation per direction, --tgt-lang."""
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -112,11 +113,26 @@ def test_directions_replace_the_language_pair_and_read_back():
         (["data.directions=[en-de, en-fr]", "tokenizer.joint=false", "model.share_embeddings=false"], "share one vocabulary: set tokenizer.joint=true"),
         (["data.directions=[en-de, en-fr]", "data.train_src=a", "data.train_tgt=b"], "data.train_src names the files of one direction"),
         (["data.directions=[]"], "data.directions is empty"),
+        (["data.directions=en-de,,en-fr"], r"data.directions\[1\] must be SRC-TGT.*got ''"),  # an empty item was dropped silently
     ],
 )
 def test_direction_settings_that_cannot_work_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_a_direction_without_files_names_the_direction_the_splits_there_and_its_own_file_names(tmp_path):
+    from nmt.corpus import DataError
+    from nmt.multilingual import split_text
+
+    for name in ("train.en", "train.de", "val.en", "val.de"):
+        (tmp_path / name).write_text("a\n", encoding="utf-8")
+    data = load_config(None, ["data.directions=[en-de, en-es]", f"data.dir={tmp_path}"]).data
+    with pytest.raises(DataError) as err:
+        split_text(data, Direction("en", "de"), "valid")
+    assert "data.directions en-de" in str(err.value) and "the splits train, val: choose with data.train_split and data.valid_split" in str(err.value)
+    with pytest.raises(DataError, match=r"data.directions en-es: .*neither train.es nor train.es.gz exists; or give train.en-es.en and train.en-es.es"):
+        split_text(data, Direction("en", "es"), "train")
 
 
 # ------------------------------------------------------------------------------ tags
@@ -291,6 +307,12 @@ def test_the_target_language_is_required_and_checked(trained, tmp_path):
     assert target(one, tokenizer, None).src_prefix == () and target(one, tokenizer, "de").src_prefix == ()
     with pytest.raises(ConfigError, match="^tgt_lang fr: this model translates into de only"):
         target(one, tokenizer, "fr")
+    # The tag's spelling, another case or a region get the code meant; an empty value says it is empty.
+    for given in (">>up<<", "UP", "up-US", " up"):
+        with pytest.raises(ConfigError, match=f"^tgt_lang {re.escape(given.strip()) if given.strip() == given else '.*'}.*did you mean up\\?"):
+            target(cfg, tokenizer, given)
+    with pytest.raises(ConfigError, match=r"^tgt_lang '': this model translates into de, up; give a language code"):
+        target(cfg, tokenizer, "")
 
 
 def test_alignments_index_the_sentence_not_the_tag(trained):
