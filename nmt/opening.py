@@ -140,37 +140,47 @@ def read_back(run: RunDir, cfg_dict: dict, checkpoint: str | None, done: dict | 
     return opened
 
 
+def _open_init(cfg: Config, overrides: list[str], config_file: Path | None, init_from: str | Path) -> Opened:
+    """A new run's start from the checkpoint ``init_from`` (a file, or a run directory's best.pt): its payload, the
+    settled config and where the weights came from.
+
+    Raises:
+        ConfigError: ``init_from`` is a Hugging Face directory or a directory without best.pt, or the config asks for
+            another architecture (:func:`nmt.rundir.init_config`).
+    """
+    if (Path(init_from) / "config.json").is_file():
+        raise ConfigError(
+            Key("init_from"),
+            f" {init_from} is a Hugging Face directory; import it first: nmt import --format huggingface {init_from} --out model.pt, then --init-from model.pt",
+        )
+    if Path(init_from).is_dir() and not (Path(init_from) / "best.pt").is_file():
+        raise ConfigError(
+            Key("init_from"),
+            f" {init_from} is a directory without best.pt (a run directory means its best.pt); pass a checkpoint file, such as {Path(init_from) / 'last.pt'}",
+        )
+    init_from = Path(init_from) / "best.pt" if Path(init_from).is_dir() else Path(init_from)  # a run directory: its best.pt, as translate reads it
+    init = load_checkpoint(init_from)
+    step = init.get("progress", {}).get("step")
+    origin = init.get("imported_from")
+    opened = Opened(init_config(init["config"], cfg, overrides, config_file, Path(init_from)), None, None, init=init)
+    log.info(
+        "initialised from %s (%s%s): its weights and tokenizer; %s, the schedule and the step counter start afresh",
+        init_from,
+        f"step {step}" if step is not None else "no step: not trained by nmt",
+        f", imported from {origin['path']}" if origin else "",
+        "Adam's moments from it" if not cfg.train.reset_optimizer and "optimizer" in init else "Adam",
+    )
+    opened.origin = {"init_from": {"path": str(Path(init_from).absolute()), "step": step}} | ({"imported_from": origin} if origin else {})
+    return opened
+
+
 def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], config_file: Path | None, init_from: str | Path | None = None) -> Opened:
     """Lock the run directory, choose the checkpoint (or start fresh, or from ``init_from``), settle the config, prepare the data."""
     run.lock(resuming=resume)
     run.sweep()
     opened, start = Opened(absolute_paths(cfg), None, None), 0
     if init_from is not None:
-        if (Path(init_from) / "config.json").is_file():
-            raise ConfigError(
-                Key("init_from"),
-                f" {init_from} is a Hugging Face directory; import it first: nmt import --format huggingface {init_from} "
-                "--out model.pt, then --init-from model.pt",
-            )
-        if Path(init_from).is_dir() and not (Path(init_from) / "best.pt").is_file():
-            raise ConfigError(
-                Key("init_from"),
-                f" {init_from} is a directory without best.pt (a run directory means its best.pt); "
-                f"pass a checkpoint file, such as {Path(init_from) / 'last.pt'}",
-            )
-        init_from = Path(init_from) / "best.pt" if Path(init_from).is_dir() else Path(init_from)  # a run directory: its best.pt, as translate reads it
-        init = load_checkpoint(init_from)
-        step = init.get("progress", {}).get("step")
-        origin = init.get("imported_from")
-        opened = Opened(init_config(init["config"], cfg, overrides, config_file, Path(init_from)), None, None, init=init)
-        log.info(
-            "initialised from %s (%s%s): its weights and tokenizer; %s, the schedule and the step counter start afresh",
-            init_from,
-            f"step {step}" if step is not None else "no step: not trained by nmt",
-            f", imported from {origin['path']}" if origin else "",
-            "Adam's moments from it" if not cfg.train.reset_optimizer and "optimizer" in init else "Adam",
-        )
-        opened.origin = {"init_from": {"path": str(Path(init_from).absolute()), "step": step}} | ({"imported_from": origin} if origin else {})
+        opened = _open_init(cfg, overrides, config_file, init_from)
     if resume:
         path, payload = run.newest_checkpoint()
         progress = Progress(**payload["progress"])
