@@ -356,6 +356,11 @@ def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> Mar
     }
     if tok_config.get("separate_vocabs"):
         spec["target_vocab"] = _json(directory / "target_vocab.json")
+    for name, vocab in (("vocab.json", spec["vocab"]), ("target_vocab.json", spec["target_vocab"])):
+        bad = next(((k, v) for k, v in vocab.items() if type(v) is not int), None) if isinstance(vocab, dict) else None
+        if bad is not None or (vocab is not None and not isinstance(vocab, dict)):
+            what = f"the piece {bad[0]!r} has the id {bad[1]!r}" if bad else "it is not an object"
+            raise MarianError(f"{directory / name}: not a mapping of pieces to integer ids ({what}); it is Marian's vocabulary, as its converter writes it")
     protos = []
     for name in ("source.spm", "target.spm"):
         if not (directory / name).is_file():

@@ -310,6 +310,16 @@ def test_a_vocab_json_of_another_model_is_refused(small_opus, tmp_path):
     assert not (tmp_path / "m.pt").exists()
 
 
+def test_a_vocab_json_of_string_ids_is_named_as_the_fault(small_opus, tmp_path):
+    """Ids written as strings were once reported as config.json's decoder_start_token_id being no piece's id."""
+    directory = tmp_path / "opus"
+    shutil.copytree(small_opus, directory)
+    vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+    (directory / "vocab.json").write_text(json.dumps({piece: str(i) for piece, i in vocab.items()}), encoding="utf-8")
+    with pytest.raises(MarianError, match=r"vocab\.json: not a mapping of pieces to integer ids \(the piece '.*' has the id '0'\)"):
+        import_checkpoint(directory, tmp_path / "m.pt")
+
+
 def test_generation_settings_nmt_does_not_apply_are_named(small_opus, tmp_path, caplog):
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
