@@ -76,11 +76,13 @@ def format_info(info: dict[str, Any]) -> str:
 
     tk = info["tokenizer"]
     m = info["config"]["model"]
+    # An average's progress record is its last input's: say so, as its own weights were never validated.
+    of_last = " (of the last checkpoint averaged, not of the average)" if "averaged_from" in info else ""
     vocab = f"{tk['src_vocab_size']:,} pieces" if tk["joint"] else f"{tk['src_vocab_size']:,} source / {tk['tgt_vocab_size']:,} target pieces"
     lines = [
         f"file: {info['file']} ({info['size_bytes'] / 1e6:.1f} MB)",
-        f"step: {info['step'] if info['step'] is not None else 'unknown'}" + (f" (epoch {info['epoch']})" if info["epoch"] is not None else ""),
-        f"best validation BLEU: {info['best_bleu']:.2f}" if info["best_bleu"] is not None else "best validation BLEU: none (no validation yet)",
+        f"step: {info['step'] if info['step'] is not None else 'unknown'}" + (f" (epoch {info['epoch']})" if info["epoch"] is not None else "") + of_last,
+        (f"best validation BLEU: {info['best_bleu']:.2f}" if info["best_bleu"] is not None else "best validation BLEU: none (no validation yet)") + of_last,
         f"parameters: {info['parameters']:,} ({info['dtype']}; d_model {m['d_model']}, d_ff {m['d_ff']}, {m['n_heads']} heads, "
         f"{m['n_encoder_layers']}+{m['n_decoder_layers']} layers, {m['norm_position']}-LN)",
         f"tokenizer: {'joint' if tk['joint'] else 'separate'} SentencePiece {tk['type']}, {vocab}"

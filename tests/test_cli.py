@@ -371,6 +371,10 @@ def test_info_describes_a_checkpoint(trained_run, tmp_path):
     assert f"parameters: {info['parameters']:,} (float32; d_model 32" in text and "step: 4 (epoch 0)" in text
     assert "optimizer state: yes" in text and "\n  model:\n    preset: tiny\n" in text
     assert "not found" in _one_line_error(invoke("info", tmp_path / "none.pt"))
+    # An average's step and best BLEU are its last input's, and say so.
+    assert invoke("average", trained_run / "last.pt", trained_run / "best.pt", "--out", tmp_path / "avg.pt").exit_code == 0
+    averaged = invoke("info", tmp_path / "avg.pt").stdout
+    assert "step: 4 (epoch 0) (of the last checkpoint averaged, not of the average)" in averaged and "averaged from: " in averaged
 
 
 def test_export_slim_checkpoint_translates_the_same(trained_run, tmp_path):
