@@ -472,6 +472,15 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return out
 
 
+def config_to_yaml(cfg: Config) -> str:
+    """``config.yaml``'s text: :func:`config_to_dict` as YAML, keys in the sections' order, every non-ASCII
+    character escaped. Written raw (``allow_unicode``), U+0085 and the other YAML line breaks would read back
+    as spaces (PyYAML folds them), so a value would not survive its own run directory."""
+    import yaml
+
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
 def with_vocab(cfg: Config, src_vocab_size: int, tgt_vocab_size: int) -> Config:
     """``cfg`` with the model's vocabulary sizes set (from the trained tokenizer)."""
     return replace(cfg, model=replace(cfg.model, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size))

@@ -10,12 +10,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from . import evaluate
 from .checkpoint import load_checkpoint, tokenizer_from_tensors
 from .clean import clean_pairs, stripped_side
-from .config import Config, ConfigError, config_from_dict, config_to_dict, with_vocab
+from .config import Config, ConfigError, config_from_dict, config_to_yaml, with_vocab
 from .corpus import DataError, ParallelText, check_inputs
 from .encoded import EncodedCorpus, encode_corpus, encoding_threads
 from .errors import Key
@@ -213,5 +211,5 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
     opened.data = prepare(opened.cfg, run.path, tokenizer)
     run.keep_history_until(start)
     opened.cfg = with_vocab(opened.cfg, opened.data[0].src.get_piece_size(), opened.data[0].tgt.get_piece_size())
-    atomic_write(run.path / "config.yaml", yaml.safe_dump(config_to_dict(opened.cfg), sort_keys=False))
+    atomic_write(run.path / "config.yaml", config_to_yaml(opened.cfg))
     return opened

@@ -39,6 +39,10 @@ def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> torch.
     return src
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers: one torch thread each, so that they do not contend for the cores
+    torch.set_num_threads(1)
+
+
 @functools.lru_cache(maxsize=None)
 def cached_tokenizer(vocab_size: int = 40, lines: int = 300, german: bool = False) -> Tokenizer:
     """A joint SentencePiece tokenizer of the first ``lines`` toy pairs' English (and, with

@@ -6,7 +6,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from nmt.config import SECTIONS, ConfigError, DecodeConfig, config_from_dict, config_to_dict, load_config
+from nmt.config import SECTIONS, ConfigError, DecodeConfig, config_from_dict, config_to_dict, config_to_yaml, load_config
 from nmt.errors import Key
 
 
@@ -425,9 +425,15 @@ def _valid_sections(draw):
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.composite(lambda draw: _valid_sections(draw))())
 def test_a_config_written_as_yaml_reads_back_the_same(tmp_path, raw):
-    """The run directory's config.yaml is yaml.safe_dump(config_to_dict(cfg)): it must read back as cfg, and each value
-    must read the same through --set."""
+    """The run directory's config.yaml (config_to_yaml) must read back as cfg, and each value must read the same
+    through --set. (Written with allow_unicode, a key of U+0085 read back as a space.)"""
     cfg = config_from_dict(raw)
     stored = config_to_dict(cfg)
-    assert load_config(write(tmp_path, yaml.safe_dump(stored, allow_unicode=True))) == cfg
+    assert load_config(write(tmp_path, config_to_yaml(cfg))) == cfg
     assert config_from_dict(stored) == cfg
+
+
+def test_config_yaml_keeps_yaml_line_breaks_in_keys_and_values(tmp_path):
+    """Hypothesis found it: written with allow_unicode, a key of U+0085 (a YAML line break) read back as a space."""
+    cfg = config_from_dict({"data": {"hf_dataset": "x", "hf_data_files": {"\x85": "a\u2028b"}, "cache_dir": "c\x85d"}})
+    assert load_config(write(tmp_path, config_to_yaml(cfg))) == cfg
