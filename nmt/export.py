@@ -25,13 +25,13 @@ import re
 import shutil
 from pathlib import Path
 
+from . import multilingual
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import DecodeConfig
 from .errors import Key, NmtError
 from .files import OutputError, os_error, reason, remove_dead_temporaries
 from .marian import MarianError, Rows, to_marian
 from .model import Transformer
-from .multilingual import directions, tags
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from .vocab import MarianTokenizer
 
@@ -414,6 +414,14 @@ nmt's defaults for this checkpoint are used above: beam size {decode.beam_size},
 FORMATS = ("huggingface", "ctranslate2", "nmt")
 
 
+def marian_languages(data) -> tuple[str, str] | None:
+    """``tokenizer_config.json``'s ``(source_lang, target_lang)`` for a model of ``data``'s directions: the pair, or
+    one source into several targets (``mul``, as OPUS-MT's multi-target models say); None for several sources."""
+    pairs = multilingual.directions(data)
+    sources = list(dict.fromkeys(p.src for p in pairs))
+    return (pairs[0].src, pairs[0].tgt) if len(pairs) == 1 else (sources[0], "mul") if len(sources) == 1 else None
+
+
 def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface", quantization: str | None = None) -> None:
     """Write ``checkpoint`` (a file, or a run directory's ``best.pt``) for deployment, as ``format``:
     a Hugging Face MarianMTModel directory, a CTranslate2 model directory (through the Marian one, with
@@ -445,10 +453,7 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
     payload = load_checkpoint(checkpoint)
     model, tokenizer, cfg = restore_model(payload, checkpoint)
     max_positions = int(payload.get("imported_from", {}).get("max_position_embeddings") or 1024)
-    pairs, tag_list = directions(cfg.data), tags(cfg.data)
-    sources = list(dict.fromkeys(p.src for p in pairs))
-    # tokenizer_config.json's languages: the pair, or one source into several targets ("mul", as OPUS-MT's multi-target models say).
-    languages = (pairs[0].src, pairs[0].tgt) if len(pairs) == 1 else (sources[0], "mul") if len(sources) == 1 else None
+    languages, tag_list = marian_languages(cfg.data), multilingual.tags(cfg.data)
     try:
         if format == "huggingface":
             export_huggingface(model, tokenizer, out, max_positions, cfg.decode, languages=languages, tags=tag_list)

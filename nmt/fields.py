@@ -137,8 +137,10 @@ def _describe(tp: Any, allowed: Range | None) -> str:
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...], prefix: str = "") -> str:
-    """``"; did you mean X?"`` for the choices closest to ``word`` (all that are equally close), or ``""``."""
-    ratio = {c: difflib.SequenceMatcher(None, word, c).ratio() for c in difflib.get_close_matches(word, list(choices), n=3)}
+    """``"; did you mean X?"`` for the choices closest to ``word`` (all that are equally close; case does not count), or ``""``."""
+    lowered = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(lowered), n=3)
+    ratio = {lowered[c]: difflib.SequenceMatcher(None, word.lower(), c).ratio() for c in close}
     best = [prefix + c for c in sorted(ratio) if ratio[c] == max(ratio.values())]
     return f"; did you mean {' or '.join(best)}?" if best else ""
 

@@ -129,15 +129,12 @@ def target(cfg, tokenizer: Tokenizer, tgt_lang: str | None) -> Target:
     """
     langs = target_languages(cfg.data)
     if tgt_lang is not None and tgt_lang not in langs:
-        # What a user may have meant: the tag's spelling (>>fr<<), another case (FR) or a region (fr-FR).
-        meant = next((lang for lang in langs if lang.lower() in {tgt_lang.strip().strip("><").lower(), tgt_lang.strip().lower().split("-")[0]}), None)
-        hint = f"; did you mean {meant}?" if meant else did_you_mean(tgt_lang, langs)
-        shown = repr(tgt_lang) if not tgt_lang.strip() else tgt_lang
+        into = f"{langs[0]} only (its config's target language)" if len(langs) == 1 else ", ".join(langs)
         if not tgt_lang.strip():
-            hint = f"; give a language code ({', '.join(langs)})"
-        if len(langs) == 1:
-            raise ConfigError(Key("tgt_lang"), f" {shown}: this model translates into {langs[0]} only (its config's target language){hint if meant else ''}")
-        raise ConfigError(Key("tgt_lang"), f" {shown}: this model translates into {', '.join(langs)}{hint}")
+            raise ConfigError(Key("tgt_lang"), f" {tgt_lang!r}: this model translates into {into}; give a language code ({', '.join(langs)})")
+        # The code a user may have meant by the tag's spelling (>>fr<<) or a region (fr-FR); did_you_mean ignores case (FR).
+        meant = tgt_lang.strip().strip("<>").split("-")[0]
+        raise ConfigError(Key("tgt_lang"), f" {tgt_lang}: this model translates into {into}{did_you_mean(meant, langs)}")
     if tgt_lang is None and len(langs) > 1:
         raise ConfigError(
             f"this model translates into {', '.join(langs)} (directions {', '.join(map(str, directions(cfg.data)))}): choose one with ", Key("tgt_lang")

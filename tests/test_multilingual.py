@@ -430,3 +430,7 @@ def test_import_refuses_to_write_over_a_file_it_reads(trained, tmp_path):
     before = (tmp_path / "hf" / "config.json").read_bytes()
     line = one_line_error(invoke("import", tmp_path / "hf", "--out", tmp_path / "hf" / "config.json"))
     assert "is the same file as DIR" in line and (tmp_path / "hf" / "config.json").read_bytes() == before
+    (tmp_path / "link.pt").symlink_to(tmp_path / "hf" / "model.safetensors")  # another name for one of its files
+    weights = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    assert "is the same file as DIR" in one_line_error(invoke("import", tmp_path / "hf", "--out", tmp_path / "link.pt"))
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == weights
