@@ -235,7 +235,8 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.register_buffer("positions", sinusoidal_positions(256, d), persistent=False)
-        self.output_projection: nn.Module | None = None  # an inference-only copy of the tied output matrix (int8: nmt.translate.to_dtype)
+        # An inference-only copy of the tied output matrix: quantized for int8, packed for float32 on a CPU (nmt.translate.to_dtype).
+        self.output_projection: nn.Module | None = None
         self.output_bias = nn.Buffer(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
         self.reset_parameters()
 
@@ -273,7 +274,7 @@ class Transformer(nn.Module):
 
     def project(self, h: Tensor) -> Tensor:
         """Decoder states ``(..., d_model)`` → logits ``(..., vocab)`` through the tied embedding and the output bias
-        (or, when inference set one, their quantized copy ``output_projection``)."""
+        (or, when inference set one, their quantized or packed copy ``output_projection``)."""
         if self.output_projection is not None:
             return self.output_projection(h)
         return F.linear(h, self.tgt_embed.weight, self.output_bias)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import warnings
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from .align import add_alignments
 from .beams import Steering
@@ -131,15 +133,54 @@ def load_models(paths: list, device: torch.device, dtype: torch.dtype = torch.fl
     return [to_dtype(m, dtype) for m in models], tokenizer, cfg
 
 
+class PackedLinear(nn.Module):
+    """``F.linear(x, weight, bias)`` through oneDNN with ``weight`` ``(out, in)`` reordered once
+    into oneDNN's blocked layout, for inference on the CPU (what CTranslate2 calls packed GEMM
+    weights). The tied output matrix, the largest of a decoding step, is read from memory at
+    every step; packed, the logits of a step of few rows (one sentence, beam 5) take a third
+    to a half of the time on an AVX2 CPU (``docs/performance.md``). Results equal ``F.linear``'s to float32 rounding (another
+    summation order), not bit for bit. Where autograd is recording, the dense weight is used.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(..., in)`` → ``(..., out)``."""
+        if torch.is_grad_enabled() and x.requires_grad:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+@functools.cache
+def onednn_linear_works() -> bool:
+    """Whether this torch build runs :class:`PackedLinear` (oneDNN present, its private ops as
+    expected, results equal to ``F.linear`` on a small example); False falls back to ``F.linear``."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight, bias, x = torch.randn(7, 5), torch.randn(7), torch.randn(2, 3, 5)
+        with torch.inference_mode():
+            return bool(torch.allclose(PackedLinear(weight, bias)(x), F.linear(x, weight, bias), atol=1e-5))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
 def to_dtype(model: Transformer, dtype: torch.dtype) -> nn.Module:
     """``model`` for inference in ``dtype`` (from :func:`resolve_dtype`): float32, bfloat16 or
     float16 weights and activations, or ``torch.qint8``: every ``nn.Linear`` dynamically
     quantized (int8 weights, one scale per output channel; activations quantized per batch on
     the fly) with PyTorch's own ``quantize_dynamic``, on the CPU, and a quantized copy of the
     tied output matrix computes the logits. Embeddings, LayerNorm and the scores stay float32.
+    In float32 on the CPU the logits come from a :class:`PackedLinear` copy of the tied matrix.
     """
     if dtype != torch.qint8:
-        return model.to(dtype)
+        model = model.to(dtype)
+        if dtype == torch.float32 and next(model.parameters()).device.type == "cpu" and onednn_linear_works():
+            model.output_projection = PackedLinear(model.tgt_embed.weight, model.output_bias)
+        return model
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao; it still works

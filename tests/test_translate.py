@@ -2,12 +2,14 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import random_sources
 from torch import nn
 
 from nmt.config import ConfigError, DecodeConfig
 from nmt.search import translate_batch
-from nmt.translate import resolve_dtype, to_dtype
+from nmt.tokenizer import PAD
+from nmt.translate import PackedLinear, onednn_linear_works, resolve_dtype, to_dtype
 
 
 def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
@@ -98,3 +100,32 @@ def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_se
     assert [bool(r) for r in results] == [True, False, False, False, True] and skipped == Counter(unknown=2)
     assert [r.getMessage()[:13] for r in caplog.records] == ["input line 2 ", "input line 3 "]
     assert "only characters the model does not know" in caplog.text
+
+
+@pytest.mark.skipif(not onednn_linear_works(), reason="this torch build has no oneDNN linear")
+def test_float32_on_the_cpu_packs_the_output_matrix_and_decodes_as_the_dense_model(model):
+    """The packed copy of the tied output matrix gives the dense logits to float32 rounding, and
+    the search over it keeps the exactness of the production path: cached = recompute = tiled, a
+    sentence alone = in a padded batch, and the same hypotheses as the unpacked model."""
+    dense = copy.deepcopy(model)
+    packed = to_dtype(model, torch.float32)
+    assert isinstance(packed.output_projection, PackedLinear) and dense.output_projection is None
+    h = torch.randn(5, 1, model.cfg.d_model)
+    with torch.inference_mode():
+        assert torch.allclose(packed.project(h), F.linear(h, dense.tgt_embed.weight), atol=1e-5)
+    src = random_sources([1, 2, 7, 19, 33], seed=5)
+    decode = DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2)
+    runs = {name: translate_batch(packed, src, decode, scorer=name) for name in ("cached", "tiled", "recompute")}
+    runs["dense"] = translate_batch(dense, src, decode)
+    for name in ("tiled", "recompute", "dense"):
+        for ref, got in zip(runs[name], runs["cached"]):
+            assert [h.tokens for h in got] == [h.tokens for h in ref], name
+            assert [h.score for h in got] == pytest.approx([h.score for h in ref], abs=1e-5), name
+    for i in range(src.size(0)):
+        n = int((src[i] != PAD).sum())
+        alone = translate_batch(packed, src[i : i + 1, :n], decode)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in runs["cached"][i]]
+    with torch.enable_grad():  # autograd falls back to the dense matrix
+        x = torch.randn(2, model.cfg.d_model, requires_grad=True)
+        packed.project(x).sum().backward()
+        assert torch.allclose(x.grad, dense.tgt_embed.weight.sum(0).expand(2, -1), atol=1e-5)
