@@ -9,12 +9,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
 def beam_rows(keep: Tensor, beam: int) -> Tensor:
     """Flat ``(len(keep)*beam,)`` row indices of every beam of sentences ``keep`` ``(n,)``."""
     return (keep.unsqueeze(1) * beam + torch.arange(beam, device=keep.device)).view(-1)
+
+
+@dataclass(frozen=True)
+class OutputColumns:
+    """The target pieces a batch may generate (a vocabulary shortlist, :mod:`nmt.shortlist`):
+    ``ids`` ``(n,)`` sorted target ids out of ``vocab``, and their rows of the output matrix,
+    ``weight`` ``(n, d_model)`` and ``bias`` ``(n,)`` (or None), gathered once per batch."""
+
+    ids: Tensor
+    weight: Tensor
+    bias: Tensor | None
+    vocab: int
+
+    def log_probs(self, h: Tensor) -> Tensor:
+        """Log-probabilities ``(..., vocab)`` in float32 from decoder states ``(..., d_model)``: the
+        log-softmax over these columns only (normalised over them, as Marian's shortlist is),
+        -inf in every other column, so the search and its restrictions see the usual width."""
+        sub = F.log_softmax(F.linear(h, self.weight, self.bias).float(), dim=-1)
+        return sub.new_full((*sub.shape[:-1], self.vocab), float("-inf")).scatter_(-1, self.ids.expand_as(sub), sub)  # 3x index_copy_'s speed here
 
 
 class DecoderCache:
@@ -28,7 +48,8 @@ class DecoderCache:
 
     ``cross_kv``: ``(n_layers, 2, batch, n_heads, src_len, head_dim)``, computed once from the
     encoder output and shared by each sentence's beams. ``src_mask``: ``(batch, 1, 1,
-    src_len)``, True on real source tokens.
+    src_len)``, True on real source tokens. ``columns``: the :class:`OutputColumns` the batch's
+    log-probabilities are computed over, None for the whole vocabulary.
 
     It changes only through its own methods, each in place: :meth:`append` (one layer's
     keys and values of the new position) and :meth:`advance_` (the position then counts),
@@ -38,8 +59,8 @@ class DecoderCache:
     CPU, page-faulting in) a new one each time.
     """
 
-    def __init__(self, self_kv: Tensor, cross_kv: Tensor, src_mask: Tensor, beam: int):
-        self.self_kv, self.cross_kv, self.src_mask, self.beam = self_kv, cross_kv, src_mask, beam
+    def __init__(self, self_kv: Tensor, cross_kv: Tensor, src_mask: Tensor, beam: int, columns: OutputColumns | None = None):
+        self.self_kv, self.cross_kv, self.src_mask, self.beam, self.columns = self_kv, cross_kv, src_mask, beam, columns
         self.length = 0
         self._spare: Tensor | None = None
 

@@ -1,4 +1,4 @@
-"""The ``nmt`` command line: train, translate, evaluate, tune-decode, average, plot, info, export, import, serve.
+"""The ``nmt`` command line: train, translate, evaluate, tune-decode, average, plot, info, export, import, serve, profile, shortlist.
 
 Each command (a module of :mod:`nmt.commands`) parses its options and calls the function
 that does the work; the rules that protect users live in those functions, so the Python
@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .commands import average, evaluate, export, import_, info, plot, profile, serve, train, translate, tune
+from .commands import average, evaluate, export, import_, info, plot, profile, serve, shortlist, train, translate, tune
 from .commands.options import DECODE_KEYS, on_command_line
 from .errors import NmtError
 
@@ -119,6 +119,7 @@ for name, command in (
     ("import", import_.import_),
     ("serve", serve.serve),
     ("profile", profile.profile),
+    ("shortlist", shortlist.shortlist),
 ):
     app.command(name, cls=Command)(command)
 app.add_typer(plot_app, name="plot")

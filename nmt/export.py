@@ -328,7 +328,7 @@ def export_slim(path: str | Path, out: str | Path) -> dict:
     return slim
 
 
-def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = None) -> None:
+def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = None, vmap: Path | None = None) -> None:
     """Convert an exported Marian directory to a CTranslate2 model (C++ inference).
 
     CTranslate2's stock Marian loader assumes the decoder starts from a zero embedding and
@@ -339,6 +339,8 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
 
     Args:
         quantization: None (float32), ``"int8"``, ``"float16"``, ``"bfloat16"``, ...
+        vmap: a vocabulary map (``nmt shortlist``'s file) copied into the model, for
+            ``translate_batch(..., use_vmap=True)``.
 
     Raises:
         ImportError: ``ctranslate2`` (and ``transformers``) are not installed.
@@ -365,7 +367,7 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
     stock = ct2t._MODEL_LOADERS["MarianConfig"]
     ct2t._MODEL_LOADERS["MarianConfig"] = NmtMarianLoader()
     try:
-        ct2t.TransformersConverter(str(hf_dir)).convert(str(out_dir), quantization=quantization, force=True)
+        ct2t.TransformersConverter(str(hf_dir)).convert(str(out_dir), vmap=None if vmap is None else str(vmap), quantization=quantization, force=True)
     finally:
         ct2t._MODEL_LOADERS["MarianConfig"] = stock
 

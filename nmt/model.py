@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import DecoderCache, LayerCache
+from .cache import DecoderCache, LayerCache, OutputColumns
 from .config import ModelConfig
 from .tokenizer import PAD
 
@@ -320,15 +320,23 @@ class Transformer(nn.Module):
                 handle.remove()
         return torch.stack(weights)
 
-    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32) -> DecoderCache:
+    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32, columns: Tensor | None = None) -> DecoderCache:
         """An empty cache for ``beam`` hypotheses per sentence with room for ``capacity`` target
         positions (it grows if needed), with every layer's cross-attention keys/values computed
-        once from ``memory`` ``(batch, src_len, d_model)``."""
+        once from ``memory`` ``(batch, src_len, d_model)``; ``columns``: sorted target ids
+        ``(n,)`` the batch may generate (a shortlist, see :meth:`output_columns`), None for all."""
         cfg = self.cfg
         rows, head_dim = memory.size(0) * beam, cfg.d_model // cfg.n_heads
         self_kv = memory.new_empty(cfg.n_decoder_layers, 2, rows, cfg.n_heads, capacity, head_dim)
         cross_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
-        return DecoderCache(self_kv, cross_kv, src_mask, beam)
+        return DecoderCache(self_kv, cross_kv, src_mask, beam, None if columns is None else self.output_columns(columns))
+
+    def output_columns(self, ids: Tensor) -> OutputColumns:
+        """The rows of the tied output matrix (and output bias) for target ids ``ids`` ``(n,)``."""
+        weight = self.tgt_embed.weight
+        ids = ids.to(weight.device)
+        bias = None if self.output_bias is None else self.output_bias.index_select(0, ids)
+        return OutputColumns(ids, weight.index_select(0, ids), bias, self.cfg.tgt_vocab_size)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         """One decoding step for every hypothesis.
@@ -339,13 +347,15 @@ class Transformer(nn.Module):
                 extended in place by this position.
 
         Returns:
-            log-probabilities ``(batch*beam, vocab)`` in float32 for the next token, and the cache.
+            log-probabilities ``(batch*beam, vocab)`` in float32 for the next token (over the
+            cache's ``columns`` only, when it has them), and the cache.
         """
         x = self._embed(tokens.unsqueeze(1), self.tgt_embed, start=cache.length)  # (batch*beam, 1, d_model)
         for i, layer in enumerate(self.decoder):
             x = layer(x, cache.cross_kv[i, 0], cache.cross_kv[i, 1], cache.src_mask, cache=cache.layer(i), beam=cache.beam)
         cache.advance_()
-        return self.log_probs(self.decoder_norm(x[:, 0])), cache
+        h = self.decoder_norm(x[:, 0])
+        return (self.log_probs(h) if cache.columns is None else cache.columns.log_probs(h)), cache
 
     def log_probs(self, h: Tensor) -> Tensor:
         """Next-token log-probabilities ``(..., vocab)`` in float32 from decoder states ``(..., d_model)``."""

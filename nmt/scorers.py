@@ -39,9 +39,10 @@ class TransformerScorer:
         self.model = model
 
     @classmethod
-    def start(cls, model, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32):
-        """The scorer and its first state; ``capacity``: target positions to allocate for at first."""
-        return cls(model), model.start_decoding(memory, src_mask, beam, capacity)
+    def start(cls, model, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32, columns: Tensor | None = None):
+        """The scorer and its first state; ``capacity``: target positions to allocate for at first;
+        ``columns``: the target ids the batch may generate (a shortlist), None for all."""
+        return cls(model), model.start_decoding(memory, src_mask, beam, capacity, columns)
 
     def step(self, prefix, cache):
         """See :meth:`Scorer.step`; the cache is extended in place."""
@@ -63,11 +64,11 @@ class TiledScorer(TransformerScorer):
     toolkits do). Kept to prove, and to measure, what sharing it saves."""
 
     @classmethod
-    def start(cls, model, memory, src_mask, beam, capacity=32):
+    def start(cls, model, memory, src_mask, beam, capacity=32, columns=None):
         """See :meth:`TransformerScorer.start`."""
         scorer = cls(model)
         scorer.beam = beam
-        return scorer, model.start_decoding(memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0), 1, capacity)
+        return scorer, model.start_decoding(memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0), 1, capacity, columns)
 
     def keep_sentences(self, cache, keep):
         """See :meth:`Scorer.keep_sentences`: every sentence's ``beam`` rows."""
@@ -78,18 +79,19 @@ class RecomputeScorer:
     """Reference: no cache; the whole decoder reruns over the full prefix at every step
     (against a tiled source). Kept to prove the cache exact and to measure what it saves."""
 
-    def __init__(self, model, beam: int):
+    def __init__(self, model, beam: int, columns: Tensor | None = None):
         self.model, self.beam = model, beam
+        self.columns = None if columns is None else model.output_columns(columns)
 
     @classmethod
-    def start(cls, model, memory, src_mask, beam, capacity=0):
+    def start(cls, model, memory, src_mask, beam, capacity=0, columns=None):
         """The scorer and its state: the source side tiled ``beam`` times."""
-        return cls(model, beam), (memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0))
+        return cls(model, beam, columns), (memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0))
 
     def step(self, prefix, state):
         """See :meth:`Scorer.step`."""
-        logits = self.model.decode(prefix, *state)[:, -1]
-        return torch.log_softmax(logits.float(), dim=-1), state
+        h = self.model.decode_states(prefix, *state)[:, -1]
+        return (self.model.log_probs(h) if self.columns is None else self.columns.log_probs(h)), state
 
     def reorder(self, state, index):
         """See :meth:`Scorer.reorder`."""

@@ -284,6 +284,7 @@ def translate_batch(
     rules: OutputRules | None = None,
     steering: list[Steering] | None = None,
     scorer: str = "cached",
+    columns: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
@@ -298,6 +299,8 @@ def translate_batch(
     target vocabulary may never generate (:class:`Restrictions`); ``steering``: each
     sentence's prefix, constraints and banned phrases (:class:`~nmt.beams.Steering`), whose
     length limit then leaves room for at least the prefix and the constraints plus ``max_len_b``.
+    ``columns``: sorted target ids ``(n,)`` the batch may generate, a vocabulary shortlist
+    (:meth:`nmt.shortlist.Shortlist.columns`); None (the default, exact) for the whole vocabulary.
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     src_lens = (src != PAD).sum(1)
@@ -310,7 +313,7 @@ def translate_batch(
     members, states = [], []
     for m in models:
         memory, src_mask = m.encode(src)
-        member, state = SCORERS[scorer].start(m, memory, src_mask, rows, capacity=capacity)
+        member, state = SCORERS[scorer].start(m, memory, src_mask, rows, capacity=capacity, columns=columns)
         members.append(member)
         states.append(state)
     step_scorer, state = (members[0], states[0]) if len(members) == 1 else (EnsembleScorer(members), tuple(states))

@@ -25,6 +25,7 @@ from .config import Config, ConfigError
 from .data import pad_sources, token_batches
 from .model import Transformer
 from .search import Hypothesis, Sampling, sample_seed, translate_batch
+from .shortlist import Shortlist
 from .tokenizer import EOS, Tokenizer, tokenizer_difference, unknown_only
 
 log = logging.getLogger("nmt.translate")
@@ -238,6 +239,7 @@ def translate_lines(
     progress: Callable[[int], object] | None = None,
     skipped: Counter | None = None,
     src_prefix: tuple[int, ...] = (),
+    shortlist: Shortlist | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate every line; returns, in input order, each line's n-best list.
 
@@ -266,6 +268,8 @@ def translate_lines(
             target tag (:func:`nmt.multilingual.target`). ``max_input_pieces`` and the checks above
             count the line's own pieces, alignments index them (a link to the tag is left out),
             and the output limit counts the tag as a source token, as the model reads it.
+        shortlist: restrict each batch's output to the target pieces its source pieces (and
+            steering) allow (:class:`~nmt.shortlist.Shortlist`): faster, and no longer exact.
     """
     skipped = skipped if skipped is not None else Counter()
     models = list(model) if isinstance(model, (list, tuple)) else [model]
@@ -295,7 +299,8 @@ def translate_lines(
         src = pad_sources(sources).to(device)
         seeds = [sample_seed(sampling.seed, first_index + present[i]) for i in batch] if sampling is not None else None
         steer = [steering[present[i]] for i in batch] if steering else None
-        hyps = translate_batch(models, src, decode, sampling=sampling, seeds=seeds, rules=tokenizer.output_rules, steering=steer)
+        columns = shortlist.columns(sources, steer) if shortlist is not None else None
+        hyps = translate_batch(models, src, decode, sampling=sampling, seeds=seeds, rules=tokenizer.output_rules, steering=steer, columns=columns)
         if alignment:
             hyps = add_alignments(models, sources, hyps, device, decode.alignment_layer)
             if src_prefix:

@@ -73,7 +73,7 @@ def prepare(args, work: Path) -> None:
     for e in engines:
         if e.startswith("ct2-"):
             quant = e.split("-", 1)[1]
-            export_ctranslate2(work / "hf", work / e, None if quant == "float32" else quant)
+            export_ctranslate2(work / "hf", work / e, None if quant == "float32" else quant, args.shortlist)
 
 
 def peak_rss_bytes() -> int:
@@ -117,7 +117,10 @@ def worker(args, work: Path) -> None:
     sp = tokenizer.src
 
     if engine.startswith("nmt"):
+        from nmt.shortlist import Shortlist
+
         model = to_dtype(model, resolve_dtype(args.dtype, device))
+        shortlist = Shortlist.read(args.shortlist, tokenizer) if args.shortlist else None
         scorer = {"nmt": "cached", "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
 
         def run(idx):
@@ -126,7 +129,8 @@ def worker(args, work: Path) -> None:
                 decode = replace(cfg.decode, beam_size=beam, length_penalty=0.0, max_len_a=0.0, max_len_b=forced, min_len=forced, n_best=1)
             else:
                 decode = replace(cfg.decode, beam_size=beam, length_penalty=args.alpha, n_best=1)
-            hyps = translate_batch(model, src, decode, scorer=scorer, rules=tokenizer.output_rules)
+            columns = shortlist.columns([ids[i] for i in idx]) if shortlist is not None else None
+            hyps = translate_batch(model, src, decode, scorer=scorer, rules=tokenizer.output_rules, columns=columns)
             return [h[0].tokens for h in hyps]
 
     elif engine == "hf":
@@ -161,7 +165,7 @@ def worker(args, work: Path) -> None:
                 if forced
                 else dict(max_decoding_length=int(cfg.decode.max_len_a * longest + cfg.decode.max_len_b), length_penalty=args.alpha)
             )
-            results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=len(idx), **kw)
+            results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=len(idx), use_vmap=bool(args.shortlist), **kw)
             return [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
 
     def sync():
@@ -191,6 +195,7 @@ def worker(args, work: Path) -> None:
             "batch_sentences": size,
             "sentences": len(outputs),
             "forced_len": forced,
+            "shortlist": args.shortlist,
             "sentences_per_s": round(len(outputs) / seconds, 2),
             "tgt_tokens_per_s": round(sum(map(len, outputs.values())) / seconds, 1),
             "seconds": round(seconds, 3),
@@ -271,6 +276,7 @@ def main() -> None:
         choices=["float32", "bfloat16", "float16", "int8"],
         help="nmt and hf engines; int8: nmt only (dynamic quantization of linear layers, CPU)",
     )
+    p.add_argument("--shortlist", help="a vocabulary shortlist (nmt shortlist) for nmt's engines and, as a vocabulary map, CTranslate2's")
     p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency (0 = none)")
     p.add_argument("--workdir", help="reuse a prepared directory (internal)")
     p.add_argument("--worker", help="measure this engine only (internal)")

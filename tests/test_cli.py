@@ -897,3 +897,30 @@ def test_gzip_on_standard_input_is_read_as_text(trained_run):
     assert zipped.stdout == plain.stdout and plain.stdout.count("\n") == 2
     truncated = runner.invoke(app, ["translate", "--checkpoint", str(trained_run)], input=gzip.compress(b"the dog .\n")[:-6])
     assert truncated.exit_code == 2 and "the gzip data ends early" in truncated.output
+
+
+def test_shortlist_command_builds_a_file_that_translate_and_evaluate_take(trained_run, tmp_path):
+    shortlist = tmp_path / "shortlist.txt"
+    result = invoke("shortlist", "--checkpoint", trained_run, "--src", TOY / "train.en", "--tgt", TOY / "train.de", "-o", shortlist, "--per-source", "5")
+    assert result.exit_code == 0, result.output
+    assert shortlist.read_text(encoding="utf-8").startswith("\t") and "up to 5 each" in result.stdout
+    src = tmp_path / "src.en"
+    src.write_text("the dog .\n\na cat .\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    result = invoke("translate", "--checkpoint", trained_run, "-i", src, "-o", out, "--shortlist", shortlist, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 3
+    ref = tmp_path / "ref.de"
+    ref.write_text("der Hund .\n\neine Katze .\n", encoding="utf-8")
+    result = invoke("evaluate", "--checkpoint", trained_run, "--src", src, "--ref", ref, "--shortlist", shortlist, "--json", "--quiet")
+    assert result.exit_code == 0, result.output
+    line = _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "--shortlist", shortlist))
+    assert line.startswith("error: --shortlist: these set how --checkpoint translates")
+    line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "-i", src, "--shortlist", src))
+    assert f"{src}, line 1: no tab" in line
+    line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "-i", src, "-o", shortlist, "--shortlist", shortlist))
+    assert "--shortlist" in line and shortlist.read_text(encoding="utf-8").startswith("\t")  # the output may not overwrite an input
+    misaligned = tmp_path / "short.de"
+    misaligned.write_text("der Hund .\n", encoding="utf-8")
+    line = _one_line_error(invoke("shortlist", "--checkpoint", trained_run, "--src", src, "--tgt", misaligned, "-o", tmp_path / "x.txt"))
+    assert "3 lines but" in line and not (tmp_path / "x.txt").exists()

@@ -507,9 +507,9 @@ def test_a_huge_length_limit_allocates_nothing_up_front(model, monkeypatch):
     capacities = []
     start = Transformer.start_decoding
 
-    def recording(self, memory, src_mask, beam, capacity=32):
+    def recording(self, memory, src_mask, beam, capacity=32, columns=None):
         capacities.append(capacity)
-        return start(self, memory, src_mask, beam, capacity)
+        return start(self, memory, src_mask, beam, capacity, columns)
 
     monkeypatch.setattr(Transformer, "start_decoding", recording)
     hyps = translate_batch(model, random_sources([4, 6]), DecodeConfig(beam_size=2, max_len_a=100, max_len_b=10_000))

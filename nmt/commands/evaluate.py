@@ -28,6 +28,7 @@ from .options import (
     MaxTokens,
     MinLen,
     Quiet,
+    ShortlistFile,
     TgtLang,
     Threads,
     Tokenize,
@@ -65,11 +66,12 @@ def evaluate(
     device: Device = "auto",
     threads: Threads = 0,
     dtype: DType = "float32",
+    shortlist: ShortlistFile = None,
 ) -> None:
     """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
     setup_logging(quiet)
     standard_output()  # the score goes there: closed, it would be lost
-    settings_given = [p.name for p in ctx.command.params if p.name in DECODE_KEYS + RUNNING and on_command_line(ctx, p.name)]
+    settings_given = [p.name for p in ctx.command.params if p.name in (*DECODE_KEYS, *RUNNING, "shortlist") and on_command_line(ctx, p.name)]
     check_inputs(hyp, checkpoint, src, output, settings_given)
     check_output(output)
     if output is not None:
@@ -81,14 +83,18 @@ def evaluate(
     if checkpoint:
         models, tokenizer, settings, dev, cfg = load_translator(ctx, checkpoint, n_best=1)
         from ..multilingual import target
+        from ..shortlist import Shortlist
         from ..translate import best_strings, translate_lines
 
         goal = target(cfg, tokenizer, tgt_lang)
         chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this direction
         check_tokenizer(chosen)
         sources = read_lines(src)
+        allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
         with progress_bar(quiet, total=len(sources)) as bar:
-            hyps = best_strings(tokenizer, translate_lines(models, tokenizer, sources, settings, dev, progress=bar.update, src_prefix=goal.src_prefix))
+            hyps = best_strings(
+                tokenizer, translate_lines(models, tokenizer, sources, settings, dev, progress=bar.update, src_prefix=goal.src_prefix, shortlist=allowed)
+            )
         if output is not None:
             atomic_write(output, "".join(h + "\n" for h in hyps))
     else:

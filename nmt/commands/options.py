@@ -116,6 +116,14 @@ AlignmentLayer = Annotated[
 RUNNING = ("device", "threads", "dtype")
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")]
 Threads = Annotated[int, typer.Option("--threads", help="CPU threads for torch (0 = torch's default).")]
+ShortlistFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--shortlist",
+        help="Restrict each batch's output to the target pieces this vocabulary shortlist allows for its source pieces (built by nmt shortlist; "
+        "CTranslate2's vocabulary-map format): faster decoding, no longer exact. Default: the whole vocabulary.",
+    ),
+]
 DType = Annotated[
     str,
     typer.Option(

@@ -30,6 +30,7 @@ from .options import (
     MinLen,
     NBest,
     Quiet,
+    ShortlistFile,
     Threads,
     TranslateTgtLang,
     check_output,
@@ -116,6 +117,7 @@ def translate(
     device: Device = "auto",
     threads: Threads = 0,
     dtype: DType = "float32",
+    shortlist: ShortlistFile = None,
 ) -> None:
     """Translate text with beam search (or sampling): exactly one output line per input line, in input order.
 
@@ -140,7 +142,13 @@ def translate(
                 output,
                 [
                     (flag, path)
-                    for flag, path in (("--input", input), ("--prefix-file", prefix_file), ("--constraints-file", constraints_file), ("--ban-file", ban_file))
+                    for flag, path in (
+                        ("--input", input),
+                        ("--prefix-file", prefix_file),
+                        ("--constraints-file", constraints_file),
+                        ("--ban-file", ban_file),
+                        ("--shortlist", shortlist),
+                    )
                     if path is not None
                 ],
             )
@@ -151,6 +159,7 @@ def translate(
             raise ConfigError("--constraints-file needs beam search: --sampling draws each piece and cannot make a sample hold a phrase")
         models, tokenizer, settings, dev, cfg = load_translator(ctx, checkpoint)
         from ..multilingual import target
+        from ..shortlist import Shortlist
         from ..translate import translate_stream
 
         goal = target(cfg, tokenizer, tgt_lang)
@@ -172,6 +181,7 @@ def translate(
                 alignment=print_alignment,
                 progress=bar.update,
                 src_prefix=goal.src_prefix,
+                shortlist=Shortlist.read(shortlist, tokenizer) if shortlist is not None else None,
             )
             if output is None:
                 out = standard_output()
