@@ -169,33 +169,36 @@ def onednn_linear_works() -> bool:
         return False
 
 
-def to_dtype(model: Transformer, dtype: torch.dtype) -> nn.Module:
+def to_dtype(model: Transformer, dtype: torch.dtype, per_channel: bool = True) -> nn.Module:
     """``model`` for inference in ``dtype`` (from :func:`resolve_dtype`): float32, bfloat16 or
     float16 weights and activations, or ``torch.qint8``: every ``nn.Linear`` dynamically
-    quantized (int8 weights, one scale per output channel; activations quantized per batch on
-    the fly) with PyTorch's own ``quantize_dynamic``, on the CPU, and a quantized copy of the
-    tied output matrix computes the logits. Embeddings, LayerNorm and the scores stay float32.
-    In float32 on the CPU the logits come from a :class:`PackedLinear` copy of the tied matrix.
+    quantized (int8 weights, one scale per output channel, or per matrix without
+    ``per_channel``; activations quantized per batch on the fly) with PyTorch's own
+    ``quantize_dynamic``, on the CPU, in ``torch.backends.quantized.engine``'s layout, and a
+    quantized copy of the tied output matrix computes the logits. Embeddings, LayerNorm and the
+    scores stay float32. In float32 on the CPU the logits come from a :class:`PackedLinear`
+    copy of the tied matrix.
     """
     if dtype != torch.qint8:
         model = model.to(dtype)
         if dtype == torch.float32 and next(model.parameters()).device.type == "cpu" and onednn_linear_works():
             model.output_projection = PackedLinear(model.tgt_embed.weight, model.output_bias)
         return model
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
+    qconfig = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao; it still works
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        quantized = quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        quantized = quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8)
         # The tied output matrix is the largest of all: a quantized copy of it computes the logits,
         # while the embeddings (and the checkpoint's tie) keep the float32 matrix.
         output = nn.Linear(model.cfg.d_model, model.cfg.tgt_vocab_size, bias=model.output_bias is not None)
         output.weight = nn.Parameter(model.tgt_embed.weight.detach().clone(), requires_grad=False)
         if model.output_bias is not None:  # an imported model's fixed logit bias (Marian's final_logits_bias)
             output.bias = nn.Parameter(model.output_bias.detach().clone(), requires_grad=False)
-        output.qconfig = per_channel_dynamic_qconfig
-        quantized.output_projection = quantize_dynamic(nn.Sequential(output), {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)[0]
+        output.qconfig = qconfig
+        quantized.output_projection = quantize_dynamic(nn.Sequential(output), {nn.Linear: qconfig}, dtype=torch.qint8)[0]
         return quantized
 
 

@@ -119,7 +119,9 @@ def worker(args, work: Path) -> None:
     if engine.startswith("nmt"):
         from nmt.shortlist import Shortlist
 
-        model = to_dtype(model, resolve_dtype(args.dtype, device))
+        if args.quantized_engine:
+            torch.backends.quantized.engine = args.quantized_engine  # before quantizing: the weights are packed for it
+        model = to_dtype(model, resolve_dtype(args.dtype, device), per_channel=args.int8_weights == "per-channel")
         shortlist = Shortlist.read(args.shortlist, tokenizer) if args.shortlist else None
         scorer = {"nmt": "cached", "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
 
@@ -196,6 +198,11 @@ def worker(args, work: Path) -> None:
             "sentences": len(outputs),
             "forced_len": forced,
             "shortlist": args.shortlist,
+            **(
+                {"quantized_engine": torch.backends.quantized.engine, "int8_weights": args.int8_weights}
+                if args.dtype == "int8" and engine.startswith("nmt")
+                else {}
+            ),
             "sentences_per_s": round(len(outputs) / seconds, 2),
             "tgt_tokens_per_s": round(sum(map(len, outputs.values())) / seconds, 1),
             "seconds": round(seconds, 3),
@@ -275,6 +282,15 @@ def main() -> None:
         default="float32",
         choices=["float32", "bfloat16", "float16", "int8"],
         help="nmt and hf engines; int8: nmt only (dynamic quantization of linear layers, CPU)",
+    )
+    p.add_argument(
+        "--quantized-engine", choices=["x86", "fbgemm", "onednn", "qnnpack"], help="with --dtype int8: PyTorch's quantized engine (default: torch's)"
+    )
+    p.add_argument(
+        "--int8-weights",
+        choices=["per-channel", "per-tensor"],
+        default="per-channel",
+        help="with --dtype int8: one weight scale per output channel or per matrix",
     )
     p.add_argument("--shortlist", help="a vocabulary shortlist (nmt shortlist) for nmt's engines and, as a vocabulary map, CTranslate2's")
     p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency (0 = none)")

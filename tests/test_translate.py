@@ -129,3 +129,10 @@ def test_float32_on_the_cpu_packs_the_output_matrix_and_decodes_as_the_dense_mod
         x = torch.randn(2, model.cfg.d_model, requires_grad=True)
         packed.project(x).sum().backward()
         assert torch.allclose(x.grad, dense.tgt_embed.weight.sum(0).expand(2, -1), atol=1e-5)
+
+
+def test_int8_per_matrix_weights_when_asked(model):
+    """``per_channel=False``: one scale per weight matrix (what ``scripts/bench_decode.py --int8-weights per-tensor`` measures)."""
+    int8 = to_dtype(model, torch.qint8, per_channel=False)
+    quantized = [m for m in int8.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    assert len(quantized) == 2 * 4 + 2 * 7 + 1 and all(m.weight().qscheme() == torch.per_tensor_affine for m in quantized)
