@@ -51,6 +51,20 @@ def written_by(payload: dict[str, Any]) -> str:
     return f"nmt {version}" if version else "an nmt version that did not record itself"
 
 
+def checkpoint_file(path: str | Path) -> Path:
+    """The file a checkpoint argument names: ``path`` itself, or a run directory's ``best.pt``.
+
+    Raises:
+        CheckpointError: a run directory that has ``last.pt`` but no ``best.pt`` yet.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    if not (path / "best.pt").is_file() and (path / "last.pt").is_file():
+        raise CheckpointError(f"{path} has no best.pt (no validation has run yet); pass --checkpoint {path / 'last.pt'} or --resume the run")
+    return path / "best.pt"
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", training: bool = False) -> dict[str, Any]:
     """Load and verify a checkpoint written by :func:`save_checkpoint`.
 
@@ -62,11 +76,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
             says what it looks like), is damaged (``damaged checkpoint: FILE``), or lacks
             entries.
     """
-    path = Path(path)
-    if path.is_dir():
-        if not (path / "best.pt").is_file() and (path / "last.pt").is_file():
-            raise CheckpointError(f"{path} has no best.pt (no validation has run yet); pass --checkpoint {path / 'last.pt'} or --resume the run")
-        path = path / "best.pt"
+    path = checkpoint_file(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found")
     _verify_archive(path)

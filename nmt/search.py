@@ -253,6 +253,7 @@ def sample(
         uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in beams.sentences]).to(lprobs.device)
         cdf = sampling_probs(lprobs, sampling).cumsum(-1)
         token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
+        token[~torch.isfinite(lprobs).any(1)] = EOS  # nothing may follow (a shortlist and the restrictions leave no piece): the sample ends
         flat_done = done.view(-1)
         beams.scores += torch.where(flat_done, 0.0, lprobs.gather(1, token.unsqueeze(1)).squeeze(1)).view_as(beams.scores)
         beams.tokens = torch.cat([beams.tokens, token.unsqueeze(1)], dim=1)

@@ -43,19 +43,25 @@ class Shortlist:
 
     def columns(self, sources: Iterable[Iterable[int]], steering: Iterable[Steering] | None = None) -> Tensor:
         """The sorted target ids ``(n,)`` a batch of ``sources`` (source piece ids) may generate:
-        :attr:`always`, BOS, EOS, UNK, every source piece's list, and every piece of the batch's
-        prefixes, constraints and bans (so that steering means the same with a shortlist)."""
+        :attr:`always`, BOS, EOS, UNK, every source piece's list, and what the batch's steering
+        needs to stay possible: every piece of its constraints, a prefix's forced pieces, and the
+        choices of a prefix step none of whose choices is listed (a word-initial piece after a
+        prefix that ends with a space usually is, and then the listed ones are the choice). Banned
+        phrases add nothing: a ban only removes."""
         ids = {BOS, EOS, UNK, *self.always}
         for s in {i for line in sources for i in line}:
             ids.update(self.by_source.get(s, ()))
-        for steer in steering or ():
-            ids.update(i for group in (*steer.prefix, *steer.constraints, *steer.bans) for i in group)
+        steering = list(steering or ())
+        ids.update(i for steer in steering for phrase in steer.constraints for i in phrase)
+        for step in (step for steer in steering for step in steer.prefix):
+            if len(step) == 1 or ids.isdisjoint(step):
+                ids.update(step)
         return torch.tensor(sorted(ids), dtype=torch.long)
 
     def write(self, path: str | Path, tokenizer: Tokenizer) -> None:
         """Write the CTranslate2 vocabulary-map text (see the module docstring), atomically."""
         src, tgt = tokenizer.src, tokenizer.tgt_pieces
-        ok = lambda piece: piece and not any(c.isspace() for c in piece)  # noqa: E731 -- the format separates pieces by whitespace
+        ok = lambda piece: piece and not any(c in " \t\n\r" for c in piece)  # noqa: E731 -- what separates pieces, rules and lines
 
         def targets(ids):
             return " ".join(tgt[i] for i in ids if ok(tgt[i]))
@@ -70,34 +76,39 @@ class Shortlist:
 
         Raises:
             ShortlistError: the file cannot be read, a line has no tab, a source is an n-gram,
-                or a piece is not in the model's vocabulary (the message names file and line).
+                a piece is not in the model's vocabulary (the message names file and line), or
+                the file allows no target piece at all.
         """
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_bytes().decode("utf-8-sig")  # a byte-order mark is no piece
         except (OSError, UnicodeDecodeError) as e:
             raise ShortlistError(f"{path}: cannot read the shortlist ({e})") from None
         src_ids = {tokenizer.src.id_to_piece(i): i for i in range(tokenizer.src.get_piece_size())}
         tgt_ids = {p: i for i, p in enumerate(tokenizer.tgt_pieces)}
         always: tuple[int, ...] = ()
         by_source: dict[int, tuple[int, ...]] = {}
-        for number, line in enumerate(text.splitlines(), 1):
-            where = f"{path}, line {number}"
+        for number, line in enumerate(text.split("\n"), 1):  # lines end at \n only (a piece may hold U+2028 or U+0085)
+            where, line = f"{path}, line {number}", line.removesuffix("\r")
             if not line.strip():
                 continue
             if "\t" not in line:
                 raise ShortlistError(f"{where}: no tab between the source piece and its target pieces; write 'SOURCE<TAB>TARGET TARGET ...'")
             key, values = line.split("\t", 1)
             if " " in key:
-                raise ShortlistError(f"{where}: the source {key!r} is an n-gram; nmt reads one-piece sources only")
-            unknown = [p for p in values.split() if p not in tgt_ids]
+                what = "is only spaces" if not key.strip() else "is an n-gram (pieces separated by spaces)"
+                raise ShortlistError(f"{where}: the source {key!r} {what}; nmt reads one piece, or nothing (the pieces always allowed), before the tab")
+            pieces = [p for p in values.split(" ") if p]  # spaces only, as CTranslate2 splits: a piece may hold other whitespace
+            unknown = [p for p in pieces if p not in tgt_ids]
             if unknown or (key and key not in src_ids):
                 missing = f"target piece {unknown[0]!r}" if unknown else f"source piece {key!r}"
                 raise ShortlistError(f"{where}: {missing} is not in the model's vocabulary; build the shortlist with this model (nmt shortlist)")
-            targets = tuple(tgt_ids[p] for p in values.split())
+            targets = tuple(tgt_ids[p] for p in pieces)
             if key:
                 by_source[src_ids[key]] = targets
             else:
                 always = targets
+        if not always and not any(by_source.values()):
+            raise ShortlistError(f"{path}: the shortlist allows no target piece (no rule lists one); build it with nmt shortlist")
         return cls(always, by_source)
 
 
@@ -148,6 +159,9 @@ def build(tokenizer: Tokenizer, pairs: Iterable[tuple[str, str]], per_source: in
     a piece by how consistently it appears with ``s``, not by how common it is everywhere
     (frequent pieces are in ``always`` already). ``pairs``: (source line, target line), encoded
     with the model's tokenizer in blocks of ``block`` pairs.
+
+    Raises:
+        ShortlistError: no pair has pieces on both sides (an empty corpus).
     """
     tgt_vocab = len(tokenizer.tgt_pieces)
 
@@ -156,7 +170,10 @@ def build(tokenizer: Tokenizer, pairs: Iterable[tuple[str, str]], per_source: in
         while chunk := list(itertools.islice(lines, block)):
             yield from zip(tokenizer.encode_src([s for s, _ in chunk]), tokenizer.encode_tgt([t for _, t in chunk]))
 
-    keys, counts, src_counts, tgt_counts, _ = cooccurrence(encoded(), tgt_vocab, block)
+    keys, counts, src_counts, tgt_counts, n = cooccurrence(encoded(), tgt_vocab, block)
+    if not keys.size:
+        raise ShortlistError(f"no sentence pair with pieces on both sides among {n} pairs: nothing to build a shortlist from")
+    per_source, frequent = min(per_source, tgt_vocab), min(frequent, tgt_vocab)  # no list is longer than the vocabulary
     always = tuple(int(i) for i in np.argsort(-tgt_counts, kind="stable")[:frequent] if tgt_counts[i] > 0)
     return Shortlist(always, rank(keys, counts, src_counts, tgt_counts, tgt_vocab, per_source))
 
@@ -168,5 +185,6 @@ def rank(keys: np.ndarray, counts: np.ndarray, src_counts: np.ndarray, tgt_count
     dice = 2 * counts / (src_counts[s] + tgt_counts[t])
     order = np.lexsort((t, -dice, s))  # by source, then best first
     s, t = s[order], t[order]
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if len(s) else []
-    return {int(s[a]): tuple(int(i) for i in t[a : a + per_source]) for a in starts}
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if len(s) else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], len(s)]  # a source's list stops at its own group, whatever per_source is
+    return {int(s[a]): tuple(int(i) for i in t[a : min(b, a + per_source)]) for a, b in zip(starts, ends)}

@@ -920,7 +920,29 @@ def test_shortlist_command_builds_a_file_that_translate_and_evaluate_take(traine
     assert f"{src}, line 1: no tab" in line
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "-i", src, "-o", shortlist, "--shortlist", shortlist))
     assert "--shortlist" in line and shortlist.read_text(encoding="utf-8").startswith("\t")  # the output may not overwrite an input
+    line = _one_line_error(invoke("evaluate", "--checkpoint", trained_run, "--src", src, "--ref", ref, "--shortlist", shortlist, "-o", shortlist))
+    assert "--output" in line and "--shortlist" in line and shortlist.read_text(encoding="utf-8").startswith("\t")
     misaligned = tmp_path / "short.de"
     misaligned.write_text("der Hund .\n", encoding="utf-8")
     line = _one_line_error(invoke("shortlist", "--checkpoint", trained_run, "--src", src, "--tgt", misaligned, "-o", tmp_path / "x.txt"))
     assert "3 lines but" in line and not (tmp_path / "x.txt").exists()
+
+
+def test_no_output_overwrites_the_checkpoint_a_run_directory_names(trained_run, tmp_path):
+    """--checkpoint RUN reads RUN/best.pt: writing -o RUN/best.pt would destroy the model being read."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    before = (run / "best.pt").read_bytes()
+    src = tmp_path / "src.en"
+    src.write_text("the dog .\n", encoding="utf-8")
+    commands = [
+        ("translate", "--checkpoint", run, "-i", src, "-o", run / "best.pt"),
+        ("evaluate", "--checkpoint", run, "--src", src, "--ref", src, "-o", run / "best.pt"),
+        ("shortlist", "--checkpoint", run, "--src", src, "--tgt", src, "-o", run / "best.pt"),
+    ]
+    for command in commands:
+        line = _one_line_error(invoke(*command))
+        assert f"is the same file as --checkpoint {run / 'best.pt'}" in line, command
+    assert (run / "best.pt").read_bytes() == before

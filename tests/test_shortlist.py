@@ -57,10 +57,13 @@ def test_every_piece_generated_is_in_the_shortlist_and_the_cache_is_still_exact(
         assert [h[0].tokens for h in runs[name]] == [h[0].tokens for h in runs["cached"]], name
 
 
-def test_columns_hold_the_specials_the_sources_lists_and_every_steering_piece():
+def test_columns_hold_the_specials_the_sources_lists_and_what_steering_needs():
     shortlist = Shortlist(always=(7,), by_source={5: (10, 11), 6: (12,), 8: (13,)})
-    got = shortlist.columns([[5, 9], [5, 6]], [Steering(prefix=((20,), (21, 22))), Steering(constraints=((23, 24),), bans=((25,),))])
-    assert got.tolist() == sorted({BOS, EOS, UNK, 7, 10, 11, 12, 20, 21, 22, 23, 24, 25})  # 8 is no source: 13 stays out
+    steering = [Steering(prefix=((20,), (21, 22), (7, 30, 31))), Steering(constraints=((23, 24),), bans=((25,), (26, 27)))]
+    got = shortlist.columns([[5, 9], [5, 6]], steering)
+    # 8 is no source: 13 stays out; a ban adds nothing; the step (21, 22) has no listed choice, so
+    # both come in; the step (7, 30, 31) has 7 listed already, so it stays the choice.
+    assert got.tolist() == sorted({BOS, EOS, UNK, 7, 10, 11, 12, 20, 21, 22, 23, 24})
 
 
 def test_a_constraint_outside_the_shortlist_is_still_met(model):
@@ -79,6 +82,20 @@ def test_cooccurrence_counts_sentence_pairs_and_dice_ranks_by_hand():
     assert src_counts.tolist() == [0, 2, 2, 1] and tgt_counts.tolist() == [0, 0, 0, 0, 0, 2, 2, 1] and n == 3
     # Dice 2·c(s,t)/(c(s)+c(t)): (1,5) 1, (1,6) 0.5; (2,6) 1, (2,7) 2/3, (2,5) 0.5; (3,7) 1, (3,6) 2/3.
     assert rank(keys, counts, src_counts, tgt_counts, 8, per_source=2) == {1: (5, 6), 2: (6, 7), 3: (7, 6)}
+    # A longer list stops at what co-occurs with its own source, never running into the next source's.
+    assert rank(keys, counts, src_counts, tgt_counts, 8, per_source=10) == {1: (5, 6), 2: (6, 7, 5), 3: (7, 6)}
+
+
+@given(
+    st.lists(st.tuples(st.lists(st.integers(0, 6), max_size=5), st.lists(st.integers(0, 6), max_size=5)), max_size=12), st.integers(1, 10), st.integers(1, 4)
+)
+def test_each_list_holds_only_distinct_pieces_seen_with_its_source(pairs, per_source, block):
+    keys, counts, src_counts, tgt_counts, n = cooccurrence(pairs, tgt_vocab=7, block=block)
+    seen = {(s, t) for src, tgt in pairs for s in src for t in tgt}
+    assert n == len(pairs) and dict(zip(keys.tolist(), counts.tolist())) == {s * 7 + t: sum(1 for src, tgt in pairs if s in src and t in tgt) for s, t in seen}
+    for s, targets in rank(keys, counts, src_counts, tgt_counts, 7, per_source).items():
+        assert len(targets) == len(set(targets)) == min(per_source, len({t for src, tgt in pairs if s in src for t in tgt}))
+        assert all((s, t) in seen for t in targets)
 
 
 def test_build_on_the_toy_corpus_lists_the_translation_of_a_word(toy_tokenizer):
@@ -99,6 +116,17 @@ def test_the_file_round_trips_in_ctranslate2_vocabulary_map_format(toy_tokenizer
     assert Shortlist.read(path, toy_tokenizer) == shortlist
 
 
+def test_sampling_ends_where_the_shortlist_leaves_no_piece(model):
+    """Before its minimum length a sample may not end, and this shortlist allows nothing else:
+    it ends there anyway (with score -inf) rather than draw a piece from outside the shortlist."""
+    from nmt.search import Sampling
+
+    src = random_sources([5, 3], seed=7)
+    decode = DecodeConfig(n_best=2, min_len=4, max_len_a=0.5, max_len_b=6)
+    got = translate_batch(model, src, decode, sampling=Sampling(seed=3), columns=torch.tensor([BOS, EOS, UNK]))
+    assert [h.tokens for hyps in got for h in hyps] == [[]] * 4 and all(h.log_prob == float("-inf") for hyps in got for h in hyps)
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
@@ -106,13 +134,29 @@ def test_the_file_round_trips_in_ctranslate2_vocabulary_map_format(toy_tokenizer
         ("\t▁der\n▁the ▁dog\t▁Hund\n", "line 2: the source '▁the ▁dog' is an n-gram"),
         ("▁dog\t▁Hund ▁Katze ▁zzzz\n", "line 1: target piece '▁zzzz' is not in the model's vocabulary"),
         ("\n\n▁zzzz\t▁Hund\n", "line 3: source piece '▁zzzz' is not in the model's vocabulary"),
+        ("▁dog\t▁Hund\u2028x\n▁zzzz\t▁Hund\n", "line 1: target piece '▁Hund.{6}x' is not"),  # lines end at \n only; the message shows U+2028 escaped
+        (" \t▁Hund\n", "line 1: the source ' ' is only spaces"),
+        ("", "the shortlist allows no target piece"),
+        ("\n\n\t\n▁dog\t\n", "the shortlist allows no target piece"),
     ],
 )
 def test_a_bad_file_is_named_with_its_line(toy_tokenizer, tmp_path, text, message):
     path = tmp_path / "bad.txt"
     path.write_text(text, encoding="utf-8")
-    with pytest.raises(ShortlistError, match=f"{path}, {message}"):
+    with pytest.raises(ShortlistError, match=f"{path}[,:] {message}"):
         Shortlist.read(path, toy_tokenizer)
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_are_read_as_text_editors_write_them(toy_tokenizer, tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeff\t▁der\r\n▁dog\t▁Hund\r\n".encode())
+    piece = toy_tokenizer.tgt.piece_to_id
+    assert Shortlist.read(path, toy_tokenizer) == Shortlist((piece("▁der"),), {toy_tokenizer.src.piece_to_id("▁dog"): (piece("▁Hund"),)})
+
+
+def test_an_empty_corpus_builds_nothing(toy_tokenizer):
+    with pytest.raises(ShortlistError, match="no sentence pair with pieces on both sides among 2 pairs"):
+        build(toy_tokenizer, [("", "der Hund"), ("the dog", "")])
 
 
 def test_an_unreadable_file_is_one_error(toy_tokenizer, tmp_path):

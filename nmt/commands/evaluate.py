@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from ..checkpoint import checkpoint_file
 from ..corpus import read_lines
 from ..evaluate import LANGUAGE_TOKENIZERS, bleu_tokenizer, check_inputs, check_tokenizer, config_tokenizer, guess_cjk_language, score
 from ..files import atomic_write, check_not_an_input
@@ -75,7 +76,8 @@ def evaluate(
     check_inputs(hyp, checkpoint, src, output, settings_given)
     check_output(output)
     if output is not None:
-        check_not_an_input(output, [("--src", src)] * (src is not None) + [("--ref", r) for r in ref])
+        readers = [("--src", src), ("--shortlist", shortlist)] + [("--ref", r) for r in ref] + [("--checkpoint", checkpoint_file(c)) for c in checkpoint]
+        check_not_an_input(output, [(flag, path) for flag, path in readers if path is not None])
     references = [read_lines(r) for r in ref]
     chosen = bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None  # with a checkpoint, --tgt-lang chooses the direction
     if chosen is not None:

@@ -14,7 +14,7 @@ def shortlist(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="The model whose tokenizer cuts the text (a checkpoint file or a run directory).")],
     src: Annotated[Path, typer.Option("--src", help="Source side of the training text (plain or .gz), one sentence a line.")],
     tgt: Annotated[Path, typer.Option("--tgt", help="Target side, line by line parallel to --src.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the shortlist (CTranslate2's vocabulary-map text format).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the shortlist (CTranslate2's vocabulary-map text format).")],
     per_source: Annotated[
         int, typer.Option("--per-source", min=1, help="Target pieces kept per source piece, those most strongly co-occurring with it (Dice).")
     ] = 100,
@@ -23,14 +23,15 @@ def shortlist(
     """Build a vocabulary shortlist (Marian's lexical shortlist; CTranslate2's vocabulary map) for `nmt translate --shortlist`."""
     import torch
 
+    from ..checkpoint import checkpoint_file
     from ..corpus import ParallelText
     from ..files import check_not_an_input
     from ..shortlist import build
     from ..translate import load_model
 
     setup_logging()
-    check_not_an_input(out, [("--src", src), ("--tgt", tgt), ("--checkpoint", checkpoint)])
+    check_not_an_input(output, [("--src", src), ("--tgt", tgt), ("--checkpoint", checkpoint_file(checkpoint))])
     _, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
     result = build(tokenizer, ParallelText.files(src, tgt).pairs(), per_source=per_source, frequent=frequent)
-    result.write(out, tokenizer)
-    typer.echo(f"wrote {out}: {len(result.always)} target pieces always allowed, {len(result.by_source)} source pieces with up to {per_source} each")
+    result.write(output, tokenizer)
+    typer.echo(f"wrote {output}: {len(result.always)} target pieces always allowed, {len(result.by_source)} source pieces with up to {per_source} each")

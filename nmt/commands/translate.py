@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from ..checkpoint import checkpoint_file
 from ..config import ConfigError
 from ..corpus import DataError, buffers, count_lines, iter_lines, stream_buffers
 from ..files import atomic_write, check_not_an_input
@@ -150,7 +151,8 @@ def translate(
                         ("--shortlist", shortlist),
                     )
                     if path is not None
-                ],
+                ]
+                + [("--checkpoint", checkpoint_file(c)) for c in checkpoint],
             )
         if buffer_size < 1:
             raise ConfigError(f"--buffer-size must be at least 1 line, got {buffer_size}")
