@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 
 from . import multilingual
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_file, load_checkpoint, save_checkpoint
 from .config import DecodeConfig
 from .errors import Key, NmtError
 from .files import OutputError, os_error, reason, remove_dead_temporaries
@@ -446,7 +446,7 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
         raise ExportError(Key("quantization"), " applies to ", Key("format"), f" ctranslate2 only, not {format}")
     if format == "nmt":
         check_writable(out, Key("out"))
-        source = checkpoint / "best.pt" if checkpoint.is_dir() else checkpoint
+        source = checkpoint_file(checkpoint)
         if out.exists() and source.exists() and out.samefile(source):
             raise ExportError(Key("out"), f" {out} is the checkpoint being exported; give another file name")
         export_slim(checkpoint, out)

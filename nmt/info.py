@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint
+from .checkpoint import checkpoint_file, load_checkpoint
 from .config import config_from_dict
 from .model import Transformer, count_parameters
 from .multilingual import directions, tags, target_languages
@@ -32,9 +32,8 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
     Raises:
         nmt.checkpoint.CheckpointError: the file is missing or not an nmt checkpoint.
     """
-    path = Path(path)
-    file = path / "best.pt" if path.is_dir() else path
-    payload = load_checkpoint(path)
+    file = checkpoint_file(path)
+    payload = load_checkpoint(file)
     cfg = config_from_dict(payload["config"], str(file))
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         parameters = count_parameters(Transformer(cfg.model))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import evaluate
-from .checkpoint import load_checkpoint, tokenizer_from_tensors
+from .checkpoint import checkpoint_file, load_checkpoint, tokenizer_from_tensors
 from .clean import clean_pairs, stripped_side
 from .config import Config, ConfigError, config_from_dict, config_to_yaml, with_vocab
 from .corpus import DataError, ParallelText, check_inputs
@@ -156,7 +156,7 @@ def _open_init(cfg: Config, overrides: list[str], config_file: Path | None, init
             Key("init_from"),
             f" {init_from} is a directory without best.pt (a run directory means its best.pt); pass a checkpoint file, such as {Path(init_from) / 'last.pt'}",
         )
-    init_from = Path(init_from) / "best.pt" if Path(init_from).is_dir() else Path(init_from)  # a run directory: its best.pt, as translate reads it
+    init_from = checkpoint_file(init_from)  # a run directory: its best.pt, as translate reads it
     init = load_checkpoint(init_from)
     step = init.get("progress", {}).get("step")
     origin = init.get("imported_from")

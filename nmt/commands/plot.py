@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..checkpoint import checkpoint_file
 from ..files import check_not_an_input
 from .options import (
     AlignmentLayer,
@@ -62,7 +63,7 @@ def attention(
 ) -> None:
     """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
     check_output(out, "--out")
-    check_not_an_input(out, [("--checkpoint", checkpoint / "best.pt" if checkpoint.is_dir() else checkpoint)], "--out")
+    check_not_an_input(out, [("--checkpoint", checkpoint_file(checkpoint))], "--out")
     (model,), tokenizer, settings, dev, cfg = load_translator(ctx, [checkpoint])
     from ..align import alignment_layer, sentence_attention
     from ..multilingual import target
