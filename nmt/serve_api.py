@@ -29,10 +29,11 @@ MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every o
 
 
 class RequestError(ValueError):
-    """A request the server refuses; ``status`` is the HTTP status to answer with."""
+    """A request the server refuses; ``status`` is the HTTP status to answer with. The message is
+    one line whatever the request held: line breaks and other controls it quotes are escaped."""
 
     def __init__(self, message: str, status: int = 422):
-        super().__init__(message)
+        super().__init__("".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in message))
         self.status = status
 
 
@@ -107,7 +108,7 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
         raise RequestError('the body must be a JSON object such as {"text": "a sentence"}')
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
-        raise RequestError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
+        raise RequestError(f"unknown field(s) {', '.join(map(json.dumps, unknown))}; known: {', '.join(FIELDS)}")
     if "text" not in body:
         raise RequestError('missing field "text" (a string, or a list of strings)')
     text = body["text"]

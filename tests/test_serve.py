@@ -115,7 +115,7 @@ BAD = [
     (b'{"text": 3}', 422, "string or a non-empty list"),
     (b'{"text": []}', 422, "string or a non-empty list"),
     (b'{"text": ["a", null]}', 422, "string or a non-empty list"),
-    (b'{"text": "a", "beam": 2}', 422, "unknown field(s) beam"),
+    (b'{"text": "a", "beam": 2}', 422, 'unknown field(s) "beam"'),
     (b'{"text": "a", "beam_size": 0}', 422, "beam_size must be between 1 and 6"),
     (b'{"text": "a", "beam_size": 7}', 422, "beam_size must be between 1 and 6"),
     (b'{"text": "a", "beam_size": "2"}', 422, "beam_size must be an integer"),

@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from ..checkpoint import checkpoint_file
 from ..corpus import read_lines
 from ..evaluate import LANGUAGE_TOKENIZERS, bleu_tokenizer, check_inputs, check_tokenizer, config_tokenizer, guess_cjk_language, score
 from ..files import atomic_write, check_not_an_input
@@ -76,6 +75,8 @@ def evaluate(
     check_inputs(hyp, checkpoint, src, output, settings_given)
     check_output(output)
     if output is not None:
+        from ..checkpoint import checkpoint_file  # not at the top: `nmt --help` loads without torch
+
         readers = [("--src", src), ("--shortlist", shortlist)] + [("--ref", r) for r in ref] + [("--checkpoint", checkpoint_file(c)) for c in checkpoint]
         check_not_an_input(output, [(flag, path) for flag, path in readers if path is not None])
     references = [read_lines(r) for r in ref]

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from ..checkpoint import checkpoint_file
 from ..files import check_not_an_input
 from .options import (
     AlignmentLayer,
@@ -63,6 +62,8 @@ def attention(
 ) -> None:
     """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
     check_output(out, "--out")
+    from ..checkpoint import checkpoint_file  # not at the top: `nmt --help` loads without torch
+
     check_not_an_input(out, [("--checkpoint", checkpoint_file(checkpoint))], "--out")
     (model,), tokenizer, settings, dev, cfg = load_translator(ctx, [checkpoint])
     from ..align import alignment_layer, sentence_attention

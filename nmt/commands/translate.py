@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 
-from ..checkpoint import checkpoint_file
 from ..config import ConfigError
 from ..corpus import DataError, buffers, count_lines, iter_lines, stream_buffers
 from ..files import atomic_write, check_not_an_input
@@ -138,6 +137,8 @@ def translate(
             standard_output()  # closed: one line now, not a traceback after the work
         if input is None:
             standard_input()
+        from ..checkpoint import checkpoint_file  # not at the top: `nmt --help` loads without torch
+
         if output is not None:
             check_not_an_input(
                 output,
