@@ -156,11 +156,11 @@ def _open_init(cfg: Config, overrides: list[str], config_file: Path | None, init
             Key("init_from"),
             f" {init_from} is a directory without best.pt (a run directory means its best.pt); pass a checkpoint file, such as {Path(init_from) / 'last.pt'}",
         )
-    init_from = checkpoint_file(init_from)  # a run directory: its best.pt, as translate reads it
+    init_from = checkpoint_file(init_from)  # a Path: a run directory's best.pt, as translate reads it
     init = load_checkpoint(init_from)
     step = init.get("progress", {}).get("step")
     origin = init.get("imported_from")
-    opened = Opened(init_config(init["config"], cfg, overrides, config_file, Path(init_from)), None, None, init=init)
+    opened = Opened(init_config(init["config"], cfg, overrides, config_file, init_from), None, None, init=init)
     log.info(
         "initialised from %s (%s%s): its weights and tokenizer; %s, the schedule and the step counter start afresh",
         init_from,
@@ -168,7 +168,7 @@ def _open_init(cfg: Config, overrides: list[str], config_file: Path | None, init
         f", imported from {origin['path']}" if origin else "",
         "Adam's moments from it" if not cfg.train.reset_optimizer and "optimizer" in init else "Adam",
     )
-    opened.origin = {"init_from": {"path": str(Path(init_from).absolute()), "step": step}} | ({"imported_from": origin} if origin else {})
+    opened.origin = {"init_from": {"path": str(init_from.absolute()), "step": step}} | ({"imported_from": origin} if origin else {})
     return opened
 
 

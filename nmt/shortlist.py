@@ -61,7 +61,9 @@ class Shortlist:
     def write(self, path: str | Path, tokenizer: Tokenizer) -> None:
         """Write the CTranslate2 vocabulary-map text (see the module docstring), atomically."""
         src, tgt = tokenizer.src, tokenizer.tgt_pieces
-        ok = lambda piece: piece and not any(c in " \t\n\r" for c in piece)  # noqa: E731 -- what separates pieces, rules and lines
+
+        def ok(piece: str) -> bool:  # what the format cannot hold: the separators of pieces, rules and lines
+            return bool(piece) and not any(c in " \t\n\r" for c in piece)
 
         def targets(ids):
             return " ".join(tgt[i] for i in ids if ok(tgt[i]))
