@@ -172,8 +172,9 @@ class TrainConfig(Checked):
 
     ``schedule="noam"`` is the paper's ``lr = lr_scale · d_model^-0.5 · min(step^-0.5,
     step · warmup_steps^-1.5)``; ``schedule="inverse_sqrt"`` warms up linearly to the peak
-    ``lr`` and decays as ``lr · sqrt(warmup_steps / step)``; ``schedule="constant"`` warms up
-    linearly to ``lr`` and stays there (fine-tuning). Intervals are in optimizer steps.
+    ``lr`` and decays as ``lr · sqrt(warmup_steps / step)``; ``schedule="linear"`` warms up linearly to ``lr``
+    and decays linearly to 0 at ``max_steps``; ``schedule="constant"`` warms up linearly to
+    ``lr`` and stays there (fine-tuning). Intervals are in optimizer steps.
     ``reset_optimizer`` applies to ``nmt train --init-from`` only.
     """
 
@@ -187,9 +188,11 @@ class TrainConfig(Checked):
     max_steps: int = setting(100_000, "optimizer steps to train for", AT_LEAST_1)
     max_epochs: int = setting(1000, "epochs to train for at most", AT_LEAST_1)
     max_time_s: float = setting(0.0, "stop after this many seconds of training; 0: no limit", AT_LEAST_0)
-    schedule: Literal["noam", "inverse_sqrt", "constant"] = setting("noam", "learning-rate schedule: noam (the paper), inverse_sqrt, or constant after warm-up")
+    schedule: Literal["noam", "inverse_sqrt", "constant", "linear"] = setting(
+        "noam", "learning-rate schedule: noam (the paper), inverse_sqrt, constant after warm-up, or linear (decay to 0 at max_steps)"
+    )
     lr_scale: float = setting(1.0, "factor on the noam schedule", AT_LEAST_0)
-    lr: float = setting(5e-4, "peak learning rate of inverse_sqrt and constant", AT_LEAST_0)
+    lr: float = setting(5e-4, "peak learning rate of inverse_sqrt, constant and linear", AT_LEAST_0)
     warmup_steps: int = setting(4000, "steps of linear warm-up", AT_LEAST_1)
     reset_optimizer: bool = setting(True, "with --init-from: Adam starts afresh (true) or keeps the checkpoint's moments when it has them (false)")
     adam_betas: tuple[float, float] = setting((0.9, 0.98), "Adam's beta1 and beta2", PROBABILITY)

@@ -260,7 +260,7 @@ def test_misspelt_keys_sections_and_choices_get_a_suggestion(tmp_path):
         load_config(None, ["train.zzz=4"])
     with pytest.raises(ConfigError, match=r"^unknown section decoding; did you mean decode\?$"):
         load_config(None, ["decoding.beam_size=4"])
-    with pytest.raises(ConfigError, match=r"^train.schedule must be noam, inverse_sqrt or constant, got 'inverse-sqrt'; did you mean inverse_sqrt\?$"):
+    with pytest.raises(ConfigError, match=r"^train.schedule must be noam, inverse_sqrt, constant or linear, got 'inverse-sqrt'; did you mean inverse_sqrt\?$"):
         load_config(None, ["train.schedule=inverse-sqrt"])
     with pytest.raises(ConfigError, match=r"^eval.tokenize must be auto, none, zh, .*, got 'mecab'; did you mean ja-mecab or ko-mecab\?$"):
         load_config(None, ["eval.tokenize=mecab"])

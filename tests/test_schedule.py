@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nmt.config import TrainConfig
-from nmt.schedule import build_scheduler, constant_lr, inverse_sqrt_lr, noam_lr
+from nmt.schedule import build_scheduler, constant_lr, inverse_sqrt_lr, linear_lr, noam_lr
 
 
 def test_noam_hand_values():
@@ -26,14 +26,25 @@ def test_constant_warms_up_then_holds_the_peak():
     assert constant_lr(1, 1e-4, 1) == 1e-4  # warmup_steps 1: the peak from the first update
 
 
-@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "constant"])
+def test_linear_warms_up_then_decays_to_zero_at_max_steps():
+    # warm-up 4, max_steps 10: peak at step 4, then 7 equal steps down: update 10 uses peak / 7, 11 on 0.
+    assert [linear_lr(s, 7e-3, 4, 10) for s in (1, 2, 4)] == pytest.approx([1.75e-3, 3.5e-3, 7e-3])
+    assert [linear_lr(s, 7e-3, 4, 10) for s in range(5, 12)] == pytest.approx([6e-3, 5e-3, 4e-3, 3e-3, 2e-3, 1e-3, 0.0])
+    assert linear_lr(50, 7e-3, 4, 10) == 0.0
+    assert [linear_lr(s, 1e-3, 10, 5) for s in (1, 5, 6)] == pytest.approx([1e-4, 5e-4, 0.0])  # max_steps inside the warm-up: never reaches the peak
+
+
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "constant", "linear"])
 def test_scheduler_sets_the_rate_of_each_step(schedule):
-    cfg = TrainConfig(schedule=schedule, warmup_steps=10, lr=1e-3)
+    cfg = TrainConfig(schedule=schedule, warmup_steps=10, lr=1e-3, max_steps=25)
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
     sched = build_scheduler(opt, cfg, d_model=64)
-    fn = {"noam": lambda s: noam_lr(s, 64, 10), "inverse_sqrt": lambda s: inverse_sqrt_lr(s, 1e-3, 10), "constant": lambda s: constant_lr(s, 1e-3, 10)}[
-        schedule
-    ]
+    fn = {
+        "noam": lambda s: noam_lr(s, 64, 10),
+        "inverse_sqrt": lambda s: inverse_sqrt_lr(s, 1e-3, 10),
+        "constant": lambda s: constant_lr(s, 1e-3, 10),
+        "linear": lambda s: linear_lr(s, 1e-3, 10, 25),
+    }[schedule]
     for step in range(1, 30):
         assert opt.param_groups[0]["lr"] == pytest.approx(fn(step))  # the rate used by update `step`
         opt.step()
