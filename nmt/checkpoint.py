@@ -163,12 +163,11 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
         problems.append("'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint; src and tgt; or src, tgt and vocab)")
     if problems:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
-    from .model import Transformer
+    from .model import uninitialised_model
 
     cfg = _config(payload, path)
     _check_tokenizer(payload, cfg, path)
-    with torch.device("meta"):  # names and shapes only: no memory, no initialisation
-        expected = Transformer(cfg.model).state_dict()
+    expected = uninitialised_model(cfg.model).state_dict()  # names and shapes only
     check_state_fits(expected, payload["model"], path, written_by(payload))
     if training:
         absent = [k for k in TRAINING_STATE if k not in payload]

@@ -9,7 +9,7 @@ import torch
 
 from .checkpoint import checkpoint_file, load_checkpoint
 from .config import config_from_dict
-from .model import Transformer, count_parameters
+from .model import count_parameters, uninitialised_model
 from .multilingual import directions, tags, target_languages
 
 
@@ -35,8 +35,7 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
     file = checkpoint_file(path)
     payload = load_checkpoint(file)
     cfg = config_from_dict(payload["config"], str(file))
-    with torch.device("meta"):  # shapes only: no memory, no initialisation
-        parameters = count_parameters(Transformer(cfg.model))
+    parameters = count_parameters(uninitialised_model(cfg.model))
     progress = payload.get("progress", {})
     best = progress.get("best_bleu")
     weights = [v for v in payload["model"].values() if torch.is_floating_point(v)]

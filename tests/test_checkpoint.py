@@ -197,3 +197,27 @@ def test_a_tokenizer_that_is_not_sentencepiece_or_not_the_models_is_refused_by_e
     save_checkpoint({**payload, "config": config_to_dict(bigger), "model": Transformer(bigger.model).state_dict()}, path)
     with pytest.raises(CheckpointError, match=r"its tokenizer has 40 source and 40 target pieces, its model 50 and 50"):
         load_checkpoint(path)
+
+
+def test_the_uninitialised_model_has_the_real_ones_names_shapes_and_dtypes():
+    from nmt.model import count_parameters, uninitialised_model
+
+    cfg = config_from_dict({"model": {**MODEL, "share_embeddings": False}}).model
+    real, skeleton = Transformer(cfg).state_dict(), uninitialised_model(cfg).state_dict()
+    assert list(skeleton) == list(real)
+    assert all(skeleton[k].shape == real[k].shape and skeleton[k].dtype == real[k].dtype for k in real)
+    assert count_parameters(uninitialised_model(cfg)) == count_parameters(Transformer(cfg))
+    state = torch.get_rng_state()
+    uninitialised_model(cfg)
+    assert torch.equal(torch.get_rng_state(), state)  # draws nothing: a resumed run's random stream is untouched
+
+
+def test_checking_a_checkpoint_does_not_import_dynamo(tmp_path, protos):
+    # Building the model on the meta device to check a checkpoint's shapes imported torch._dynamo
+    # (PyTorch's Python reference kernels): seconds at the start of every command.
+    import subprocess
+    import sys
+
+    write(tmp_path / "a.pt", protos)
+    code = f"import sys; from nmt.info import checkpoint_info; checkpoint_info({str(tmp_path / 'a.pt')!r}); sys.exit('torch._dynamo' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
