@@ -55,14 +55,18 @@ def checkpoint_file(path: str | Path) -> Path:
     """The file a checkpoint argument names: ``path`` itself, or a run directory's ``best.pt``.
 
     Raises:
-        CheckpointError: a run directory that has ``last.pt`` but no ``best.pt`` yet.
+        CheckpointError: a directory without ``best.pt``: one that has ``last.pt`` (no validation
+            has run yet; the message names that file) or one with no checkpoint at all.
     """
     path = Path(path)
-    if not path.is_dir():
-        return path
-    if not (path / "best.pt").is_file() and (path / "last.pt").is_file():
-        raise CheckpointError(f"{path} has no best.pt (no validation has run yet); pass --checkpoint {path / 'last.pt'} or --resume the run")
-    return path / "best.pt"
+    if not path.is_dir() or (path / "best.pt").is_file():
+        return path / "best.pt" if path.is_dir() else path
+    if (path / "last.pt").is_file():
+        raise CheckpointError(
+            f"{path} has no best.pt (no validation has run yet); pass --checkpoint {path / 'last.pt'} (its latest weights),"
+            f" or train on until a validation: nmt train --run-dir {path} --resume"
+        )
+    raise CheckpointError(f"{path} is a directory with no nmt checkpoint (no best.pt or last.pt); give a run directory of nmt train or a .pt file")
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", training: bool = False) -> dict[str, Any]:
@@ -151,6 +155,9 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path} is not an nmt checkpoint: it holds a {type(payload).__name__}, not a dict of entries")
     missing = [k for k in ("model", "config", "tokenizer") if k not in payload]
+    if missing and "nmt_version" not in payload and len(missing) == 3:  # nothing of nmt's: another program's file
+        keys = ", ".join(map(repr, list(payload)[:5])) or "none"
+        raise CheckpointError(f"{path} is not an nmt checkpoint: a dict without nmt's model, config and tokenizer entries (its keys: {keys})")
     if missing:
         raise CheckpointError(f"{path} is not an nmt checkpoint or is incomplete: no {', '.join(missing)} entry (written by {written_by(payload)})")
     problems = []

@@ -189,7 +189,7 @@ class TrainConfig(Checked):
     max_epochs: int = setting(1000, "epochs to train for at most", AT_LEAST_1)
     max_time_s: float = setting(0.0, "stop after this many seconds of training; 0: no limit", AT_LEAST_0)
     schedule: Literal["noam", "inverse_sqrt", "constant", "linear"] = setting(
-        "noam", "learning-rate schedule: noam (the paper), inverse_sqrt, constant after warm-up, or linear (decay to 0 at max_steps)"
+        "noam", "learning-rate schedule: noam (the paper), inverse_sqrt, constant after warm-up, or linear (decays to 0 by the end of max_steps)"
     )
     lr_scale: float = setting(1.0, "factor on the noam schedule", AT_LEAST_0)
     lr: float = setting(5e-4, "peak learning rate of inverse_sqrt, constant and linear", AT_LEAST_0)

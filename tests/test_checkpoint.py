@@ -110,6 +110,14 @@ def test_a_sentencepiece_model_is_named(tmp_path, protos):
         load_checkpoint(path)
 
 
+def test_another_programs_torch_file_is_not_said_to_be_written_by_nmt(tmp_path):
+    torch.save({"a": 1, "state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path / "other.pt")
+    expected = "is not an nmt checkpoint: a dict without nmt's model, config and tokenizer entries (its keys: 'a', 'state_dict')"
+    assert str(err.value) == f"{tmp_path / 'other.pt'} {expected}"
+
+
 def test_inconsistent_checkpoints_give_one_line_naming_keys_and_version(tmp_path, protos):
     path = tmp_path / "a.pt"
     state = write(path, protos)

@@ -268,6 +268,9 @@ def test_info_takes_the_checkpoint_as_argument_or_as_flag(trained_run, tmp_path)
     line = _one_line_error(invoke("info", empty))  # the advice it gives works as written
     assert f"pass --checkpoint {empty / 'last.pt'}" in line
     assert invoke("info", "--checkpoint", empty / "last.pt").exit_code == 0
+    (empty / "last.pt").unlink()  # a directory with no checkpoint at all is named as such, not as a missing best.pt
+    expected = "is a directory with no nmt checkpoint (no best.pt or last.pt); give a run directory of nmt train or a .pt file"
+    assert _one_line_error(invoke("info", empty)) == f"error: {empty} {expected}"
 
 
 def test_min_len_keeps_translations_from_ending_early(trained_run):
