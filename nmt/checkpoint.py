@@ -59,8 +59,10 @@ def checkpoint_file(path: str | Path) -> Path:
             has run yet; the message names that file) or one with no checkpoint at all.
     """
     path = Path(path)
-    if not path.is_dir() or (path / "best.pt").is_file():
-        return path / "best.pt" if path.is_dir() else path
+    if not path.is_dir():
+        return path
+    if (path / "best.pt").is_file():
+        return path / "best.pt"
     if (path / "last.pt").is_file():
         raise CheckpointError(
             f"{path} has no best.pt (no validation has run yet); pass --checkpoint {path / 'last.pt'} (its latest weights),"
@@ -155,7 +157,7 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path} is not an nmt checkpoint: it holds a {type(payload).__name__}, not a dict of entries")
     missing = [k for k in ("model", "config", "tokenizer") if k not in payload]
-    if missing and "nmt_version" not in payload and len(missing) == 3:  # nothing of nmt's: another program's file
+    if len(missing) == 3 and "nmt_version" not in payload:  # nothing of nmt's: another program's file
         keys = ", ".join(map(repr, list(payload)[:5])) or "none"
         raise CheckpointError(f"{path} is not an nmt checkpoint: a dict without nmt's model, config and tokenizer entries (its keys: {keys})")
     if missing:

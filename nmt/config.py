@@ -173,7 +173,7 @@ class TrainConfig(Checked):
     ``schedule="noam"`` is the paper's ``lr = lr_scale · d_model^-0.5 · min(step^-0.5,
     step · warmup_steps^-1.5)``; ``schedule="inverse_sqrt"`` warms up linearly to the peak
     ``lr`` and decays as ``lr · sqrt(warmup_steps / step)``; ``schedule="linear"`` warms up linearly to ``lr``
-    and decays linearly to 0 at ``max_steps``; ``schedule="constant"`` warms up linearly to
+    and decays linearly, reaching 0 just after ``max_steps``; ``schedule="constant"`` warms up linearly to
     ``lr`` and stays there (fine-tuning). Intervals are in optimizer steps.
     ``reset_optimizer`` applies to ``nmt train --init-from`` only.
     """

@@ -5,9 +5,11 @@ import zipfile
 import pytest
 import torch
 from conftest import cached_tokenizer
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nmt import __version__
-from nmt.checkpoint import CheckpointError, load_checkpoint, restore_model, save_checkpoint, tokenizer_to_tensors
+from nmt.checkpoint import CheckpointError, checkpoint_file, load_checkpoint, restore_model, save_checkpoint, tokenizer_to_tensors
 from nmt.config import config_from_dict, config_to_dict
 from nmt.files import OutputError, atomic_write, check_writable
 from nmt.model import Transformer
@@ -229,3 +231,19 @@ def test_checking_a_checkpoint_does_not_import_dynamo(tmp_path, protos):
     write(tmp_path / "a.pt", protos)
     code = f"import sys; from nmt.info import checkpoint_info; checkpoint_info({str(tmp_path / 'a.pt')!r}); sys.exit('torch._dynamo' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+@given(names=st.sets(st.sampled_from(["best.pt", "last.pt", "step_2.pt", "average.pt", "config.yaml", "best.pt.tmp"])), best_is_dir=st.booleans())
+def test_a_run_directory_names_its_best_pt_or_says_what_it_lacks(tmp_path_factory, names, best_is_dir):
+    run = tmp_path_factory.mktemp("run")
+    for name in names:
+        (run / name).mkdir() if name == "best.pt" and best_is_dir else (run / name).write_bytes(b"x")
+    if (run / "best.pt").is_file():
+        assert checkpoint_file(run) == run / "best.pt"
+        return
+    with pytest.raises(CheckpointError) as err:
+        checkpoint_file(run)
+    message = str(err.value)
+    assert message.startswith(f"{run} ") and "\n" not in message
+    assert (f"pass --checkpoint {run / 'last.pt'}" in message) == (run / "last.pt").is_file()  # the advice names only a file that is there
+    assert checkpoint_file(run / "config.yaml") == run / "config.yaml"  # a file is itself, whatever it holds

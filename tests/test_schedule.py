@@ -1,5 +1,7 @@
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nmt.config import TrainConfig
 from nmt.schedule import build_scheduler, constant_lr, inverse_sqrt_lr, linear_lr, noam_lr
@@ -32,6 +34,19 @@ def test_linear_warms_up_then_decays_to_zero_at_max_steps():
     assert [linear_lr(s, 7e-3, 4, 10) for s in range(5, 12)] == pytest.approx([6e-3, 5e-3, 4e-3, 3e-3, 2e-3, 1e-3, 0.0])
     assert linear_lr(50, 7e-3, 4, 10) == 0.0
     assert [linear_lr(s, 1e-3, 10, 5) for s in (1, 5, 6)] == pytest.approx([1e-4, 5e-4, 0.0])  # max_steps inside the warm-up: never reaches the peak
+
+
+@given(warmup=st.integers(1, 50), max_steps=st.integers(1, 200), peak=st.floats(1e-6, 1.0))
+def test_linear_rises_to_the_peak_falls_to_zero_and_never_leaves_the_range(warmup, max_steps, peak):
+    rates = [linear_lr(s, peak, warmup, max_steps) for s in range(1, max_steps + 3)]
+    assert all(0.0 <= r <= peak * (1 + 1e-12) for r in rates)
+    assert all(r > 0 for r in rates[:max_steps])  # every update of the run moves the weights
+    assert rates[max_steps:] == [0.0, 0.0]  # none after it
+    top = min(warmup, max_steps) - 1
+    assert all(a <= b for a, b in zip(rates[:top], rates[1 : top + 1]))  # warm-up: non-decreasing
+    assert all(a >= b for a, b in zip(rates[top:], rates[top + 1 :]))  # then non-increasing
+    if warmup <= max_steps:
+        assert rates[warmup - 1] == pytest.approx(peak)
 
 
 @pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt", "constant", "linear"])

@@ -519,6 +519,21 @@ def test_resume_applies_changed_optimizer_and_schedule_settings_at_once(tmp_path
     assert [lrs[k] for k in (4, 5)] == pytest.approx([noam_lr(k, 32, 2) for k in (4, 5)])  # the new warm-up from the first resumed step
 
 
+def test_a_linear_schedule_resumed_with_more_steps_follows_the_new_line(tmp_path):
+    """The linear rate depends on max_steps, which --resume may change: steps 1-3 follow the first
+    run's line to 0, the resumed steps 4-5 the new one, from the step it resumes at."""
+    from nmt.schedule import linear_lr
+
+    data = small_corpus(tmp_path, n=40)
+    run = tmp_path / "run"
+    cfg = tiny_run_config(data, run, 3, schedule="linear", lr=1e-3, warmup_steps=2)
+    train(cfg)
+    train(cfg, resume=True, overrides=["train.max_steps=5"])
+    lrs = {r["step"]: r["lr"] for r in records(run) if "lr" in r}
+    assert [lrs[k] for k in (1, 2, 3)] == pytest.approx([linear_lr(k, 1e-3, 2, 3) for k in (1, 2, 3)])
+    assert [lrs[k] for k in (4, 5)] == pytest.approx([linear_lr(k, 1e-3, 2, 5) for k in (4, 5)])
+
+
 def test_a_changed_batch_budget_on_resume_applies_from_the_next_epoch(tmp_path):
     """Doubling train.max_tokens on --resume once made the saved position point into other
     batches (5,926 of 12,000 pairs skipped, 1,035 repeated): the resumed epoch now keeps its batches."""
