@@ -5,12 +5,18 @@
 # Usage: scripts/train_recipe.sh CONFIG RUN_DIR "TEST_SPLIT ..." [extra nmt train args, e.g. --set train.threads=2]
 # The data directory, the languages and the validation split are CONFIG's with the extra
 # `--set section.key=value` arguments applied; each split is the file {split}.{lang} or
-# {split}.{lang}.gz there, and every one is looked for before training starts (a wrong test
-# split name fails now, not after the training). Scores use the target language's BLEU
-# tokenizer (ja-mecab for Japanese, ...), as nmt evaluate and nmt tune-decode choose it.
+# {split}.{lang}.gz there (explicit data.valid_src/valid_tgt files win, as in nmt train). Before
+# training starts, every file is looked for and the settings the later steps need are checked
+# (step checkpoints to average; a test split that is not the validation split), so a mistake
+# fails in one line now, not after the hour of training. A test pair whose line counts differ
+# is found only by the last step (counting its lines would read it); fix it and rerun with
+# --resume, which skips the finished training. Scores use the target language's BLEU
+# tokenizer (ja-mecab for Japanese, ...), as nmt evaluate and nmt tune-decode choose it, and
+# decoding uses train.threads CPU threads when that is set.
 # Python: $PYTHON (default python3), the one nmt is installed in.
 # Writes, in RUN_DIR: average.pt, tune_best.json, tune_average.json, choice.txt, and for each
-# test split {split}.json (nmt evaluate --json) and {split}.hyp.{tgt} (its translations).
+# test split {split}.json (nmt evaluate --json) and {split}.hyp.{tgt} (its translations; a / in
+# the split's name becomes _).
 set -euo pipefail
 if [ $# -lt 3 ]; then
   echo "usage: $0 CONFIG RUN_DIR \"TEST_SPLIT ...\" [nmt train args]" >&2
@@ -19,30 +25,54 @@ fi
 CONFIG=$1 RUN=$2 TESTS=$3
 shift 3
 
-# The target language, then split, source file and reference file for the validation split and each test split.
+# From CONFIG and the --set arguments, in their order: the target language, the CPU threads, the
+# validation split's name and files, then each test split's name and files, one per line.
 PLAN=$("${PYTHON:-python3}" - "$CONFIG" "$TESTS" "$@" <<'PY'
 import sys
-from nmt.config import load_config
-from nmt.corpus import find_split_file
-from nmt.errors import NmtError
-config, tests, args = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
-overrides = [a.removeprefix("--set=") for a in args if a.startswith("--set=")] + [v for a, v in zip(args, args[1:]) if a == "--set"]
 try:
-    data = load_config(config, overrides).data
-    files = [(split, find_split_file(data.dir, split, data.src_lang), find_split_file(data.dir, split, data.tgt_lang)) for split in [data.valid_split, *tests]]
+    from nmt.config import load_config
+    from nmt.corpus import find_split_file
+    from nmt.errors import NmtError
+except ImportError as exc:
+    sys.exit(f"error: {sys.executable} cannot import nmt ({exc}); set PYTHON to the Python nmt is installed in")
+config, tests, args = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+overrides = [a.removeprefix("--set=") if a.startswith("--set=") else v for a, v in zip(args, [*args[1:], ""]) if a.startswith("--set=") or a == "--set"]
+try:
+    cfg = load_config(config, overrides)
 except NmtError as exc:
     sys.exit(f"error: {exc}")
-print(data.tgt_lang, *(line for row in files for line in row), sep="\n")
+data, train = cfg.data, cfg.train
+if train.save_every <= 0 or train.keep_last < 5:
+    sys.exit(f"error: the recipe averages the last 5 step checkpoints; set train.save_every > 0 (it is {train.save_every}) and train.keep_last >= 5 (it is {train.keep_last})")
+if data.valid_src and data.valid_tgt:
+    valid = (data.valid_split, data.valid_src, data.valid_tgt)
+elif data.hf_dataset or not data.dir:
+    sys.exit("error: the recipe tunes on validation files: set data.dir (with data.valid_split) or data.valid_src and data.valid_tgt")
+else:
+    valid = (data.valid_split, *(find_split_file(data.dir, data.valid_split, lang) for lang in (data.src_lang, data.tgt_lang)))
+rows = [valid]
+for split in tests:
+    if split == data.valid_split and not (data.valid_src and data.valid_tgt):
+        sys.exit(f"error: the test split {split!r} is the validation split, which the recipe tunes on; name another")
+    try:
+        rows.append((split, *(find_split_file(data.dir or ".", split, lang) for lang in (data.src_lang, data.tgt_lang))))
+    except NmtError:
+        sys.exit(f"error: the test split {split!r} has no {split}.{{{data.src_lang},{data.tgt_lang}}}[.gz] files in {data.dir}; the test splits are the script's third argument")
+print(data.tgt_lang, train.threads, *(str(x) for row in rows for x in row), sep="\n")
 PY
-)  # a missing file or a bad config stops the script here, with the helper's message
+)  # a missing file or a bad setting stops the script here, before training, with one line saying what
 mapfile -t PLAN <<< "$PLAN"
-TGT=${PLAN[0]} VALID_SRC=${PLAN[2]} VALID_REF=${PLAN[3]}
+TGT=${PLAN[0]} VALID_SRC=${PLAN[3]} VALID_REF=${PLAN[4]}
+THREADS=()
+[ "${PLAN[1]}" -gt 0 ] && THREADS=(--threads "${PLAN[1]}")
 
 nmt train -c "$CONFIG" --run-dir "$RUN" "$@"
 nmt average --run-dir "$RUN" --last 5 -o "$RUN/average.pt"
 for ckpt in best average; do
-  nmt tune-decode --checkpoint "$RUN/$ckpt.pt" --src "$VALID_SRC" --ref "$VALID_REF" \
-    --beam-sizes 5 --length-normalizations length --length-penalties 1.0,1.5,2.0 --json > "$RUN/tune_$ckpt.json"
+  # --allow-test-names: this is the config's own validation split, whatever its name (newstest2013 ...)
+  nmt tune-decode --checkpoint "$RUN/$ckpt.pt" --src "$VALID_SRC" --ref "$VALID_REF" --allow-test-names "${THREADS[@]}" \
+    --beam-sizes 5 --length-normalizations length --length-penalties 1.0,1.5,2.0 --json > "$RUN/tune_$ckpt.json.tmp"
+  mv "$RUN/tune_$ckpt.json.tmp" "$RUN/tune_$ckpt.json"  # a failed search leaves no empty result behind
 done
 # The highest validation BLEU over both checkpoints and every α (ties: the first).
 read -r CKPT ALPHA < <("${PYTHON:-python3}" - "$RUN" <<'PY'
@@ -53,11 +83,13 @@ bleu, name, alpha = max(rows, key=lambda r: r[0])
 print(name, alpha)
 PY
 )
-echo "chosen on ${PLAN[1]}: $CKPT.pt, length normalisation 'length', α $ALPHA" | tee "$RUN/choice.txt"
+echo "chosen on ${PLAN[2]}: $CKPT.pt, length normalisation 'length', α $ALPHA" | tee "$RUN/choice.txt"
 
-for ((i = 4; i < ${#PLAN[@]}; i += 3)); do
-  test=${PLAN[i]}
-  nmt evaluate --checkpoint "$RUN/$CKPT.pt" --src "${PLAN[i + 1]}" --ref "${PLAN[i + 2]}" \
+for ((i = 5; i < ${#PLAN[@]}; i += 3)); do
+  name=${PLAN[i]//\//_}  # a split in a subdirectory (sub/test) writes sub_test.json in RUN_DIR
+  nmt evaluate --checkpoint "$RUN/$CKPT.pt" --src "${PLAN[i + 1]}" --ref "${PLAN[i + 2]}" "${THREADS[@]}" \
     --beam-size 5 --length-normalization length --length-penalty "$ALPHA" \
-    --output "$RUN/$test.hyp.$TGT" --json | tee "$RUN/$test.json"
+    --output "$RUN/$name.hyp.$TGT" --json > "$RUN/$name.json.tmp"
+  mv "$RUN/$name.json.tmp" "$RUN/$name.json"
+  cat "$RUN/$name.json"
 done
