@@ -7,7 +7,8 @@
 # `--set section.key=value` arguments applied; each split is the file {split}.{lang} or
 # {split}.{lang}.gz there (explicit data.valid_src/valid_tgt files win, as in nmt train). Before
 # training starts, every file is looked for and the settings the later steps need are checked
-# (step checkpoints to average; a test split that is not the validation split), so a mistake
+# (step checkpoints to average; a test split that is not the validation split; a validation
+# file whose name the tuning step would refuse as test data), so a mistake
 # fails in one line now, not after the hour of training. A test pair whose line counts differ
 # is found only by the last step (counting its lines would read it); fix it and rerun with
 # --resume, which skips the finished training. Scores use the target language's BLEU
@@ -33,6 +34,7 @@ try:
     from nmt.config import load_config
     from nmt.corpus import find_split_file
     from nmt.errors import NmtError
+    from nmt.tune import looks_like_test_data
 except ImportError as exc:
     sys.exit(f"error: {sys.executable} cannot import nmt ({exc}); set PYTHON to the Python nmt is installed in")
 config, tests, args = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
@@ -50,6 +52,9 @@ elif data.hf_dataset or not data.dir:
     sys.exit("error: the recipe tunes on validation files: set data.dir (with data.valid_split) or data.valid_src and data.valid_tgt")
 else:
     valid = (data.valid_split, *(find_split_file(data.dir, data.valid_split, lang) for lang in (data.src_lang, data.tgt_lang)))
+named_test = [str(f) for f in valid[1:] if looks_like_test_data(str(f))]
+if named_test:  # nmt tune-decode refuses such a file; say so now rather than after the training
+    sys.exit(f"error: the validation file {named_test[0]}'s name says test data, which tune-decode refuses to tune on; if it is a validation set, give it a name without 'test'")
 rows = [valid]
 for split in tests:
     if split == data.valid_split and not (data.valid_src and data.valid_tgt):
@@ -69,8 +74,7 @@ THREADS=()
 nmt train -c "$CONFIG" --run-dir "$RUN" "$@"
 nmt average --run-dir "$RUN" --last 5 -o "$RUN/average.pt"
 for ckpt in best average; do
-  # --allow-test-names: this is the config's own validation split, whatever its name (newstest2013 ...)
-  nmt tune-decode --checkpoint "$RUN/$ckpt.pt" --src "$VALID_SRC" --ref "$VALID_REF" --allow-test-names "${THREADS[@]}" \
+  nmt tune-decode --checkpoint "$RUN/$ckpt.pt" --src "$VALID_SRC" --ref "$VALID_REF" "${THREADS[@]}" \
     --beam-sizes 5 --length-normalizations length --length-penalties 1.0,1.5,2.0 --json > "$RUN/tune_$ckpt.json.tmp"
   mv "$RUN/tune_$ckpt.json.tmp" "$RUN/tune_$ckpt.json"  # a failed search leaves no empty result behind
 done

@@ -95,6 +95,12 @@ def test_the_recipe_chooses_on_validation_and_reads_the_test_split_only_at_the_e
             ("--set", "data.dir=null"),
             "the recipe tunes on validation files: set data.dir (with data.valid_split) or data.valid_src and data.valid_tgt",
         ),
+        (
+            "other",
+            ("--set", "data.valid_split=newstest2013"),
+            "the validation file DATA/newstest2013.en.gz's name says test data, which tune-decode refuses to tune on; "
+            "if it is a validation set, give it a name without 'test'",
+        ),
         # The last of `--set k=v` and `--set=k=v` wins, as in nmt train: here a directory without the test split.
         (
             "other",
@@ -105,8 +111,9 @@ def test_the_recipe_chooses_on_validation_and_reads_the_test_split_only_at_the_e
 )
 def test_what_the_recipe_cannot_run_fails_before_any_training_in_one_line(tmp_path, tests, extra, message):
     data = data_dir(tmp_path, {"train": 50, "valid": 5, "test": 5})
-    for lang in ("en", "de"):  # the test split here is called "other"
+    for lang in ("en", "de"):  # the test split here is called "other"; a copy of valid is named like WMT's validation sets
         (data / f"test.{lang}.gz").rename(data / f"other.{lang}.gz")
+        (data / f"newstest2013.{lang}.gz").write_bytes((data / f"valid.{lang}.gz").read_bytes())
     empty = data_dir(tmp_path / "e", {"train": 50, "valid": 5})
     extra = tuple(a.replace("EMPTY", str(empty)) for a in extra)
     proc, calls = run_recipe(tmp_path, data, tests, *extra)
