@@ -32,7 +32,7 @@ PLAN=$("${PYTHON:-python3}" - "$CONFIG" "$TESTS" "$@" <<'PY'
 import sys
 try:
     from nmt.config import load_config
-    from nmt.corpus import find_split_file
+    from nmt.corpus import find_split_file, load_split
     from nmt.errors import NmtError
     from nmt.tune import looks_like_test_data
 except ImportError as exc:
@@ -46,12 +46,13 @@ except NmtError as exc:
 data, train = cfg.data, cfg.train
 if train.save_every <= 0 or train.keep_last < 5:
     sys.exit(f"error: the recipe averages the last 5 step checkpoints; set train.save_every > 0 (it is {train.save_every}) and train.keep_last >= 5 (it is {train.keep_last})")
-if data.valid_src and data.valid_tgt:
-    valid = (data.valid_split, data.valid_src, data.valid_tgt)
-elif data.hf_dataset or not data.dir:
+if not (data.valid_src and data.valid_tgt) and (data.hf_dataset or not data.dir):
     sys.exit("error: the recipe tunes on validation files: set data.dir (with data.valid_split) or data.valid_src and data.valid_tgt")
-else:
-    valid = (data.valid_split, *(find_split_file(data.dir, data.valid_split, lang) for lang in (data.src_lang, data.tgt_lang)))
+try:
+    text = load_split(data, "valid")  # the files nmt train validates on, found as it finds them
+except NmtError as exc:
+    sys.exit(f"error: {exc}")
+valid = (data.valid_split, text.src_path, text.tgt_path)
 named_test = [str(f) for f in valid[1:] if looks_like_test_data(str(f))]
 if named_test:  # nmt tune-decode refuses such a file; say so now rather than after the training
     sys.exit(f"error: the validation file {named_test[0]}'s name says test data, which tune-decode refuses to tune on; if it is a validation set, give it a name without 'test'")
