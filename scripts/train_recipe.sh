@@ -56,14 +56,14 @@ valid = (data.valid_split, text.src_path, text.tgt_path)
 named_test = [str(f) for f in valid[1:] if looks_like_test_data(str(f))]
 if named_test:  # nmt tune-decode refuses such a file; say so now rather than after the training
     sys.exit(f"error: the validation file {named_test[0]}'s name says test data, which tune-decode refuses to tune on; if it is a validation set, give it a name without 'test'")
-rows = [valid]
+rows, test_dir = [valid], data.dir or "."  # test splits are files in data.dir (here, without one)
 for split in tests:
     if split == data.valid_split and not (data.valid_src and data.valid_tgt):
         sys.exit(f"error: the test split {split!r} is the validation split, which the recipe tunes on; name another")
     try:
-        rows.append((split, *(find_split_file(data.dir or ".", split, lang) for lang in (data.src_lang, data.tgt_lang))))
+        rows.append((split, *(find_split_file(test_dir, split, lang) for lang in (data.src_lang, data.tgt_lang))))
     except NmtError:
-        sys.exit(f"error: the test split {split!r} has no {split}.{{{data.src_lang},{data.tgt_lang}}}[.gz] files in {data.dir}; the test splits are the script's third argument")
+        sys.exit(f"error: the test split {split!r} has no {split}.{{{data.src_lang},{data.tgt_lang}}}[.gz] files in {test_dir}; the test splits are the script's third argument")
 print(data.tgt_lang, train.threads, *(str(x) for row in rows for x in row), sep="\n")
 PY
 )  # a missing file or a bad setting stops the script here, before training, with one line saying what
@@ -72,12 +72,23 @@ TGT=${PLAN[0]} VALID_SRC=${PLAN[3]} VALID_REF=${PLAN[4]}
 THREADS=()
 [ "${PLAN[1]}" -gt 0 ] && THREADS=(--threads "${PLAN[1]}")
 
+# to_file FILE COMMAND...: COMMAND's output becomes FILE only if it succeeds (no empty or partial result is left).
+to_file() {
+  local file=$1 status=0
+  shift
+  "$@" > "$file.tmp" || status=$?
+  if [ "$status" -ne 0 ]; then
+    rm -f "$file.tmp"
+    return "$status"
+  fi
+  mv "$file.tmp" "$file"
+}
+
 nmt train -c "$CONFIG" --run-dir "$RUN" "$@"
 nmt average --run-dir "$RUN" --last 5 -o "$RUN/average.pt"
 for ckpt in best average; do
-  nmt tune-decode --checkpoint "$RUN/$ckpt.pt" --src "$VALID_SRC" --ref "$VALID_REF" "${THREADS[@]}" \
-    --beam-sizes 5 --length-normalizations length --length-penalties 1.0,1.5,2.0 --json > "$RUN/tune_$ckpt.json.tmp"
-  mv "$RUN/tune_$ckpt.json.tmp" "$RUN/tune_$ckpt.json"  # a failed search leaves no empty result behind
+  to_file "$RUN/tune_$ckpt.json" nmt tune-decode --checkpoint "$RUN/$ckpt.pt" --src "$VALID_SRC" --ref "$VALID_REF" "${THREADS[@]}" \
+    --beam-sizes 5 --length-normalizations length --length-penalties 1.0,1.5,2.0 --json
 done
 # The highest validation BLEU over both checkpoints and every α (ties: the first).
 read -r CKPT ALPHA < <("${PYTHON:-python3}" - "$RUN" <<'PY'
@@ -92,9 +103,7 @@ echo "chosen on ${PLAN[2]}: $CKPT.pt, length normalisation 'length', α $ALPHA" 
 
 for ((i = 5; i < ${#PLAN[@]}; i += 3)); do
   name=${PLAN[i]//\//_}  # a split in a subdirectory (sub/test) writes sub_test.json in RUN_DIR
-  nmt evaluate --checkpoint "$RUN/$CKPT.pt" --src "${PLAN[i + 1]}" --ref "${PLAN[i + 2]}" "${THREADS[@]}" \
-    --beam-size 5 --length-normalization length --length-penalty "$ALPHA" \
-    --output "$RUN/$name.hyp.$TGT" --json > "$RUN/$name.json.tmp"
-  mv "$RUN/$name.json.tmp" "$RUN/$name.json"
+  to_file "$RUN/$name.json" nmt evaluate --checkpoint "$RUN/$CKPT.pt" --src "${PLAN[i + 1]}" --ref "${PLAN[i + 2]}" "${THREADS[@]}" \
+    --beam-size 5 --length-normalization length --length-penalty "$ALPHA" --output "$RUN/$name.hyp.$TGT" --json
   cat "$RUN/$name.json"
 done

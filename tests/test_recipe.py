@@ -37,7 +37,8 @@ def data_dir(tmp_path, lines: dict[str, int]):
 def run_recipe(tmp_path, data, tests: str, *extra: str):
     """Run the script with a logging `nmt` first on PATH; returns (process, the nmt command lines in order)."""
     shim, log = tmp_path / "bin", tmp_path / "nmt_calls.log"
-    shim.mkdir()
+    shim.mkdir(exist_ok=True)
+    log.unlink(missing_ok=True)
     (shim / "nmt").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {sys.executable} -m nmt "$@"\n', encoding="utf-8")
     (shim / "nmt").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -73,6 +74,22 @@ def test_the_recipe_chooses_on_validation_and_reads_the_test_split_only_at_the_e
     assert len(hyps) == 10
     result = json.loads((run / "test.json").read_text())
     assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+
+    # The header's way out of a last step that fails: fix the file and rerun with --resume. The
+    # finished training is not repeated, and the failed step leaves the earlier result as it was.
+    import gzip
+
+    valid_args = ("--set", f"data.valid_src={data / 'dev.en'}", "--set", f"data.valid_tgt={data / 'dev.de'}")
+    good_ref, last = (data / "test.de.gz").read_bytes(), (run / "last.pt").read_bytes()
+    (data / "test.de.gz").write_bytes(gzip.compress("".join(f"{r}\n" for r in refs[:7]).encode()))
+    proc, calls = run_recipe(tmp_path, data, "test", *valid_args, "--resume")
+    assert proc.returncode != 0 and [c.split()[0] for c in calls] == ["train", "average", "tune-decode", "tune-decode", "evaluate"]
+    assert "test.de.gz" in proc.stderr and json.loads((run / "test.json").read_text()) == result and not (run / "test.json.tmp").exists()
+    (data / "test.de.gz").write_bytes(good_ref)
+    proc, calls = run_recipe(tmp_path, data, "test", *valid_args, "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing left to do" in proc.stderr and (run / "last.pt").read_bytes() == last
+    assert json.loads((run / "test.json").read_text()) == result
 
 
 @pytest.mark.parametrize(
