@@ -103,16 +103,28 @@ def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_se
 
 
 @pytest.mark.skipif(not onednn_linear_works(), reason="this torch build has no oneDNN linear")
-def test_float32_on_the_cpu_packs_the_output_matrix_and_decodes_as_the_dense_model(model):
-    """The packed copy of the tied output matrix gives the dense logits to float32 rounding, and
-    the search over it keeps the exactness of the production path: cached = recompute = tiled, a
-    sentence alone = in a padded batch, and the same hypotheses as the unpacked model."""
+@pytest.mark.parametrize("min_rows", [1, 10**9])
+def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_model(model, monkeypatch, min_rows):
+    """Every linear layer and the tied output matrix are packed (through oneDNN from ``min_rows``
+    rows on, MKL's ``F.linear`` below: both paths are run), the state_dict keeps its names and
+    values, and the search keeps the exactness of the production path: cached = recompute =
+    tiled, a sentence alone = in a padded batch, and the same hypotheses as the unpacked model."""
+    monkeypatch.setattr("nmt.translate.PACKED_MIN_ROWS", min_rows)
     dense = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     packed = to_dtype(model, torch.float32)
     assert isinstance(packed.output_projection, PackedLinear) and dense.output_projection is None
+    assert not any(type(m) is nn.Linear for m in packed.modules())
+    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == 2 * 4 + 2 * 7 + 1
+    after = packed.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     h = torch.randn(5, 1, model.cfg.d_model)
     with torch.inference_mode():
         assert torch.allclose(packed.project(h), F.linear(h, dense.tgt_embed.weight), atol=1e-5)
+        layer, reference = packed.decoder[0].ffn.fc1, dense.decoder[0].ffn.fc1
+        for rows in (1, 3, 40):
+            x = torch.randn(rows, 2, model.cfg.d_model)
+            assert torch.allclose(layer(x), reference(x), atol=1e-5)
     src = random_sources([1, 2, 7, 19, 33], seed=5)
     decode = DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2)
     runs = {name: translate_batch(packed, src, decode, scorer=name) for name in ("cached", "tiled", "recompute")}
@@ -125,10 +137,13 @@ def test_float32_on_the_cpu_packs_the_output_matrix_and_decodes_as_the_dense_mod
         n = int((src[i] != PAD).sum())
         alone = translate_batch(packed, src[i : i + 1, :n], decode)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in runs["cached"][i]]
-    with torch.enable_grad():  # autograd falls back to the dense matrix
+    with torch.enable_grad():  # autograd falls back to the dense matrices
         x = torch.randn(2, model.cfg.d_model, requires_grad=True)
         packed.project(x).sum().backward()
         assert torch.allclose(x.grad, dense.tgt_embed.weight.sum(0).expand(2, -1), atol=1e-5)
+        y = torch.randn(40, model.cfg.d_model)
+        packed.decoder[0].ffn.fc1(y).sum().backward()  # the layer's weight requires grad: the dense path records it
+        assert torch.allclose(packed.decoder[0].ffn.fc1.weight.grad, y.sum(0).expand(model.cfg.d_ff, -1), atol=1e-4)
 
 
 def test_int8_per_matrix_weights_when_asked(model):
