@@ -9,7 +9,7 @@ from torch import nn
 from nmt.config import ConfigError, DecodeConfig
 from nmt.search import translate_batch
 from nmt.tokenizer import PAD
-from nmt.translate import PackedLinear, onednn_linear_works, resolve_dtype, to_dtype
+from nmt.translate import Int8Linear, PackedLinear, onednn_linear_works, resolve_dtype, to_dtype
 
 
 def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
@@ -21,6 +21,10 @@ def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
     assert len(quantized) == 2 * 4 + 2 * 7 + 1 and int8.output_projection in quantized
     assert torch.equal(int8.tgt_embed.weight, float_model.tgt_embed.weight)  # the embeddings (and the tie) keep float32
     assert all(m.weight().qscheme() == torch.per_channel_affine for m in quantized)
+    assert all(type(m) is Int8Linear for m in quantized)
+    x = torch.randn(3, 2, model.cfg.d_model)
+    with torch.inference_mode():  # the short call computes what the parent's does, to the bit
+        assert all(torch.equal(m(x), torch.ao.nn.quantized.dynamic.Linear.forward(m, x)) for m in quantized if m.in_features == x.size(-1))
     src = random_sources([6, 11], seed=4)
     with torch.inference_mode():
         expected = float_model.decode(torch.full((2, 1), 2), *float_model.encode(src)).log_softmax(-1)
