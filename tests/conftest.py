@@ -39,6 +39,19 @@ def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> torch.
     return src
 
 
+#: Test files that keep a worker busy for a minute or more, longest first. pytest-xdist hands out
+#: whole files (--dist loadfile) in collection order when told --no-loadscope-reorder (pyproject.toml);
+#: its default order, most tests first, started these few-test files last, so that one worker ran
+#: test_readme.py's three minutes alone at the end while the other had finished.
+LONGEST_FIRST = ("test_readme.py", "test_recipe.py", "test_distributed.py", "test_train.py", "test_gpu_check.py", "test_cli.py", "test_languages.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of :data:`LONGEST_FIRST` first, in that order; the rest keep the collection's order (the sort is stable)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers: one torch thread each, so that they do not contend for the cores
     torch.set_num_threads(1)
 
