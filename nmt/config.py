@@ -148,6 +148,10 @@ class TokenizerConfig(Checked):
     Japanese, Korean) and 1.0 otherwise, as SentencePiece recommends (see
     :func:`nmt.tokenizer.auto_character_coverage`); ``byte_fallback`` spells characters
     outside the vocabulary as UTF-8 byte pieces (256 of the pieces) instead of UNK.
+    ``subword_alpha`` > 0 cuts every training pair anew each epoch with a sampled segmentation
+    (BPE-dropout, Provilkov et al. 2020; unigram sampling, Kudo 2018), seeded by ``train.seed``
+    and the epoch; validation and translation keep the best segmentation (see
+    :mod:`nmt.subwords`).
     """
 
     section = "tokenizer"
@@ -160,6 +164,11 @@ class TokenizerConfig(Checked):
     model: str | None = setting(None, "a trained joint .model file to reuse")
     src_model: str | None = setting(None, "a trained source .model file to reuse (tokenizer.joint: false)")
     tgt_model: str | None = setting(None, "a trained target .model file to reuse (tokenizer.joint: false)")
+    subword_alpha: float = setting(
+        0.0,
+        "subword regularisation of the training pairs, cut anew every epoch: BPE-dropout's probability (type bpe) or unigram sampling's alpha; 0: off",
+        PROBABILITY,
+    )
     input_sentence_size: int = setting(2_000_000, "sentences sampled (with train.seed) to train the model", AT_LEAST_1)
     sampling_temperature: float = setting(
         1.5, "with data.directions: each language's share of those sentences is in proportion to (its sentences)^(1/T), a small language's repeated", POSITIVE

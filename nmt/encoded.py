@@ -91,6 +91,24 @@ class EncodedCorpus:
         out.parts = tuple(len(c) for c in corpora)
         return out
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Each side as one block, ``{side}_ids`` (int32) and ``{side}_offsets`` (int64, ``(n + 1,)``)
+        for ``side`` src and tgt, and ``parts`` (int64): what :meth:`from_arrays` takes back."""
+        out = {"parts": np.asarray(self.parts, dtype=np.int64)}
+        for side, blocks, lengths in (("src", self.src_blocks, self.src_lengths), ("tgt", self.tgt_blocks, self.tgt_lengths)):
+            pieces = [ids[offsets[0] : offsets[-1]] for ids, offsets in blocks] or [np.zeros(0, np.int32)]
+            out[f"{side}_ids"] = np.concatenate(pieces).astype(np.int32, copy=False)
+            out[f"{side}_offsets"] = np.zeros(len(self) + 1, dtype=np.int64)
+            np.cumsum(lengths - 1, out=out[f"{side}_offsets"][1:])  # lengths count the EOS
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> EncodedCorpus:
+        """The corpus :meth:`arrays` gave, one in-memory block a side."""
+        out = cls([(arrays["src_ids"], arrays["src_offsets"])], [(arrays["tgt_ids"], arrays["tgt_offsets"])])
+        out.parts = tuple(int(n) for n in arrays["parts"])
+        return out
+
     @classmethod
     def from_lists(cls, src: list[list[int]], tgt: list[list[int]]) -> EncodedCorpus:
         """One in-memory block of every pair given."""
@@ -227,17 +245,23 @@ def _write_ids(
     schema = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32()))])
     reasons = [np.zeros(0, dtype=np.int8)]
     with pa.OSFile(str(directory / "ids.arrow"), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        for src, tgt in text.chunks(chunk_lines):
-            flat = flatten(tokenizer.encode_src(src, threads)), flatten(tokenizer.encode_tgt(tgt, threads))
-            reasons.append(drop_reasons(tokenizer, *flat, max_len, max_len_ratio))
-            flat = _prefixed(flat[0], src_prefix), flat[1]
-            writer.write_batch(pa.record_batch([_list_array(side, reasons[-1] == KEPT) for side in flat], schema=schema))
+        for _, _, src, tgt, reason in encoded_chunks(text, tokenizer, max_len, max_len_ratio, threads, chunk_lines):
+            reasons.append(reason)
+            writer.write_batch(pa.record_batch([_list_array(side, reason == KEPT) for side in (prefixed(src, src_prefix), tgt)], schema=schema))
     report = report_of(np.concatenate(reasons))
     _write_synced(directory / "report.json", json.dumps({**asdict(report), "crc32": _crc32(directory / "ids.arrow")}))
     return report
 
 
-def _prefixed(flat: Flat, prefix: tuple[int, ...]) -> Flat:
+def encoded_chunks(text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, threads: int, chunk_lines: int):
+    """Each block of ``chunk_lines`` pairs of ``text``: its source and target lines, their ids
+    (:func:`nmt.clean.flatten`) and why each pair is dropped (:func:`nmt.clean.drop_reasons`)."""
+    for src, tgt in text.chunks(chunk_lines):
+        flat = flatten(tokenizer.encode_src(src, threads)), flatten(tokenizer.encode_tgt(tgt, threads))
+        yield src, tgt, *flat, drop_reasons(tokenizer, *flat, max_len, max_len_ratio)
+
+
+def prefixed(flat: Flat, prefix: tuple[int, ...]) -> Flat:
     """``flat`` with the ids ``prefix`` put before every line (``flat`` itself for none)."""
     if not prefix:
         return flat

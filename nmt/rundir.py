@@ -263,7 +263,7 @@ def resume_config(saved: dict, overrides: list[str], config_file: Path | None, s
 
 
 #: Model keys a run started from a checkpoint may change: regularisation, a training setting, not architecture.
-REGULARISATION = ("dropout", "attention_dropout", "activation_dropout")
+REGULARISATION = ("model.dropout", "model.attention_dropout", "model.activation_dropout", "tokenizer.subword_alpha")
 
 
 def _written_keys(overrides: list[str], config_file: Path | None) -> list[tuple[str, str]]:
@@ -303,8 +303,8 @@ def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Pat
         any other must be the checkpoint's."""
         if key == "preset":
             return
-        if section == "model" and key in REGULARISATION:
-            raw["model"][key] = given["model"][key]
+        if f"{section}.{key}" in REGULARISATION:
+            raw[section][key] = given[section][key]
         elif given[section][key] != saved[section][key]:
             named = (
                 [Key("model.preset"), f" {preset} sets {section}.{key} {given[section][key]!r}, which"]
@@ -317,7 +317,7 @@ def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Pat
                 ": ",
                 *named,
                 f" differs from the checkpoint's {saved[section][key]!r}; the {'architecture' if section == 'model' else 'tokenizer'} comes "
-                "from the checkpoint (leave it out of the config; only " + ", ".join(f"model.{k}" for k in REGULARISATION) + " may change)",
+                "from the checkpoint (leave it out of the config; only " + ", ".join(REGULARISATION) + " may change)",
             )
 
     for section, key in written:

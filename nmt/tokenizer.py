@@ -82,15 +82,22 @@ class Tokenizer:
         """Whether source and target share one model (and vocabulary)."""
         return self.src is self.tgt
 
-    def encode_src(self, lines: list[str], threads: int = -1) -> list[list[int]]:
+    def encode_src(self, lines: list[str], threads: int = -1, alpha: float = 0.0) -> list[list[int]]:
         """Piece ids of each line (:func:`controls_as_spaces` first); ``threads`` -1 lets
         SentencePiece use every core. Training, validation, translation and serving all
-        encode through here, so they all see the same pieces for the same text."""
-        return self.src.encode([controls_as_spaces(line) for line in lines], num_threads=threads)
+        encode through here, so they all see the same pieces for the same text.
 
-    def encode_tgt(self, lines: list[str], threads: int = -1) -> list[list[int]]:
+        ``alpha`` > 0 samples a segmentation instead of the best one (subword regularisation,
+        ``tokenizer.subword_alpha``): BPE-dropout's merge-dropping probability for a BPE model
+        (Provilkov et al. 2020, §2), the smoothing exponent of unigram sampling (Kudo 2018, §3).
+        The draws follow SentencePiece's generator, which each call seeds afresh from
+        ``spm.set_random_generator_seed``; they use one thread whatever ``threads`` says, since
+        the split of lines among several would make them depend on scheduling."""
+        return _encode(self.src, lines, threads, alpha)
+
+    def encode_tgt(self, lines: list[str], threads: int = -1, alpha: float = 0.0) -> list[list[int]]:
         """Target-side :meth:`encode_src`."""
-        return self.tgt.encode([controls_as_spaces(line) for line in lines], num_threads=threads)
+        return _encode(self.tgt, lines, threads, alpha)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Target text of each id sequence; always one line, whatever the ids.
@@ -180,6 +187,14 @@ def controls_as_spaces(line: str) -> str:
     hold one) would make SentencePiece raise; ``nmt_nfkc`` reads U+FFFD as a space too.
     """
     return line if line.isprintable() else line.translate(_SPACED)
+
+
+def _encode(sp: spm.SentencePieceProcessor, lines: list[str], threads: int, alpha: float) -> list[list[int]]:
+    """:meth:`Tokenizer.encode_src` with one processor."""
+    lines = [controls_as_spaces(line) for line in lines]
+    if alpha > 0:
+        return sp.encode(lines, enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1)
+    return sp.encode(lines, num_threads=threads)
 
 
 def unknown_only(ids: Sequence[int], sp: spm.SentencePieceProcessor) -> bool:

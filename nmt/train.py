@@ -37,11 +37,13 @@ from .config import Config, ConfigError, config_to_dict
 from .corpus import DataError
 from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
+from .encoded import EncodedCorpus
 from .errors import Key
 from .model import Transformer, count_parameters
 from .multilingual import DirectionMix, directions
 from .opening import Opened, Progress, open_run, read_back
 from .rundir import RunDir, step_checkpoints
+from .subwords import sampled_training_corpus
 from .translate import resolve_device
 from .update import Updater, Window
 from .validation import validate
@@ -158,6 +160,7 @@ class Trainer:
         self.batching = [tc.max_tokens, tc.seed, ddp.world_size] + ([self.mix.temperature] if self.mix else [])
         self.progress = Progress(batching=list(self.batching))
         self.origin = opened.origin
+        self._sampled: tuple[tuple[int, int], EncodedCorpus] | None = None  # (epoch, seed) and its pairs under tokenizer.subword_alpha
         if opened.payload:
             self.restore(opened.payload)
         elif opened.init:
@@ -176,7 +179,7 @@ class Trainer:
                 "model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d process(es) × update_freq %d × max_tokens %d",
                 f"{count_parameters(self.model):,}",
                 len(self.corpus),
-                100 * self.sampler(self.batching).padding_fraction(self.progress.epoch),
+                100 * self.sampler(self.progress.batching, self.progress.epoch).padding_fraction(self.progress.epoch),
                 ddp.world_size,
                 tc.update_freq,
                 tc.max_tokens,
@@ -206,6 +209,9 @@ class Trainer:
                 self.ddp.world_size,
             )
         set_rng_state(states[self.ddp.rank % len(states)])
+        cut = payload.get("subwords")
+        if cut is not None and self.cfg.tokenizer.subword_alpha:
+            self._sampled = ((cut["epoch"], cut["seed"]), EncodedCorpus.from_arrays({k: v.numpy() for k, v in cut.items() if k not in ("epoch", "seed")}))
         if payload.get("data_key") not in (None, self.corpus.key):
             log.warning(
                 "the training text changed since %s was written: resuming, but not exactly (the sampler position now points into other batches)",
@@ -273,17 +279,54 @@ class Trainer:
             )
             p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, list(self.batching)
 
-    def sampler(self, batching: list[int]) -> TokenBatchSampler:
-        """The batch sampler of ``batching`` (``[max_tokens, seed, processes]``, and the sampling temperature with several directions), this process's share."""
+    def epoch_corpus(self, epoch: int, seed: int) -> EncodedCorpus:
+        """The training pairs of ``epoch``: the cached ones, or with ``tokenizer.subword_alpha``
+        the same pairs cut anew, seeded by ``seed`` and ``epoch`` (so a resumed epoch gets its pieces back)."""
+        if not self.cfg.tokenizer.subword_alpha:
+            return self.corpus
+        if self._sampled is None or self._sampled[0] != (epoch, seed):
+            started = time.perf_counter()
+            # Rank 0 cuts and every rank trains on its cut: SentencePiece's draws differ between processes.
+            corpus = self.ddp.share(self.ddp.on_main(lambda: sampled_training_corpus(self.cfg, self.tokenizer, (seed, epoch))))
+            if corpus.parts != self.corpus.parts:
+                raise DataError(
+                    f"the training text changed during the run: epoch {epoch} keeps {len(corpus)} pairs where the encoded corpus has {len(self.corpus)}; "
+                    "restore the training files, or start a new run on the new ones"
+                )
+            self._sampled = ((epoch, seed), corpus)
+            if self.ddp.main:
+                pieces = [float(c.src_lengths.sum() + c.tgt_lengths.sum()) for c in (corpus, self.corpus)]
+                log.info(
+                    "epoch %d: training pairs cut anew (tokenizer.subword_alpha %s) in %.1f s: %.2fx the pieces of the best segmentation",
+                    epoch,
+                    self.cfg.tokenizer.subword_alpha,
+                    time.perf_counter() - started,
+                    pieces[0] / pieces[1],
+                )
+        return self._sampled[1]
+
+    def epoch_cut(self) -> dict:
+        """``{"subwords": ...}``: the pieces of the current epoch under ``tokenizer.subword_alpha``
+        (int32 and int64 tensors, 4 bytes a piece and 16 a pair) with its epoch and seed, so that
+        a resumed run trains on the rest of the epoch as cut; empty without subword sampling."""
+        if not self.cfg.tokenizer.subword_alpha or self._sampled is None:
+            return {}
+        (epoch, seed), corpus = self._sampled
+        return {"subwords": {"epoch": epoch, "seed": seed, **{k: torch.from_numpy(v) for k, v in corpus.arrays().items()}}}
+
+    def sampler(self, batching: list[int], epoch: int) -> TokenBatchSampler:
+        """The batch sampler of ``batching`` (``[max_tokens, seed, processes]``, and the sampling temperature with several directions)
+        over ``epoch``'s pairs (:meth:`epoch_corpus`), this process's share."""
         max_tokens, seed, world_size, *mixing = batching
         mix = replace(self.mix, temperature=mixing[0]) if self.mix and mixing else self.mix
-        return TokenBatchSampler(self.corpus.src_lengths, self.corpus.tgt_lengths, max_tokens, seed, self.ddp.rank, world_size, mix)
+        corpus = self.epoch_corpus(epoch, seed)
+        return TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens, seed, self.ddp.rank, world_size, mix)
 
     def epoch_batches(self) -> list:
         """This process's batches of the current epoch, in training order."""
         epoch = self.progress.epoch
         if self._batches[0] != epoch:
-            batches = self.sampler(self.progress.batching).epoch_batches(epoch)
+            batches = self.sampler(self.progress.batching, epoch).epoch_batches(epoch)
             if not batches:
                 raise DataError(
                     f"{len(self.corpus)} training pairs make fewer batches of train.max_tokens {self.cfg.train.max_tokens} tokens "
@@ -305,7 +348,8 @@ class Trainer:
         p = self.progress
         batches = self.epoch_batches()[p.batch_in_epoch : p.batch_in_epoch + self.cfg.train.update_freq]
         p.batch_in_epoch += len(batches)
-        return [collate(self.corpus, b, pin_memory=self.ddp.device.type == "cuda") for b in batches]
+        corpus = self.epoch_corpus(p.epoch, p.batching[1])
+        return [collate(corpus, b, pin_memory=self.ddp.device.type == "cuda") for b in batches]
 
     def train_step(self, group: list[Batch]) -> bool:
         """One update; False when it was skipped (no step counted, the schedule unmoved): by fp16
@@ -471,6 +515,7 @@ class Trainer:
                     "tokenizer": tokenizer_to_tensors(self.tokenizer.protos()),
                     "data_key": self.corpus.key,
                     "run": self.run_id,
+                    **self.epoch_cut(),
                     **self.origin,
                 },
                 self.run_dir.path / name,

@@ -16,6 +16,7 @@ from nmt.config import DataConfig
 from nmt.corpus import DataError, ParallelText, check_inputs, count_lines, load_split, read_lines, read_parallel, stream_buffers
 from nmt.data import TokenBatchSampler, collate, token_batches
 from nmt.encoded import EncodedCorpus, encode_corpus
+from nmt.subwords import sample_corpus
 from nmt.tokenizer import BOS, EOS, PAD
 
 
@@ -550,3 +551,44 @@ def test_the_cache_gives_back_exactly_what_was_encoded(toy_tokenizer, pairs, chu
         assert _examples(written) == _examples(read) == kept and report == report_read == report_of(reason)
         assert written.src_lengths.tolist() == [len(s) + 1 for s, _ in kept] and read.tgt_lengths.tolist() == [len(t) + 1 for _, t in kept]
         del written, read
+
+
+@given(
+    pairs=st.lists(st.tuples(AWKWARD_LINES, AWKWARD_LINES), max_size=12),
+    chunk_lines=st.integers(1, 5),
+    alpha=st.sampled_from([0.0, 0.1, 0.5, 0.9]),
+    seed=st.integers(0, 2**32 - 1),
+)
+@example(pairs=[("the dog runs .", "der hund läuft .")] * 4, chunk_lines=3, alpha=0.5, seed=0)
+def test_a_sampled_epoch_keeps_the_caches_pairs_and_spells_the_same_text(toy_tokenizer, pairs, chunk_lines, alpha, seed):
+    """tokenizer.subword_alpha cuts the pairs the cache keeps, in its order, into pieces that
+    spell the same text (the prefix first); the cut is a function of the seed alone (not of the
+    threads), and with alpha 0 it is the cache's exactly."""
+    src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
+    text, prefix = ParallelText.lists(src, tgt), (7,)
+    best, _ = encode_corpus(text, toy_tokenizer, None, 20, 3.0, chunk_lines=chunk_lines, src_prefix=prefix)
+    sampled = sample_corpus(text, toy_tokenizer, alpha, (seed, 3), 20, 3.0, threads=1, chunk_lines=chunk_lines, src_prefix=prefix)
+    again = sample_corpus(text, toy_tokenizer, alpha, (seed, 3), 20, 3.0, threads=2, chunk_lines=chunk_lines, src_prefix=prefix)
+    assert _examples(sampled) == _examples(again) and len(sampled) == len(best)
+    decode = toy_tokenizer.src.decode
+    for (s, t), (best_s, best_t) in zip(_examples(sampled), _examples(best)):
+        assert s[0] == 7 and (decode(s[1:]), decode(t)) == (decode(best_s[1:]), decode(best_t))
+    if alpha == 0.0:
+        assert _examples(sampled) == _examples(best)
+
+
+def test_subword_sampling_cuts_words_differently_by_seed_and_more_finely_with_alpha(toy_tokenizer):
+    """BPE-dropout (Provilkov et al. 2020): a higher alpha drops more merges, so more pieces;
+    another seed, another cut; alpha near 1 leaves single characters."""
+    src, tgt = read_parallel(TOY / "valid.en", TOY / "valid.de")
+    text = ParallelText.lists(src[:200], tgt[:200])
+    pieces = {}
+    for alpha in (0.0, 0.1, 0.5):
+        corpus = sample_corpus(text, toy_tokenizer, alpha, (1,))
+        pieces[alpha] = int(corpus.src_lengths.sum() + corpus.tgt_lengths.sum())
+    assert pieces[0.0] < pieces[0.1] < pieces[0.5]
+    one, other = (sample_corpus(text, toy_tokenizer, 0.1, (seed,)) for seed in (1, 2))
+    assert _examples(one) != _examples(other)
+    word = ParallelText.lists(["dog"], ["hund"])
+    chars = sample_corpus(word, toy_tokenizer, 0.999, (1,))
+    assert [toy_tokenizer.src.id_to_piece(i) for i in chars.src(0).tolist()] == ["\u2581", "d", "o", "g"]

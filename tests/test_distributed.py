@@ -184,3 +184,26 @@ def test_an_error_in_rank_0_preparation_ends_every_rank(tmp_path, corpus):
     results = wait(launch(tmp_path / "run", common_args(data, spm_model)))
     assert [code for code, _ in results] == [2, 2]
     assert all("valid.de" in err.splitlines()[-1] for _, err in results), results[1][1][-2000:]
+
+
+def test_with_subword_sampling_rank_0_cuts_every_epoch_for_both(tmp_path, corpus):
+    """tokenizer.subword_alpha: SentencePiece draws differently in each process, so rank 0 cuts
+    each epoch and both ranks train on its cut; a rank that cut for itself fails this run."""
+    only_rank_0 = (
+        "import os, sys, nmt.train as t\nif os.environ['RANK'] != '0': t.sampled_training_corpus = None\nfrom nmt.cli import main\nsys.argv[0] = 'nmt'\nmain()"
+    )
+    args = common_args(*corpus, **{"tokenizer.subword_alpha": 0.1, "train.max_steps": 12, "train.save_every": 6})
+    procs = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        cmd = [sys.executable, "-c", only_rank_0, "train", "--run-dir", str(tmp_path / "ddp"), *args]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for code, err in wait(procs):
+        assert code == 0, err[-3000:]
+    steps = {r["step"]: r.get("epoch") for r in records(tmp_path / "ddp") if "loss" in r}
+    assert len(steps) == 12 and steps[12] >= 1  # an epoch boundary crossed: a second cut, shared too
+    cut = load_checkpoint(tmp_path / "ddp" / "last.pt")["subwords"]
+    assert cut["epoch"] == steps[12] and len(cut["src_offsets"]) == 101  # every training pair, as rank 0 cut them

@@ -70,6 +70,34 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     assert len(step_losses(tmp_path / "whole")) == 14
 
 
+def test_subword_sampling_resumes_its_epoch_exactly_from_the_checkpoint(tmp_path, monkeypatch):
+    """tokenizer.subword_alpha: each epoch is cut anew, and the checkpoint keeps the current
+    epoch's cut, so a run stopped mid-epoch and resumed in another process (whose SentencePiece
+    draws differ: simulated here by another seed) trains on the rest of that epoch exactly as an
+    uninterrupted run does; the next epoch is a new draw. The pieces are not the best
+    segmentation's (the losses differ from a run without sampling), and the alpha is the
+    tokenizer's, fixed for a run."""
+    import nmt.train as train_module
+
+    data = small_corpus(tmp_path)
+    sampled = ["tokenizer.subword_alpha=0.3"]
+    train(overridden(tiny_run_config(data, tmp_path / "whole", 14), sampled))
+    train(overridden(tiny_run_config(data, tmp_path / "split", 5), sampled))
+    cut = train_module.sampled_training_corpus
+    monkeypatch.setattr(train_module, "sampled_training_corpus", lambda cfg, tokenizer, seed: cut(cfg, tokenizer, (seed[0] + 1, *seed[1:])))
+    train(overridden(tiny_run_config(data, tmp_path / "split", 5), sampled), resume=True, overrides=["train.max_steps=14"])
+    records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    first_epoch = [r["step"] for r in records if r.get("epoch") == 0]
+    assert 5 < max(first_epoch) < 14  # the run was stopped inside epoch 0 and went on into epoch 1
+    whole, split = step_losses(tmp_path / "whole"), step_losses(tmp_path / "split")
+    assert [whole[s] for s in first_epoch] == [split[s] for s in first_epoch]
+    assert whole[14] != split[14]  # epoch 1: another draw
+    train(tiny_run_config(data, tmp_path / "best", 2))
+    assert step_losses(tmp_path / "best")[2] != whole[2]
+    with pytest.raises(ConfigError, match=r"cannot change the model or tokenizer of a run \(tokenizer.subword_alpha\)"):
+        train(overridden(tiny_run_config(data, tmp_path / "split", 5), sampled), resume=True, overrides=["tokenizer.subword_alpha=0.1"])
+
+
 def test_fresh_run_refuses_to_overwrite_a_run(tmp_path):
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "run", 1))
@@ -669,13 +697,15 @@ def test_init_from_starts_a_new_run_at_step_1_with_fresh_adam_by_default(tmp_pat
     assert adam_steps(base) == [3]
     # lr 0: the weights cannot move, so the new run's weights are the checkpoint's exactly, whatever Adam holds.
     config = tiny_run_config(data, tmp_path / "tuned", 2, schedule="constant", lr=0.0, warmup_steps=1)
-    result = train(overridden(config, ["model.dropout=0.3"]), init_from=tmp_path / "base" / "last.pt", overrides=["model.dropout=0.3"])
+    changes = ["model.dropout=0.3", "tokenizer.subword_alpha=0.1"]  # regularisation may change in a fine-tuning run
+    result = train(overridden(config, changes), init_from=tmp_path / "base" / "last.pt", overrides=changes)
     assert result["step"] == 2 and sorted(step_losses(tmp_path / "tuned")) == [1, 2]
     tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
     assert all(torch.equal(tuned["model"][k], base["model"][k]) for k in base["model"])
     assert adam_steps(tuned) == [2] and tuned["scheduler"]["last_epoch"] == 2 and tuned["progress"]["step"] == 2
     assert tuned["init_from"] == {"path": str(tmp_path / "base" / "last.pt"), "step": 3}
-    assert tuned["config"]["model"]["dropout"] == 0.3 and tuned["tokenizer"].keys() == base["tokenizer"].keys()
+    assert tuned["config"]["model"]["dropout"] == 0.3 and tuned["config"]["tokenizer"]["subword_alpha"] == 0.1
+    assert tuned["tokenizer"].keys() == base["tokenizer"].keys()
     assert all(torch.equal(tuned["tokenizer"][k], base["tokenizer"][k]) for k in base["tokenizer"])  # no tokenizer trained
 
 
