@@ -103,10 +103,22 @@ class EncodedCorpus:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> EncodedCorpus:
-        """The corpus :meth:`arrays` gave, one in-memory block a side."""
-        out = cls([(arrays["src_ids"], arrays["src_offsets"])], [(arrays["tgt_ids"], arrays["tgt_offsets"])])
+    def from_arrays(cls, arrays: dict[str, np.ndarray], key: str = "") -> EncodedCorpus:
+        """The corpus :meth:`arrays` gave, one in-memory block a side.
+
+        Raises:
+            KeyError: an entry is missing.
+            ValueError: the entries do not describe a corpus (offsets that do not run from 0 to
+                the ids' end, or parts that do not add up to the pairs).
+        """
+        for side in ("src", "tgt"):
+            ids, offsets = arrays[f"{side}_ids"], arrays[f"{side}_offsets"]
+            if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(ids) or np.any(np.diff(offsets) < 0):
+                raise ValueError(f"{side} offsets do not run from 0 to the end of its {len(ids)} ids")
+        out = cls([(arrays["src_ids"], arrays["src_offsets"])], [(arrays["tgt_ids"], arrays["tgt_offsets"])], key)
         out.parts = tuple(int(n) for n in arrays["parts"])
+        if sum(out.parts) != len(out):
+            raise ValueError(f"parts {list(out.parts)} do not add up to its {len(out)} pairs")
         return out
 
     @classmethod

@@ -19,7 +19,7 @@ import sentencepiece as spm
 
 from .clean import KEPT, flatten
 from .corpus import CHUNK_LINES, ParallelText
-from .encoded import EncodedCorpus, encoded_chunks, encoding_threads, prefixed
+from .encoded import EncodedCorpus, cache_key, encoded_chunks, encoding_threads, prefixed
 from .multilingual import directions, split_text, tag_ids
 from .tokenizer import Tokenizer
 
@@ -41,7 +41,8 @@ def sample_corpus(
     ``tokenizer.subword_alpha`` (BPE-dropout, Provilkov et al. 2020).
 
     Which pairs are kept is decided on the best segmentation, as in the cache, so example
-    ``i`` is the same pair in both and only its pieces differ; a sampled side may then be
+    ``i`` is the same pair in both and only its pieces differ (the key is the cache's, of the text
+    as it is now: a run compares it with its cache's); a sampled side may then be
     longer than ``max_len`` (about 1.4 times as many pieces at ``alpha`` 0.1 with BPE). The
     sides of block ``k`` are drawn with SentencePiece's generator seeded from ``(*seed, k,
     side)``, so within one process the result is a function of ``seed``: not of ``threads``
@@ -62,7 +63,7 @@ def sample_corpus(
             spm.set_random_generator_seed(int(np.random.SeedSequence([*seed, k, side]).generate_state(1)[0]))
             blocks.append(flatten(encode(list(itertools.compress(lines, keep)), alpha=alpha)))
         src_blocks[-1] = prefixed(src_blocks[-1], src_prefix)
-    return EncodedCorpus(src_blocks, tgt_blocks)
+    return EncodedCorpus(src_blocks, tgt_blocks, key=cache_key(text, tokenizer, max_len, max_len_ratio, src_prefix))
 
 
 def sampled_training_corpus(cfg, tokenizer: Tokenizer, seed: tuple[int, ...]) -> EncodedCorpus:

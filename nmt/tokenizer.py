@@ -189,12 +189,15 @@ def controls_as_spaces(line: str) -> str:
     return line if line.isprintable() else line.translate(_SPACED)
 
 
+def encode_options(threads: int, alpha: float) -> dict:
+    """``SentencePieceProcessor.encode``'s options: ``threads`` threads for the best segmentation,
+    or for ``alpha`` > 0 a sampled one on one thread (see :meth:`Tokenizer.encode_src`)."""
+    return {"enable_sampling": True, "alpha": alpha, "nbest_size": -1, "num_threads": 1} if alpha > 0 else {"num_threads": threads}
+
+
 def _encode(sp: spm.SentencePieceProcessor, lines: list[str], threads: int, alpha: float) -> list[list[int]]:
     """:meth:`Tokenizer.encode_src` with one processor."""
-    lines = [controls_as_spaces(line) for line in lines]
-    if alpha > 0:
-        return sp.encode(lines, enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1)
-    return sp.encode(lines, num_threads=threads)
+    return sp.encode([controls_as_spaces(line) for line in lines], **encode_options(threads, alpha))
 
 
 def unknown_only(ids: Sequence[int], sp: spm.SentencePieceProcessor) -> bool:

@@ -18,7 +18,7 @@ should stop, finish). Under ``torchrun`` every stop and validate decision is one
 processes agree on (:mod:`nmt.distributed`).
 """
 
-# Size: the Trainer is one class of about 330 lines, since its named steps share one state (progress, batches, model, updater).
+# Size: the Trainer is one class of about 420 lines, since its named steps share one state (progress, batches, model, updater).
 
 from __future__ import annotations
 
@@ -209,14 +209,32 @@ class Trainer:
                 self.ddp.world_size,
             )
         set_rng_state(states[self.ddp.rank % len(states)])
-        cut = payload.get("subwords")
-        if cut is not None and self.cfg.tokenizer.subword_alpha:
-            self._sampled = ((cut["epoch"], cut["seed"]), EncodedCorpus.from_arrays({k: v.numpy() for k, v in cut.items() if k not in ("epoch", "seed")}))
+        if self.cfg.tokenizer.subword_alpha:
+            self.restore_cut(payload)
         if payload.get("data_key") not in (None, self.corpus.key):
             log.warning(
                 "the training text changed since %s was written: resuming, but not exactly (the sampler position now points into other batches)",
                 self.checkpoint_from,
             )
+
+    def restore_cut(self, payload: dict) -> None:
+        """The epoch's cut saved in ``payload`` (``tokenizer.subword_alpha``), so that the epoch goes on
+        with the pieces it started with; one that is missing, damaged or of other training text (the
+        cache's key differs) is said and left: the epoch is then cut anew, and the resume is not exact."""
+        p, cut = self.progress, payload.get("subwords")
+        problem = "it holds no cut of its epoch" if cut is None else None
+        if cut is not None and payload.get("data_key") != self.corpus.key:
+            problem = "its cut is of other training text"
+        elif cut is not None:
+            try:
+                corpus = EncodedCorpus.from_arrays({k: v.numpy() for k, v in cut.items() if k not in ("epoch", "seed")}, key=self.corpus.key)
+                if corpus.parts != self.corpus.parts or (cut["epoch"], cut["seed"]) != (p.epoch, p.batching[1]):
+                    raise ValueError(f"a cut of epoch {cut['epoch']} and {len(corpus)} pairs, for epoch {p.epoch} and {len(self.corpus)}")
+                self._sampled = ((p.epoch, p.batching[1]), corpus)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                problem = f"its cut of the epoch is damaged ({exc})"
+        if problem and p.batch_in_epoch > 0 and self.ddp.main:
+            log.warning("%s: %s; the rest of epoch %d is cut anew, so this resume is not exact", self.checkpoint_from, problem, p.epoch)
 
     def start_from(self, payload: dict) -> None:
         """A new run's weights from ``payload`` (``--init-from``); Adam's moments too when ``train.reset_optimizer`` is false and it has them."""
@@ -288,10 +306,10 @@ class Trainer:
             started = time.perf_counter()
             # Rank 0 cuts and every rank trains on its cut: SentencePiece's draws differ between processes.
             corpus = self.ddp.share(self.ddp.on_main(lambda: sampled_training_corpus(self.cfg, self.tokenizer, (seed, epoch))))
-            if corpus.parts != self.corpus.parts:
+            if corpus.key != self.corpus.key:  # the files are read again each epoch; the cache is of the text the run started on
                 raise DataError(
-                    f"the training text changed during the run: epoch {epoch} keeps {len(corpus)} pairs where the encoded corpus has {len(self.corpus)}; "
-                    "restore the training files, or start a new run on the new ones"
+                    f"the training files changed during the run (found when cutting epoch {epoch}: {len(corpus)} pairs kept, "
+                    f"{len(self.corpus)} when it started); restore them and resume (--resume), or start a new run on the new ones"
                 )
             self._sampled = ((epoch, seed), corpus)
             if self.ddp.main:
@@ -309,8 +327,8 @@ class Trainer:
         """``{"subwords": ...}``: the pieces of the current epoch under ``tokenizer.subword_alpha``
         (int32 and int64 tensors, 4 bytes a piece and 16 a pair) with its epoch and seed, so that
         a resumed run trains on the rest of the epoch as cut; empty without subword sampling."""
-        if not self.cfg.tokenizer.subword_alpha or self._sampled is None:
-            return {}
+        if not self.cfg.tokenizer.subword_alpha or self._sampled is None or self._sampled[0][0] != self.progress.epoch:
+            return {}  # an epoch's end: the next one is cut when it begins
         (epoch, seed), corpus = self._sampled
         return {"subwords": {"epoch": epoch, "seed": seed, **{k: torch.from_numpy(v) for k, v in corpus.arrays().items()}}}
 
@@ -344,9 +362,13 @@ class Trainer:
 
     def next_group(self) -> list[Batch]:
         """The next ``update_freq`` batches of this process (host tensors)."""
-        self.maybe_end_epoch()  # a checkpoint saved on an epoch's last step resumes here
         p = self.progress
-        batches = self.epoch_batches()[p.batch_in_epoch : p.batch_in_epoch + self.cfg.train.update_freq]
+        try:
+            self.maybe_end_epoch()  # a checkpoint saved on an epoch's last step resumes here
+            batches = self.epoch_batches()[p.batch_in_epoch : p.batch_in_epoch + self.cfg.train.update_freq]
+        except DataError:  # cutting a new epoch (tokenizer.subword_alpha) found the files changed, or too few batches
+            self.checkpoint("last.pt")  # the steps trained so far are kept; every rank raises here
+            raise
         p.batch_in_epoch += len(batches)
         corpus = self.epoch_corpus(p.epoch, p.batching[1])
         return [collate(corpus, b, pin_memory=self.ddp.device.type == "cuda") for b in batches]

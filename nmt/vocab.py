@@ -52,7 +52,7 @@ from typing import Any
 import sentencepiece as spm
 
 from .files import atomic_write
-from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer, TokenizerError
+from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer, TokenizerError, encode_options
 
 #: The piece nmt's PAD row stands for. No text encodes to it and it is never predicted; a
 #: Marian model has no such row (it pads with its ``<pad>``, which is nmt's BOS).
@@ -178,13 +178,14 @@ class Segmenter:
                 out.append(text)
         return out
 
-    def encode(self, lines: list[str] | str, num_threads: int = -1) -> list[list[int]] | list[int]:
-        """The ids of each line (EOS not appended), as ``MarianTokenizer`` gives them; one line gives one list."""
+    def encode(self, lines: list[str] | str, num_threads: int = -1, alpha: float = 0.0) -> list[list[int]] | list[int]:
+        """The ids of each line (EOS not appended), as ``MarianTokenizer`` gives them; one line gives one list.
+        ``alpha`` > 0 samples the pieces (subword regularisation, as :meth:`nmt.tokenizer.Tokenizer.encode_src`)."""
         if isinstance(lines, str):
-            return self.encode([lines], num_threads)[0]
+            return self.encode([lines], num_threads, alpha)[0]
         cut = [self._fragments(line) for line in lines]
         texts = [part for parts in cut for part in parts if isinstance(part, str)]
-        pieces = iter(self.sp.encode(texts, out_type=str, num_threads=num_threads) if texts else [])
+        pieces = iter(self.sp.encode(texts, out_type=str, **encode_options(num_threads, alpha)) if texts else [])
         ids = self.layout.ids.get
         out = []
         for parts in cut:
@@ -225,13 +226,14 @@ class MarianTokenizer(Tokenizer):
         """One vocabulary for both sides (the two SentencePiece models may still differ)."""
         return self.spec.get("target_vocab") is None
 
-    def encode_src(self, lines: list[str], threads: int = -1) -> list[list[int]]:
-        """Ids of each line as ``MarianTokenizer`` gives them (without the ``</s>`` it appends: nmt appends EOS itself)."""
-        return self.src.encode(lines, num_threads=threads)
+    def encode_src(self, lines: list[str], threads: int = -1, alpha: float = 0.0) -> list[list[int]]:
+        """Ids of each line as ``MarianTokenizer`` gives them (without the ``</s>`` it appends: nmt appends EOS itself);
+        ``alpha`` > 0 samples the pieces."""
+        return self.src.encode(lines, num_threads=threads, alpha=alpha)
 
-    def encode_tgt(self, lines: list[str], threads: int = -1) -> list[list[int]]:
+    def encode_tgt(self, lines: list[str], threads: int = -1, alpha: float = 0.0) -> list[list[int]]:
         """Target ids as ``MarianTokenizer(text_target=...)`` gives them (without ``</s>``)."""
-        return self.tgt.encode(lines, num_threads=threads)
+        return self.tgt.encode(lines, num_threads=threads, alpha=alpha)
 
     def protos(self) -> dict[str, bytes]:
         """Both SentencePiece models and the spec (UTF-8 JSON), for storing inside a checkpoint."""

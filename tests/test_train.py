@@ -98,6 +98,55 @@ def test_subword_sampling_resumes_its_epoch_exactly_from_the_checkpoint(tmp_path
         train(overridden(tiny_run_config(data, tmp_path / "split", 5), sampled), resume=True, overrides=["tokenizer.subword_alpha=0.1"])
 
 
+def test_a_saved_cut_that_does_not_fit_is_said_and_the_epoch_cut_anew(tmp_path, caplog):
+    """A checkpoint's epoch cut that is missing, damaged or of other data is never trained on:
+    the resume says it is not exact and cuts the epoch again."""
+    from nmt.checkpoint import save_checkpoint
+
+    data = small_corpus(tmp_path)
+    sampled = ["tokenizer.subword_alpha=0.3"]
+    train(overridden(tiny_run_config(data, tmp_path / "run", 3), sampled))
+    payload = load_checkpoint(tmp_path / "run" / "last.pt")
+    cut = payload["subwords"]
+    damages = {
+        "no cut": None,
+        "offsets past the ids": {**cut, "src_offsets": cut["src_offsets"] + 1},
+        "fewer pairs": {**cut, "src_offsets": cut["src_offsets"][:51], "tgt_offsets": cut["tgt_offsets"][:51], "parts": torch.tensor([50])},
+        "another epoch": {**cut, "epoch": 5},
+    }
+    for steps, (what, damaged) in enumerate(damages.items(), start=4):
+        kept = {k: v for k, v in payload.items() if k != "subwords"}
+        save_checkpoint(kept | ({"subwords": damaged} if damaged is not None else {}), tmp_path / "run" / "last.pt")
+        caplog.clear()
+        result = train(overridden(tiny_run_config(data, tmp_path / "run", 3), sampled), resume=True, overrides=[f"train.max_steps={steps}"])
+        assert result["step"] == steps, what
+        assert "is cut anew, so this resume is not exact" in caplog.text, what
+        payload = load_checkpoint(tmp_path / "run" / "last.pt")
+
+
+def test_training_files_changed_during_a_sampled_run_stop_it_at_the_next_cut_keeping_its_steps(tmp_path, monkeypatch):
+    """Each epoch's cut reads the training files again: changed ones (even to as many pairs)
+    stop the run with a clear error at that epoch, after saving last.pt."""
+    import nmt.train as train_module
+
+    data = small_corpus(tmp_path)
+    cut = train_module.sampled_training_corpus
+
+    def edit_then_cut(cfg, tokenizer, seed):
+        if seed[1] == 1:  # epoch 1: two German lines swap places, so the pairs no longer match
+            lines = (data / "train.de").read_text(encoding="utf-8").splitlines()
+            lines[0], lines[1] = lines[1], lines[0]
+            (data / "train.de").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        return cut(cfg, tokenizer, seed)
+
+    monkeypatch.setattr(train_module, "sampled_training_corpus", edit_then_cut)
+    with pytest.raises(DataError, match=r"the training files changed during the run \(found when cutting epoch 1: 100 pairs kept, 100 when it started\)"):
+        train(overridden(tiny_run_config(data, tmp_path / "run", 30), ["tokenizer.subword_alpha=0.3"]))
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert last["progress"]["epoch"] == 1 and last["progress"]["batch_in_epoch"] == 0
+    assert last["progress"]["step"] == max(step_losses(tmp_path / "run"))  # every step trained is kept
+
+
 def test_fresh_run_refuses_to_overwrite_a_run(tmp_path):
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "run", 1))

@@ -44,8 +44,8 @@ def train(
             metavar="CHECKPOINT",
             help="Start a new run from this checkpoint's weights and tokenizer (fine-tuning): an nmt checkpoint, a slim "
             "export, an average or an imported model (nmt import). Its model and tokenizer are kept (the config may change only model.dropout, "
-            "model.attention_dropout, model.activation_dropout); Adam, the schedule and the step counter start afresh (--set train.reset_optimizer=false "
-            "keeps Adam's moments).",
+            "model.attention_dropout, model.activation_dropout, tokenizer.subword_alpha); Adam, the schedule and the step counter start afresh "
+            "(--set train.reset_optimizer=false keeps Adam's moments).",
         ),
     ] = None,
     quiet: Quiet = False,
