@@ -592,3 +592,25 @@ def test_subword_sampling_cuts_words_differently_by_seed_and_more_finely_with_al
     word = ParallelText.lists(["dog"], ["hund"])
     chars = sample_corpus(word, toy_tokenizer, 0.999, (1,))
     assert [toy_tokenizer.src.id_to_piece(i) for i in chars.src(0).tolist()] == ["\u2581", "d", "o", "g"]
+
+
+@given(
+    lengths=st.lists(st.integers(0, 4), max_size=6),
+    shift=st.integers(-2, 2),
+    cut=st.integers(0, 3),
+    parts=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+)
+def test_a_stored_cut_is_whole_or_refused(lengths, shift, cut, parts):
+    """EncodedCorpus.from_arrays (a checkpoint's epoch cut) gives a corpus whose every example
+    reads inside its ids, or raises ValueError: never one that fails later, mid-epoch."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ids = np.arange(int(offsets[-1]) + shift if offsets[-1] + shift >= 0 else 0, dtype=np.int32)
+    arrays = {"src_ids": ids, "src_offsets": offsets, "tgt_ids": ids[cut:], "tgt_offsets": offsets, "parts": np.asarray(parts)}
+    whole = len(ids) == len(ids[cut:]) == offsets[-1] and sum(parts) == len(lengths)
+    try:
+        corpus = EncodedCorpus.from_arrays(arrays)
+    except ValueError:
+        assert not whole
+        return
+    assert whole
+    assert [corpus.src(i).tolist() for i in range(len(corpus))] == [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
