@@ -149,9 +149,9 @@ class TokenizerConfig(Checked):
     :func:`nmt.tokenizer.auto_character_coverage`); ``byte_fallback`` spells characters
     outside the vocabulary as UTF-8 byte pieces (256 of the pieces) instead of UNK.
     ``subword_alpha`` > 0 cuts every training pair anew each epoch with a sampled segmentation
-    (BPE-dropout, Provilkov et al. 2020; unigram sampling, Kudo 2018), seeded by ``train.seed``
-    and the epoch; validation and translation keep the best segmentation (see
-    :mod:`nmt.subwords`).
+    (BPE-dropout, Provilkov et al. 2020; unigram sampling, Kudo 2018), drawn on rank 0 and kept
+    in each checkpoint, since SentencePiece's draws differ between processes; validation and
+    translation keep the best segmentation (see :mod:`nmt.subwords`).
     """
 
     section = "tokenizer"
