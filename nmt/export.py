@@ -66,7 +66,7 @@ def marian_model(model: Transformer, tokenizer: Tokenizer, max_positions: int = 
     """A ``transformers.MarianMTModel`` computing the same function as ``model`` (see :mod:`nmt.marian`).
 
     Raises:
-        ExportError: the model is Pre-LN, or (trained by nmt) has separate source and target embeddings.
+        ExportError: the model is Pre-LN.
         ImportError: ``transformers`` is not installed (``pip install transformers``).
     """
     from transformers import MarianConfig, MarianMTModel
@@ -74,8 +74,6 @@ def marian_model(model: Transformer, tokenizer: Tokenizer, max_positions: int = 
     cfg = model.cfg
     if cfg.norm_position != "post":
         raise ExportError("Marian is a Post-LN model; a Pre-LN model cannot be exported to it")
-    if not isinstance(tokenizer, MarianTokenizer) and model.src_embed is not model.tgt_embed:
-        raise ExportError("only models with one embedding for source and target (tokenizer.joint: true, model.share_embeddings: true) can be exported")
     ids = marian_ids(tokenizer)
     config = MarianConfig(
         vocab_size=ids["vocab_size"],
@@ -234,7 +232,7 @@ def export_huggingface(
     ``vocab.json``, both SentencePiece models, Marian's ids; its tokenizer is exact for every text.
 
     Raises:
-        ExportError: as :func:`marian_model`, or (trained by nmt) the tokenizer is not joint.
+        ExportError: as :func:`marian_model`.
         ImportError: ``transformers`` is not installed (``pip install transformers``).
         nmt.files.OutputError: ``out_dir`` cannot be written.
     """
@@ -257,8 +255,6 @@ def write_huggingface(
     from transformers import MarianTokenizer as HFMarianTokenizer
 
     imported = isinstance(tokenizer, MarianTokenizer)
-    if not imported and not tokenizer.joint:
-        raise ExportError("only models with a joint vocabulary (tokenizer.joint: true) can be exported")
     decode = decode or DecodeConfig()
     hf = marian_model(model, tokenizer, max_positions)
     values, notes = generation_settings(decode, tokenizer, max_positions, tags)
@@ -286,12 +282,16 @@ def write_huggingface(
             files["target_vocab_file"].write_text(json.dumps(spec["target_vocab"], ensure_ascii=False), encoding="utf-8")
             options["separate_vocabs"] = True
     else:
-        for side in ("source_spm", "target_spm"):
-            files[side].write_bytes(protos["joint"])
+        files["source_spm"].write_bytes(protos.get("src", protos.get("joint")))
+        files["target_spm"].write_bytes(protos.get("tgt", protos.get("joint")))
+        files["vocab"].write_text(_pieces_json(tokenizer.src), encoding="utf-8")
         sp = tokenizer.tgt
-        files["vocab"].write_text(json.dumps({sp.id_to_piece(i): i for i in range(sp.get_piece_size())}, ensure_ascii=False), encoding="utf-8")
         # split_special_tokens: a literal "</s>" or "<pad>" in the text is text, as nmt reads it, not an id.
         options = {"eos_token": sp.id_to_piece(EOS), "unk_token": sp.id_to_piece(UNK), "pad_token": sp.id_to_piece(PAD), "split_special_tokens": True}
+        if not tokenizer.joint:  # a vocabulary per side (tokenizer.joint: false): Marian's target_vocab.json
+            files["target_vocab_file"] = tmp / "target_vocab.json"
+            files["target_vocab_file"].write_text(_pieces_json(sp), encoding="utf-8")
+            options["separate_vocabs"] = True
         if languages:
             options |= {"source_lang": languages[0], "target_lang": languages[1]}
     HFMarianTokenizer(**{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options).save_pretrained(tmp)
@@ -308,6 +308,11 @@ def write_huggingface(
             "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
             name,
         )
+
+
+def _pieces_json(sp) -> str:
+    """Marian's ``vocab.json`` of a SentencePiece model nmt trained: each piece and its id, the ids nmt uses."""
+    return json.dumps({sp.id_to_piece(i): i for i in range(sp.get_piece_size())}, ensure_ascii=False)
 
 
 def export_slim(path: str | Path, out: str | Path) -> dict:
@@ -335,7 +340,9 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
     deletes the last vocabulary row, an extra PAD. An nmt model starts from its BOS row and has
     no extra row; a fine-tuned imported one's start row need not be zero any more. So this
     conversion uses the stock loader with both conventions switched off, starting from the
-    decoder start token the exported config names: the result computes what nmt does.
+    decoder start token the exported config names: the result computes what nmt does. It also
+    registers a directory's ``target_vocab.json`` as the target vocabulary, where the stock loader
+    takes ``vocab.json`` for both sides.
 
     Args:
         quantization: None (float32), ``"int8"``, ``"float16"``, ``"bfloat16"``, ...
@@ -362,7 +369,14 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
             ct2t.BartLoader.set_decoder(self, spec, decoder)
 
         def get_vocabulary(self, model, tokenizer):
-            return ct2t.BartLoader.get_vocabulary(self, model, tokenizer)
+            source = ct2t.BartLoader.get_vocabulary(self, model, tokenizer)
+            if not getattr(tokenizer, "separate_vocabs", False):
+                return source, source
+            return source, [piece for piece, _ in sorted(tokenizer.target_encoder.items(), key=lambda item: item[1])]
+
+        def set_vocabulary(self, spec, tokens):  # the stock loader registers the source vocabulary on both sides
+            spec.register_source_vocabulary(tokens[0])
+            spec.register_target_vocabulary(tokens[1])
 
     stock = ct2t._MODEL_LOADERS["MarianConfig"]
     ct2t._MODEL_LOADERS["MarianConfig"] = NmtMarianLoader()
@@ -377,7 +391,7 @@ def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, 
     imported = isinstance(tokenizer, MarianTokenizer)
     pieces = tokenizer.tgt.id_to_piece
     banned = [pieces(BOS)] + ([] if imported else [pieces(PAD)])
-    files = ("source.spm", "target.spm") if imported else ("spm.model", "spm.model")
+    files = ("source.spm", "target.spm") if imported or not tokenizer.joint else ("spm.model", "spm.model")
     detok = '.replace("\\u2581", " ").strip()' if imported else ""
     code_note = (
         '\n# A multi-target model chooses its output language with a leading token: [">>fra<<"] + pieces.\n'
@@ -474,7 +488,7 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
                 part.rename(tmp / part.name)
             (tmp / "ctranslate2").rmdir()
             protos = tokenizer.protos()
-            models = {"source.spm": protos["src"], "target.spm": protos["tgt"]} if "vocab" in protos else {"spm.model": protos["joint"]}
+            models = {"source.spm": protos["src"], "target.spm": protos["tgt"]} if "joint" not in protos else {"spm.model": protos["joint"]}
             for filename, proto in models.items():
                 (tmp / filename).write_bytes(proto)
             (tmp / "README.md").write_text(ctranslate2_readme(tokenizer, cfg.decode, str(checkpoint), str(out)), encoding="utf-8")

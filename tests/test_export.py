@@ -269,3 +269,52 @@ def test_ctranslate2_export_carries_its_tokenizer_and_usage(checkpoint, tmp_path
     printed = []
     exec(code.replace("print(", "printed.append("), {"printed": printed})  # the README's lines run as written
     assert len(printed[0]) == 1 and isinstance(printed[0][0], str)
+
+
+@pytest.fixture(scope="module")
+def separate(tmp_path_factory):
+    """A model of a vocabulary per side (tokenizer.joint: false): English pieces in, German pieces out."""
+    src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
+    tokenizer = train_tokenizer(src[:2000], tgt[:2000], TokenizerConfig(vocab_size=200, joint=False))
+    assert [tokenizer.src.id_to_piece(i) for i in range(200)] != [tokenizer.tgt.id_to_piece(i) for i in range(200)]
+    torch.manual_seed(1)
+    model = Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200, share_embeddings=False)).eval()
+    out = tmp_path_factory.mktemp("hf_separate")
+    export_huggingface(model, tokenizer, out)
+    return model, tokenizer, out
+
+
+def test_separate_vocabularies_export_as_marians_target_vocab(separate):
+    """Source ids from vocab.json, target ids and text from target_vocab.json; the same logits and greedy output."""
+    model, tokenizer, out = separate
+    assert {"source.spm", "target.spm", "vocab.json", "target_vocab.json"} <= {p.name for p in out.iterdir()}
+    hf = transformers.MarianMTModel.from_pretrained(out).eval()
+    hf_tok = transformers.MarianTokenizer.from_pretrained(out)
+    for text in ADVERSARIAL[:6] + ["héllo wörld ﬁ ①", "ein hund läuft ."]:
+        assert hf_tok(text)["input_ids"] == tokenizer.encode_src([text])[0] + [EOS], repr(text)
+        assert hf_tok(text_target=text)["input_ids"] == tokenizer.encode_tgt([text])[0] + [EOS], repr(text)
+    src = pad_sources(tokenizer.encode_src(["the big dog sees a small cat .", "a woman ."]))
+    tgt = torch.tensor([[BOS, 10, 11, 12, 13], [BOS, 20, 21, 22, 23]])
+    with torch.no_grad():
+        theirs = hf(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt).logits
+        torch.testing.assert_close(theirs, model(src, tgt), atol=1e-4, rtol=0)
+    (hyps,) = translate_batch(model, src[:1], DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=0.0, max_len_b=12))
+    with torch.no_grad():
+        generated = hf.generate(input_ids=src[:1], attention_mask=(src[:1] != PAD).long(), num_beams=1, do_sample=False, max_new_tokens=13)
+    assert [t for t in generated[0, 1:].tolist() if t not in (EOS, PAD)] == hyps[0].tokens
+    assert hf_tok.decode(hyps[0].tokens) == tokenizer.decode_tgt([hyps[0].tokens])[0]
+
+
+def test_separate_vocabularies_convert_to_ctranslate2_with_the_target_vocabulary(separate, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from nmt.export import export_ctranslate2
+
+    model, tokenizer, hf_dir = separate
+    export_ctranslate2(hf_dir, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    for sentence in ["the big dog sees a small cat .", "a woman ."]:
+        ids = tokenizer.encode_src([sentence])[0]
+        (hyps,) = translate_batch(model, pad_sources([ids]), DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=0.0, max_len_b=12))
+        pieces = [tokenizer.src.id_to_piece(i) for i in ids] + ["</s>"]
+        result = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12)
+        assert result[0].hypotheses[0] == [tokenizer.tgt.id_to_piece(i) for i in hyps[0].tokens]  # German pieces, from the target vocabulary

@@ -436,23 +436,32 @@ def test_serve_translates_an_imported_model_as_translate_does(small_opus, tmp_pa
     assert pieces[0] == ">>fr<<" and pieces[-1] == "</s>"  # the language code is one piece
 
 
-def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path):
-    """A directory nmt export wrote decodes from <s> (nmt's BOS), not <pad>: its ids are kept, no row is added."""
+@pytest.mark.parametrize("joint", [True, False])
+def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
+    """A directory nmt export wrote decodes from <s> (nmt's BOS), not <pad>: its ids are kept, no row is added;
+    a vocabulary per side comes back as one per side."""
     from conftest import cached_tokenizer, tiny_config
 
     from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
-    from nmt.config import Config, config_to_dict
+    from nmt.config import Config, TokenizerConfig, config_to_dict
+    from nmt.corpus import read_parallel
     from nmt.model import Transformer
+    from nmt.tokenizer import train_tokenizer
 
-    tokenizer = cached_tokenizer(300, 3000, german=True)
+    if joint:
+        tokenizer = cached_tokenizer(300, 3000, german=True)
+    else:
+        src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
+        tokenizer = train_tokenizer(src[:3000], tgt[:3000], TokenizerConfig(vocab_size=300, joint=False))
     torch.manual_seed(0)
-    model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval()
+    model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300, share_embeddings=joint)).eval()
     cfg = Config(model=model.cfg, decode=DecodeConfig(beam_size=3, max_len_a=0.0, max_len_b=8))
     save_checkpoint({"model": model.state_dict(), "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(tokenizer.protos())}, tmp_path / "m.pt")
     assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "m.pt"), str(tmp_path / "hf")]).exit_code == 0
     import_checkpoint(tmp_path / "hf", tmp_path / "back.pt")
     back, back_tokenizer, back_cfg = load_model(tmp_path / "back.pt", torch.device("cpu"))
     assert back_tokenizer.src.layout.pieces == tuple(tokenizer.src.id_to_piece(i) for i in range(300))  # the same ids
+    assert back_tokenizer.tgt.layout.pieces == tuple(tokenizer.tgt.id_to_piece(i) for i in range(300)) and back_tokenizer.joint == joint
     state = back.state_dict()
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()) and not state["output_bias"].any()
     assert (back_cfg.decode.beam_size, back_cfg.decode.max_len_b, back_cfg.decode.allow_unk) == (3, 8, False)  # its generation_config.json
