@@ -58,8 +58,8 @@ def marian_ids(tokenizer: Tokenizer) -> dict[str, int]:
             "vocab_size": len(vocab),
             "decoder_vocab_size": len(target),
         }
-    size = tokenizer.tgt.get_piece_size()
-    return {"pad": PAD, "eos": EOS, "unk": UNK, "start": BOS, "vocab_size": size, "decoder_vocab_size": size}
+    sizes = {"vocab_size": tokenizer.src.get_piece_size(), "decoder_vocab_size": tokenizer.tgt.get_piece_size()}
+    return {"pad": PAD, "eos": EOS, "unk": UNK, "start": BOS, **sizes}
 
 
 def marian_model(model: Transformer, tokenizer: Tokenizer, max_positions: int = 1024):
@@ -282,6 +282,7 @@ def write_huggingface(
             files["target_vocab_file"].write_text(json.dumps(spec["target_vocab"], ensure_ascii=False), encoding="utf-8")
             options["separate_vocabs"] = True
     else:
+        _check_special_spellings(tokenizer)
         files["source_spm"].write_bytes(protos.get("src", protos.get("joint")))
         files["target_spm"].write_bytes(protos.get("tgt", protos.get("joint")))
         files["vocab"].write_text(_pieces_json(tokenizer.src), encoding="utf-8")
@@ -308,6 +309,17 @@ def write_huggingface(
             "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
             name,
         )
+
+
+def _check_special_spellings(tokenizer: Tokenizer) -> None:
+    """Marian's tokenizer spells PAD, UNK and EOS once for both sides; raise :class:`ExportError` where nmt's two models differ."""
+    for name, i in (("PAD", PAD), ("UNK", UNK), ("EOS", EOS)):
+        src, tgt = tokenizer.src.id_to_piece(i), tokenizer.tgt.id_to_piece(i)
+        if src != tgt:
+            raise ExportError(
+                f"the source SentencePiece model spells {name} {src!r} and the target's {tgt!r}; Marian's tokenizer has one spelling for both sides, "
+                "so this model cannot be exported: train both models with the same pad_piece, unk_piece and eos_piece"
+            )
 
 
 def _pieces_json(sp) -> str:

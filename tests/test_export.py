@@ -12,7 +12,7 @@ from nmt.export import ExportError, export, export_huggingface, generation_setti
 from nmt.marian import permutation as marian_permutation
 from nmt.model import Transformer, sinusoidal_positions
 from nmt.search import translate_batch
-from nmt.tokenizer import BOS, EOS, PAD, UNK, controls_as_spaces, train_tokenizer
+from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, controls_as_spaces, train_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -273,12 +273,13 @@ def test_ctranslate2_export_carries_its_tokenizer_and_usage(checkpoint, tmp_path
 
 @pytest.fixture(scope="module")
 def separate(tmp_path_factory):
-    """A model of a vocabulary per side (tokenizer.joint: false): English pieces in, German pieces out."""
+    """A model of a vocabulary per side (tokenizer.joint: false): 200 English pieces in, 150 German pieces out."""
     src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
-    tokenizer = train_tokenizer(src[:2000], tgt[:2000], TokenizerConfig(vocab_size=200, joint=False))
-    assert [tokenizer.src.id_to_piece(i) for i in range(200)] != [tokenizer.tgt.id_to_piece(i) for i in range(200)]
+    english = train_tokenizer(src[:2000], tgt[:2000], TokenizerConfig(vocab_size=200, joint=False)).src
+    german = train_tokenizer(src[:2000], tgt[:2000], TokenizerConfig(vocab_size=150, joint=False)).tgt
+    tokenizer = Tokenizer(english, german)
     torch.manual_seed(1)
-    model = Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200, share_embeddings=False)).eval()
+    model = Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=150, share_embeddings=False)).eval()
     out = tmp_path_factory.mktemp("hf_separate")
     export_huggingface(model, tokenizer, out)
     return model, tokenizer, out
@@ -318,3 +319,21 @@ def test_separate_vocabularies_convert_to_ctranslate2_with_the_target_vocabulary
         pieces = [tokenizer.src.id_to_piece(i) for i in ids] + ["</s>"]
         result = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12)
         assert result[0].hypotheses[0] == [tokenizer.tgt.id_to_piece(i) for i in hyps[0].tokens]  # German pieces, from the target vocabulary
+
+
+def test_sides_that_spell_a_special_piece_differently_are_refused(separate, tmp_path):
+    """Marian's tokenizer has one EOS spelling for both sides: a target EOS of its own would become a new, out-of-range id."""
+    import io
+
+    import sentencepiece as spm
+
+    model, tokenizer, _ = separate
+    _, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(tgt[:2000]), model_writer=proto, vocab_size=150, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, eos_piece="<eos>"
+    )
+    odd = Tokenizer(tokenizer.src, spm.SentencePieceProcessor(model_proto=proto.getvalue()))
+    with pytest.raises(ExportError, match="spells EOS '</s>' and the target's '<eos>'"):
+        export_huggingface(model, odd, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
