@@ -10,6 +10,8 @@ nmt's fused loss, and transformers' ``LabelSmoother`` (what ``Seq2SeqTrainer`` r
 ``label_smoothing_factor``); HF's spreads ε over all ``V`` classes, nmt's over ``V − 2``.
 Engines run in turn ``--rounds`` times and the fastest run of each is reported (this
 machine's speed drifts by up to 15%). Prints one JSON line per engine, then the ratios.
+With ``--products N`` each engine also reports the share of its step spent in matrix
+products (torch.profiler over N more steps): a step can get no faster than those products.
 
 FLOPs of a step count the matrix products of the batch's padded shapes: with ``B``
 sentences, ``S`` source and ``T`` target positions, width ``d``, ``d_ff``, vocabulary
@@ -187,11 +189,34 @@ def child(args) -> None:
         "mfu": round(flops / seconds / ceiling, 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    if args.products:
+        record |= product_share(updater, timed[-args.products :])
     if device.type == "cuda":
         record["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
         record["cuda_max_reserved_mb"] = round(torch.cuda.max_memory_reserved(device) / 2**20, 1)
         record["gpu"] = torch.cuda.get_device_name(device)
     print(json.dumps(record), flush=True)
+
+
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")  # the matrix products of a step: linear layers, their gradients
+
+
+def product_share(updater, batches) -> dict:
+    """How much of the time of ``batches``' updates (under torch.profiler, CPU) the matrix products
+    take, and the fastest such a step could be if everything else took no time at all."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches:
+            updater.step([batch])
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCTS)
+    return {
+        "profiled_steps": len(batches),
+        "products_share": round(products / total, 4),
+        "products_s_per_step": round(products / 1e6 / len(batches), 4),
+    }
 
 
 def train_files(data: str) -> tuple[Path, Path]:
@@ -218,6 +243,12 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=8000, help="joint BPE pieces")
     parser.add_argument("--engines", default="nmt,hf", help="nmt, nmt-compile (torch.compile), hf (MarianMTModel)")
     parser.add_argument("--rounds", type=int, default=2, help="runs per engine, alternating; the fastest is reported")
+    parser.add_argument(
+        "--products",
+        type=int,
+        default=0,
+        help="then profile the last N timed batches again (CPU) and report the matrix products' share of a step and their seconds per step",
+    )
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,6 +277,12 @@ def main() -> None:
                     print(json.dumps(records[engine]), flush=True)
         if "hf" in records:
             ratios = {f"{e}/hf tokens_per_s": round(r["tgt_tokens_per_s"] / records["hf"]["tgt_tokens_per_s"], 3) for e, r in records.items() if e != "hf"}
+            # The same batches: were a step nothing but its products, its ratio would be at most this.
+            ratios |= {
+                f"{e}/hf bound, products only": round(records["hf"]["step_time_s"] / r["products_s_per_step"], 3)
+                for e, r in records.items()
+                if e != "hf" and "products_s_per_step" in r
+            }
             print(json.dumps({"ratios": ratios}), flush=True)
 
 
