@@ -168,7 +168,7 @@ def worker(args, work: Path) -> None:
                 else dict(max_decoding_length=int(cfg.decode.max_len_a * longest + cfg.decode.max_len_b), length_penalty=args.alpha)
             )
             results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=len(idx), use_vmap=bool(args.shortlist), **kw)
-            return [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+            return [[tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results]  # target pieces (one model per side when not joint)
 
     def sync():
         if device.type == "cuda":
