@@ -402,7 +402,7 @@ def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, 
     """The README written beside a CTranslate2 model: where it came from and the Python lines that translate with it."""
     imported = isinstance(tokenizer, MarianTokenizer)
     pieces = tokenizer.tgt.id_to_piece
-    banned = [pieces(BOS)] + ([] if imported else [pieces(PAD)])
+    banned = list(dict.fromkeys([pieces(BOS), pieces(PAD)]))  # what nmt never writes; an OPUS-MT import's start piece is its pad
     files = ("source.spm", "target.spm") if imported or not tokenizer.joint else ("spm.model", "spm.model")
     detok = '.replace("\\u2581", " ").strip()' if imported else ""
     code_note = (

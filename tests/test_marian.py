@@ -469,3 +469,29 @@ def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
     ours = translate_lines(model, tokenizer, lines, cfg.decode, torch.device("cpu"))
     theirs = translate_lines(back, back_tokenizer, lines, back_cfg.decode, torch.device("cpu"))
     assert [h[0].tokens for h in ours] == [h[0].tokens for h in theirs]
+
+
+def test_a_ctranslate2_export_of_an_import_bans_pad_as_nmt_does(tmp_path):
+    """No PAD or BOS from nmt, so none from the CTranslate2 README's search either, also for an nmt export imported back
+    (whose BOS is '<s>', not OPUS-MT's start piece '<pad>')."""
+    pytest.importorskip("ctranslate2")
+    import re
+
+    from conftest import cached_tokenizer, tiny_config
+
+    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
+    from nmt.config import Config, config_to_dict
+    from nmt.model import Transformer
+
+    tokenizer = cached_tokenizer(300, 3000, german=True)
+    model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval()
+    payload = {"model": model.state_dict(), "config": config_to_dict(Config(model=model.cfg)), "tokenizer": tokenizer_to_tensors(tokenizer.protos())}
+    save_checkpoint(payload, tmp_path / "m.pt")
+    assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "m.pt"), str(tmp_path / "hf")]).exit_code == 0
+    import_checkpoint(tmp_path / "hf", tmp_path / "back.pt")
+    assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "back.pt"), "--format", "ctranslate2", str(tmp_path / "ct2")]).exit_code == 0
+    code = re.search(r"```python\n(.*?)```", (tmp_path / "ct2" / "README.md").read_text(), re.S)[1]
+    assert "suppress_sequences=[['<s>'], ['<pad>']]" in code
+    printed = []
+    exec(code.replace("print(", "printed.append("), {"printed": printed})  # the README's lines run as written
+    assert len(printed[0]) == 1 and isinstance(printed[0][0], str)
