@@ -262,13 +262,9 @@ def write_huggingface(
     for note in notes:
         log.warning("warning: %s: %s", name, note)
     hf.save_pretrained(tmp)
-    protos = tokenizer.protos()
-    files = {"source_spm": tmp / "source.spm", "target_spm": tmp / "target.spm", "vocab": tmp / "vocab.json"}
     if imported:
         spec = tokenizer.spec
-        files["source_spm"].write_bytes(protos["src"])
-        files["target_spm"].write_bytes(protos["tgt"])
-        files["vocab"].write_text(json.dumps(spec["vocab"], ensure_ascii=False), encoding="utf-8")
+        vocab, target_vocab = spec["vocab"], spec.get("target_vocab")
         options = {
             "eos_token": spec["eos"],
             "unk_token": spec["unk"],
@@ -277,24 +273,23 @@ def write_huggingface(
             "target_lang": spec.get("target_lang"),
             "split_special_tokens": bool(spec.get("split_special_tokens")),
         }
-        if spec.get("target_vocab") is not None:
-            files["target_vocab_file"] = tmp / "target_vocab.json"
-            files["target_vocab_file"].write_text(json.dumps(spec["target_vocab"], ensure_ascii=False), encoding="utf-8")
-            options["separate_vocabs"] = True
     else:
         _check_special_spellings(tokenizer)
-        files["source_spm"].write_bytes(protos.get("src", protos.get("joint")))
-        files["target_spm"].write_bytes(protos.get("tgt", protos.get("joint")))
-        files["vocab"].write_text(_pieces_json(tokenizer.src), encoding="utf-8")
+        vocab, target_vocab = _piece_ids(tokenizer.src), None if tokenizer.joint else _piece_ids(tokenizer.tgt)
         sp = tokenizer.tgt
         # split_special_tokens: a literal "</s>" or "<pad>" in the text is text, as nmt reads it, not an id.
         options = {"eos_token": sp.id_to_piece(EOS), "unk_token": sp.id_to_piece(UNK), "pad_token": sp.id_to_piece(PAD), "split_special_tokens": True}
-        if not tokenizer.joint:  # a vocabulary per side (tokenizer.joint: false): Marian's target_vocab.json
-            files["target_vocab_file"] = tmp / "target_vocab.json"
-            files["target_vocab_file"].write_text(_pieces_json(sp), encoding="utf-8")
-            options["separate_vocabs"] = True
         if languages:
             options |= {"source_lang": languages[0], "target_lang": languages[1]}
+    protos = tokenizer.protos()
+    files = {"source_spm": tmp / "source.spm", "target_spm": tmp / "target.spm", "vocab": tmp / "vocab.json"}
+    files["source_spm"].write_bytes(protos.get("src") or protos["joint"])
+    files["target_spm"].write_bytes(protos.get("tgt") or protos["joint"])
+    files["vocab"].write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    if target_vocab is not None:  # a vocabulary per side: Marian's target_vocab.json
+        files["target_vocab_file"] = tmp / "target_vocab.json"
+        files["target_vocab_file"].write_text(json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8")
+        options["separate_vocabs"] = True
     HFMarianTokenizer(**{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options).save_pretrained(tmp)
     if tags:
         log.warning(
@@ -322,9 +317,16 @@ def _check_special_spellings(tokenizer: Tokenizer) -> None:
             )
 
 
-def _pieces_json(sp) -> str:
+def _piece_ids(sp) -> dict[str, int]:
     """Marian's ``vocab.json`` of a SentencePiece model nmt trained: each piece and its id, the ids nmt uses."""
-    return json.dumps({sp.id_to_piece(i): i for i in range(sp.get_piece_size())}, ensure_ascii=False)
+    return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+
+
+def sentencepiece_files(tokenizer: Tokenizer) -> dict[str, bytes]:
+    """The SentencePiece model(s) a CTranslate2 export carries, by file name: ``spm.model`` for a joint one,
+    else ``source.spm`` and ``target.spm`` (a vocabulary per side, or an imported model's two segmenters)."""
+    protos = tokenizer.protos()
+    return {"spm.model": protos["joint"]} if "joint" in protos else {"source.spm": protos["src"], "target.spm": protos["tgt"]}
 
 
 def export_slim(path: str | Path, out: str | Path) -> dict:
@@ -382,7 +384,7 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
 
         def get_vocabulary(self, model, tokenizer):
             source = ct2t.BartLoader.get_vocabulary(self, model, tokenizer)
-            if not getattr(tokenizer, "separate_vocabs", False):
+            if not tokenizer.separate_vocabs:
                 return source, source
             return source, [piece for piece, _ in sorted(tokenizer.target_encoder.items(), key=lambda item: item[1])]
 
@@ -403,7 +405,8 @@ def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, 
     imported = isinstance(tokenizer, MarianTokenizer)
     pieces = tokenizer.tgt.id_to_piece
     banned = list(dict.fromkeys([pieces(BOS), pieces(PAD)]))  # what nmt never writes; an OPUS-MT import's start piece is its pad
-    files = ("source.spm", "target.spm") if imported or not tokenizer.joint else ("spm.model", "spm.model")
+    names = list(sentencepiece_files(tokenizer))
+    files = (names[0], names[-1])
     detok = '.replace("\\u2581", " ").strip()' if imported else ""
     code_note = (
         '\n# A multi-target model chooses its output language with a leading token: [">>fra<<"] + pieces.\n'
@@ -499,9 +502,7 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
             for part in (tmp / "ctranslate2").iterdir():
                 part.rename(tmp / part.name)
             (tmp / "ctranslate2").rmdir()
-            protos = tokenizer.protos()
-            models = {"source.spm": protos["src"], "target.spm": protos["tgt"]} if "joint" not in protos else {"spm.model": protos["joint"]}
-            for filename, proto in models.items():
+            for filename, proto in sentencepiece_files(tokenizer).items():
                 (tmp / filename).write_bytes(proto)
             (tmp / "README.md").write_text(ctranslate2_readme(tokenizer, cfg.decode, str(checkpoint), str(out)), encoding="utf-8")
     except ImportError as exc:

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TOY, tiny_config
+from conftest import AWKWARD_LINES, TOY, tiny_config
+from hypothesis import given
 
 from nmt.config import DecodeConfig, TokenizerConfig
 from nmt.corpus import read_parallel
@@ -306,6 +307,22 @@ def test_separate_vocabularies_export_as_marians_target_vocab(separate):
     assert hf_tok.decode(hyps[0].tokens) == tokenizer.decode_tgt([hyps[0].tokens])[0]
 
 
+@given(text=AWKWARD_LINES.filter(lambda t: not t.lstrip().startswith(">>") and not any("\ud800" <= c <= "\udfff" for c in t)))
+def test_separate_vocabularies_tokenize_any_text_as_nmt_does(separate, text):
+    """Each side's ids from its own vocabulary file, for any line (control characters read as spaces, as documented;
+    a leading >>...<< and lone surrogates, which MarianTokenizer cannot take, left out)."""
+    _, tokenizer, out = separate
+    hf_tok = _marian_tokenizer(out)
+    assert hf_tok(controls_as_spaces(text))["input_ids"] == tokenizer.encode_src([text])[0] + [EOS]
+    assert hf_tok(text_target=controls_as_spaces(text))["input_ids"] == tokenizer.encode_tgt([text])[0] + [EOS]
+
+
+def _marian_tokenizer(directory, _loaded={}):  # noqa: B006 - one load per directory across Hypothesis examples
+    if directory not in _loaded:
+        _loaded[directory] = transformers.MarianTokenizer.from_pretrained(directory)
+    return _loaded[directory]
+
+
 def test_separate_vocabularies_convert_to_ctranslate2_with_the_target_vocabulary(separate, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     from nmt.export import export_ctranslate2
@@ -337,3 +354,28 @@ def test_sides_that_spell_a_special_piece_differently_are_refused(separate, tmp_
     with pytest.raises(ExportError, match="spells EOS '</s>' and the target's '<eos>'"):
         export_huggingface(model, odd, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_han_target_of_its_own_vocabulary_exports_with_byte_pieces(tmp_path):
+    """A non-Latin target with byte fallback (Japanese-like: 600 Han characters, more than its pieces): the target
+    ids, byte pieces included, come from target_vocab.json; CTranslate2 writes nmt's greedy pieces."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from nmt.export import export_ctranslate2
+
+    english = [f"word{i} number{7 * i} item{13 * i} thing{i % 13} and more" for i in range(400)]
+    han = ["".join(chr(0x4E00 + (7 * i + j) % 600) for j in range(7)) for i in range(400)]
+    tokenizer = train_tokenizer(english, han, TokenizerConfig(vocab_size=900, character_coverage="auto", joint=False))
+    size = tokenizer.tgt.get_piece_size()
+    model = Transformer(tiny_config(src_vocab_size=tokenizer.src.get_piece_size(), tgt_vocab_size=size, share_embeddings=False)).eval()
+    export_huggingface(model, tokenizer, tmp_path / "hf")
+    hf_tok = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
+    for text in (han[0], han[1] + " " + han[2], "\u4e00\u9fff\u3042"):  # U+9FFF and あ: unseen, spelled in bytes
+        ids = tokenizer.encode_tgt([text])[0]
+        assert hf_tok(text_target=text)["input_ids"] == ids + [EOS]
+    assert any(tokenizer.tgt.is_byte(i) for i in tokenizer.encode_tgt(["\u9fff"])[0])
+    export_ctranslate2(tmp_path / "hf", tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    ids = tokenizer.encode_src(["word3 number21 and more"])[0]
+    (hyps,) = translate_batch(model, pad_sources([ids]), DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=0.0, max_len_b=12))
+    result = translator.translate_batch([[tokenizer.src.id_to_piece(i) for i in ids] + ["</s>"]], beam_size=1, max_decoding_length=12)
+    assert result[0].hypotheses[0] == [tokenizer.tgt.id_to_piece(i) for i in hyps[0].tokens]
