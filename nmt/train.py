@@ -91,8 +91,8 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
 
     Returns:
         :func:`result_line`: ``step``, ``train_seconds``, ``best_bleu``, ``interrupted`` (a
-        signal stopped the run after saving ``last.pt``), ``stopped_by`` (steps, time,
-        patience, signal, nonfinite: a NaN or infinite gradient with ``train.nonfinite_loss:
+        signal stopped the run after saving ``last.pt``), ``stopped_by`` (steps, epochs,
+        time, patience, signal, nonfinite: a NaN or infinite gradient with ``train.nonfinite_loss:
         stop``, or done: nothing was left to do), and the newest validation's
         ``valid_step``, ``bleu``, ``chrf``, ``valid_loss``, ``valid_nll``, ``valid_ppl`` and
         ``bleu_signature`` (None where no validation ran).
@@ -492,12 +492,13 @@ class Trainer:
                     old.unlink()
 
     def should_stop(self, signals: StopSignal) -> str | None:
-        """Why to stop now (signal, time, steps, patience, a non-finite gradient), decided by all processes together; None to go on."""
+        """Why to stop now (signal, time, steps, epochs, patience, a non-finite gradient), decided by all processes together; None to go on."""
         p, tc = self.progress, self.cfg.train
         flags = self.ddp.agree(
             signal=signals.received is not None,
             time=bool(tc.max_time_s) and time.perf_counter() - self.started >= tc.max_time_s,
-            steps=p.step >= tc.max_steps or p.epoch >= tc.max_epochs,
+            steps=p.step >= tc.max_steps,
+            epochs=p.epoch >= tc.max_epochs,
             patience=bool(tc.patience) and p.bad_validations >= tc.patience,
             nonfinite=self.diverged,
         )

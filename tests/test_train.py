@@ -503,12 +503,16 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_error_and_no_temporary(tmp_p
 
 
 def test_max_epochs_stops_at_the_end_of_the_epoch(tmp_path):
+    """And says so: ``stopped_by`` once said "steps" for a run ``train.max_epochs`` ended. The same
+    batches bounded by ``train.max_steps`` train the same losses and say "steps"."""
     data = small_corpus(tmp_path, n=40)
     result = train(tiny_run_config(data, tmp_path / "run", 1000, max_epochs=1))
     progress = load_checkpoint(tmp_path / "run" / "last.pt")["progress"]
     assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 0)
     assert {r["epoch"] for r in records(tmp_path / "run") if "loss" in r} == {0}
-    assert result["stopped_by"] == "steps" and result["step"] == len(step_losses(tmp_path / "run"))
+    assert result["stopped_by"] == "epochs" and 1 < result["step"] == len(step_losses(tmp_path / "run"))
+    by_steps = train(tiny_run_config(data, tmp_path / "steps", result["step"]))
+    assert by_steps["stopped_by"] == "steps" and step_losses(tmp_path / "steps") == step_losses(tmp_path / "run")
 
 
 def test_a_validation_abandoned_by_a_signal_runs_when_the_run_resumes(tmp_path, monkeypatch):
