@@ -654,3 +654,56 @@ def test_improbable_ends_of_complete_hypotheses_do_not_fill_the_finished_list():
     decode = DecodeConfig(beam_size=3, length_penalty=0.0, n_best=1, length_normalization="none")
     ((best,),) = beam_search(EndsLate(), None, torch.full((1,), 10), decode, steering=[Steering(constraints=((C,),))])
     assert best.tokens == [C, A, A, A] and best.log_prob == pytest.approx(math.log(0.2 * 0.98**3), abs=1e-6)
+
+
+# Values drawn from a few levels, so that rows hold ties, -inf (restricted pieces) and rows with fewer finite entries than k.
+_LEVELS = st.sampled_from([float("-inf"), -3.0, -1.5, -1.0, -0.25, 0.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), rows=st.integers(1, 6), width=st.integers(2, 700))
+def test_row_top_gives_topk_values_and_valid_columns(data, rows, width):
+    """``row_top`` (block maxima first) returns what ``topk`` over the whole row returns, for any
+    width (blocks that do not divide it; fewer blocks than k), ties and -inf: the same values, each
+    at a column in range that holds it, and no column twice among the finite ones."""
+    from nmt.beams import row_top
+
+    k = data.draw(st.integers(1, min(width, 24)))  # the search asks for 2·beam
+    continuous = data.draw(st.booleans())
+    if continuous:
+        values = torch.randn(rows, width, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 10**6))))
+    else:
+        values = torch.tensor(data.draw(st.lists(st.lists(_LEVELS, min_size=width, max_size=width), min_size=rows, max_size=rows)))
+    top, columns = row_top(values, k)
+    assert top.shape == columns.shape == (rows, k)
+    assert torch.equal(top, values.topk(k, dim=1).values)
+    assert ((columns >= 0) & (columns < width)).all()
+    held = values.gather(1, columns)
+    assert torch.equal(torch.where(torch.isfinite(top), held, top), top)
+    for r in range(rows):
+        finite = columns[r][torch.isfinite(top[r])].tolist()
+        assert len(finite) == len(set(finite))
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.integers(1, 4), beam=st.integers(1, 5), vocab=st.integers(2, 300))
+def test_candidates_are_the_best_sums_of_hypothesis_and_token(data, n, beam, vocab):
+    """``Candidates.best`` (each row's best first) against the ``(n, beam·vocab)`` sums it no
+    longer forms: the same ``2·beam`` best scores per sentence, each the sum of its hypothesis'
+    score and its token's log-probability; EOS flagged only where it ends finitely."""
+    from nmt.beams import Candidates
+
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
+    scores = -torch.rand(n, beam, generator=g) * 5
+    scores[:, data.draw(st.integers(1, beam)) :] = float("-inf")  # the first step: one live hypothesis
+    lprobs = torch.log_softmax(torch.randn(n * beam, vocab, generator=g), dim=-1)
+    lprobs[:, data.draw(st.lists(st.integers(0, vocab - 1), max_size=vocab - 1))] = float("-inf")
+    if 2 * beam > beam * vocab:
+        return
+    top = Candidates.best(scores, lprobs)
+    flat = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
+    assert torch.equal(top.scores, flat.topk(2 * beam, dim=1).values)
+    finite = torch.isfinite(top.scores)
+    rows = torch.arange(n).unsqueeze(1) * beam + top.beam
+    assert torch.equal((scores.gather(1, top.beam) + lprobs[rows, top.token])[finite], top.scores[finite])
+    assert torch.equal(top.is_eos, (top.token == EOS) & finite)
