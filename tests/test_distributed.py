@@ -124,6 +124,15 @@ def test_time_limit_stops_every_rank_at_the_same_step(tmp_path, corpus):
     assert [r["step"] for r in records(run) if "bleu" in r] == [last["progress"]["step"]]  # validated once, at the end
 
 
+def test_max_epochs_stops_every_rank_and_says_epochs(tmp_path, corpus):
+    run = tmp_path / "run"
+    results = wait(launch(run, common_args(*corpus, **{"train.max_steps": 100000, "train.max_epochs": 1})))
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    progress = load_checkpoint(run / "last.pt")["progress"]
+    assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 0) and 0 < progress["step"] < 100000
+    assert ["done (epochs)" in err for _, err in results] == [True, False]  # said once, by rank 0
+
+
 def test_patience_stops_every_rank(tmp_path, corpus):
     run = tmp_path / "run"
     # lr 0: BLEU cannot change, so after the first validation every one is "no improvement".
