@@ -26,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from .cache import DecoderCache, LayerCache, OutputColumns
 from .config import ModelConfig
+from .dropout import Dropout
 from .tokenizer import PAD
 
 
@@ -138,7 +139,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., d_model)`` → ``(..., d_model)``."""
@@ -154,7 +155,7 @@ class Residual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
-        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), Dropout(dropout), pre_norm
 
     def before(self, x: Tensor) -> Tensor:
         """The sublayer's input: ``x`` itself (Post-LN) or normalised (Pre-LN)."""
@@ -234,7 +235,7 @@ class Transformer(nn.Module):
         # Pre-LN leaves the residual stream unnormalised: a final LayerNorm per stack.
         self.encoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.register_buffer("positions", sinusoidal_positions(256, d), persistent=False)
         # An inference-only copy of the tied output matrix: quantized for int8, packed for float32 on a CPU (nmt.translate.to_dtype).
         self.output_projection: nn.Module | None = None
