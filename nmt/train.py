@@ -39,6 +39,7 @@ from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
 from .encoded import EncodedCorpus
 from .errors import Key
+from .memory import keep_freed_memory
 from .model import Transformer, count_parameters
 from .multilingual import DirectionMix, directions
 from .opening import Opened, Progress, open_run, read_back
@@ -151,6 +152,8 @@ class Trainer:
         tc = self.cfg.train
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
+        if ddp.device.type == "cpu" and keep_freed_memory() and ddp.main:
+            log.info("memory: freed blocks are kept for reuse (glibc mallopt), so large tensors are not paged in again every step")
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg.model).to(ddp.device)
         self.updater = Updater(self.model, tc, ddp.device, ddp)
