@@ -14,8 +14,8 @@ The rate is applied exactly up to 2^-32 (``round(p · 2^32) / 2^32``, and the sc
 that rate): finer than a float32 uniform draw compared with ``p`` (2^-24). The masks come
 from ``torch``'s default CPU generator, so ``torch.manual_seed`` and a checkpoint's saved
 random state reproduce them, whatever the number of threads. On a GPU, and for dtypes
-other than float32 and float64 (a bfloat16 ``1 / (1 - p)`` would be inexact), this is
-``torch.nn.functional.dropout``, whose kernels already draw fast.
+other than float32 and float64 (a bfloat16 ``1 / (1 - p)`` would be inexact), and inside
+``torch.compile`` (which cannot trace ``random_``), this is ``torch.nn.functional.dropout``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 _EXACT_DTYPES = (torch.float32, torch.float64)
+
+
+def checked_rate(p: float | Tensor) -> float:
+    """``p`` as a float (a one-element tensor too, as ``torch.nn.Dropout`` takes).
+
+    Raises:
+        ValueError: ``p`` outside ``[0, 1]`` (NaN included).
+    """
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout rate must be in [0, 1], got {p}")
+    return p
 
 
 def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> Tensor:
@@ -39,8 +51,7 @@ def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dty
     Raises:
         ValueError: ``p`` outside ``[0, 1]``.
     """
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout rate must be in [0, 1], got {p}")
+    p = checked_rate(p)
     drop = round(p * 2**32)  # elements whose uniform 32-bit integer is below this many of 2^32 are dropped
     if drop == 2**32:
         return torch.zeros(shape, dtype=dtype)
@@ -57,10 +68,16 @@ def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dty
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout of ``x`` (any shape) at rate ``p``; ``x`` itself when not ``training``
-    or ``p`` is 0. Gradients flow through the mask (``∂out/∂x = mask``)."""
+    or ``p`` is 0. Gradients flow through the mask (``∂out/∂x = mask``).
+
+    Raises:
+        ValueError: ``p`` outside ``[0, 1]``, whether training or not.
+    """
+    p = checked_rate(p)
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or x.dtype not in _EXACT_DTYPES:
+    # torch.compile cannot trace random_ (a graph break at every mask): inside it, PyTorch's own.
+    if x.device.type != "cpu" or x.dtype not in _EXACT_DTYPES or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
     return x * dropout_mask(x.shape, p, x.dtype)
 
@@ -70,9 +87,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout rate must be in [0, 1], got {p}")
-        self.p = p
+        self.p = checked_rate(p)
 
     def forward(self, x: Tensor) -> Tensor:
         """``x`` with elements zeroed at rate ``p`` and the rest scaled by ``1 / (1 - p)`` (training only)."""

@@ -22,29 +22,43 @@ import sys
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameters, from glibc's <malloc.h>
 NEVER_TRIM = 2**31 - 1  # bytes: mallopt takes an int
+DEFAULT_MMAP_MAX = 65536  # glibc's default count of mmapped blocks
 
 
-def chosen_by_user(environ: dict[str, str] | None = None) -> str | None:
-    """The environment variable by which the user already chose how memory is allocated
-    (``GLIBC_TUNABLES`` with a malloc setting, a ``MALLOC_*`` variable, an ``LD_PRELOAD``d
-    allocator), or None."""
+ALLOCATORS = ("malloc", "hoard", "scudo")  # in the file name of a preloaded allocator: jemalloc, tcmalloc, mimalloc, ...
+
+
+def chosen_by_user(environ: dict[str, str] | None = None, preload_file: str = "/etc/ld.so.preload") -> str | None:
+    """What already chose how this process allocates memory, or None: ``GLIBC_TUNABLES`` with a
+    malloc setting, a ``MALLOC_*`` variable with a value, or an allocator preloaded by
+    ``LD_PRELOAD`` or ``preload_file`` (a library whose file name holds one of :data:`ALLOCATORS`)."""
     env = os.environ if environ is None else environ
-    if "malloc" in env.get("GLIBC_TUNABLES", ""):
+    if "malloc" in env.get("GLIBC_TUNABLES", "").lower():
         return "GLIBC_TUNABLES"
-    for name in env:
-        if name.startswith("MALLOC_"):
+    for name, value in env.items():
+        if name.upper().startswith("MALLOC_") and value:
             return name
-    if any(lib in env.get("LD_PRELOAD", "") for lib in ("malloc", "jemalloc", "tcmalloc", "mimalloc")):
-        return "LD_PRELOAD"
+    preloads = [("LD_PRELOAD", env.get("LD_PRELOAD", ""))]
+    try:
+        with open(preload_file, encoding="utf-8", errors="replace") as f:
+            preloads.append((preload_file, f.read()))
+    except OSError:
+        pass
+    for source, libraries in preloads:
+        for library in libraries.replace(":", " ").split():
+            if any(a in os.path.basename(library).lower() for a in ALLOCATORS):
+                return source
     return None
 
 
 def keep_freed_memory() -> bool:
     """Make glibc's malloc reuse freed memory for every size (see the module docstring).
 
-    Process-wide and for the rest of the process. Returns True when applied; False, changing
+    Process-wide and for the rest of the process. It governs glibc's main heap, which serves
+    the thread that calls it (a training step's); a block that another thread allocates from
+    its own arena may still be mapped. Returns True when applied; False, changing
     nothing, off Linux, with a C library other than glibc (musl has no ``mallopt``), or when
-    :func:`chosen_by_user` names a variable: the user's choice stands.
+    :func:`chosen_by_user` names what chose the allocator: that choice stands.
     """
     if not sys.platform.startswith("linux") or chosen_by_user():
         return False
@@ -55,4 +69,9 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) == 1
+    if mallopt(M_MMAP_MAX, 0) != 1:
+        return False
+    if mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) != 1:
+        mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)  # half applied is worse than neither: blocks kept but trimmed away
+        return False
+    return True

@@ -90,3 +90,38 @@ def test_other_dtypes_use_torch_dropout():
     y = dropout(x, 0.2)
     torch.manual_seed(5)
     torch.testing.assert_close(y, F.dropout(x, 0.2, training=True), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("p", [torch.tensor(0.25), torch.tensor(1.0)])
+def test_a_tensor_rate_is_taken_as_torch_dropout_takes_it(p):
+    x = torch.ones(64, 64)
+    torch.manual_seed(2)
+    y = Dropout(p).train()(x)
+    torch.manual_seed(2)
+    torch.testing.assert_close(y, x * dropout_mask(x.shape, float(p)), rtol=0, atol=0)
+
+
+def test_the_rate_is_checked_in_eval_too():
+    with pytest.raises(ValueError, match="dropout rate must be in"):
+        dropout(torch.ones(3), math.nan, training=False)
+
+
+def test_inside_torch_compile_it_is_torch_dropout(monkeypatch):
+    # Dynamo cannot trace random_: inside a compiled function the mask is PyTorch's own.
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x = torch.randn(32, 32)
+    torch.manual_seed(4)
+    y = dropout(x, 0.3)
+    torch.manual_seed(4)
+    torch.testing.assert_close(y, F.dropout(x, 0.3, training=True), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_a_compiled_model_with_dropout_is_one_graph():
+    from conftest import random_sources, tiny_config
+
+    from nmt.model import Transformer
+
+    model = Transformer(tiny_config(dropout=0.1)).train()
+    explained = torch._dynamo.explain(model)(random_sources([6, 4]), random_sources([5, 3]))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)

@@ -7,7 +7,14 @@ import pytest
 
 from nmt.memory import chosen_by_user
 
-glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"), reason="glibc only")
+
+def glibc_version() -> tuple[int, ...]:
+    """The version of glibc, () for another C library."""
+    found = os.confstr("CS_GNU_LIBC_VERSION") if sys.platform.startswith("linux") else ""
+    return tuple(int(part) for part in found.split()[1].split(".")[:2]) if found and found.startswith("glibc") else ()
+
+
+glibc = pytest.mark.skipif(glibc_version() < (2, 33), reason="glibc 2.33 or later (mallinfo2)")
 
 # Allocates and frees a 64 MiB tensor: prints whether memory was kept, how many more blocks glibc
 # serves by mmap with the tensor alive, and whether its 64 MiB are free in the heap afterwards.
@@ -61,7 +68,18 @@ def test_a_users_own_malloc_settings_stand():
         ({"MALLOC_ARENA_MAX": "2"}, "MALLOC_ARENA_MAX"),
         ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, "LD_PRELOAD"),
         ({"LD_PRELOAD": "/usr/lib/libfakeroot.so"}, None),
+        ({"LD_PRELOAD": "/usr/lib/libfakeroot.so:/opt/libJEMALLOC.so"}, "LD_PRELOAD"),
+        ({"LD_PRELOAD": "/usr/lib/libfakeroot.so /opt/libhoard.so"}, "LD_PRELOAD"),
+        ({"LD_PRELOAD": "/home/me/malloc-tests/libfakeroot.so"}, None),
+        ({"MALLOC_ARENA_MAX": ""}, None),
+        ({"glibc_tunables": "glibc.malloc.mmap_max=0"}, None),
     ],
 )
-def test_chosen_by_user_names_the_variable(environ, named):
-    assert chosen_by_user(environ) == named
+def test_chosen_by_user_names_the_variable(environ, named, tmp_path):
+    assert chosen_by_user(environ, preload_file=str(tmp_path / "absent")) == named
+
+
+def test_an_allocator_preloaded_for_the_whole_system_counts(tmp_path):
+    preload = tmp_path / "ld.so.preload"
+    preload.write_text("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4\n")
+    assert chosen_by_user({}, preload_file=str(preload)) == str(preload)
