@@ -6,7 +6,7 @@ page faults each time it is allocated: the kernel zeroes and maps every 4 KiB pa
 touch. A training step of the ``small`` model on 1,250 tokens allocates several such tensors,
 the ``(tokens, vocab)`` logits, their log-softmax and their gradients (40 MB each at 8,000
 pieces); on a 2-core CPU copying one 40 MB tensor took 15 ms with fresh pages and 4 ms with
-reused ones, and a whole step was 1.14-1.16× faster with reuse (``docs/performance.md``).
+reused ones, and a whole step was 1.09-1.10× faster with reuse (``docs/performance.md``).
 PyTorch has no caching allocator on the CPU; the usual remedies are jemalloc or tcmalloc
 through ``LD_PRELOAD``, which must be set before the process starts. :func:`keep_freed_memory`
 does the same for glibc from inside the process, with ``mallopt``: no allocation is served by
