@@ -20,6 +20,8 @@ other than float32 and float64 (a bfloat16 ``1 / (1 - p)`` would be inexact), an
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -51,13 +53,15 @@ def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dty
     Raises:
         ValueError: ``p`` outside ``[0, 1]``.
     """
-    p = checked_rate(p)
+    return _mask(shape, checked_rate(p), dtype, generator)
+
+
+def _mask(shape, p: float, dtype: torch.dtype, generator: torch.Generator | None = None) -> Tensor:
+    """:func:`dropout_mask` for a rate already checked."""
     drop = round(p * 2**32)  # elements whose uniform 32-bit integer is below this many of 2^32 are dropped
     if drop == 2**32:
         return torch.zeros(shape, dtype=dtype)
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     # Two elements per 64-bit draw; random_(-2^63, None) draws the full 64-bit range (plain random_() leaves the sign bit 0).
     bits = torch.empty((n + 1) // 2, dtype=torch.int64).random_(-(2**63), None, generator=generator)
     bits = bits.view(torch.int32)[:n].view(shape)  # uniform over [-2^31, 2^31)
@@ -73,13 +77,17 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     Raises:
         ValueError: ``p`` outside ``[0, 1]``, whether training or not.
     """
-    p = checked_rate(p)
+    return _dropout(x, checked_rate(p), training)
+
+
+def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """:func:`dropout` for a rate already checked (a :class:`Dropout` checks its own once)."""
     if not training or p == 0.0:
         return x
     # torch.compile cannot trace random_ (a graph break at every mask): inside it, PyTorch's own.
     if x.device.type != "cpu" or x.dtype not in _EXACT_DTYPES or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
-    return x * dropout_mask(x.shape, p, x.dtype)
+    return x * _mask(x.shape, p, x.dtype)
 
 
 class Dropout(nn.Module):
@@ -91,7 +99,7 @@ class Dropout(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x`` with elements zeroed at rate ``p`` and the rest scaled by ``1 / (1 - p)`` (training only)."""
-        return dropout(x, self.p, self.training)
+        return _dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
         """``p=...`` in the module's repr, as ``torch.nn.Dropout`` shows it."""

@@ -23,8 +23,6 @@ import sys
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameters, from glibc's <malloc.h>
 NEVER_TRIM = 2**31 - 1  # bytes: mallopt takes an int
 DEFAULT_MMAP_MAX = 65536  # glibc's default count of mmapped blocks
-
-
 ALLOCATORS = ("malloc", "hoard", "scudo")  # in the file name of a preloaded allocator: jemalloc, tcmalloc, mimalloc, ...
 
 

@@ -111,8 +111,7 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     # What `nmt train` does on a CPU (nmt/memory.py); "hf-heap" gives Hugging Face's step the same allocator.
-    kept = device.type == "cpu" and not args.engine.startswith("hf") or args.engine == "hf-heap"
-    kept = kept and keep_freed_memory()
+    kept = device.type == "cpu" and (args.engine == "hf-heap" or not args.engine.startswith("hf")) and keep_freed_memory()
     tokenizer = Tokenizer.load_dir(Path(args.work))
     corpus, _ = encode_corpus(ParallelText.files(*train_files(args.data)), tokenizer, Path(args.work) / "cache", max_len=100, max_len_ratio=3.0, threads=1)
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens, seed=1)
