@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import re
+import os
 from pathlib import Path
 
 import torch
@@ -12,11 +13,9 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ConfigError
 from .errors import Key
 from .files import check_not_an_input, check_writable
-from .rundir import METRICS, step_checkpoints
+from .rundir import step_checkpoints
 
 log = logging.getLogger("nmt.average")
-
-_TRAINING_CHECKPOINT = re.compile(r"(last|best|step_\d+)\.pt")
 
 
 def newest_step_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
@@ -56,23 +55,22 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     other, so their average need not translate) unless ``different_runs``.
 
     Raises:
-        CheckpointError: no input, ``out`` among the inputs, an input missing, damaged
+        CheckpointError: no input, an input given twice, ``out`` among the inputs, an input missing, damaged
             or inconsistent, inputs that differ in model config or tokenizer (the
             message names the difference), or inputs of different runs.
-        ConfigError: ``out`` would replace a training checkpoint of a run.
-        nmt.files.OutputError: ``out`` cannot be written.
+        nmt.files.OutputError: ``out`` cannot be written, or would replace a file of a run
+            directory (:func:`nmt.rundir.check_not_a_run_file`).
     """
     out = Path(out)
     check_writable(out, Key("out"))
-    if _TRAINING_CHECKPOINT.fullmatch(out.name) and (out.parent / METRICS).is_file():
-        raise ConfigError(
-            Key("out"),
-            f" {out} would replace a training checkpoint of the run in {out.parent} (--resume reads last.pt, translate uses best.pt);"
-            f" write the average under another name, e.g. {out.parent / 'average.pt'}",
-        )
     if not paths:
         raise CheckpointError("nothing to average: give checkpoints or a run directory with step_N.pt files")
     check_not_an_input(Path(out), [("an input", Path(p)) for p in paths], "--out")
+    for i, path in enumerate(paths):  # the same file twice (also through a link or --run-dir) would count double
+        with contextlib.suppress(OSError):
+            twice = next((p for p in paths[:i] if os.path.samefile(p, path)), None)
+            if twice is not None:
+                raise CheckpointError(f"{path} is given twice (also as {twice}): each checkpoint counts once in an average; give it once")
     sums: dict[str, torch.Tensor] = {}
     first = first_path = None
     for path in paths:

@@ -9,7 +9,10 @@ checked with :func:`check_writable` before the work that produces them starts.
 Atomic replacement is for regular files only. A symbolic link is followed and its target
 replaced (as ``cp`` and shell redirection write through links); a character device
 (``/dev/null``, a terminal) or a FIFO is written to directly, as it comes, since replacing
-it would put a regular file where the device or pipe was.
+it would put a regular file where the device or pipe was. A name of one of this process's
+open descriptors (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``) is written through
+that descriptor, as ``cat`` would: replacing the file behind it would discard what the
+shell wrote there before (``>> log``) and its append mode.
 """
 
 from __future__ import annotations
@@ -21,10 +24,16 @@ import os
 import re
 import shutil
 import stat
+import sys
 from pathlib import Path
 from typing import BinaryIO, Callable
 
 from .errors import NmtError
+
+try:  # POSIX
+    import fcntl
+except ImportError:
+    fcntl = None
 
 _REASONS = {
     errno.ENOSPC: "no space left on the device",
@@ -67,6 +76,33 @@ def is_stream(path: Path) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
+_DESCRIPTOR = re.compile(r"/(?:proc/(self|thread-self|\d+)/fd|dev/fd)/(\d+)")
+
+
+def inherited_fd(path: Path) -> int | None:
+    """The open descriptor of this process that ``path`` names, following links (``/dev/stdout`` →
+    ``/proc/self/fd/1``: 1), or None for any other path or a descriptor not open here."""
+    name = os.path.abspath(path)
+    for _ in range(40):  # a loop of links ends here, as the kernel's ELOOP would
+        match = _DESCRIPTOR.fullmatch(name)
+        if match is not None:
+            pid, fd = match[1], int(match[2])
+            if pid is not None and pid.isdigit() and int(pid) != os.getpid():
+                return None  # another process's descriptor: an ordinary path to what it opened
+            try:
+                os.fstat(fd)
+            except (OSError, OverflowError):
+                return None
+            return fd
+        if not os.path.islink(name):
+            return None
+        try:
+            name = os.path.abspath(os.path.join(os.path.dirname(name), os.readlink(name)))
+        except OSError:
+            return None
+    return None
+
+
 def resolve_output(path: Path) -> Path:
     """Where writing ``path`` lands: the final target of a symbolic link (which need not exist yet), else ``path``."""
     path = Path(path)
@@ -85,11 +121,21 @@ def check_writable(path: Path, what: str = "output") -> None:
         what: how the message names the output: text, or a :class:`~nmt.errors.Key` (an argument name).
 
     Raises:
-        OutputError: ``path`` is a directory, its directory is missing, or nothing can be created there.
+        OutputError: ``path`` is a directory, its directory is missing, nothing can be created
+            there, or it is a file of a run directory (:func:`nmt.rundir.check_not_a_run_file`).
     """
+    original = path
+    fd = inherited_fd(path)
+    if fd is not None:
+        if fcntl is not None and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OutputError("cannot write ", what, f" {path}: descriptor {fd} is open for reading only")
+        return
     path = resolve_output(Path(path))
     if path.is_dir():
         raise OutputError(what, f" {path} is a directory; give a file name")
+    from .rundir import check_not_a_run_file  # rundir writes through this module
+
+    check_not_a_run_file(path, Path(original), what)
     if is_stream(path):
         if not os.access(path, os.W_OK):
             raise OutputError("cannot write ", what, f" {path}: permission denied")
@@ -117,6 +163,9 @@ def atomic_write(path: Path, content: bytes | str | Callable[[BinaryIO], None]) 
         OutputError: the disk is full, the place is read-only, or another OS error; the
             temporary file is removed and ``path`` is left as it was.
     """
+    fd = inherited_fd(path)
+    if fd is not None:
+        return _write_to_descriptor(fd, path, content)
     path = resolve_output(Path(path))
     if is_stream(path):
         return _write_through(path, content)
@@ -146,6 +195,17 @@ def _write_through(path: Path, content) -> None:
     """Write to a device or FIFO as it comes (opening a FIFO waits for its reader, as ``cat > fifo`` does)."""
     try:
         with open(path, "wb") as f:
+            _write(f, content)
+    except Exception as exc:
+        _raise_output_error(exc, path)
+
+
+def _write_to_descriptor(fd: int, path: Path, content) -> None:
+    """Write through this process's open descriptor ``fd`` (named by ``path``), in its own mode (append stays append)."""
+    if fd in (1, 2):
+        (sys.stdout if fd == 1 else sys.stderr).flush()  # what was printed before comes first
+    try:
+        with os.fdopen(os.dup(fd), "wb") as f:
             _write(f, content)
     except Exception as exc:
         _raise_output_error(exc, path)

@@ -42,6 +42,29 @@ METRICS = "metrics.jsonl"
 _TEMPORARY = re.compile(r"^\..+\.tmp\d+$")
 
 
+_RUN_FILE = re.compile(r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock")
+
+
+def check_not_a_run_file(target: Path, given: Path, what: str = "output") -> None:
+    """Refuse an output ``given`` (writing to ``target``, a link's target) that would replace a file
+    ``nmt train`` keeps in a run directory (one with ``metrics.jsonl`` or ``.lock``): a
+    checkpoint that ``--resume`` and ``translate`` read, the run's config, records or tokenizer.
+
+    Raises:
+        OutputError: naming the run and another name to write to.
+    """
+    run = target.parent
+    if not _RUN_FILE.fullmatch(target.name) or not ((run / METRICS).is_file() or (run / ".lock").is_file()):
+        return
+    kind = "a training checkpoint" if target.suffix == ".pt" else "a file"
+    via = "" if target == given else f" (through {given})"
+    raise OutputError(
+        what,
+        f" {given} would replace {kind} of the run in {run}{via} (--resume reads last.pt and translate best.pt, and both"
+        f" read the run's config and tokenizer); write to another name, e.g. {run / ('average.pt' if target.suffix == '.pt' else 'output.txt')}",
+    )
+
+
 def step_checkpoints(run_dir: Path) -> list[Path]:
     """The run's ``step_N.pt`` files, oldest first."""
     return sorted((p for p in run_dir.glob("step_*.pt") if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
@@ -151,22 +174,21 @@ class RunDir:
         metrics = self.path / METRICS
         if not metrics.is_file():
             return
-        lines = metrics.read_text(encoding="utf-8").splitlines()
+        lines = metrics.read_bytes().splitlines()  # bytes: a damaged line is dropped, never a reason to fail
         kept = [line for line in lines if _record_step(line) <= step]
         if len(kept) < len(lines):
             log.info("%s: dropping %d records after step %d (not in the history this run continues)", metrics, len(lines) - len(kept), step)
-            atomic_write(metrics, "".join(line + "\n" for line in kept))
+            atomic_write(metrics, b"".join(line + b"\n" for line in kept))
 
     def last_validation(self) -> dict | None:
         """The newest validation record of ``metrics.jsonl`` (one with ``bleu``), or None."""
         metrics = self.path / METRICS
-        lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.is_file() else []
+        lines = metrics.read_bytes().splitlines() if metrics.is_file() else []
         for line in reversed(lines):
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line cut by a kill mid-write
+            if _record_step(line) == _NOT_A_RECORD:  # a line cut by a kill mid-write, or edited by hand
                 continue
-            if isinstance(record, dict) and "bleu" in record:
+            record = json.loads(line)
+            if isinstance(record.get("bleu"), (int, float)):
                 return record
         return None
 
@@ -218,11 +240,18 @@ def _peek_step(path: Path) -> int:
         return -1
 
 
-def _record_step(line: str) -> int:
+_NOT_A_RECORD = 1 << 62  # the "step" of a line that is not a record: after every history, so never kept
+
+
+def _record_step(line: bytes) -> int:
+    """The step of one ``metrics.jsonl`` line, or :data:`_NOT_A_RECORD` for a line that is not an
+    object with an integer step (cut by a kill mid-write, not UTF-8, edited by hand)."""
     try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):  # a line cut by a kill mid-write: not part of the history
-        return 1 << 62
+        record = json.loads(line)
+    except ValueError:  # UnicodeDecodeError is one
+        return _NOT_A_RECORD
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < _NOT_A_RECORD else _NOT_A_RECORD
 
 
 def absolute_paths(cfg: Config) -> Config:

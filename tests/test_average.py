@@ -94,7 +94,7 @@ def test_averaging_refuses_to_replace_a_runs_checkpoint_in_the_python_api_too(tm
     (run / "metrics.jsonl").write_text("")
     write(run / "last.pt", 1)
     before = (run / "last.pt").read_bytes()
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(OutputError) as err:
         average_checkpoints([tmp_path / "a.pt"], run / "last.pt")
     assert err.value.key == "out" and str(err.value).startswith(f"out {run / 'last.pt'} would replace a training checkpoint of the run in {run}")
     assert (run / "last.pt").read_bytes() == before

@@ -226,7 +226,7 @@ def test_errors_name_the_flags_given(trained_run, tmp_path):
     assert line == "error: --n-best must be <= --beam-size (got 7 > 5)"
     line = _one_line_error(invoke("translate", "--checkpoint", trained_run, "--min-len", "-1", input="a dog .\n"))
     assert line == "error: --min-len must be >= 0, got -1"
-    assert _one_line_error(invoke("translate", "--checkpoint", trained_run, "--threads", "-1", input="x\n")).startswith("error: --threads must be >= 0")
+    assert _one_line_error(invoke("translate", "--checkpoint", trained_run, "--threads", "-1", input="x\n")).startswith("error: --threads must be in [0, 1024]")
     if not torch.cuda.is_available():
         assert "--device 'cuda' asked for" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--device", "cuda", input="x\n"))
     assert "--device: unknown device 'tpu'" in _one_line_error(invoke("translate", "--checkpoint", trained_run, "--device", "tpu", input="x\n"))
@@ -559,7 +559,7 @@ def test_translate_buffers_keep_order_and_global_n_best_indices(trained_run, tmp
     out = tmp_path / "out.txt"
     assert invoke(*args, "--buffer-size", "2", "-i", src, "-o", out).exit_code == 0 and out.read_text() == small.stdout
     result = invoke("translate", "--checkpoint", trained_run, "--buffer-size", "0", input="x\n")
-    assert result.exit_code == 2 and "--buffer-size must be at least 1" in result.output
+    assert result.exit_code == 2 and "--buffer-size must be 1 to 10,000,000 lines" in result.output
 
 
 def test_invalid_utf8_late_in_a_stream_leaves_earlier_output_and_no_partial_file(trained_run, tmp_path):
@@ -947,5 +947,12 @@ def test_no_output_overwrites_the_checkpoint_a_run_directory_names(trained_run, 
     ]
     for command in commands:
         line = _one_line_error(invoke(*command))
-        assert f"is the same file as --checkpoint {run / 'best.pt'}" in line, command
+        assert f"{run / 'best.pt'} would replace a training checkpoint of the run in {run}" in line, command
     assert (run / "best.pt").read_bytes() == before
+    alone = tmp_path / "model.pt"  # a checkpoint outside a run directory: refused as the input it is
+    shutil.copy(run / "best.pt", alone)
+    for command in commands:
+        command = tuple(alone if part in (run, run / "best.pt") else part for part in command)
+        line = _one_line_error(invoke(*command))
+        assert f"is the same file as --checkpoint {alone}" in line, command
+    assert alone.read_bytes() == before

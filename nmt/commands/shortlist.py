@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .options import setup_logging
+from .options import check_output, setup_logging
 
 
 def shortlist(
@@ -30,6 +30,7 @@ def shortlist(
     from ..translate import load_model
 
     setup_logging()
+    check_output(output)
     check_not_an_input(output, [("--src", src), ("--tgt", tgt), ("--checkpoint", checkpoint_file(checkpoint))])
     _, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
     result = build(tokenizer, ParallelText.files(src, tgt).pairs(), per_source=per_source, frequent=frequent)
