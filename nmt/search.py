@@ -191,7 +191,12 @@ def sample_seed(seed: int, index: int) -> int:
 def sampling_probs(lprobs: Tensor, sampling: Sampling) -> Tensor:
     """The distribution a piece is drawn from, ``(rows, vocab)``, from log-probabilities
     ``(rows, vocab)``: temperature, then top-k, then top-p (see :class:`Sampling`), renormalised."""
-    probs = torch.softmax(lprobs / sampling.temperature, dim=-1)
+    # Scaled after subtracting each row's maximum (which stays 0), and what may not follow (-inf) kept as
+    # it is: any temperature above 0 gives a distribution (1e-300, 0 in float32: the maximum's pieces;
+    # inf: uniform over what may follow), never NaN.
+    shifted = lprobs - lprobs.max(-1, keepdim=True).values.clamp(min=torch.finfo(lprobs.dtype).min)
+    scaled = torch.where(shifted == 0, 0.0, shifted / sampling.temperature)
+    probs = torch.softmax(torch.where(torch.isneginf(lprobs), lprobs, scaled), dim=-1)
     if sampling.top_k <= 0 and sampling.top_p >= 1.0:
         return probs
     sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # ties: lower id first, as argmax
@@ -246,7 +251,7 @@ def sample(
     samples: list[list[Hypothesis]] = [[] for _ in seeds]
     done = torch.zeros_like(beams.scores, dtype=torch.bool)
     restrict = None
-    for step in itertools.count():
+    for step in range(int(max_lens.max()) + 1):  # at its limit a sample ends (below), so this many steps end them all
         lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (rows, vocab)
         restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
         restrict(lprobs, beams, step)
@@ -254,6 +259,7 @@ def sample(
         cdf = sampling_probs(lprobs, sampling).cumsum(-1)
         token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
         token[~torch.isfinite(lprobs).any(1)] = EOS  # nothing may follow (a shortlist and the restrictions leave no piece): the sample ends
+        token[torch.tensor(beams.at_limit(step), device=token.device).repeat_interleave(n)] = EOS  # even where the scores are NaN
         flat_done = done.view(-1)
         beams.scores += torch.where(flat_done, 0.0, lprobs.gather(1, token.unsqueeze(1)).squeeze(1)).view_as(beams.scores)
         beams.tokens = torch.cat([beams.tokens, token.unsqueeze(1)], dim=1)
