@@ -45,6 +45,12 @@ from .fields import (
     written,
 )
 
+# Upper ends for numbers that size memory or OS resources, so that a typo is an error, not a crash:
+BEAM = Range(1, 1024)  # hypotheses per sentence: a wider beam costs memory in proportion and only loses BLEU (Koehn & Knowles 2017, §3.6)
+THREADS = Range(0, 1024)  # torch.set_num_threads(100_000) crashes the process
+SEED = Range(0, 2**32 - 1)  # NumPy's seed range
+LENGTH_PENALTY = Range(-10, 10)  # α: |Y| ** α stays a finite float64 for every output length (at most 100 · src_len + 10,000)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017, Table 3.
     "base": dict(d_model=512, d_ff=2048, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1),
@@ -190,9 +196,9 @@ class TrainConfig(Checked):
     section = "train"
 
     run_dir: str = setting("runs/default", "checkpoints, tokenizer, logs and cache of the run")
-    seed: int = setting(1, "seed of every random choice", Range(0, 2**32 - 1))  # NumPy's seed range
+    seed: int = setting(1, "seed of every random choice", SEED)
     device: str = setting("auto", "where to train", pattern=(r"auto|cpu|cuda(:\d+)?|mps", "auto, cpu, cuda, cuda:N or mps"))
-    threads: int = setting(0, "torch intra-op threads on the CPU; 0 keeps torch's default", AT_LEAST_0)
+    threads: int = setting(0, "torch intra-op threads on the CPU; 0 keeps torch's default", THREADS)
     max_tokens: int = setting(4096, "batch budget per micro-batch and process, in tokens, padding included", AT_LEAST_1)
     max_steps: int = setting(100_000, "optimizer steps to train for", AT_LEAST_1)
     max_epochs: int = setting(1000, "epochs to train for at most", AT_LEAST_1)
@@ -216,7 +222,7 @@ class TrainConfig(Checked):
     validate_every: int = setting(1000, "steps between validations", AT_LEAST_1)
     save_every: int = setting(0, "steps between extra step_N.pt checkpoints; 0: only last.pt and best.pt", AT_LEAST_0)
     keep_last: int = setting(3, "step_N.pt checkpoints kept", AT_LEAST_1)
-    valid_beam_size: int = setting(4, "beam size of validation BLEU", AT_LEAST_1)
+    valid_beam_size: int = setting(4, "beam size of validation BLEU", BEAM)
     patience: int = setting(0, "stop after this many validations without a BLEU gain; 0: never", AT_LEAST_0)
     precision: Literal["fp32", "bf16", "fp16"] = setting("fp32", "fp32, bf16 (autocast) or fp16 (autocast and gradient scaling)")
     update_freq: int = setting(1, "micro-batches accumulated per optimizer step", AT_LEAST_1)
@@ -240,13 +246,13 @@ class DecodeConfig(Checked):
 
     section = "decode"
 
-    beam_size: int = setting(5, "hypotheses kept per sentence (1: greedy)", AT_LEAST_1)
+    beam_size: int = setting(5, "hypotheses kept per sentence (1: greedy)", BEAM)
     # Chosen on Multi30k validation (docs/quality.md): beam 5, BLEU 25.83 against 24.98 for gnmt 0.6.
-    length_penalty: float = setting(2.0, "the exponent α of the length normalisation", Range())
+    length_penalty: float = setting(2.0, "the exponent α of the length normalisation", LENGTH_PENALTY)
     length_normalization: Literal["gnmt", "length", "none"] = setting("length", "how finished hypotheses are ranked (see above)")
     max_len_a: float = setting(1.5, "output limit per source piece (at most 100: no translation is longer)", Range(0, 100))
     max_len_b: int = setting(10, "output limit added, in pieces (at most 10,000)", Range(0, 10_000))
-    n_best: int = setting(1, "hypotheses written per sentence", AT_LEAST_1)
+    n_best: int = setting(1, "hypotheses written per sentence", BEAM)
     min_len: int = setting(0, "EOS is forbidden before this many output pieces", AT_LEAST_0)
     max_tokens: int = setting(4096, "source-side batch budget in tokens, padding included", AT_LEAST_1)
     max_input_pieces: int = setting(1024, "a longer source line is not translated (its output line stays empty)", AT_LEAST_1)

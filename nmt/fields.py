@@ -67,6 +67,7 @@ def _show(x: float) -> str:
     return str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}"
 
 
+MAX_INT = 2**31 - 1  # every whole number of a config, unless its range says otherwise: what SentencePiece's and the OS's C ints hold
 AT_LEAST_1, AT_LEAST_0, POSITIVE, PROBABILITY = Range(1), Range(0), Range(0, low_open=True), Range(0, 1, high_open=True)
 
 
@@ -163,6 +164,8 @@ def _check(key: str, value: Any, tp: Any, meta: Any) -> None:
         if allowed is not None and isinstance(number, (int, float)) and not isinstance(number, bool) and number not in allowed:
             where = key if i is None else f"{key}[{i}]"
             raise ConfigError(Key(where), f" must be {_either([*choices, 'a number'])} {allowed}" if choices else f" must be {allowed}", f", got {number}")
+        if isinstance(number, int) and not isinstance(number, bool) and abs(number) > MAX_INT and allowed is not None and allowed.high == math.inf:
+            raise ConfigError(Key(key if i is None else f"{key}[{i}]"), f" must be at most {MAX_INT:,}, got {number}")
     for i, text in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
         if pattern is not None and isinstance(text, str) and not re.fullmatch(pattern[0], text):
             raise ConfigError(Key(key if i is None else f"{key}[{i}]"), f" must be {pattern[1]}, got {text!r}")
@@ -272,16 +275,28 @@ def kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", type(None): "nothing"}.get(type(value), "text" if isinstance(value, str) else type(value).__name__)
 
 
-def _from_node(node: yaml.Node, path: Path | None, lines: dict[str, int], key: str = "") -> Any:
+MAX_YAML_VALUES, MAX_YAML_DEPTH = 100_000, 64  # far beyond any config; what aliases can reach past them (a list holding itself, "billion laughs") is refused
+
+
+def _from_node(node: yaml.Node, path: Path | None, lines: dict[str, int], key: str = "", budget: list[int] | None = None, depth: int = 0) -> Any:
     """A YAML node as Python values, every scalar as text (unquoted: :class:`Plain`); ``lines`` gets each key's line.
 
     Raises:
-        ConfigError: a key that is not text, or one written twice in a mapping.
+        ConfigError: a key that is not text, one written twice in a mapping, or values nested
+            deeper than :data:`MAX_YAML_DEPTH` or more than :data:`MAX_YAML_VALUES` of them
+            (aliases that contain or repeat themselves).
     """
+    budget = [MAX_YAML_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0 or depth > MAX_YAML_DEPTH:
+        what = f"nests values deeper than {MAX_YAML_DEPTH} levels" if depth > MAX_YAML_DEPTH else f"expands to more than {MAX_YAML_VALUES:,} values"
+        raise ConfigError(
+            f"the YAML {what} (an alias that contains or repeats itself?); write the values out", path=path, line=node.start_mark.line + 1 if path else None
+        )
     if isinstance(node, yaml.ScalarNode):
         return Plain(node.value) if node.style is None else node.value
     if isinstance(node, yaml.SequenceNode):
-        return [_from_node(item, path, lines, key) for item in node.value]
+        return [_from_node(item, path, lines, key, budget, depth + 1) for item in node.value]
     out: dict[str, Any] = {}
     for key_node, value_node in node.value:
         line = key_node.start_mark.line + 1
@@ -293,7 +308,7 @@ def _from_node(node: yaml.Node, path: Path | None, lines: dict[str, int], key: s
             what = "key" if key else "section"
             raise ConfigError(f"duplicate {what} {written(name)}{first}; write each once", key=name, path=path, line=line if path else None)
         lines[name] = line
-        out[key_node.value] = _from_node(value_node, path, lines, name)
+        out[key_node.value] = _from_node(value_node, path, lines, name, budget, depth + 1)
     return out
 
 

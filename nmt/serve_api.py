@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .beams import Steering
 from .config import ConfigError, DecodeConfig
 from .multilingual import target
-from .translate import steering
+from .translate import UnwritableText, steering
 
 if TYPE_CHECKING:  # the server's loaded model: only its tokenizer and config are read here
     from .serve import Translator
@@ -104,6 +104,8 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"invalid JSON: {exc}", 400) from None
+    except RecursionError:  # [[[...]]] nested beyond the parser's stack: no request of this API nests more than two levels
+        raise RequestError("invalid JSON: nested too deeply", 400) from None
     if not isinstance(body, dict):
         raise RequestError('the body must be a JSON object such as {"text": "a sentence"}')
     unknown = sorted(set(body) - set(FIELDS))
@@ -164,7 +166,8 @@ def steering_of(body: dict, single: bool, n: int, translator: Translator, limits
 
     Raises:
         RequestError: a field of the wrong shape or type, a line with more than
-            :data:`MAX_PHRASES` phrases, or a phrase over ``--max-input-pieces`` pieces (413).
+            :data:`MAX_PHRASES` phrases, a phrase over ``--max-input-pieces`` pieces (413), or a
+            prefix or constraint with characters the target vocabulary lacks.
     """
     if not any(name in body for name in ("prefix", "constraints", "ban")):
         return None
@@ -189,4 +192,7 @@ def steering_of(body: dict, single: bool, n: int, translator: Translator, limits
         return values
 
     prefixes, constraints, bans = per_line("prefix", False), per_line("constraints", True), per_line("ban", True)
-    return [steering(translator.tokenizer, p, c, b) for p, c, b in zip(prefixes, constraints, bans)]
+    try:
+        return [steering(translator.tokenizer, p, c, b) for p, c, b in zip(prefixes, constraints, bans)]
+    except UnwritableText as exc:
+        raise RequestError(str(exc)) from None

@@ -22,11 +22,12 @@ from .align import add_alignments
 from .beams import Steering
 from .checkpoint import CheckpointError, load_checkpoint, restore_model
 from .config import Config, ConfigError
+from .corpus import DataError
 from .data import pad_sources, token_batches
 from .model import Transformer
 from .search import Hypothesis, Sampling, sample_seed, translate_batch
 from .shortlist import Shortlist
-from .tokenizer import EOS, Tokenizer, tokenizer_difference, unknown_only
+from .tokenizer import EOS, UNK, Tokenizer, tokenizer_difference, unknown_only
 
 log = logging.getLogger("nmt.translate")
 
@@ -235,6 +236,14 @@ def to_dtype(model: Transformer, dtype: torch.dtype, per_channel: bool = True) -
         return quantized
 
 
+class UnwritableText(DataError):
+    """A prefix or constraint the model cannot write; ``field`` says which (``prefix``, ``constraint``)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
 def steering(tokenizer: Tokenizer, prefix: str = "", constraints: Iterable[str] = (), bans: Iterable[str] = ()) -> Steering:
     """What one line's translation must start with, hold and avoid, from text (:class:`~nmt.beams.Steering`).
 
@@ -246,19 +255,33 @@ def steering(tokenizer: Tokenizer, prefix: str = "", constraints: Iterable[str] 
     can be finished in the model's own segmentation rather than as the typed fragment was cut
     (what CTranslate2 calls a prefix "in the middle of a word"). After a prefix that ends with
     a space, the next piece starts a word (or the translation ends there).
+
+    Raises:
+        UnwritableText: the prefix or a constraint has characters the target vocabulary lacks
+            (forcing UNK would write ⁇, not the text), or a constraint holds a banned phrase.
     """
 
-    def pieces(text: str) -> tuple[int, ...]:
-        return tuple(tokenizer.encode_tgt([text])[0]) if text.strip() else ()
+    def pieces(text: str, field: str | None = None) -> tuple[int, ...]:
+        ids = tuple(tokenizer.encode_tgt([text])[0]) if text.strip() else ()
+        if field is not None and UNK in ids:  # it could only be written as ⁇, not as given
+            missing = "".join(dict.fromkeys(c for c in text if not c.isspace() and UNK in tokenizer.encode_tgt([c])[0]))
+            raise UnwritableText(field, f"{field} {text!r} has characters the target vocabulary lacks ({missing}); remove or replace them")
+        return ids
 
-    steps: list[tuple[int, ...]] = [(i,) for i in pieces(prefix)]
+    steps: list[tuple[int, ...]] = [(i,) for i in pieces(prefix, "prefix")]
     texts = tokenizer.tgt_pieces
     if steps and prefix[-1:].isspace():
         steps.append(tuple(i for i, t in enumerate(texts) if t.startswith("\u2581")) + (EOS,))
     elif steps:
         last = texts[steps[-1][0]]
         steps[-1] = tuple(i for i, t in enumerate(texts) if t.startswith(last) and not tokenizer.tgt.is_control(i))
-    return Steering(tuple(steps), tuple(p for p in map(pieces, constraints) if p), tuple(p for p in map(pieces, bans) if p))
+    wanted = [(c, p) for c in constraints if (p := pieces(c, "constraint"))]
+    banned = [(b, p) for b in bans if (p := pieces(b))]  # a ban with UNK bans what is never written anyway
+    for c, need in wanted:
+        clash = next((b for b, ban in banned if any(need[i : i + len(ban)] == ban for i in range(len(need) - len(ban) + 1))), None)
+        if clash is not None:
+            raise UnwritableText("constraint", f"constraint {c!r} holds the banned phrase {clash!r}: no translation can meet both; drop one")
+    return Steering(tuple(steps), tuple(p for _, p in wanted), tuple(p for _, p in banned))
 
 
 def translate_lines(

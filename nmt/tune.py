@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .config import ConfigError
+from .config import BEAM, LENGTH_PENALTY, ConfigError
 from .corpus import read_lines
 from .errors import Key
 from .evaluate import score
@@ -82,10 +82,12 @@ def grid(beam_sizes: list[int], normalizations: list[str], alphas: list[float]) 
     ``("none", 0.0)``.
 
     Raises:
-        ConfigError: a beam size below 1 or an unknown normalisation.
+        ConfigError: a beam size or α out of ``decode.beam_size``'s or ``decode.length_penalty``'s
+            range, or an unknown normalisation.
     """
-    if not beam_sizes or min(beam_sizes) < 1:
-        raise ConfigError(Key("beam_sizes"), f" must all be at least 1, got {','.join(map(str, beam_sizes))}")
+    for key, values, allowed in (("beam_sizes", beam_sizes, BEAM), ("alphas", alphas, LENGTH_PENALTY)):  # decode.beam_size's and length_penalty's ranges
+        if not values or any(v not in allowed for v in values):
+            raise ConfigError(Key(key), f" must all be {allowed}, got {','.join(map(str, values))}")
     unknown = [n for n in normalizations if n not in LENGTH_NORMALIZATIONS]
     if unknown:
         raise ConfigError(Key("normalizations"), f": unknown {', '.join(unknown)}; choose from {', '.join(LENGTH_NORMALIZATIONS)}")

@@ -91,7 +91,7 @@ def test_missing_config_file(tmp_path):
         ({"train": {"adam_eps": 0}}, "train.adam_eps must be > 0, got 0"),
         ({"train": {"max_steps": -1}}, "train.max_steps must be >= 1, got -1"),
         ({"train": {"max_epochs": 0}}, "train.max_epochs must be >= 1, got 0"),
-        ({"train": {"threads": -1}}, "train.threads must be >= 0, got -1"),
+        ({"train": {"threads": -1}}, "train.threads must be in [0, 1024], got -1"),
         ({"train": {"max_time_s": float("inf")}}, "train.max_time_s must be >= 0, got inf"),
         ({"train": {"adam_betas": [0.9, 1.0]}}, r"train.adam_betas\[1\] must be in \[0, 1\), got 1.0"),
         ({"data": {"max_len_ratio": 0.5}}, "data.max_len_ratio must be >= 1, got 0.5"),

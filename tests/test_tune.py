@@ -97,7 +97,7 @@ def test_tuning_refuses_test_sets_and_bad_grids_in_the_python_api_too(tmp_path):
     assert validation_lines(tmp_path / "valid.en", tmp_path / "valid.de", max_sentences=1) == (["a"], ["x"])
     with pytest.raises(ConfigError, match="^max_sentences must be at least 1, got 0$"):
         validation_lines(tmp_path / "valid.en", tmp_path / "valid.de", max_sentences=0)
-    with pytest.raises(ConfigError, match="^beam_sizes must all be at least 1, got 0,5$"):
+    with pytest.raises(ConfigError, match=r"^beam_sizes must all be in \[1, 1024\], got 0,5$"):
         grid([0, 5], ["gnmt"], [1.0])
     with pytest.raises(ConfigError, match="^normalizations: unknown average; choose from gnmt, length, none$"):
         grid([1, 5], ["gnmt", "average"], [1.0])

@@ -189,15 +189,16 @@ def device(ctx: typer.Context):
     """The torch device and dtype that ``--device``, ``--threads`` and ``--dtype`` ask for (the threads set at once).
 
     Raises:
-        ConfigError: a negative ``--threads``, or a device or dtype this machine lacks.
+        ConfigError: ``--threads`` out of :data:`nmt.config.THREADS`, or a device or dtype this machine lacks.
     """
     import torch
 
+    from ..config import THREADS
     from ..translate import resolve_device, resolve_dtype
 
     threads = ctx.params["threads"]
-    if threads < 0:
-        raise ConfigError(f"--threads must be >= 0 (0 = torch's default), got {threads}")
+    if threads not in THREADS:
+        raise ConfigError(f"--threads must be {THREADS} (0 = torch's default), got {threads}")
     if threads > 0:
         torch.set_num_threads(threads)
     dev = resolve_device(ctx.params["device"], "--device")

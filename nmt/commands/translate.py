@@ -41,6 +41,8 @@ from .options import (
     standard_output,
 )
 
+MAX_BUFFER = 10_000_000  # lines: more is more memory than a buffer needs to keep every core busy
+
 
 def translate(
     ctx: typer.Context,
@@ -155,8 +157,8 @@ def translate(
                 ]
                 + [("--checkpoint", checkpoint_file(c)) for c in checkpoint],
             )
-        if buffer_size < 1:
-            raise ConfigError(f"--buffer-size must be at least 1 line, got {buffer_size}")
+        if not 1 <= buffer_size <= MAX_BUFFER:
+            raise ConfigError(f"--buffer-size must be 1 to {MAX_BUFFER:,} lines, got {buffer_size}")
         sampler = _sampling(sampling, temperature, top_k, top_p, seed)
         if sampler is not None and constraints_file is not None:
             raise ConfigError("--constraints-file needs beam search: --sampling draws each piece and cannot make a sample hold a phrase")
@@ -216,17 +218,21 @@ class SteeringLines:
         }
 
     def __iter__(self):
-        from ..translate import steering
+        from ..translate import UnwritableText, steering
 
         while True:
             self.lines += 1
             given = {flag: self._line(flag) for flag in self.files}
-            yield steering(
-                self.tokenizer,
-                given.get("--prefix-file", ""),
-                given.get("--constraints-file", "").split("\t"),
-                [*given.get("--ban-file", "").split("\t"), *self.bans],
-            )
+            try:
+                yield steering(
+                    self.tokenizer,
+                    given.get("--prefix-file", ""),
+                    given.get("--constraints-file", "").split("\t"),
+                    [*given.get("--ban-file", "").split("\t"), *self.bans],
+                )
+            except UnwritableText as exc:
+                flag = "--prefix-file" if exc.field == "prefix" else "--constraints-file"
+                raise exc.located(self.files[flag][0], self.lines) from None
 
     def _line(self, flag: str) -> str:
         path, lines = self.files[flag]
@@ -253,6 +259,7 @@ def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_
         if any(v is not None for v in given.values()):
             raise ConfigError(f"{', '.join(k for k, v in given.items() if v is not None)} only apply with --sampling")
         return None
+    from ..config import SEED
     from ..search import Sampling
 
     chosen = Sampling(*(v if v is not None else d for v, d in zip((temperature, top_k, top_p, seed), (1.0, 0, 1.0, 0))))
@@ -262,6 +269,8 @@ def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_
         raise ConfigError(f"--top-k must be 0 (no limit) or more, got {chosen.top_k}")
     if not 0 < chosen.top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], got {chosen.top_p}")
+    if chosen.seed not in SEED:
+        raise ConfigError(f"--seed must be {SEED}, got {chosen.seed}")
     return chosen
 
 
