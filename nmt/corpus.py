@@ -27,6 +27,7 @@ from .files import is_stream
 
 CHUNK_LINES = 50_000  # pairs read, cleaned and encoded at a time
 READ_BYTES = 1 << 16  # read size when streaming standard input
+MAX_LINE_BYTES = 1 << 26  # 64 MiB: a "line" longer than this is not a sentence (/dev/zero, a file without newlines); refused before memory runs out
 
 
 class DataError(NmtError, ValueError):
@@ -49,12 +50,18 @@ def iter_lines(path: str | Path, once: bool = False) -> Iterator[str]:
 
     Raises:
         DataError: the file does not exist, cannot be read or decompressed, or a line is
-            not valid UTF-8 (the message gives ``file:line``).
+            not valid UTF-8 or longer than :data:`MAX_LINE_BYTES` (the message gives ``file:line``).
     """
     path = check_file(path, once)
     with _open_bytes(path) as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise _too_long(path, number)
             yield decode_line(raw, number, path)
+
+
+def _too_long(name, number: int) -> DataError:
+    return DataError(f"{name}:{number}: the line is longer than {MAX_LINE_BYTES >> 20} MiB without a newline; give text with one sentence a line")
 
 
 @contextlib.contextmanager
@@ -115,8 +122,8 @@ def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterat
     test.en.gz``) is decompressed as it arrives, as files are.
 
     Raises:
-        DataError: a line is not valid UTF-8 (lines before it have been yielded), or gzip data
-            that is damaged.
+        DataError: a line is not valid UTF-8 or longer than :data:`MAX_LINE_BYTES` (lines before
+            it have been yielded), or gzip data that is damaged.
     """
     fd = _waitable_fd(stream)
     read = getattr(stream, "read1", stream.read)
@@ -128,12 +135,16 @@ def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterat
         start = 0
         while (end := pending.find(b"\n", start)) >= 0:
             number += 1
+            if end - start > MAX_LINE_BYTES:
+                raise _too_long(name, number)
             lines.append(decode_line(bytes(pending[start:end]), number, name))
             start = end + 1
             if len(lines) == size:
                 yield lines
                 lines = []
         del pending[:start]
+        if len(pending) > MAX_LINE_BYTES:
+            raise _too_long(name, number + 1)
         if lines and fd is not None and not select.select([fd], [], [], 0)[0]:
             yield lines
             lines = []
