@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import warnings
 from pathlib import Path
 
@@ -23,12 +24,29 @@ def read_metrics(run_dir: Path) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path}: not found; is {run_dir} a run directory?")
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except ValueError:  # also not UTF-8
             raise DataError(f"{path}:{number}: not a JSON object") from None
+        if not _is_record(record):
+            raise DataError(
+                f"{path}:{number}: not a record of nmt train (an object with an integer step, and numbers for loss and lr,"
+                " or for bleu and valid_loss); remove or correct the line"
+            )
+        records.append(record)
     return records
+
+
+def _is_record(record) -> bool:
+    """Whether a ``metrics.jsonl`` record has what :func:`plot_metrics` reads, of the right types."""
+
+    def number(key: str) -> bool:
+        return isinstance(record.get(key), (int, float)) and not isinstance(record[key], bool)
+
+    if not isinstance(record, dict) or not number("step") or not math.isfinite(record["step"]) or record["step"] != int(record["step"]):
+        return False
+    return ("loss" not in record or number("loss") and number("lr")) and ("bleu" not in record or number("bleu") and number("valid_loss"))
 
 
 def _pyplot():
