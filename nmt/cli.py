@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated
@@ -21,6 +23,7 @@ from typer.core import TyperCommand, TyperGroup
 from .commands import average, evaluate, export, import_, info, plot, profile, serve, shortlist, train, translate, tune
 from .commands.options import DECODE_KEYS, on_command_line
 from .errors import NmtError
+from .files import reason
 
 try:  # typer 0.2x runs its own copy of click
     from typer._click import exceptions as click_errors
@@ -161,5 +164,17 @@ def main() -> None:
     cannot make a translation fail after the work, or write a file in another encoding."""
     for stream in (sys.stdout, sys.stderr):
         if stream is not None and hasattr(stream, "reconfigure"):
-            stream.reconfigure(encoding="utf-8", errors="strict" if stream is sys.stdout else "backslashreplace")
-    app()
+            # surrogateescape: a file name that is not UTF-8 (as the OS decoded it) is printed as its own bytes, as ls does
+            stream.reconfigure(encoding="utf-8", errors="surrogateescape" if stream is sys.stdout else "backslashreplace")
+    try:
+        try:
+            app()
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, where a failure can still be reported, not at the interpreter's exit
+    except OSError as exc:  # standard output on a full disk or a failing device (`> /dev/full`): files nmt writes say so themselves
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere, quietly
+        typer.echo(f"error: cannot write standard output: {reason(exc)}", err=True)
+        raise SystemExit(2) from None

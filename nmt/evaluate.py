@@ -26,6 +26,7 @@ from .errors import Key, NmtError
 TOKENIZERS: tuple[str, ...] = tuple(BLEU.TOKENIZERS)
 
 #: Target language → tokenizer, as sacreBLEU chooses it (``BLEU(trg_lang=...)``).
+_DOWNLOADING = ("spm", "flores101", "flores200")
 LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 
 #: Tokenizers that need optional packages: (modules to import, nmt extra that installs them).
@@ -162,7 +163,8 @@ def check_tokenizer(tokenize: str) -> None:
     (sacreBLEU would only fail when scoring, e.g. at the first validation of a run).
 
     Raises:
-        EvaluationError: naming the missing module and the pip extra that installs it.
+        EvaluationError: naming the missing module and the pip extra that installs it, or a
+            SentencePiece model (``spm``, ``flores101``, ``flores200``) that cannot be downloaded.
     """
     modules, extra = _OPTIONAL.get(tokenize, ((), ""))
     for module in modules:
@@ -170,6 +172,14 @@ def check_tokenizer(tokenize: str) -> None:
             importlib.import_module(module)
         except ImportError:
             raise EvaluationError(f'BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not installed): pip install "nmt[{extra}]"') from None
+    if tokenize in _DOWNLOADING:
+        try:
+            BLEU(tokenize=tokenize)  # fetches the SentencePiece model into sacreBLEU's cache (~/.sacrebleu) the first time
+        except OSError as exc:  # urllib's URLError is one
+            raise EvaluationError(
+                f"BLEU tokenizer {tokenize} downloads its SentencePiece model on first use and could not ({getattr(exc, 'reason', exc)}):"
+                " run once where the internet can be reached (it is kept in ~/.sacrebleu, or $SACREBLEU), or choose another tokenizer"
+            ) from None
 
 
 def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...] | None = None, tokenize: str = "13a") -> dict:
