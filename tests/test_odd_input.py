@@ -1,0 +1,240 @@
+"""Kinds of odd input, each generated: what reaches a mechanism that once crashed, hung or destroyed a file.
+
+* an output named by one of the process's own descriptors (``/dev/stdout``, ``/dev/fd/N``) or
+  by a file of a run directory (directly, through a link, through a linked directory);
+* sampling at any temperature, and a model whose scores are NaN;
+* numbers beyond what C code holds, YAML aliases that repeat or hold themselves, odd
+  ``metrics.jsonl`` records, lines without an end, target text the vocabulary cannot write.
+"""
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import nmt.corpus as corpus
+from nmt.config import BEAM, LENGTH_PENALTY, THREADS, ConfigError, DecodeConfig, config_from_dict
+from nmt.corpus import DataError, iter_lines, stream_buffers
+from nmt.fields import MAX_INT, read_yaml
+from nmt.files import OutputError, atomic_write, check_writable, inherited_fd
+from nmt.plot import read_metrics
+from nmt.rundir import RunDir, check_not_a_run_file
+from nmt.search import Sampling, sample, sampling_probs
+from nmt.tokenizer import EOS
+from nmt.tune import grid
+
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+# ---------------------------------------------------------------- outputs
+
+
+@PROPERTY
+@given(before=st.binary(max_size=50), content=st.binary(max_size=200), name=st.sampled_from(["/dev/fd/{}", "/proc/self/fd/{}", "link"]))
+def test_an_output_naming_an_open_descriptor_is_written_through_it_in_its_mode(tmp_path_factory, before, content, name):
+    """`nmt translate -o /dev/stdout >> log` appends to log, as `cat` would; it used to replace log."""
+    tmp = tmp_path_factory.mktemp("fd")
+    log = tmp / "log"
+    log.write_bytes(before)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    try:
+        path = tmp / "alias" if name == "link" else name.format(fd)
+        if name == "link":
+            os.symlink(f"/proc/self/fd/{fd}", path)
+        assert inherited_fd(path) == fd
+        check_writable(path)
+        atomic_write(path, content)
+    finally:
+        os.close(fd)
+    assert log.read_bytes() == before + content
+    assert sorted(p.name for p in tmp.iterdir()) == sorted(["log"] + (["alias"] if name == "link" else []))
+
+
+def test_a_descriptor_open_for_reading_is_refused(tmp_path):
+    (tmp_path / "in").write_text("x")
+    fd = os.open(tmp_path / "in", os.O_RDONLY)
+    try:
+        with pytest.raises(OutputError, match="open for reading only"):
+            check_writable(f"/dev/fd/{fd}")
+    finally:
+        os.close(fd)
+    assert inherited_fd("/dev/fd/99999") is None and inherited_fd(tmp_path / "in") is None
+
+
+RUN_FILES = st.one_of(
+    st.sampled_from(["last.pt", "best.pt", "config.yaml", "metrics.jsonl", "spm.model", "spm.src.model", "spm.tgt.model", ".lock"]),
+    st.integers(0, 10**6).map(lambda n: f"step_{n}.pt"),
+)
+
+
+@PROPERTY
+@given(name=RUN_FILES, marker=st.sampled_from(["metrics.jsonl", ".lock"]), via=st.sampled_from(["direct", "file link", "directory link"]))
+def test_no_output_replaces_a_file_of_a_run_directory(tmp_path_factory, name, marker, via):
+    tmp = tmp_path_factory.mktemp("run")
+    run = tmp / "run"
+    run.mkdir()
+    (run / marker).write_text("")
+    (run / name).write_bytes(b"kept")
+    if via == "file link":
+        (tmp / "out.pt").symlink_to(run / name)
+        given_path = tmp / "out.pt"
+    elif via == "directory link":
+        (tmp / "alias").symlink_to(run)
+        given_path = tmp / "alias" / name
+    else:
+        given_path = run / name
+    with pytest.raises(OutputError, match="would replace"):
+        check_writable(given_path, "--output")
+    assert (run / name).read_bytes() == b"kept"
+    check_writable(run / "hypotheses.txt")  # other names in a run directory are the user's
+    check_writable(run / "average.pt")
+
+
+def test_a_directory_without_run_marker_is_anyones(tmp_path):
+    check_not_a_run_file(tmp_path / "last.pt", tmp_path / "last.pt")
+    check_writable(tmp_path / "config.yaml")
+
+
+# ---------------------------------------------------------------- sampling
+
+
+@PROPERTY
+@given(
+    logits=st.lists(st.floats(-1e4, 1e4), min_size=6, max_size=6),
+    banned=st.lists(st.booleans(), min_size=6, max_size=6),
+    temperature=st.one_of(st.floats(1e-300, 1e300), st.just(math.inf), st.sampled_from([1e-40, 1e-10, 1e10])),
+)
+def test_any_temperature_gives_a_distribution_over_what_may_follow(logits, banned, temperature):
+    if all(banned):
+        banned[0] = False
+    lprobs = torch.log_softmax(torch.tensor([logits]), -1).masked_fill(torch.tensor([banned]), -math.inf)
+    probs = sampling_probs(lprobs, Sampling(temperature=temperature))
+    assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0, abs=1e-5)
+    assert (probs[0, torch.tensor(banned)] == 0).all()
+    best = lprobs[0].max()
+    assert probs[0, lprobs[0] == best].sum() >= max(probs[0].max().item(), 1e-30) - 1e-6  # the likeliest stay the likeliest
+
+
+class NaNScorer:
+    """A damaged model: every score NaN."""
+
+    def step(self, prefix, state):
+        return torch.full((prefix.size(0), 9), math.nan), state
+
+    def reorder(self, state, index):
+        return state
+
+    def keep_sentences(self, state, keep):
+        return state
+
+
+@pytest.mark.parametrize("temperature", [1.0, math.inf, 1e-40])
+def test_sampling_ends_at_the_length_limit_whatever_the_scores(temperature):
+    """It looped for ever when NaN probabilities never drew EOS (temperature inf, or a NaN model)."""
+    out = sample(NaNScorer(), None, torch.tensor([3, 5]), DecodeConfig(n_best=2, beam_size=2), Sampling(temperature=temperature), [0, 1])
+    assert [len(s) for s in out] == [2, 2]
+    assert all(len(h.tokens) <= limit for s, limit in zip(out, [3, 5]) for h in s)
+    assert all(EOS not in h.tokens for s in out for h in s)
+
+
+# ---------------------------------------------------------------- numbers, YAML, records, lines
+
+
+INT_KEYS = ["tokenizer.vocab_size", "tokenizer.input_sentence_size", "train.max_steps", "train.max_tokens", "data.max_len", "decode.max_tokens"]
+
+
+@PROPERTY
+@given(key=st.sampled_from(INT_KEYS), value=st.integers(MAX_INT + 1, 10**40))
+def test_whole_numbers_beyond_a_c_int_are_config_errors(key, value):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=f"{key} must be at most 2,147,483,647, got {value}"):
+        config_from_dict({section: {name: value}})
+
+
+@PROPERTY
+@given(beam=st.integers(BEAM.high + 1, 10**30), threads=st.integers(THREADS.high + 1, 10**30), alpha=st.floats(allow_nan=True, allow_infinity=True))
+def test_decode_numbers_that_size_memory_or_overflow_are_refused(beam, threads, alpha):
+    with pytest.raises(ConfigError, match="decode.beam_size must be in"):
+        DecodeConfig(beam_size=beam)
+    with pytest.raises(ConfigError, match="train.threads must be in"):
+        config_from_dict({"train": {"threads": threads}})
+    if alpha not in LENGTH_PENALTY:
+        with pytest.raises(ConfigError, match="length_penalty must be in"):
+            DecodeConfig(length_penalty=alpha)
+        with pytest.raises(ConfigError, match="alphas must all be in"):
+            grid([5], ["length"], [alpha])
+    else:
+        assert DecodeConfig(length_penalty=alpha).length_penalty == alpha
+
+
+@PROPERTY
+@given(depth=st.integers(1, 12), fan=st.integers(1, 12))
+def test_yaml_aliases_expand_within_bounds_or_are_refused(depth, fan):
+    text = "l0: &l0 [x]\n" + "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * fan)}]\n" for i in range(1, depth + 1))
+    try:
+        value, _ = read_yaml(text, "c.yaml")
+    except ConfigError as exc:
+        assert str(exc).startswith("c.yaml:") and "expands to more than" in str(exc)
+        assert sum(fan**i for i in range(depth + 1)) > 100_000 / 2  # refused only where it is large
+    else:
+        assert len(value) == depth + 1
+
+
+def test_a_yaml_list_holding_itself_is_refused():
+    with pytest.raises(ConfigError, match="nests values deeper than"):
+        read_yaml("train: &a [*a]\n", "c.yaml")
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["step", "loss", "lr", "bleu", "valid_loss"]), c, max_size=5),
+    max_leaves=8,
+)
+
+
+@PROPERTY
+@given(odd=st.one_of(JSON.map(lambda v: json.dumps(v).encode()), st.binary(max_size=20)))
+def test_any_metrics_line_is_dropped_on_resume_or_named_by_plot(tmp_path_factory, odd):
+    run = tmp_path_factory.mktemp("run")
+    good = [{"step": 100, "loss": 3.0, "lr": 1e-3}, {"step": 200, "bleu": 10.0, "valid_loss": 2.5}]
+    (run / "metrics.jsonl").write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in good) + odd.replace(b"\n", b" ") + b"\n")
+    try:
+        records = read_metrics(run)
+    except DataError as exc:
+        assert str(exc).startswith(f"{run / 'metrics.jsonl'}:3: ")
+    else:
+        assert records[:2] == good and len(records) == 3
+    RunDir(run).keep_history_until(200)  # never raises: a line that is no record is not in the history
+    kept = (run / "metrics.jsonl").read_bytes().splitlines()
+    assert [json.loads(line) for line in kept[:2]] == good and len(kept) <= 3
+    newest = RunDir(run).last_validation()
+    assert newest == good[1] or (len(kept) == 3 and newest == json.loads(kept[2]))
+
+
+def test_a_line_longer_than_the_limit_is_an_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 8)
+    text = b"short\n" + b"a" * 20 + b"\nok\n"
+    (tmp_path / "in.txt").write_bytes(text)
+    with pytest.raises(DataError, match=r"in\.txt:2: the line is longer than"):
+        list(iter_lines(tmp_path / "in.txt"))
+    with pytest.raises(DataError, match="<stdin>:2: the line is longer than"):
+        list(stream_buffers(io.BytesIO(text), 10))
+    with pytest.raises(DataError, match="<stdin>:1: the line is longer than"):  # no newline yet: refused before it is all in memory
+        list(stream_buffers(io.BytesIO(b"a" * 100), 10))
+    (tmp_path / "fits.txt").write_bytes(b"12345678\n1234567")
+    assert list(iter_lines(tmp_path / "fits.txt")) == ["12345678", "1234567"]
+
+
+def test_writing_to_a_full_standard_output_is_one_line(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "nmt", "--version"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr == "error: cannot write standard output: no space left on the device\n"
