@@ -252,7 +252,7 @@ class DecodeConfig(Checked):
     length_normalization: Literal["gnmt", "length", "none"] = setting("length", "how finished hypotheses are ranked (see above)")
     max_len_a: float = setting(1.5, "output limit per source piece (at most 100: no translation is longer)", Range(0, 100))
     max_len_b: int = setting(10, "output limit added, in pieces (at most 10,000)", Range(0, 10_000))
-    n_best: int = setting(1, "hypotheses written per sentence", BEAM)
+    n_best: int = setting(1, "hypotheses written per sentence", Range(1, 10_000))  # beam search: at most beam_size; sampling: samples
     min_len: int = setting(0, "EOS is forbidden before this many output pieces", AT_LEAST_0)
     max_tokens: int = setting(4096, "source-side batch budget in tokens, padding included", AT_LEAST_1)
     max_input_pieces: int = setting(1024, "a longer source line is not translated (its output line stays empty)", AT_LEAST_1)
@@ -452,7 +452,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         try:
             raw.setdefault(section, {})[name] = read_override(value, f"{section}.{name}")
         except ConfigError as exc:
-            raise exc.located(f"--set {item}") from None
+            raise exc.located(f"--set {item if item.isprintable() else repr(item)}") from None  # a line break in it would split the one line
     return raw
 
 

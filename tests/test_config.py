@@ -74,7 +74,7 @@ def test_missing_config_file(tmp_path):
         ({"decode": {"max_len_a": -5}}, r"decode.max_len_a must be in \[0, 100\], got -5"),
         ({"decode": {"max_len_a": 1e12}}, r"decode.max_len_a must be in \[0, 100\], got 1000000000000\.0"),  # once a 30 TB cache
         ({"decode": {"max_len_b": 1000000000}}, r"decode.max_len_b must be in \[0, 10000\], got 1000000000"),
-        ({"decode": {"length_penalty": float("nan")}}, "decode.length_penalty must be a finite number, got nan"),
+        ({"decode": {"length_penalty": float("nan")}}, r"decode.length_penalty must be in \[-10, 10\], got nan"),
         ({"decode": {"length_normalization": "average"}}, "decode.length_normalization must be gnmt, length or none, got 'average'"),
         ({"data": {"train_src": "a.en"}}, "data.train_src and data.train_tgt go together"),
         ({"data": {"valid_tgt": "b.de"}}, "data.valid_src and data.valid_tgt go together"),
@@ -91,7 +91,7 @@ def test_missing_config_file(tmp_path):
         ({"train": {"adam_eps": 0}}, "train.adam_eps must be > 0, got 0"),
         ({"train": {"max_steps": -1}}, "train.max_steps must be >= 1, got -1"),
         ({"train": {"max_epochs": 0}}, "train.max_epochs must be >= 1, got 0"),
-        ({"train": {"threads": -1}}, "train.threads must be in [0, 1024], got -1"),
+        ({"train": {"threads": -1}}, r"train.threads must be in \[0, 1024\], got -1"),
         ({"train": {"max_time_s": float("inf")}}, "train.max_time_s must be >= 0, got inf"),
         ({"train": {"adam_betas": [0.9, 1.0]}}, r"train.adam_betas\[1\] must be in \[0, 1\), got 1.0"),
         ({"data": {"max_len_ratio": 0.5}}, "data.max_len_ratio must be >= 1, got 0.5"),
@@ -269,8 +269,8 @@ def test_misspelt_keys_sections_and_choices_get_a_suggestion(tmp_path):
 def test_sections_check_their_own_fields_whenever_they_are_built():
     with pytest.raises(ConfigError) as err:
         replace(DecodeConfig(), beam_size=0)
-    assert str(err.value) == "decode.beam_size must be >= 1, got 0" and err.value.key == "decode.beam_size"
-    assert err.value.render({"decode.beam_size": "--beam-size"}.get) == "--beam-size must be >= 1, got 0"
+    assert str(err.value) == "decode.beam_size must be in [1, 1024], got 0" and err.value.key == "decode.beam_size"
+    assert err.value.render({"decode.beam_size": "--beam-size"}.get) == "--beam-size must be in [1, 1024], got 0"
     with pytest.raises(ConfigError, match="^decode.length_normalization must be gnmt, length or none, got 'average'$"):
         DecodeConfig(length_normalization="average")
     assert replace(DecodeConfig(), beam_size=3, n_best=3).n_best == 3  # n_best <= beam_size relates fields: validate's rule
