@@ -73,8 +73,9 @@ def _open_bytes(path: Path) -> Iterator[BinaryIO]:
     """
     try:
         with open(path, "rb") as raw:  # opened once and peeked at, so that a pipe's first bytes are not lost
-            magic = raw.peek(2)[:2]
-            if magic in (b"\xff\xfe", b"\xfe\xff"):
+            head = raw.peek(64)[:64]
+            magic = head[:2]
+            if magic in (b"\xff\xfe", b"\xfe\xff") or _utf16_without_bom(head):
                 raise DataError(f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
             if magic == b"\x1f\x8b":
                 with gzip.GzipFile(fileobj=raw, mode="rb") as f:
@@ -83,6 +84,13 @@ def _open_bytes(path: Path) -> Iterator[BinaryIO]:
                 yield raw
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
+
+
+def _utf16_without_bom(head: bytes) -> bool:
+    """Whether the first bytes look like UTF-16 without a byte-order mark: a NUL in every other
+    byte (the high half of Latin text's code units), which UTF-8 text has nowhere."""
+    pairs = len(head) // 2
+    return pairs >= 4 and any(all(head[i] == 0 for i in range(start, 2 * pairs, 2)) for start in (0, 1))
 
 
 def decode_line(raw: bytes, number: int, name) -> str:
@@ -160,19 +168,29 @@ class _Gunzip:
     """Incremental gzip decompression of a stream, member after member (``cat a.gz b.gz`` is gzip too)."""
 
     def __init__(self, name: str):
-        self.name, self.inflate = name, zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        self.name, self.inflate, self.padding = name, zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), False
 
     def __call__(self, data: bytes) -> bytes:
         out = bytearray()
+        if self.padding:
+            data = self._zeros(data)
         while data:
             try:
                 out += self.inflate.decompress(data)
             except zlib.error as exc:
                 raise DataError(f"{self.name}: damaged gzip data ({exc})") from None
             data = self.inflate.unused_data
-            if data:  # the next member begins
+            if data[:1] == b"\0":  # zeros after a member (tape blocks, a padded image): gzip -d ignores them too
+                self.padding = True
+                data = self._zeros(data)
+            elif data:  # the next member begins
                 self.inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
         return bytes(out)
+
+    def _zeros(self, data: bytes) -> bytes:
+        if data.strip(b"\0"):
+            raise DataError(f"{self.name}: damaged gzip data (bytes after the zeros that end it)")
+        return b""
 
     def finish(self) -> None:
         """Raise if the data ended in the middle of a gzip member."""

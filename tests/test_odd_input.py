@@ -238,3 +238,33 @@ def test_writing_to_a_full_standard_output_is_one_line(tmp_path):
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "nmt", "--version"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr == "error: cannot write standard output: no space left on the device\n"
+
+
+@PROPERTY
+@given(
+    text=st.text(st.characters(codec="utf-8", exclude_characters="\0\r\n\ufeff"), max_size=40),
+    lines=st.integers(1, 4),
+    codec=st.sampled_from(["utf-16-le", "utf-16-be"]),
+)
+def test_utf16_without_a_mark_is_named_and_utf8_never_mistaken_for_it(tmp_path_factory, text, lines, codec):
+    tmp = tmp_path_factory.mktemp("enc")
+    body = "".join(f"{text}{i}\n" for i in range(lines))
+    (tmp / "u8.txt").write_bytes(body.encode("utf-8"))
+    assert list(iter_lines(tmp / "u8.txt")) == body.split("\n")[:-1]
+    latin = "".join(c for c in body if c < "\u0100")
+    if len(latin.encode(codec)) == len(body.encode(codec)) and len(body) >= 4:  # Latin text: a NUL in every other byte
+        (tmp / "u16.txt").write_bytes(body.encode(codec))
+        with pytest.raises(DataError, match="UTF-16 text; convert it to UTF-8"):
+            list(iter_lines(tmp / "u16.txt"))
+
+
+@PROPERTY
+@given(zeros=st.integers(1, 300), tail=st.binary(min_size=1, max_size=5))
+def test_zeros_after_gzip_data_are_ignored_on_standard_input_as_in_files(tmp_path_factory, zeros, tail):
+    import gzip
+
+    data = gzip.compress(b"hello\nworld\n") + b"\0" * zeros
+    assert [line for chunk in stream_buffers(io.BytesIO(data), 10) for line in chunk] == ["hello", "world"]
+    if tail.strip(b"\0"):
+        with pytest.raises(DataError, match="damaged gzip data"):
+            list(stream_buffers(io.BytesIO(data + tail), 10))
