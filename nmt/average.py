@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -66,11 +65,15 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     if not paths:
         raise CheckpointError("nothing to average: give checkpoints or a run directory with step_N.pt files")
     check_not_an_input(Path(out), [("an input", Path(p)) for p in paths], "--out")
-    for i, path in enumerate(paths):  # the same file twice (also through a link or --run-dir) would count double
-        with contextlib.suppress(OSError):
-            twice = next((p for p in paths[:i] if os.path.samefile(p, path)), None)
-            if twice is not None:
-                raise CheckpointError(f"{path} is given twice (also as {twice}): each checkpoint counts once in an average; give it once")
+    seen: dict[tuple[int, int], Path] = {}  # (device, inode): the same file twice (also through a link or --run-dir) would count double
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # load_checkpoint names a missing input below
+        if (st.st_dev, st.st_ino) in seen:
+            raise CheckpointError(f"{path} is given twice (also as {seen[st.st_dev, st.st_ino]}): each checkpoint counts once in an average; give it once")
+        seen[st.st_dev, st.st_ino] = Path(path)
     sums: dict[str, torch.Tensor] = {}
     first = first_path = None
     for path in paths:

@@ -132,3 +132,13 @@ def test_checkpoints_of_two_runs_are_refused_unless_asked(tmp_path):
     assert average_checkpoints([tmp_path / "a.pt", tmp_path / "c.pt"], tmp_path / "avg.pt")["run"]["dir"] == "runs/one"
     mixed = average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "mixed.pt", different_runs=True)
     assert "run" not in mixed and len(mixed["averaged_from"]) == 2
+
+
+def test_a_checkpoint_given_twice_is_refused_also_through_a_link(tmp_path):
+    write(tmp_path / "a.pt", 0)
+    write(tmp_path / "b.pt", 1)
+    (tmp_path / "alias.pt").symlink_to(tmp_path / "a.pt")
+    for twice in ([tmp_path / "a.pt", tmp_path / "a.pt"], [tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "alias.pt"]):
+        with pytest.raises(CheckpointError, match="is given twice"):
+            average_checkpoints(twice, tmp_path / "avg.pt")
+    assert not (tmp_path / "avg.pt").exists()
