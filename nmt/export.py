@@ -142,6 +142,37 @@ def generation_settings(decode: DecodeConfig, tokenizer: Tokenizer, max_position
     return values, notes
 
 
+#: The files an export writes, by format: a directory holding only the files of one of them is an
+#: earlier export, which a new one replaces whole; anything else in it (a user's script, a subfolder)
+#: makes the directory the user's, and the export refuses it.
+EXPORT_FILES = {
+    "huggingface": frozenset(
+        "config.json generation_config.json model.safetensors source.spm target.spm vocab.json target_vocab.json "
+        "tokenizer_config.json special_tokens_map.json".split()
+    ),
+    "ctranslate2": frozenset(
+        "config.json model.bin shared_vocabulary.json source_vocabulary.json target_vocabulary.json vmap.txt "
+        "spm.model source.spm target.spm README.md".split()
+    ),
+}
+
+
+def _foreign_entry(out: Path) -> str | None:
+    """The first entry of directory ``out`` that makes it not an earlier export (:data:`EXPORT_FILES`), named for
+    the error; None for an empty directory or an earlier export. Links and subdirectories are never an export's."""
+    entries = sorted(out.iterdir())
+    names = {entry.name for entry in entries}
+    for files in EXPORT_FILES.values():
+        if names <= files and all(entry.is_file() and not entry.is_symlink() for entry in entries):
+            return None
+    for entry in entries:
+        if entry.is_symlink() or not entry.is_file():
+            return f"{entry.name} (a {'link' if entry.is_symlink() else 'directory or special file'})"
+        if not any(entry.name in files for files in EXPORT_FILES.values()):
+            return entry.name
+    return "a mix of both export formats' files"
+
+
 def _check_directory(out: Path, what: str = "out") -> None:
     """Fail before any work if a directory cannot be written at ``out``.
 
@@ -150,8 +181,11 @@ def _check_directory(out: Path, what: str = "out") -> None:
     """
     if out.exists() and not out.is_dir():
         raise OutputError(Key(what), f" {out} is a file; give a directory")
-    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in ("config.json", "model.bin")):
-        raise OutputError(Key(what), f" {out} holds other files; give a new or empty directory (an earlier export there is replaced)")
+    foreign = _foreign_entry(out) if out.is_dir() else None
+    if foreign is not None:
+        raise OutputError(
+            Key(what), f" {out} holds {foreign}, which no export writes; give a new or empty directory (an earlier export there is replaced)"
+        )
     if not out.parent.is_dir():
         raise OutputError(Key(what), f" {out}: directory {out.parent} does not exist; create it first")
     probe = out.with_name(f".{out.name}.probe{os.getpid()}")

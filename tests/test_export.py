@@ -4,12 +4,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import AWKWARD_LINES, TOY, tiny_config
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nmt.config import DecodeConfig, TokenizerConfig
 from nmt.corpus import read_parallel
 from nmt.data import pad_sources
-from nmt.export import ExportError, export, export_huggingface, generation_settings
+from nmt.export import EXPORT_FILES, ExportError, export, export_huggingface, generation_settings
 from nmt.marian import permutation as marian_permutation
 from nmt.model import Transformer, sinusoidal_positions
 from nmt.search import translate_batch
@@ -230,7 +231,7 @@ def test_an_unwritable_or_full_place_is_one_line_and_leaves_nothing(checkpoint, 
     result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "other")])
     assert (
         result.exit_code == 2
-        and result.output == f"error: OUT {tmp_path / 'other'} holds other files; give a new or empty directory (an earlier export there is replaced)\n"
+        and result.output == f"error: OUT {tmp_path / 'other'} holds notes.txt, which no export writes; give a new or empty directory (an earlier export there is replaced)\n"
     )
     result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "missing" / "hf")])
     assert result.exit_code == 2 and "does not exist; create it first" in result.output and result.output.count("\n") == 1
@@ -379,3 +380,44 @@ def test_a_han_target_of_its_own_vocabulary_exports_with_byte_pieces(tmp_path):
     (hyps,) = translate_batch(model, pad_sources([ids]), DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=0.0, max_len_b=12))
     result = translator.translate_batch([[tokenizer.src.id_to_piece(i) for i in ids] + ["</s>"]], beam_size=1, max_decoding_length=12)
     assert result[0].hypotheses[0] == [tokenizer.tgt.id_to_piece(i) for i in hyps[0].tokens]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    format=st.sampled_from(sorted(EXPORT_FILES)),
+    kept=st.data(),
+    foreign=st.one_of(
+        st.none(),
+        st.tuples(st.sampled_from(["file", "directory", "link"]), st.text(st.characters(min_codepoint=48, max_codepoint=122), min_size=1, max_size=12)),
+    ),
+)
+def test_only_an_earlier_export_is_replaced(tmp_path_factory, format, kept, foreign):
+    """A directory is replaced only when all it holds are the files one export format writes: any other file,
+    a subdirectory or a link (even under an export's file name) makes it the user's, refused and left as it was."""
+    from nmt.export import _check_directory
+    from nmt.files import OutputError
+
+    out = tmp_path_factory.mktemp("export") / "out"
+    out.mkdir()
+    for name in kept.draw(st.sets(st.sampled_from(sorted(EXPORT_FILES[format])), min_size=1)):
+        (out / name).write_text("earlier")
+    if foreign is not None:
+        kind, name = foreign
+        if kind == "file" and any(name in files for files in EXPORT_FILES.values()):
+            name = f"{name}.mine"
+        target = out / name
+        if target.exists():
+            target.unlink()
+        if kind == "file":
+            target.write_text("mine")
+        elif kind == "directory":
+            target.mkdir()
+        else:
+            target.symlink_to(out.parent)
+    before = sorted(p.name for p in out.iterdir())
+    if foreign is None:
+        _check_directory(out)
+    else:
+        with pytest.raises(OutputError, match=" which no export writes; give a new or empty directory"):
+            _check_directory(out)
+    assert sorted(p.name for p in out.iterdir()) == before
