@@ -28,6 +28,7 @@ from .evaluate import TOKENIZERS as BLEU_TOKENIZERS
 from .fields import (
     AT_LEAST_0,
     AT_LEAST_1,
+    LANGUAGE,
     NULL,
     POSITIVE,
     PROBABILITY,
@@ -117,8 +118,8 @@ class DataConfig(Checked):
 
     section = "data"
 
-    src_lang: str = setting("en", "source language code")
-    tgt_lang: str = setting("de", "target language code (also picks the BLEU tokenizer when eval.tokenize is auto)")
+    src_lang: str = setting("en", "source language code", pattern=LANGUAGE)
+    tgt_lang: str = setting("de", "target language code (also picks the BLEU tokenizer when eval.tokenize is auto)", pattern=LANGUAGE)
     dir: str | None = setting(None, "a directory of {split}.{lang} or {split}.{lang}.gz files")
     train_split: str = setting("train", "the training split's name in data.dir or data.hf_dataset")
     valid_split: str = setting("valid", "the validation split's name in data.dir or data.hf_dataset")

@@ -151,8 +151,7 @@ EXPORT_FILES = {
         "tokenizer_config.json special_tokens_map.json".split()
     ),
     "ctranslate2": frozenset(
-        "config.json model.bin shared_vocabulary.json source_vocabulary.json target_vocabulary.json vmap.txt "
-        "spm.model source.spm target.spm README.md".split()
+        "config.json model.bin shared_vocabulary.json source_vocabulary.json target_vocabulary.json vmap.txt spm.model source.spm target.spm README.md".split()
     ),
 }
 
@@ -183,9 +182,7 @@ def _check_directory(out: Path, what: str = "out") -> None:
         raise OutputError(Key(what), f" {out} is a file; give a directory")
     foreign = _foreign_entry(out) if out.is_dir() else None
     if foreign is not None:
-        raise OutputError(
-            Key(what), f" {out} holds {foreign}, which no export writes; give a new or empty directory (an earlier export there is replaced)"
-        )
+        raise OutputError(Key(what), f" {out} holds {foreign}, which no export writes; give a new or empty directory (an earlier export there is replaced)")
     if not out.parent.is_dir():
         raise OutputError(Key(what), f" {out}: directory {out.parent} does not exist; create it first")
     probe = out.with_name(f".{out.name}.probe{os.getpid()}")

@@ -68,6 +68,7 @@ def _show(x: float) -> str:
 
 
 MAX_INT = 2**31 - 1  # every whole number of a config, unless its range says otherwise: what SentencePiece's and the OS's C ints hold
+LANGUAGE = (r"[A-Za-z][A-Za-z0-9_-]*", "a language code: a letter, then letters, digits, _ or - (en, zh_TW, pt-BR)")
 AT_LEAST_1, AT_LEAST_0, POSITIVE, PROBABILITY = Range(1), Range(0), Range(0, low_open=True), Range(0, 1, high_open=True)
 
 
@@ -160,6 +161,8 @@ def _check(key: str, value: Any, tp: Any, meta: Any) -> None:
             raise ConfigError(Key(key), f" must be {_describe(tp, meta['range'])}, got {value!r}{did_you_mean(value, choices)}")
         return
     allowed, pattern = meta["range"], meta["pattern"]
+    if isinstance(value, str) and not value.strip():  # a path or a name: "" would mean the current directory or "train."
+        raise ConfigError(Key(key), f" must not be empty, got {value!r}: write a value" + (", or null for none" if type(None) in _members(tp) else ""))
     for i, number in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
         if allowed is not None and isinstance(number, (int, float)) and not isinstance(number, bool) and number not in allowed:
             where = key if i is None else f"{key}[{i}]"

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ import torch
 
 from .config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict, validate
 from .errors import Key, NmtError
+from .fields import LANGUAGE
 from .tokenizer import BOS, PAD, TAG, UNK, Tokenizer, TokenizerError
 from .vocab import MarianTokenizer
 
@@ -603,6 +605,7 @@ def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: 
         entry = directory.parent.parent.name.split("--")[-1]
         named = entry.split("-")[-2:] if entry.startswith("opus-mt-") else named
     found = [tokenizer.spec.get("source_lang") or named[0], tokenizer.spec.get("target_lang") or named[1]]
+    found = [guess if isinstance(guess, str) and re.fullmatch(LANGUAGE[0], guess) else None for guess in found]  # a code nmt can name files by
     langs = [str(given or guess or "und") for given, guess in zip((src_lang, tgt_lang), found)]
     # Target-language tags in the vocabulary (>>fr<<, as nmt's multilingual export and OPUS-MT's multi-target models
     # have them): one direction per tag, chosen with --tgt-lang, unless a target language is given.

@@ -45,6 +45,22 @@ _TEMPORARY = re.compile(r"^\..+\.tmp\d+$")
 _RUN_FILE = re.compile(r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock")
 
 
+def check_config_outside(run_dir: Path, config_file: Path | None) -> None:
+    """Refuse a fresh run given its own directory's ``config.yaml`` as ``--config``: the run replaces that file
+    with its resolved configuration, and the user's comments and layout would be lost.
+
+    Raises:
+        ConfigError: ``config_file`` is (by any name or link) ``run_dir/config.yaml``.
+    """
+    written = run_dir / "config.yaml"
+    if config_file is not None and written.exists() and Path(config_file).exists() and written.samefile(config_file):
+        raise ConfigError(
+            Key("config"),
+            f" {config_file} is the run's own config.yaml, which a run replaces with its resolved configuration; keep it outside ",
+            Key("train.run_dir"),
+        )
+
+
 def check_not_a_run_file(target: Path, given: Path, what: str = "output") -> None:
     """Refuse an output ``given`` (writing to ``target``, a link's target) that would replace a file
     ``nmt train`` keeps in a run directory (one with ``metrics.jsonl`` or ``.lock``): a

@@ -213,7 +213,7 @@ def write(tmp_path, text: str, name: str = "c.yaml"):
         ("data.dir", "~", None),
         ("data.dir", "", None),
         ("data.dir", '"null"', "null"),  # quotes make it text
-        ("data.src_lang", "'010'", "010"),
+        ("data.train_split", "'010'", "010"),
         ("eval.tokenize", "none", "none"),  # sacreBLEU's tokenizer called none, not null
         ("tokenizer.character_coverage", "auto", "auto"),
         ("tokenizer.character_coverage", "1", 1.0),
@@ -379,7 +379,8 @@ def _valid_value(f, tp):
         elif member is str and f.metadata["pattern"]:
             options.append(st.from_regex(f.metadata["pattern"][0], fullmatch=True))
         elif member is str:
-            options.append(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=10))  # PyYAML writes U+0085 so that it reads back as a space
+            # PyYAML writes U+0085 so that it reads back as a space; text is never blank (a config error)
+            options.append(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=10).filter(str.strip))
         elif member is type(None):
             options.append(st.none())
         elif typing.get_origin(member) is tuple and typing.get_args(member)[-1] is Ellipsis:  # data.directions: distinct pairs of two languages

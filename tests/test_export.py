@@ -231,7 +231,8 @@ def test_an_unwritable_or_full_place_is_one_line_and_leaves_nothing(checkpoint, 
     result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "other")])
     assert (
         result.exit_code == 2
-        and result.output == f"error: OUT {tmp_path / 'other'} holds notes.txt, which no export writes; give a new or empty directory (an earlier export there is replaced)\n"
+        and result.output
+        == f"error: OUT {tmp_path / 'other'} holds notes.txt, which no export writes; give a new or empty directory (an earlier export there is replaced)\n"
     )
     result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), str(tmp_path / "missing" / "hf")])
     assert result.exit_code == 2 and "does not exist; create it first" in result.output and result.output.count("\n") == 1

@@ -158,6 +158,59 @@ def test_whole_numbers_beyond_a_c_int_are_config_errors(key, value):
         config_from_dict({section: {name: value}})
 
 
+def text_keys() -> list[str]:
+    """Every config key whose value is text (a path, a name, a language code)."""
+    import dataclasses
+
+    from nmt.config import Config
+    from nmt.fields import _members, hints
+
+    return [
+        f"{section.name}.{f.name}"
+        for section in dataclasses.fields(Config)
+        for f in dataclasses.fields(section.default_factory)
+        if str in _members(hints(section.default_factory)[f.name])
+    ]
+
+
+@PROPERTY
+@given(key=st.sampled_from(text_keys()), blank=st.text(" \t\u3000\u00a0", max_size=4), quoted=st.booleans())
+def test_empty_text_is_refused_for_every_text_key_whichever_way_written(tmp_path_factory, key, blank, quoted):
+    """`train.run_dir: ""` in YAML meant the current directory (and `data.tgt_lang: ""` the files `train.`) where
+    `--set train.run_dir=` was refused: text is never empty, from YAML (quoted or not) or from a checkpoint's dict."""
+    section, name = key.split(".")
+    assert len(text_keys()) >= 10 and "train.run_dir" in text_keys()
+    with pytest.raises(ConfigError, match=f"^{key} must (not be empty|be text)"):
+        config_from_dict({section: {name: blank}})
+    path = tmp_path_factory.mktemp("cfg") / "c.yaml"
+    written = json.dumps(blank) if quoted else blank.replace("\t", " ")  # a tab cannot start a YAML token
+    path.write_text(f"{section}:\n  {name}: {written}\n", encoding="utf-8")
+    from nmt.config import Config, load_config
+    from nmt.fields import _members, hints
+
+    nullable = type(None) in _members(hints(type(getattr(Config(), section)))[name])
+    if quoted or not nullable:  # unquoted nothing is YAML's null: refused where a key needs text, else null
+        with pytest.raises(ConfigError, match=f"{key} must (not be empty|be text)"):
+            load_config(path)
+    else:
+        assert getattr(getattr(load_config(path), section), name) is None
+
+
+@PROPERTY
+@given(code=st.text(max_size=8))
+def test_a_language_code_names_files_it_cannot_escape(code):
+    """`data.tgt_lang` becomes part of a file name (`train.{tgt_lang}`): a separator, a space or a dot is refused."""
+    from nmt.fields import LANGUAGE
+
+    valid = bool(code) and code[0].isascii() and code[0].isalpha() and all(c.isascii() and (c.isalnum() or c in "_-") for c in code)
+    if valid:
+        assert config_from_dict({"data": {"tgt_lang": code}}).data.tgt_lang == code
+    else:
+        with pytest.raises(ConfigError, match="data.tgt_lang must"):
+            config_from_dict({"data": {"tgt_lang": code}})
+    assert LANGUAGE[1].startswith("a language code")
+
+
 @PROPERTY
 @given(beam=st.integers(BEAM.high + 1, 10**30), threads=st.integers(THREADS.high + 1, 10**30), alpha=st.floats(allow_nan=True, allow_infinity=True))
 def test_decode_numbers_that_size_memory_or_overflow_are_refused(beam, threads, alpha):
@@ -268,3 +321,26 @@ def test_zeros_after_gzip_data_are_ignored_on_standard_input_as_in_files(tmp_pat
     if tail.strip(b"\0"):
         with pytest.raises(DataError, match="damaged gzip data"):
             list(stream_buffers(io.BytesIO(data + tail), 10))
+
+
+@pytest.mark.parametrize("via", ["the file", "a link", "a hard link"])
+def test_a_fresh_run_never_replaces_the_config_file_it_was_given(tmp_path, via):
+    """`nmt train -c exp/config.yaml --run-dir exp` replaced the user's file (comments and all) with the resolved
+    configuration; now refused before anything is written, whichever name reaches the file."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    run = tmp_path / "exp"
+    run.mkdir()
+    mine = run / "config.yaml"
+    mine.write_text("# my settings\nmodel:\n  preset: tiny\n", encoding="utf-8")
+    given = {"the file": mine, "a link": tmp_path / "link.yaml", "a hard link": tmp_path / "hard.yaml"}[via]
+    if via == "a link":
+        given.symlink_to(mine)
+    elif via == "a hard link":
+        os.link(mine, given)
+    result = CliRunner().invoke(app, ["train", "-c", str(given), "--run-dir", str(run), "--set", f"data.dir={tmp_path}"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: --config {given} is the run's own config.yaml") and result.output.count("\n") == 1
+    assert mine.read_text(encoding="utf-8") == "# my settings\nmodel:\n  preset: tiny\n" and sorted(p.name for p in run.iterdir()) == ["config.yaml"]

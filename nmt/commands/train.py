@@ -51,6 +51,7 @@ def train(
     quiet: Quiet = False,
 ) -> None:
     """Train a SentencePiece tokenizer and a Transformer (or fine-tune a checkpoint's, --init-from), validating and checkpointing as it goes."""
+    from ..rundir import check_config_outside
     from ..train import train as run_training
     from ..translate import resolve_device
 
@@ -62,6 +63,8 @@ def train(
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         cfg = load_config(config, overrides)
+        if not resume:
+            check_config_outside(Path(cfg.train.run_dir), config)
         resolve_device(cfg.train.device, "train.device")  # now, not after the tokenizer is trained
         result = run_training(cfg, resume=resume, overrides=overrides, config_file=config if resume or init_from else None, init_from=init_from)
     except KeyboardInterrupt:  # before the training loop, or a second signal inside it
