@@ -13,6 +13,7 @@ the step, the sampler's position and every process's RNG states, so that ``nmt t
 from __future__ import annotations
 
 import random
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,9 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
 
     cfg = _config(payload, path)
     _check_tokenizer(payload, cfg, path)
+    wrong = size_mismatches(cfg.model, payload["model"], NMT_LAYERS, NMT_WIDTHS)
+    if wrong:
+        raise CheckpointError(f"{path}: the tensors do not fit the model its config describes ({'; '.join(wrong)}; written by {written_by(payload)})")
     expected = uninitialised_model(cfg.model).state_dict()  # names and shapes only
     check_state_fits(expected, payload["model"], path, written_by(payload))
     if training:
@@ -234,6 +238,41 @@ def restore_model(payload: dict[str, Any], path: Path):
     model = Transformer(cfg.model)
     model.load_state_dict(payload["model"])
     return model.eval(), tokenizer, cfg
+
+
+#: Where nmt's state dict shows each size a model config names: layers by the largest index in
+#: the names, widths by a dimension of one tensor (see :func:`size_mismatches`).
+NMT_LAYERS = {"n_encoder_layers": r"encoder\.(\d+)\.", "n_decoder_layers": r"decoder\.(\d+)\."}
+NMT_WIDTHS = {
+    "d_model": ("tgt_embed.weight", 1),
+    "d_ff": ("encoder.0.ffn.fc1.weight", 0),
+    "src_vocab_size": ("src_embed.weight", 0),
+    "tgt_vocab_size": ("tgt_embed.weight", 0),
+}
+
+
+def size_mismatches(model_cfg: Any, state: dict[str, Any], layers: dict[str, str], widths: dict[str, tuple[str, int]]) -> list[str]:
+    """The sizes of ``model_cfg`` (layer counts, widths) larger than the tensors of ``state`` show, as
+    ``"model.d_model 1048576 in the config vs 128 in the tensors"``; empty when none is.
+
+    Run before anything of the config's size is built: a damaged or hand-edited config (``d_model``
+    2^20, 10^9 layers) would otherwise allocate terabytes or loop for ever before the tensors could
+    say it is wrong. A size at most the tensors' is safe to build, and left to the full comparison
+    of names and shapes after, which names the tensors; so is a width whose tensor is absent.
+
+    Args:
+        layers: size key -> a regular expression whose group 1 is a layer's index in a tensor name.
+        widths: size key -> (tensor name, dimension) that shows it.
+    """
+    shown: dict[str, int] = {}
+    for key, pattern in layers.items():
+        found = [int(match[1]) for name in state if (match := re.match(pattern, str(name)))]
+        shown[key] = max(found) + 1 if found else 0
+    for key, (name, dim) in widths.items():
+        tensor = state.get(name)
+        if isinstance(tensor, torch.Tensor) and tensor.dim() > dim:
+            shown[key] = int(tensor.shape[dim])
+    return [f"model.{key} {getattr(model_cfg, key)} in the config vs {value} in the tensors" for key, value in shown.items() if getattr(model_cfg, key) > value]
 
 
 def check_state_fits(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], path: Path, writer: str) -> None:

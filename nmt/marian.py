@@ -206,8 +206,18 @@ def from_marian(marian: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows, p
     return state
 
 
+MARIAN_LAYERS = {"n_encoder_layers": r"model\.encoder\.layers\.(\d+)\.", "n_decoder_layers": r"model\.decoder\.layers\.(\d+)\."}
+MARIAN_WIDTHS = {"d_model": ("model.encoder.layers.0.fc1.weight", 1), "d_ff": ("model.encoder.layers.0.fc1.weight", 0)}
+
+
 def _check_names(marian: dict[str, torch.Tensor], cfg: ModelConfig, path) -> None:
-    """Refuse a state dict with tensors the model config does not describe, or without ones it does."""
+    """Refuse a state dict with tensors the model config does not describe, or without ones it does; sizes first,
+    before a layer count of config.json (10^9) is looped over (:func:`nmt.checkpoint.size_mismatches`)."""
+    from .checkpoint import size_mismatches
+
+    wrong = size_mismatches(cfg, marian, MARIAN_LAYERS, MARIAN_WIDTHS)
+    if wrong:
+        raise MarianError(f"{path}: the weights do not fit the model config.json describes ({'; '.join(wrong)})".replace(" in the config ", " in config.json "))
     src_names, tgt_names = _embedding_names(cfg.share_embeddings)
     expected = {f"{theirs}.{s}" for _, _, _, theirs, _ in links(cfg) for s in ("weight", "bias")} | {"final_logits_bias"}
     optional = {*src_names, *tgt_names, "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}

@@ -5,7 +5,7 @@ import zipfile
 import pytest
 import torch
 from conftest import cached_tokenizer
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nmt import __version__
@@ -247,3 +247,20 @@ def test_a_run_directory_names_its_best_pt_or_says_what_it_lacks(tmp_path_factor
     assert message.startswith(f"{run} ") and "\n" not in message
     assert (f"pass --checkpoint {run / 'last.pt'}" in message) == (run / "last.pt").is_file()  # the advice names only a file that is there
     assert checkpoint_file(run / "config.yaml") == run / "config.yaml"  # a file is itself, whatever it holds
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["d_model", "d_ff", "n_encoder_layers", "n_decoder_layers", "src_vocab_size", "tgt_vocab_size"]), factor=st.integers(2, 2**24))
+def test_a_config_larger_than_its_tensors_is_refused_before_anything_is_built(tmp_path_factory, protos, key, factor):
+    """A hand-edited or damaged config (d_model 2^20, 10^7 layers) once built its model before the tensors could
+    refuse it: terabytes asked of the allocator, or millions of modules. Any size larger than the tensors show
+    is refused first, naming the key (a vocabulary size by the tokenizer check, which comes first)."""
+    path = tmp_path_factory.mktemp("big") / "a.pt"
+    write(path, protos)
+    payload = load_checkpoint(path)
+    value = min(MODEL[key] * factor, 2**31 - 4) // 4 * 4  # a multiple of n_heads
+    wrong = config_from_dict({"model": {**MODEL, key: value}})
+    save_checkpoint({**payload, "config": config_to_dict(wrong)}, path)
+    pattern = rf"model\.{key} {value} in the config vs {MODEL[key]} in the tensors" if "vocab" not in key else str(path)
+    with pytest.raises(CheckpointError, match=pattern):
+        load_checkpoint(path)

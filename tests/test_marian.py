@@ -281,6 +281,26 @@ def test_a_config_json_nmt_cannot_represent_is_refused_naming_the_key(small_opus
     assert not (tmp_path / "m.pt").exists()
 
 
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"encoder_layers": 10**9}, "n_encoder_layers 1000000000"),
+        ({"decoder_layers": 10**7}, "n_decoder_layers 10000000"),
+        ({"d_model": 2**20, "encoder_attention_heads": 1, "decoder_attention_heads": 1}, "d_model 1048576"),
+        ({"encoder_ffn_dim": 2**30, "decoder_ffn_dim": 2**30}, "d_ff 1073741824"),
+    ],
+)
+def test_a_config_json_larger_than_its_weights_is_refused_before_the_model_is_built(small_opus, tmp_path, changes, key):
+    """10^9 encoder layers in config.json once ran a Python loop over layer names until 23 GB were gone."""
+    directory = tmp_path / "opus"
+    shutil.copytree(small_opus, directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(MarianError, match=rf"the weights do not fit the model config.json describes \(model\.{key} in config.json vs \d+ in the tensors\)"):
+        import_checkpoint(directory, tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()
+
+
 def test_weights_of_another_architecture_are_refused(small_opus, tmp_path):
     from safetensors.torch import load_file, save_file
 
