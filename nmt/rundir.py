@@ -166,13 +166,20 @@ class RunDir:
             nmt.checkpoint.CheckpointError: no checkpoint is usable (the newest one's reason).
         """
         order = {"last.pt": 2, "best.pt": 0}
-        candidates = sorted(self.checkpoints(), key=lambda p: (_peek_step(p), order.get(p.name, 1)), reverse=True)
-        if not candidates:
+        steps = {path: _peek_step(path) for path in self.checkpoints()}
+        if not steps:
             raise ConfigError(
                 f"--resume: {self.path} holds no checkpoint (the run stopped before its first one, or never started); run without --resume to start afresh"
             )
         first_error = None
-        for path in candidates:
+        for path in [path for path, step in steps.items() if step < 0]:  # unreadable: named now, whatever a readable one holds
+            try:
+                load_checkpoint(path, training=True)
+            except CheckpointError as exc:
+                log.warning("skipping %s: %s", path, exc)
+                first_error = first_error or exc
+                del steps[path]
+        for path in sorted(steps, key=lambda p: (steps[p], order.get(p.name, 1)), reverse=True):
             try:
                 return path, load_checkpoint(path, training=True)
             except CheckpointError as exc:

@@ -332,7 +332,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_afresh(tmp_path):
     assert records(run)[0]["loss"] != 9.0
 
 
-def test_resume_takes_the_newest_complete_checkpoint_and_keeps_one_history(tmp_path):
+def test_resume_takes_the_newest_complete_checkpoint_and_keeps_one_history(tmp_path, caplog):
     data = small_corpus(tmp_path, n=100)
     whole = tmp_path / "whole"
     train(tiny_run_config(data, whole, 10))
@@ -345,7 +345,11 @@ def test_resume_takes_the_newest_complete_checkpoint_and_keeps_one_history(tmp_p
     (run / ".step_8.pt.tmp424242").write_bytes(b"partial")
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "loss": 1.0}\n')
-    result = train(tiny_run_config(data, run, 7), resume=True, overrides=["train.max_steps=10"])
+    (run / "step_9.pt").write_bytes(b"")  # a damaged file newer than any: named, though an older one is used
+    with caplog.at_level("WARNING", logger="nmt"):
+        result = train(tiny_run_config(data, run, 7), resume=True, overrides=["train.max_steps=10"])
+    skipped = sorted(r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("skipping "))
+    assert skipped == [f"skipping {run / 'step_6.pt'}", f"skipping {run / 'step_9.pt'}"]
     assert result["step"] == 10
     assert not (run / ".step_8.pt.tmp424242").exists()
     steps = [r["step"] for r in records(run) if "loss" in r]
