@@ -386,11 +386,25 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str]
 
 
 def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
-    """``{directory}/{split}.{lang}`` or its ``.gz``. Raises :class:`DataError` if neither exists."""
+    """``{directory}/{split}.{lang}`` or its ``.gz``.
+
+    Raises:
+        DataError: ``directory`` is not a directory, neither file exists, or the one there cannot be read
+            more than once (a FIFO, a directory, a link to nothing or a loop of links: :func:`check_file`).
+    """
+    if not Path(directory).is_dir():
+        what = "not a directory" if os.path.lexists(directory) else "no such directory"
+        raise DataError(f"data.dir {directory}: {what}; give the directory of the split files")
     for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
         path = Path(directory) / name
         if path.is_file():
             return path
+    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
+        path = Path(directory) / name
+        if path.is_symlink() and not path.exists():
+            raise DataError(f"{path}: a link to nothing (or a loop of links); give the file it should name")
+        if os.path.lexists(path):
+            return check_file(path)  # names what it is instead of a file
     splits = sorted(
         {p.name.removesuffix(".gz").removesuffix(f".{lang}") for p in Path(directory).glob(f"*.{lang}*") if p.name.removesuffix(".gz").endswith(f".{lang}")}
     )

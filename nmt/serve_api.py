@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -37,6 +36,9 @@ class RequestError(ValueError):
         self.status = status
 
 
+MAX_WAIT_MS = 10_000.0  # a lone request is answered after at most this wait: beyond it clients time out first
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask for, and how requests are gathered into batches.
@@ -58,8 +60,8 @@ class Limits:
         for name in ("max_batch_tokens", "max_input_pieces", "max_lines", "max_beam_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.max_wait_ms < math.inf:
-            raise ConfigError(f"--max-wait-ms must be a finite number >= 0, got {self.max_wait_ms}")
+        if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:
+            raise ConfigError(f"--max-wait-ms must be in [0, {MAX_WAIT_MS:,.0f}] (milliseconds), got {self.max_wait_ms:g}")
         if self.max_batch_tokens < self.max_input_pieces + 1:
             raise ConfigError(f"--max-batch-tokens ({self.max_batch_tokens}) must hold one line of --max-input-pieces ({self.max_input_pieces}) plus EOS")
 

@@ -138,7 +138,9 @@ def test_train_rejects_misaligned_corpus(tmp_path):
     assert "train.en has 3 lines but" in result.output and "train.de has 2" in result.output
     assert not (tmp_path / "r").exists()  # a refused run leaves no directory behind
     result = invoke("train", "--run-dir", tmp_path / "r2", "--set", f"data.dir={tmp_path / 'nowhere'}")
-    assert result.exit_code == 2 and "neither train.en nor train.en.gz" in result.output and not (tmp_path / "r2").exists()
+    assert result.exit_code == 2 and f"data.dir {tmp_path / 'nowhere'}: no such directory" in result.output and not (tmp_path / "r2").exists()
+    result = invoke("train", "--run-dir", tmp_path / "r2", "--set", f"data.dir={data / 'valid.en'}")
+    assert result.exit_code == 2 and f"data.dir {data / 'valid.en'}: not a directory" in result.output and not (tmp_path / "r2").exists()
     result = invoke("train", "--run-dir", tmp_path / "r", "--set", "train.max_stepz=3")
     assert result.exit_code == 2 and result.output == "error: unknown key train.max_stepz; did you mean train.max_steps?\n"
 

@@ -344,3 +344,44 @@ def test_a_fresh_run_never_replaces_the_config_file_it_was_given(tmp_path, via):
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"error: --config {given} is the run's own config.yaml") and result.output.count("\n") == 1
     assert mine.read_text(encoding="utf-8") == "# my settings\nmodel:\n  preset: tiny\n" and sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+
+
+@PROPERTY
+@given(port=st.one_of(st.integers(max_value=-1), st.integers(min_value=65536)), wait=st.floats().filter(lambda w: not 0 <= w <= 10_000))
+def test_serve_refuses_a_port_or_a_wait_it_cannot_use_in_one_line(port, wait):
+    """--port 70000 reached bind() and came back as a traceback; --max-wait-ms 1e300 left a lone request unanswered."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+    from nmt.serve_api import Limits
+
+    result = CliRunner().invoke(app, ["serve", "--checkpoint", "missing.pt", "--port", str(port)])
+    bound = "greater than or equal to 0" if port < 0 else "less than or equal to 65535"
+    assert result.exit_code == 2 and result.output.startswith(f"error: invalid value for '--port': Input should be {bound}") and result.output.count("\n") == 1
+    with pytest.raises(ConfigError, match=r"^--max-wait-ms must be in \[0, 10,000\] \(milliseconds\)"):
+        Limits(max_wait_ms=wait).check()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dangling link", "link loop"])
+def test_a_split_file_that_is_no_file_is_named_for_what_it_is(tmp_path, kind):
+    """A FIFO or a directory named train.en was reported as "neither train.en nor train.en.gz exists",
+    which pointed at data.train_split; a link to nothing or a loop of links likewise."""
+    from nmt.corpus import find_split_file
+
+    path = tmp_path / "train.en"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dangling link":
+        path.symlink_to(tmp_path / "gone")
+    else:
+        path.symlink_to(path)
+    expected = {
+        "fifo": "not a regular file (a pipe?)",
+        "directory": "is a directory, not a text file",
+        "dangling link": "a link to nothing (or a loop of links)",
+        "link loop": "a link to nothing (or a loop of links)",
+    }[kind]
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'train.en'}: {expected}".replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        find_split_file(tmp_path, "train", "en")

@@ -16,7 +16,7 @@ def serve(
     ctx: typer.Context,
     checkpoint: Annotated[list[Path], typer.Option("--checkpoint", help=f"{CKPT_HELP[:-1]}; one, as ensembles cannot be served yet.")],
     host: Annotated[str, typer.Option("--host", help="Address to listen on; keep 127.0.0.1 unless a reverse proxy guards it.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free one).", min=0, max=65535)] = 8000,
     max_batch_tokens: Annotated[
         int, typer.Option("--max-batch-tokens", help="Source tokens (EOS included) of concurrent requests gathered into one batch.")
     ] = 4096,
