@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import pad_sequence
 from .config import ConfigError
 from .data import pad_sources
 from .search import Hypothesis, translate_batch
-from .tokenizer import BOS, PAD, Tokenizer
+from .tokenizer import BOS, PAD, Tokenizer, unknown_only
 
 
 def alignment_layer(n_layers: int, chosen: int | None = None) -> int:
@@ -94,11 +94,17 @@ def sentence_attention(model, tokenizer: Tokenizer, sentence: str, decode, devic
         ``t`` is the step that produced output piece ``t``.
 
     Raises:
-        ConfigError: the sentence is blank.
+        ConfigError: the sentence is blank, has more than ``decode.max_input_pieces`` pieces, or only
+            unknown ones: what ``nmt translate`` leaves untranslated (:func:`nmt.translate.translate_lines`).
     """
     if not sentence.strip():
         raise ConfigError("the sentence to translate is empty")
-    ids = [*src_prefix, *tokenizer.encode_src([sentence.strip()])[0]]
+    encoded = tokenizer.encode_src([sentence.strip()])[0]
+    if len(encoded) > decode.max_input_pieces:
+        raise ConfigError(f"the sentence has {len(encoded)} pieces, over the limit of {decode.max_input_pieces} (--max-input-pieces); give a shorter one")
+    if unknown_only(encoded, tokenizer.src):
+        raise ConfigError("the sentence has only characters the model does not know (every piece is unknown); nothing to plot")
+    ids = [*src_prefix, *encoded]
     src = pad_sources([ids]).to(device)
     ((best, *_),) = translate_batch(model, src, replace(decode, n_best=1), rules=tokenizer.output_rules)
     tgt_in = torch.tensor([[BOS, *best.tokens]], device=device)

@@ -151,9 +151,20 @@ def plot_attention(weights, src_pieces: list[str], tgt_pieces: list[str], out: P
         return _draw_attention(plt, weights, src_pieces, tgt_pieces, Path(out), marked_layer)
 
 
+MAX_PIXELS = 40_000_000  # an attention plot's image (160 MB as RGBA): beyond it, drawn at a lower resolution
+
+
+def attention_figure(n_layers: int, tgt_len: int, src_len: int) -> tuple[tuple[float, float], int]:
+    """The figure size (inches) and resolution (dots per inch, at most 100) of an attention plot: a
+    column per source piece and a row per output piece in each layer's panel, at most :data:`MAX_PIXELS`."""
+    size = (1.5 + n_layers * (1.8 + 0.35 * src_len), 1.5 + 0.3 * tgt_len)
+    return size, max(1, min(100, int((MAX_PIXELS / (size[0] * size[1])) ** 0.5)))
+
+
 def _draw_attention(plt, weights, src_pieces: list[str], tgt_pieces: list[str], out: Path, marked_layer: int | None) -> Path:
     n_layers, tgt_len, src_len = weights.shape
-    fig, axes = plt.subplots(1, n_layers, figsize=(1.5 + n_layers * (1.8 + 0.35 * src_len), 1.5 + 0.3 * tgt_len), squeeze=False, layout="constrained")
+    size, dpi = attention_figure(n_layers, tgt_len, src_len)
+    fig, axes = plt.subplots(1, n_layers, figsize=size, dpi=dpi, squeeze=False, layout="constrained")
     for layer, ax in enumerate(axes[0]):
         image = ax.imshow(weights[layer], cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_xticks(range(src_len), src_pieces, rotation=90)
@@ -161,6 +172,6 @@ def _draw_attention(plt, weights, src_pieces: list[str], tgt_pieces: list[str], 
         ax.set(xlabel="source piece", title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""))
     axes[0][0].set_ylabel("output piece")
     fig.colorbar(image, ax=axes[0].tolist(), label="attention (heads averaged)")
-    atomic_write(out, lambda f: fig.savefig(f, dpi=100, bbox_inches="tight", format=out.suffix[1:].lower() or "png"))
+    atomic_write(out, lambda f: fig.savefig(f, dpi=dpi, bbox_inches="tight", format=out.suffix[1:].lower() or "png"))
     plt.close(fig)
     return out

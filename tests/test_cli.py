@@ -639,6 +639,11 @@ def test_plot_attention_writes_a_png(trained_run, tmp_path):
     assert invoke("plot", "metrics", trained_run, "--out", tmp_path / "m.png").exit_code == 0 and (tmp_path / "m.png").stat().st_size > 10_000
     result = invoke("plot", "attention", "  ", "--checkpoint", trained_run, "--out", tmp_path / "b.png")
     assert result.exit_code == 2 and "empty" in result.output
+    # what translate leaves untranslated is refused, not drawn: too many pieces, or only unknown ones
+    result = invoke("plot", "attention", "the dog sees a cat .", "--checkpoint", trained_run, "--out", tmp_path / "b.png", "--max-input-pieces", "3")
+    assert result.exit_code == 2 and "over the limit of 3 (--max-input-pieces)" in result.output and not (tmp_path / "b.png").exists()
+    result = invoke("plot", "attention", "\U0001f600\U0001f600", "--checkpoint", trained_run, "--out", tmp_path / "b.png")
+    assert result.exit_code == 2 and "every piece is unknown" in result.output and not (tmp_path / "b.png").exists()
 
 
 def test_train_checks_every_input_before_writing_anything(tmp_path):

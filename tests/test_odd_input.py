@@ -385,3 +385,15 @@ def test_a_split_file_that_is_no_file_is_named_for_what_it_is(tmp_path, kind):
     }[kind]
     with pytest.raises(DataError, match=rf"^{tmp_path / 'train.en'}: {expected}".replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
         find_split_file(tmp_path, "train", "en")
+
+
+@PROPERTY
+@given(n_layers=st.integers(1, 64), tgt_len=st.integers(1, 100_000), src_len=st.integers(1, 100_000))
+def test_an_attention_plot_of_any_size_fits_the_pixel_budget(n_layers, tgt_len, src_len):
+    """`nmt plot attention` of 300 words asked matplotlib for 23 GB: the figure grew with the pieces at 100 dpi."""
+    from nmt.plot import MAX_PIXELS, attention_figure
+
+    (width, height), dpi = attention_figure(n_layers, tgt_len, src_len)
+    assert 1 <= dpi <= 100 and (width * dpi) * (height * dpi) <= MAX_PIXELS or dpi == 1
+    if width * height * 100**2 <= MAX_PIXELS:
+        assert dpi == 100  # a plot that fits is drawn at full resolution
