@@ -209,6 +209,15 @@ class Batcher:
                     job.future.set_result(result)
 
 
+CLIENT_GONE = 499  # nginx's "client closed request": logged, never received
+
+
+async def _client_gone(request: Request) -> None:
+    """Return when the client of ``request`` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _error(message: str, status: int) -> JSONResponse:
     """``{"error": message}`` with ``status``; what a message repeats of the request is escaped if it is not valid Unicode."""
     return JSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8")}, status_code=status)
@@ -245,8 +254,16 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             return _error(str(exc), exc.status), None
         job.future = asyncio.get_running_loop().create_future()
         await batcher.queue.put(job)
+        gone = asyncio.ensure_future(_client_gone(request))
         try:
-            return JSONResponse({"translations": await job.future}), job
+            await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not job.future.done():  # the client left while it waited: its lines are not translated (Batcher skips it)
+            job.future.cancel()
+            return _error("the client closed the connection before its answer", CLIENT_GONE), job
+        try:
+            return JSONResponse({"translations": job.future.result()}), job
         except Exception as exc:
             return _error(f"translation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500), job
 

@@ -477,3 +477,44 @@ def test_prefix_constraints_and_bans_per_line_equal_the_translate_path(client, t
 def test_steering_fields_of_the_wrong_shape_get_one_line(client, body, reason):
     response = client.post("/translate", content=json.dumps(body).encode(), headers={"content-type": "application/json"})
     assert response.status_code in (413, 422) and reason in response.json()["error"], response.text
+
+
+def test_a_request_whose_client_has_gone_is_not_translated(translator, monkeypatch):
+    """Clients that timed out once had their lines translated anyway, ahead of everyone queued behind them:
+    a request whose connection closes while it waits for its batch is dropped, and logged as 499."""
+    import asyncio
+
+    calls = []
+    real = translator.translate
+    monkeypatch.setattr(translator, "translate", lambda lines, *args: calls.append(list(lines)) or real(lines, *args))
+    app = create_app(translator, Limits(max_wait_ms=300.0))
+
+    async def request(text: str, leaves: bool) -> list:
+        body = json.dumps({"text": [text]}).encode()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        sent, done = [], asyncio.Event()
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            if not leaves:
+                await done.wait()  # a client that stays: its connection ends after the answer
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                done.set()
+
+        scope = {"type": "http", "method": "POST", "path": "/translate", "headers": [(b"content-type", b"application/json")], "query_string": b""}
+        await app(scope, receive, send)
+        return sent
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            return await asyncio.gather(request("the dog sees a cat .", leaves=True), request("a woman .", leaves=False))
+
+    gone, stayed = asyncio.run(main())
+    assert gone[0]["status"] == 499 and stayed[0]["status"] == 200
+    assert calls == [["a woman ."]]  # the gone client's line never reached the model
+    assert [t["text"] for t in json.loads(stayed[1]["body"])["translations"]] == [expected(translator, ["a woman ."], 4, 1)[0][0][0]]
