@@ -56,8 +56,12 @@ def test_average_refuses_different_tokenizers_and_models_before_writing(tmp_path
         average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "notes.pt"], tmp_path / "avg.pt")
     wide = config_to_dict(config_from_dict({"model": {**other["config"]["model"], "d_ff": 128}}))
     save_checkpoint({**other, "config": wide}, tmp_path / "wide.pt")  # config and tensors disagree
-    with pytest.raises(CheckpointError, match=r"do not fit the model .*shape in file vs config"):
+    with pytest.raises(CheckpointError, match=r"do not fit the model its config describes \(model\.d_ff 128 in the config vs 64 in the tensors"):
         average_checkpoints([tmp_path / "wide.pt"], tmp_path / "avg.pt")
+    narrow = config_to_dict(config_from_dict({"model": {**other["config"]["model"], "d_ff": 32}}))  # smaller: compared tensor by tensor
+    save_checkpoint({**other, "config": narrow}, tmp_path / "narrow.pt")
+    with pytest.raises(CheckpointError, match=r"do not fit the model .*shape in file vs config"):
+        average_checkpoints([tmp_path / "narrow.pt"], tmp_path / "avg.pt")
     assert not (tmp_path / "avg.pt").exists()
 
 
