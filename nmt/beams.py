@@ -154,9 +154,11 @@ class Beams:
     def __len__(self) -> int:
         return len(self.sentences)
 
-    def at_limit(self, step: int) -> list[bool]:
-        """Per sentence: whether its hypotheses have reached the length limit at ``step``."""
-        return [step >= m for m in self.max_lens]
+    def at_limit(self, step: int, rows_per_sentence: int, device) -> Tensor | None:
+        """Per row ``(len(self) · rows_per_sentence,)``: whether its sentence has reached the length limit
+        at ``step``; None when no sentence has (no tensor is made)."""
+        reached = [step >= m for m in self.max_lens]
+        return torch.tensor(reached, device=device).repeat_interleave(rows_per_sentence) if any(reached) else None
 
     def advance(self, top: Candidates, scorer) -> None:
         """The ``beam`` best candidates that do not end continue; the scorer's state (and the

@@ -251,7 +251,7 @@ NMT_WIDTHS = {
 }
 
 
-def size_mismatches(model_cfg: Any, state: dict[str, Any], layers: dict[str, str], widths: dict[str, tuple[str, int]]) -> list[str]:
+def size_mismatches(model_cfg: Any, state: dict[str, Any], layers: dict[str, str], widths: dict[str, tuple[str, int]], config: str = "the config") -> list[str]:
     """The sizes of ``model_cfg`` (layer counts, widths) larger than the tensors of ``state`` show, as
     ``"model.d_model 1048576 in the config vs 128 in the tensors"``; empty when none is.
 
@@ -263,6 +263,7 @@ def size_mismatches(model_cfg: Any, state: dict[str, Any], layers: dict[str, str
     Args:
         layers: size key -> a regular expression whose group 1 is a layer's index in a tensor name.
         widths: size key -> (tensor name, dimension) that shows it.
+        config: how the messages name where the config came from.
     """
     shown: dict[str, int] = {}
     for key, pattern in layers.items():
@@ -272,7 +273,7 @@ def size_mismatches(model_cfg: Any, state: dict[str, Any], layers: dict[str, str
         tensor = state.get(name)
         if isinstance(tensor, torch.Tensor) and tensor.dim() > dim:
             shown[key] = int(tensor.shape[dim])
-    return [f"model.{key} {getattr(model_cfg, key)} in the config vs {value} in the tensors" for key, value in shown.items() if getattr(model_cfg, key) > value]
+    return [f"model.{key} {getattr(model_cfg, key)} in {config} vs {value} in the tensors" for key, value in shown.items() if getattr(model_cfg, key) > value]
 
 
 def check_state_fits(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], path: Path, writer: str) -> None:

@@ -245,14 +245,14 @@ def check_file(path: str | Path, once: bool = False) -> Path:
     ``once``, also a pipe, FIFO, socket or character device (``/dev/stdin``, ``<(zcat f.gz)``).
 
     Raises:
-        DataError: naming what ``path`` is instead (a directory, nothing, or a pipe where the text
+        DataError: naming what ``path`` is instead (a directory, nothing, a link to nothing, or a pipe where the text
             is read more than once, as training reads it).
     """
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a text file")
     if not path.exists():
-        raise DataError(f"{path}: file not found")
+        raise DataError(f"{path}: a link to nothing (or a loop of links); give the file it should name" if path.is_symlink() else f"{path}: file not found")
     if not path.is_file() and not (once and is_stream(path)):
         raise DataError(
             f"{path}: not a regular file (a pipe?); nmt train reads its text more than once (to check it, train the tokenizer and "
@@ -395,16 +395,13 @@ def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
     if not Path(directory).is_dir():
         what = "not a directory" if os.path.lexists(directory) else "no such directory"
         raise DataError(f"data.dir {directory}: {what}; give the directory of the split files")
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        path = Path(directory) / name
+    candidates = [Path(directory) / f"{split}.{lang}", Path(directory) / f"{split}.{lang}.gz"]
+    for path in candidates:
         if path.is_file():
             return path
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        path = Path(directory) / name
-        if path.is_symlink() and not path.exists():
-            raise DataError(f"{path}: a link to nothing (or a loop of links); give the file it should name")
-        if os.path.lexists(path):
-            return check_file(path)  # names what it is instead of a file
+    for path in candidates:
+        if os.path.lexists(path):  # a FIFO, a directory, a link to nothing: named for what it is
+            return check_file(path)
     splits = sorted(
         {p.name.removesuffix(".gz").removesuffix(f".{lang}") for p in Path(directory).glob(f"*.{lang}*") if p.name.removesuffix(".gz").endswith(f".{lang}")}
     )

@@ -160,10 +160,9 @@ def _foreign_entry(out: Path) -> str | None:
     """The first entry of directory ``out`` that makes it not an earlier export (:data:`EXPORT_FILES`), named for
     the error; None for an empty directory or an earlier export. Links and subdirectories are never an export's."""
     entries = sorted(out.iterdir())
-    names = {entry.name for entry in entries}
-    for files in EXPORT_FILES.values():
-        if names <= files and all(entry.is_file() and not entry.is_symlink() for entry in entries):
-            return None
+    plain = all(entry.is_file() and not entry.is_symlink() for entry in entries)
+    if plain and any({entry.name for entry in entries} <= files for files in EXPORT_FILES.values()):
+        return None
     for entry in entries:
         if entry.is_symlink() or not entry.is_file():
             return f"{entry.name} (a {'link' if entry.is_symlink() else 'directory or special file'})"

@@ -215,9 +215,9 @@ def _check_names(marian: dict[str, torch.Tensor], cfg: ModelConfig, path) -> Non
     before a layer count of config.json (10^9) is looped over (:func:`nmt.checkpoint.size_mismatches`)."""
     from .checkpoint import size_mismatches
 
-    wrong = size_mismatches(cfg, marian, MARIAN_LAYERS, MARIAN_WIDTHS)
+    wrong = size_mismatches(cfg, marian, MARIAN_LAYERS, MARIAN_WIDTHS, "config.json")
     if wrong:
-        raise MarianError(f"{path}: the weights do not fit the model config.json describes ({'; '.join(wrong)})".replace(" in the config ", " in config.json "))
+        raise MarianError(f"{path}: the weights do not fit the model config.json describes ({'; '.join(wrong)})")
     src_names, tgt_names = _embedding_names(cfg.share_embeddings)
     expected = {f"{theirs}.{s}" for _, _, _, theirs, _ in links(cfg) for s in ("weight", "bias")} | {"final_logits_bias"}
     optional = {*src_names, *tgt_names, "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}

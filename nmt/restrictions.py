@@ -46,8 +46,8 @@ class Restrictions:
 
     def __call__(self, lprobs: Tensor, beams: Beams, step: int) -> None:
         """Restrict ``lprobs`` ``(rows, vocab)`` of the hypotheses ``beams`` at ``step`` (pieces so far)."""
-        rows_per_sentence, at_limit = lprobs.size(0) // len(beams), beams.at_limit(step)
-        limit = torch.tensor(at_limit, device=lprobs.device).repeat_interleave(rows_per_sentence) if any(at_limit) else None  # (rows,)
+        rows_per_sentence = lprobs.size(0) // len(beams)
+        limit = beams.at_limit(step, rows_per_sentence, lprobs.device)  # (rows,) or None
         eos = lprobs[limit, EOS] if limit is not None else None
         forced = [i for i, s in enumerate(beams.steering) if step < len(s.prefix)]
         written = {i: lprobs[i * rows_per_sentence : (i + 1) * rows_per_sentence].clone() for i in forced}  # before any rule

@@ -259,7 +259,8 @@ def sample(
         cdf = sampling_probs(lprobs, sampling).cumsum(-1)
         token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
         token[~torch.isfinite(lprobs).any(1)] = EOS  # nothing may follow (a shortlist and the restrictions leave no piece): the sample ends
-        token[torch.tensor(beams.at_limit(step), device=token.device).repeat_interleave(n)] = EOS  # even where the scores are NaN
+        if (limit := beams.at_limit(step, n, token.device)) is not None:
+            token[limit] = EOS  # even where the scores are NaN
         flat_done = done.view(-1)
         beams.scores += torch.where(flat_done, 0.0, lprobs.gather(1, token.unsqueeze(1)).squeeze(1)).view_as(beams.scores)
         beams.tokens = torch.cat([beams.tokens, token.unsqueeze(1)], dim=1)
