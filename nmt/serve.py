@@ -24,7 +24,8 @@ accepting and queueing requests meanwhile; under load the next batch is already 
 Each job's future is resolved with its own lines' results, in its input order.
 
 A bad request gets a 4xx answer ``{"error": "one line"}``; a client that leaves before its
-answer only loses the answer.
+answer only loses the answer. When ``max_queued_requests`` requests already wait, a new one is
+answered 503 with ``Retry-After: 1`` at once (before its body is parsed).
 """
 
 # Size: create_app() holds the routes as closures over one batcher and translator (Starlette's idiom), 85 lines.
@@ -243,6 +244,10 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
 
     async def answer(request: Request) -> tuple[JSONResponse, Job | None]:
         """The answer to one ``/translate`` request, and its job (None when the request was refused)."""
+        if batcher.queue.qsize() >= limits.max_queued_requests:
+            busy = _error(f"the server is busy: {batcher.queue.qsize()} requests wait for a batch (--max-queued-requests); retry later", 503)
+            busy.headers["Retry-After"] = "1"
+            return busy, None
         raw = bytearray()
         async for chunk in request.stream():
             raw += chunk

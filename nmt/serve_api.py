@@ -46,7 +46,10 @@ class Limits:
     ``max_batch_tokens``: source tokens (EOS included) gathered into one batch;
     ``max_wait_ms``: how long the first request of a batch waits for others (milliseconds);
     ``max_input_pieces``: SentencePiece pieces in one line; ``max_lines``: lines in one request;
-    ``max_beam_size``: the largest ``beam_size`` (and so ``n_best``) a request may ask for.
+    ``max_beam_size``: the largest ``beam_size`` (and so ``n_best``) a request may ask for;
+    ``max_queued_requests``: requests waiting for a batch (not counting the batch being
+    translated) beyond which a new one is refused with 503 and ``Retry-After``, so that under
+    overload memory stays bounded and clients learn to back off instead of timing out.
     """
 
     max_batch_tokens: int = 4096
@@ -54,10 +57,11 @@ class Limits:
     max_input_pieces: int = 256
     max_lines: int = 64
     max_beam_size: int = 16
+    max_queued_requests: int = 256
 
     def check(self) -> None:
         """Raises: ConfigError: a limit out of range, named by its flag."""
-        for name in ("max_batch_tokens", "max_input_pieces", "max_lines", "max_beam_size"):
+        for name in ("max_batch_tokens", "max_input_pieces", "max_lines", "max_beam_size", "max_queued_requests"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:

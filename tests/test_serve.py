@@ -1,3 +1,4 @@
+import asyncio
 import json
 import os
 import re
@@ -48,6 +49,30 @@ def translator() -> Translator:
 def client(translator):
     with TestClient(create_app(translator, Limits(max_lines=8, max_input_pieces=40, max_beam_size=6, max_wait_ms=1.0))) as c:
         yield c
+
+
+async def asgi_call(app, path: str, body: dict | None = None, leaves: bool = False) -> list:
+    """One request straight to the ASGI ``app`` (GET without ``body``, else a JSON POST); the messages it
+    sent back. ``leaves``: the client disconnects right after sending, instead of after its answer."""
+    messages = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b"", "more_body": False}]
+    sent, done = [], asyncio.Event()
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        if not leaves:
+            await done.wait()  # a client that stays: its connection ends after the answer
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+
+    method = "GET" if body is None else "POST"
+    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", b"application/json")], "query_string": b""}
+    await app(scope, receive, send)
+    return sent
 
 
 def expected(translator, lines, beam_size, n_best, length_penalty=0.6):
@@ -197,7 +222,14 @@ def test_health_and_info(client, translator):
     assert (info["src_lang"], info["tgt_lang"]) == ("en", "de")
     assert info["tokenizer"] == {"type": "bpe", "joint": True, "src_vocab_size": 200, "tgt_vocab_size": 200}
     assert info["config"]["model"]["d_model"] == 32 and info["config"]["decode"]["beam_size"] == 4
-    assert info["limits"] == {"max_batch_tokens": 4096, "max_wait_ms": 1.0, "max_input_pieces": 40, "max_lines": 8, "max_beam_size": 6}
+    assert info["limits"] == {
+        "max_batch_tokens": 4096,
+        "max_wait_ms": 1.0,
+        "max_input_pieces": 40,
+        "max_lines": 8,
+        "max_beam_size": 6,
+        "max_queued_requests": 256,
+    }
 
 
 def test_page_is_self_contained(client):
@@ -210,7 +242,12 @@ def test_page_is_self_contained(client):
 
 @pytest.mark.parametrize(
     "limits,flag",
-    [(Limits(max_lines=0), "--max-lines"), (Limits(max_wait_ms=-1), "--max-wait-ms"), (Limits(max_batch_tokens=10, max_input_pieces=10), "--max-batch-tokens")],
+    [
+        (Limits(max_lines=0), "--max-lines"),
+        (Limits(max_queued_requests=0), "--max-queued-requests"),
+        (Limits(max_wait_ms=-1), "--max-wait-ms"),
+        (Limits(max_batch_tokens=10, max_input_pieces=10), "--max-batch-tokens"),
+    ],
 )
 def test_limits_out_of_range(limits, flag):
     with pytest.raises(ConfigError, match=flag):
@@ -482,39 +519,54 @@ def test_steering_fields_of_the_wrong_shape_get_one_line(client, body, reason):
 def test_a_request_whose_client_has_gone_is_not_translated(translator, monkeypatch):
     """Clients that timed out once had their lines translated anyway, ahead of everyone queued behind them:
     a request whose connection closes while it waits for its batch is dropped, and logged as 499."""
-    import asyncio
-
     calls = []
     real = translator.translate
     monkeypatch.setattr(translator, "translate", lambda lines, *args: calls.append(list(lines)) or real(lines, *args))
     app = create_app(translator, Limits(max_wait_ms=300.0))
 
-    async def request(text: str, leaves: bool) -> list:
-        body = json.dumps({"text": [text]}).encode()
-        messages = [{"type": "http.request", "body": body, "more_body": False}]
-        sent, done = [], asyncio.Event()
-
-        async def receive():
-            if messages:
-                return messages.pop(0)
-            if not leaves:
-                await done.wait()  # a client that stays: its connection ends after the answer
-            return {"type": "http.disconnect"}
-
-        async def send(message):
-            sent.append(message)
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                done.set()
-
-        scope = {"type": "http", "method": "POST", "path": "/translate", "headers": [(b"content-type", b"application/json")], "query_string": b""}
-        await app(scope, receive, send)
-        return sent
-
     async def main():
         async with app.router.lifespan_context(app):
-            return await asyncio.gather(request("the dog sees a cat .", leaves=True), request("a woman .", leaves=False))
+            return await asyncio.gather(
+                asgi_call(app, "/translate", {"text": ["the dog sees a cat ."]}, leaves=True), asgi_call(app, "/translate", {"text": ["a woman ."]})
+            )
 
     gone, stayed = asyncio.run(main())
     assert gone[0]["status"] == 499 and stayed[0]["status"] == 200
     assert calls == [["a woman ."]]  # the gone client's line never reached the model
     assert [t["text"] for t in json.loads(stayed[1]["body"])["translations"]] == [expected(translator, ["a woman ."], 4, 1)[0][0][0]]
+
+
+def test_requests_beyond_the_queue_limit_are_refused_at_once_and_the_rest_answered(translator, monkeypatch):
+    """An unbounded queue let clients that stay connected pile up memory and wait past their timeouts:
+    with ``max_queued_requests`` waiting, the next request is answered 503 with Retry-After at once,
+    and every request already queued is still translated."""
+    release, started, calls = threading.Event(), threading.Event(), []
+    real = translator.translate
+
+    def blocked(lines, *args):
+        calls.append(list(lines))
+        started.set()
+        release.wait(30)
+        return real(lines, *args)
+
+    monkeypatch.setattr(translator, "translate", blocked)
+    app = create_app(translator, Limits(max_wait_ms=0.0, max_queued_requests=2))
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            running = asyncio.ensure_future(asgi_call(app, "/translate", {"text": [SENTENCES[0]]}))
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)  # the worker holds the first request
+            queued = [asyncio.ensure_future(asgi_call(app, "/translate", {"text": [line]})) for line in SENTENCES[1:3]]
+            for _ in range(1000):  # bounded: until both wait in the queue
+                if json.loads((await asgi_call(app, "/health"))[1]["body"])["queued_requests"] == 2:
+                    break
+                await asyncio.sleep(0.01)
+            refused = await asyncio.wait_for(asgi_call(app, "/translate", {"text": [SENTENCES[3]]}), 10)  # while the worker is still blocked
+            release.set()
+            return await running, [await q for q in queued], refused
+
+    running, queued, refused = asyncio.run(main())
+    assert refused[0]["status"] == 503 and (b"retry-after", b"1") in refused[0]["headers"]
+    assert "2 requests wait for a batch (--max-queued-requests)" in json.loads(refused[1]["body"])["error"]
+    assert [r[0]["status"] for r in [running, *queued]] == [200, 200, 200]
+    assert [line for batch in calls for line in batch] == SENTENCES[:3]  # the refused line never reached the model

@@ -24,6 +24,9 @@ def serve(
     max_input_pieces: Annotated[int, typer.Option("--max-input-pieces", help="Longest line accepted, in SentencePiece pieces (longer: HTTP 413).")] = 256,
     max_lines: Annotated[int, typer.Option("--max-lines", help="Most lines in one request (more: HTTP 413).")] = 64,
     max_beam_size: Annotated[int, typer.Option("--max-beam-size", help="Largest beam_size (and n_best) a request may ask for.")] = 16,
+    max_queued_requests: Annotated[
+        int, typer.Option("--max-queued-requests", help="Requests waiting for a batch beyond which a new one is refused (HTTP 503, Retry-After: 1).")
+    ] = 256,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request and no info messages on stderr (warnings and errors still print).")] = False,
     device: Device = "auto",
     threads: Threads = 0,
@@ -35,7 +38,7 @@ def serve(
         from ..serve import serve as run_server
     except ImportError as exc:
         raise NmtError(f'serving needs the serve extra ({exc.name} is missing): pip install "nmt[serve]"') from None
-    limits = Limits(max_batch_tokens, max_wait_ms, max_input_pieces, max_lines, max_beam_size)
+    limits = Limits(max_batch_tokens, max_wait_ms, max_input_pieces, max_lines, max_beam_size, max_queued_requests)
     limits.check()
     dev, torch_dtype = running_device(ctx)
     run_server(Translator.load(checkpoint, dev, torch_dtype), limits, host, port, quiet)
