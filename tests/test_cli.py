@@ -101,6 +101,23 @@ def test_evaluate_hyp_and_checkpoint(trained_run, tmp_path):
     assert scored["bleu"] == rescored["bleu"] and scored["sentences"] == 2
 
 
+def test_evaluate_reads_one_input_from_standard_input_as_from_a_file(trained_run, tmp_path):
+    """``-`` is standard input for --hyp, --ref or --src (as in sacreBLEU and the shell's filters), once."""
+    ref, hyp, src = tmp_path / "ref.de", tmp_path / "hyp.de", tmp_path / "src.en"
+    ref.write_text("der Hund sieht eine Katze .\ndie Frau mag das Haus .\n", encoding="utf-8")
+    hyp.write_text("der Hund sieht die Katze .\neine Frau mag das Haus\n", encoding="utf-8")
+    src.write_text("the dog sees a cat .\nthe woman likes the house .\n", encoding="utf-8")
+    from_file = json.loads(invoke("evaluate", "--hyp", hyp, "--ref", ref, "--json").stdout)
+    assert from_file["bleu"] < 100
+    assert json.loads(invoke("evaluate", "--hyp", "-", "--ref", ref, "--json", input=hyp.read_bytes()).stdout) == from_file
+    swapped = json.loads(invoke("evaluate", "--hyp", hyp, "--ref", "-", "--json", input=ref.read_bytes()).stdout)
+    assert swapped == from_file
+    translated = ("evaluate", "--checkpoint", trained_run, "--ref", ref, "--json", "--beam-size", "2", "--src")
+    assert json.loads(invoke(*translated, "-", input=src.read_bytes()).stdout)["bleu"] == json.loads(invoke(*translated, src).stdout)["bleu"]
+    twice = invoke("evaluate", "--hyp", "-", "--ref", "-", input=hyp.read_bytes())
+    assert twice.exit_code == 2 and "--hyp and --ref all name standard input (-), which can be read once" in twice.output
+
+
 def test_bad_inputs_give_clear_errors_not_tracebacks(trained_run, tmp_path):
     bad = tmp_path / "bad.en"
     bad.write_bytes(b"ok\n\xff\xfe broken\n")

@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from ..corpus import read_lines
+from ..corpus import read_lines, stream_buffers
+from ..errors import NmtError
 from ..evaluate import LANGUAGE_TOKENIZERS, bleu_tokenizer, check_inputs, check_tokenizer, config_tokenizer, guess_cjk_language, score
 from ..files import atomic_write, check_not_an_input
 from .options import (
@@ -37,18 +38,19 @@ from .options import (
     on_command_line,
     progress_bar,
     setup_logging,
+    standard_input,
     standard_output,
 )
 
 
 def evaluate(
     ctx: typer.Context,
-    ref: Annotated[list[Path], typer.Option("--ref", "-r", metavar="<path>", help="Reference file (repeat for several references).")],
-    hyp: Annotated[Path | None, typer.Option("--hyp", help="Detokenized hypotheses, one a line.")] = None,
+    ref: Annotated[list[Path], typer.Option("--ref", "-r", metavar="<path>", help="Reference file (repeat for several references; - reads standard input).")],
+    hyp: Annotated[Path | None, typer.Option("--hyp", help="Detokenized hypotheses, one a line (- reads standard input).")] = None,
     checkpoint: Annotated[
         list[Path], typer.Option("--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score.")
     ] = [],
-    src: Annotated[Path | None, typer.Option("--src", help="Source text to translate (with --checkpoint).")] = None,
+    src: Annotated[Path | None, typer.Option("--src", help="Source text to translate (with --checkpoint; - reads standard input).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="With --checkpoint: also write the translations here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (unrounded scores) instead of text.")] = False,
     tokenize: Tokenize = None,
@@ -79,7 +81,8 @@ def evaluate(
 
         readers = [("--src", src), ("--shortlist", shortlist)] + [("--ref", r) for r in ref] + [("--checkpoint", checkpoint_file(c)) for c in checkpoint]
         check_not_an_input(output, [(flag, path) for flag, path in readers if path is not None])
-    references = [read_lines(r) for r in ref]
+    read = _reader([("--hyp", hyp), ("--src", src)] + [("--ref", r) for r in ref])
+    references = [read(r) for r in ref]
     chosen = bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None  # with a checkpoint, --tgt-lang chooses the direction
     if chosen is not None:
         check_tokenizer(chosen)  # before translating, not after
@@ -92,7 +95,7 @@ def evaluate(
         goal = target(cfg, tokenizer, tgt_lang)
         chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this direction
         check_tokenizer(chosen)
-        sources = read_lines(src)
+        sources = read(src)
         allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
         with progress_bar(quiet, total=len(sources)) as bar:
             hyps = best_strings(
@@ -101,8 +104,8 @@ def evaluate(
         if output is not None:
             atomic_write(output, "".join(h + "\n" for h in hyps))
     else:
-        hyps = read_lines(hyp)
-    result = score(hyps, references, tuple(str(r) for r in ref), chosen)
+        hyps = read(hyp)
+    result = score(hyps, references, tuple("<stdin>" if r == STDIN else str(r) for r in ref), chosen)
     guessed = guess_cjk_language(references[0]) if tokenize is None and tgt_lang is None and chosen == "13a" else None
     if guessed:
         typer.echo(
@@ -115,3 +118,24 @@ def evaluate(
     else:
         # sacreBLEU's BLEU line already starts with "BLEU = score": print it, not a second score line.
         typer.echo(f"{result['bleu_detail']}\n  signature: {result['bleu_signature']}\nchrF = {result['chrf']:.2f}\n  signature: {result['chrf_signature']}")
+
+
+STDIN = Path("-")
+
+
+def _reader(inputs: list[tuple[str, Path | None]]):
+    """``read(path)``: a file's lines (:func:`nmt.corpus.read_lines`), or standard input's for ``-``.
+
+    Raises:
+        NmtError: ``-`` given for more than one input: standard input can be read once.
+    """
+    dashes = [flag for flag, path in inputs if path == STDIN]
+    if len(dashes) > 1:
+        raise NmtError(f"{' and '.join(dashes)} all name standard input (-), which can be read once: give files for all but one")
+
+    def read(path: Path) -> list[str]:
+        if path != STDIN:
+            return read_lines(path)
+        return [line for lines in stream_buffers(standard_input(), 10_000) for line in lines]
+
+    return read
