@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 
@@ -357,6 +358,25 @@ def test_serve_refuses_a_port_or_a_wait_it_cannot_use_in_one_line(port, wait):
     assert result.exit_code == 2 and result.output.startswith(f"error: invalid value for '--port': Input should be {bound}") and result.output.count("\n") == 1
     with pytest.raises(ConfigError, match=r"^--max-wait-ms must be in \[0, 10,000\] \(milliseconds\)"):
         Limits(max_wait_ms=wait).check()
+
+
+@PROPERTY
+@given(host=st.one_of(st.text(max_size=30), st.sampled_from(["", " ", "\x00", "localhost\x00", "ü" * 70, "10.99.99.99", "::1", "127.0.0.1"])))
+def test_serve_names_an_address_it_cannot_listen_on_before_loading_anything(host):
+    """A port in use ended uvicorn after the model had loaded, with its exit code 3; an unknown host the same. Any --host
+    either can be listened on or is refused in one line naming it, before the checkpoint is read."""
+    from nmt.commands.serve import check_address
+    from nmt.errors import NmtError
+
+    try:
+        check_address(host, 0)
+    except NmtError as exc:
+        assert "--host" in str(exc) or f"cannot listen on {host}:0" in str(exc), exc
+        assert "\n" not in str(exc)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(NmtError, match=rf"^cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port \(0: any free one\)$"):
+            check_address("127.0.0.1", port)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "dangling link", "link loop"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -40,5 +42,29 @@ def serve(
         raise NmtError(f'serving needs the serve extra ({exc.name} is missing): pip install "nmt[serve]"') from None
     limits = Limits(max_batch_tokens, max_wait_ms, max_input_pieces, max_lines, max_beam_size, max_queued_requests)
     limits.check()
+    check_address(host, port)  # before the model loads: a port in use is said in one line, at once
     dev, torch_dtype = running_device(ctx)
     run_server(Translator.load(checkpoint, dev, torch_dtype), limits, host, port, quiet)
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise if ``host``:``port`` cannot be listened on now (a port in use, an unknown host,
+    an address of no interface here); the probe is closed again before the server binds.
+
+    Raises:
+        NmtError: naming the address, the reason and what to change.
+    """
+    if not host.strip():
+        raise NmtError("--host is empty; give an address to listen on (e.g. 127.0.0.1)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError, ValueError) as exc:  # unknown name; one IDNA cannot encode; a NUL
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a host name"
+        raise NmtError(f"--host {host!r}: {reason}; give an IP address, or a name that resolves here (e.g. 127.0.0.1)") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port left in TIME_WAIT is free
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            hint = "choose another --port (0: any free one)" if exc.errno == errno.EADDRINUSE else "check --host and --port"
+            raise NmtError(f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from None
