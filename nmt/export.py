@@ -6,10 +6,11 @@ computes exactly the same function). A model nmt trained keeps its own ids and s
 decoding from BOS; an imported model (``nmt import``) gets Marian's ids and ``<pad>`` start
 back, so exporting it again writes the weights it was imported from.
 
-A directory is written beside its destination (``.NAME.tmpPID``) and renamed into place when
-it is complete: a kill or a full disk leaves the previous directory, or none, and never a
-partial one that would load (a tokenizer without its config, say); the temporary directory of
-a killed export is removed by the next export to the same place.
+A directory is written beside its destination (``.NAME.tmpPID-TOKEN``, held by the writer:
+:func:`nmt.files.held_temporary`) and renamed into place when it is complete: a kill or a
+full disk leaves the previous directory, or none, and never a partial one that would load (a
+tokenizer without its config, say); the temporary directory of a killed export is removed by
+the next export to the same place, while that of an export at work is left to it.
 """
 
 # Size: three export formats and the in-place directory they share; write_huggingface() writes its files one after another (55 lines of code).
@@ -29,7 +30,7 @@ from . import multilingual
 from .checkpoint import checkpoint_file, load_checkpoint, save_checkpoint
 from .config import DecodeConfig
 from .errors import Key, NmtError
-from .files import OutputError, os_error, reason, remove_dead_temporaries
+from .files import OutputError, held_temporary, os_error, reason, remove_abandoned_temporaries, temporary_name
 from .marian import MarianError, Rows, to_marian
 from .model import Transformer
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
@@ -177,14 +178,18 @@ def _check_directory(out: Path, what: str = "out") -> None:
     Raises:
         OutputError: ``out`` is a file or a directory of other files, its parent is missing, or nothing can be created there.
     """
+    out = Path(os.path.abspath(out))  # "." has no name to write beside
     if out.exists() and not out.is_dir():
         raise OutputError(Key(what), f" {out} is a file; give a directory")
+    here = Path.cwd()
+    if out.is_dir() and (out.samefile(here) or any(out.samefile(p) for p in here.parents)):
+        raise OutputError(Key(what), f" {out} is the current directory or holds it, which an export replaces; give a new directory, e.g. {out / 'export'}")
     foreign = _foreign_entry(out) if out.is_dir() else None
     if foreign is not None:
         raise OutputError(Key(what), f" {out} holds {foreign}, which no export writes; give a new or empty directory (an earlier export there is replaced)")
     if not out.parent.is_dir():
         raise OutputError(Key(what), f" {out}: directory {out.parent} does not exist; create it first")
-    probe = out.with_name(f".{out.name}.probe{os.getpid()}")
+    probe = temporary_name(out, "probe")
     try:
         probe.mkdir()
     except OSError as exc:
@@ -212,21 +217,19 @@ def directory_in_place(out: Path):
     Raises:
         OutputError: ``out`` cannot be written (checked first, see :func:`_check_directory`), or the disk filled up.
     """
-    out = Path(out)
+    out = Path(os.path.abspath(out))  # "." has no name to write beside
     _check_directory(out)
     old = out.with_name(f"{out.name}.old")
     for place in (out, old):  # what killed exports to the same place left
-        remove_dead_temporaries(place)
-    tmp, displaced = out.with_name(f".{out.name}.tmp{os.getpid()}"), old.with_name(f".{old.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+        remove_abandoned_temporaries(place.parent, place.name)
+    displaced = temporary_name(old)
     try:
-        yield tmp
-        if out.exists():
-            os.rename(out, displaced)
-        os.rename(tmp, out)
+        with held_temporary(out, directory=True) as (tmp, _):
+            yield tmp
+            if out.exists():
+                os.rename(out, displaced)
+            os.rename(tmp, out)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         failure = _write_failure(exc, out) if isinstance(exc, Exception) else None
         if failure is not None:
             raise failure from None

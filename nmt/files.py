@@ -2,9 +2,17 @@
 
 Every file nmt writes (checkpoints, ``spm.model``, ``config.yaml``, translations) goes
 through :func:`atomic_write`: the bytes go to a hidden temporary file beside the target,
-are flushed to disk, and replace the target in one rename. An interruption or a full disk
-leaves the old file (or none), never a partial one, and no temporary file. Outputs are
-checked with :func:`check_writable` before the work that produces them starts.
+are flushed to disk, and replace the target in one rename, which keeps the target's
+permission bits. An interruption or a full disk leaves the old file (or none), never a
+partial one. Outputs are checked with :func:`check_writable` before the work that produces
+them starts. Replacing means a hard link to the old file keeps the old content.
+
+**Temporaries** (:func:`held_temporary`) are named ``.NAME.tmpPID-TOKEN``, unique even
+between processes of one process id (containers sharing a volume), and their writer holds
+an exclusive ``flock`` on them until it renames or removes them. A temporary that nobody
+holds was left by a writer that was killed (the kernel drops the lock with the process), and
+:func:`remove_abandoned_temporaries` removes it; one being written is never touched, whoever
+writes it.
 
 Atomic replacement is for regular files only. A symbolic link is followed and its target
 replaced (as ``cp`` and shell redirection write through links); a character device
@@ -22,11 +30,12 @@ import errno
 import glob
 import os
 import re
+import secrets
 import shutil
 import stat
 import sys
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 from .errors import NmtError
 
@@ -62,9 +71,45 @@ def reason(exc: OSError) -> str:
     return _REASONS.get(exc.errno, exc.strerror or str(exc))
 
 
-def temporary_path(path: Path) -> Path:
-    """The hidden temporary name :func:`atomic_write` uses for ``path`` in this process."""
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+def temporary_name(path: Path, kind: str = "tmp") -> Path:
+    """A new hidden name beside ``path``: ``.NAME.tmpPID-TOKEN`` (``kind`` ``probe`` for a probe), random past the process id."""
+    return path.with_name(f".{path.name}.{kind}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+@contextlib.contextmanager
+def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, int]]:
+    """A new temporary beside ``path``, held by this process for the block: yields its path and a
+    descriptor (of a file open for writing, or of an empty directory) that holds its ``flock``.
+
+    A sweeper that took the lock first (and so removes the file) is waited for, and the
+    temporary is made anew, so the one yielded is never removed under its writer. If the
+    block leaves the temporary in place (it failed before renaming it), it is removed.
+    """
+    while True:
+        tmp = temporary_name(path)
+        if directory:
+            os.mkdir(tmp)
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        else:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            ours = os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd))
+        except FileNotFoundError:
+            ours = False
+        if ours:
+            break
+        os.close(fd)
+    try:
+        yield tmp, fd
+    finally:
+        with contextlib.suppress(OSError):
+            if directory and tmp.is_dir() and os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):
+                shutil.rmtree(tmp)
+            elif not directory and os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):
+                tmp.unlink()
+        os.close(fd)
 
 
 def is_stream(path: Path) -> bool:
@@ -142,7 +187,7 @@ def check_writable(path: Path, what: str = "output") -> None:
         return
     if not path.parent.is_dir():
         raise OutputError(what, f" {path}: directory {path.parent} does not exist; create it first")
-    probe = path.with_name(f".{path.name}.probe{os.getpid()}")
+    probe = temporary_name(path, "probe")
     try:
         probe.open("xb").close()
     except OSError as exc:
@@ -169,19 +214,27 @@ def atomic_write(path: Path, content: bytes | str | Callable[[BinaryIO], None]) 
     path = resolve_output(Path(path))
     if is_stream(path):
         return _write_through(path, content)
-    remove_dead_temporaries(path)
-    tmp = temporary_path(path)
+    remove_abandoned_temporaries(path.parent, path.name)
     try:
-        with open(tmp, "wb") as f:
-            _write(f, content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with held_temporary(path) as (tmp, fd):
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                _write(f, content)
+                f.flush()
+                os.fsync(f.fileno())
+            _keep_mode(path, fd)
+            os.replace(tmp, path)
     except Exception as exc:  # torch.save reports a failed write as a RuntimeError raised while handling the OSError
         _raise_output_error(exc, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+
+
+def _keep_mode(path: Path, fd: int) -> None:
+    """Give the temporary ``fd`` the permission bits of the file it will replace (a private file stays private)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # a new file: the umask's bits, as the temporary was created
+    if stat.S_ISREG(mode):
+        os.fchmod(fd, stat.S_IMODE(mode))
 
 
 def _write(f: BinaryIO, content: bytes | str | Callable[[BinaryIO], None]) -> None:
@@ -220,21 +273,42 @@ def _raise_output_error(exc: Exception, path: Path):
     raise OutputError(f"cannot write {path}: {reason(cause)}") from None
 
 
-_TEMPORARY_PID = re.compile(r"\.tmp(\d+)$")
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-[0-9a-f]{8})?")
 
 
-def remove_dead_temporaries(path: Path) -> None:
-    """Remove the temporaries (``.NAME.tmpPID``, files or directories) of ``path`` whose writer is no longer running."""
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
-        match = _TEMPORARY_PID.search(tmp.name)
-        if match is None or tmp.is_symlink() or not (tmp.is_file() or tmp.is_dir()) or tmp.name != f".{path.name}.tmp{match[1]}":
+def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> None:
+    """Remove the temporaries in ``directory`` (of the target ``name``, or of any) that no writer holds
+    (see the module docstring): files or directories, never through a symbolic link.
+
+    Without ``flock`` (not POSIX) a temporary counts as held while a process of its id runs here.
+    """
+    pattern = f".{glob.escape(name)}.tmp*" if name is not None else ".*.tmp*"
+    for tmp in Path(directory).glob(pattern):
+        match = _TEMPORARY.fullmatch(tmp.name)
+        if match is None or (name is not None and match["name"] != name):
             continue
-        if not _alive(int(match[1])):
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO of that name does not wait for a writer
+        except OSError:  # a link, gone, or unreadable: not ours to judge
+            continue
+        try:
+            kind = os.fstat(fd).st_mode
+            if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
+                continue
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # its writer is at work
+            elif _alive(int(match["pid"])):
+                continue
             with contextlib.suppress(OSError):
-                if tmp.is_dir():
+                if stat.S_ISDIR(kind):
                     shutil.rmtree(tmp)
                 else:
                     tmp.unlink()
+        finally:
+            os.close(fd)
 
 
 def _alive(pid: int) -> bool:

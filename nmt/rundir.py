@@ -9,8 +9,9 @@
 * **Resume.** From the newest complete checkpoint that holds the training state (by step;
   a damaged one is skipped with a warning). Records and step checkpoints newer than it
   belong to an abandoned history and are removed, so ``metrics.jsonl`` describes one run.
-* **Sweep.** Temporary files that killed writers left (``.last.pt.tmpPID``) are removed
-  at the start of every run.
+* **Sweep.** Temporary files that killed writers left (``.last.pt.tmpPID-TOKEN``) are removed
+  at the start of every run; those of writers still at work (``nmt average --out RUN/avg.pt``,
+  ``nmt translate -o RUN/hyp.txt``) are left to them (:func:`nmt.files.remove_abandoned_temporaries`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import yaml
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import PRESETS, Config, ConfigError, config_from_dict, config_to_dict, load_config
 from .errors import Key
-from .files import OutputError, append_line, atomic_write, reason
+from .files import OutputError, append_line, atomic_write, reason, remove_abandoned_temporaries
 
 log = logging.getLogger("nmt.train")
 
@@ -39,7 +40,6 @@ except ImportError:  # Windows: msvcrt's byte-range locks do the same job
     fcntl = None
 
 METRICS = "metrics.jsonl"
-_TEMPORARY = re.compile(r"^\..+\.tmp\d+$")
 
 
 _RUN_FILE = re.compile(r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock")
@@ -105,6 +105,8 @@ class RunDir:
             raise ConfigError(f"--resume: {self.path} does not exist; start a fresh run instead (without --resume)")
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(Key("train.run_dir"), f" {self.path} is a file; choose a directory")
+        if not resuming:
+            self._check_not_foreign()
         try:
             self.created = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
@@ -123,6 +125,23 @@ class RunDir:
         self.lock_file.write(f"{os.getpid()}\n")
         self.lock_file.flush()
 
+    def _check_not_foreign(self) -> None:
+        """Refuse a directory no run has used (no ``.lock``, no checkpoint) that holds files of the names a
+        run writes (``config.yaml``, ``metrics.jsonl``, ``spm.model``): a fresh run would replace them.
+
+        Raises:
+            ConfigError: naming those files.
+        """
+        if not self.path.is_dir() or (self.path / ".lock").exists() or self.checkpoints():
+            return  # a run's, or one copied without its .lock: check_fresh names its checkpoints
+        theirs = sorted(p.name for p in self.path.iterdir() if _RUN_FILE.fullmatch(p.name))
+        if theirs:
+            raise ConfigError(
+                Key("train.run_dir"),
+                f" {self.path} is not a run directory (no .lock) but holds {', '.join(theirs)}, which a run writes and would replace;"
+                " choose a new or empty directory",
+            )
+
     def release(self) -> None:
         """Drop the lock; remove the directory again if this process created it and wrote nothing else.
 
@@ -138,11 +157,8 @@ class RunDir:
         self.lock_file = None
 
     def sweep(self) -> None:
-        """Remove temporary files that writers killed mid-write left behind (the lock says none is running)."""
-        for tmp in self.path.iterdir():
-            if _TEMPORARY.match(tmp.name) and tmp.is_file():
-                log.info("removing %s, left by a writer that was stopped", tmp)
-                tmp.unlink()
+        """Remove the temporary files that writers killed mid-write left behind (not those of writers at work)."""
+        remove_abandoned_temporaries(self.path)
 
     def checkpoints(self) -> list[Path]:
         """``last.pt``, ``best.pt`` (those that exist) and the ``step_N.pt`` files, oldest step first."""

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nmt.files import OutputError, atomic_write, check_not_an_input, check_writable, remove_dead_temporaries
+from nmt.files import OutputError, atomic_write, check_not_an_input, check_writable
 
 
 def _dead_pid() -> int:
@@ -67,16 +67,60 @@ def test_a_character_device_is_written_through_not_replaced(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["null"]
 
 
-def test_temporaries_of_dead_writers_of_the_same_target_are_swept(tmp_path):
-    out = tmp_path / "avg.pt"
-    dead, alive = tmp_path / f".avg.pt.tmp{_dead_pid()}", tmp_path / f".avg.pt.tmp{os.getppid()}"
-    other = tmp_path / f".other.pt.tmp{_dead_pid()}"
-    for path in (dead, alive, other):
-        path.write_bytes(b"partial")
-    atomic_write(out, b"complete")
-    assert out.read_bytes() == b"complete" and not dead.exists() and alive.exists() and other.exists()
-    remove_dead_temporaries(tmp_path / "other.pt")
-    assert not other.exists()
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    temporaries=st.lists(
+        st.tuples(st.sampled_from(["avg.pt", "other.pt"]), st.sampled_from(["file", "directory"]), st.booleans(), st.sampled_from(["new", "old", "same pid"])),
+        max_size=6,
+    ),
+)
+def test_only_temporaries_that_no_writer_holds_are_swept(tmp_path_factory, temporaries):
+    """A run's start once deleted every temporary in its directory, so an `nmt average --out RUN/avg.pt` or a
+    `translate -o RUN/hyp.txt` still writing there lost its output; and names by process id alone collided between
+    containers, where two writers are both pid 1. A temporary is removed only when no process holds its lock,
+    whatever its pid, its target and its kind; the newer writer of the same target never takes the other's name."""
+    import fcntl
+
+    from nmt.files import held_temporary, remove_abandoned_temporaries
+    from nmt.rundir import RunDir
+
+    root = tmp_path_factory.mktemp("sweep")
+    holders, made = [], []
+    for i, (target, kind, held, naming) in enumerate(temporaries):
+        pid = os.getpid() if naming == "same pid" else _dead_pid()
+        name = f".{target}.tmp{pid - i}" if naming == "old" else f".{target}.tmp{pid}-{i:08x}"
+        path = root / name
+        if path.exists():
+            continue
+        path.mkdir() if kind == "directory" else path.write_bytes(b"partial")
+        if held:  # another open file description: its lock stands against this process's too
+            fd = os.open(path, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            holders.append(fd)
+        made.append((path, target, held))
+    try:
+        atomic_write(root / "avg.pt", b"complete")
+        assert (root / "avg.pt").read_bytes() == b"complete"
+        assert sorted(p.name for p, _, _ in made if p.exists()) == sorted(p.name for p, target, held in made if held or target != "avg.pt")
+        with held_temporary(root / "other.pt") as (mine, _):
+            RunDir(root).sweep()
+            assert mine.exists()
+        assert sorted(p.name for p in root.iterdir()) == sorted(["avg.pt", *(p.name for p, _, held in made if held)])
+    finally:
+        for fd in holders:
+            os.close(fd)
+    remove_abandoned_temporaries(root)
+    assert [p.name for p in root.iterdir()] == ["avg.pt"]
+
+
+def test_a_replaced_file_keeps_its_permissions(tmp_path):
+    """Replacing an output through a new temporary once widened a private (0600) file to the umask's 0644."""
+    for mode in (0o600, 0o640, 0o755):
+        out = tmp_path / f"out{mode:o}.txt"
+        out.write_text("old\n")
+        os.chmod(out, mode)
+        atomic_write(out, "new\n")
+        assert out.read_text() == "new\n" and stat.S_IMODE(os.stat(out).st_mode) == mode
 
 
 def test_an_output_that_is_an_input_is_refused(tmp_path):

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -345,6 +346,34 @@ def test_a_fresh_run_never_replaces_the_config_file_it_was_given(tmp_path, via):
 
 
 @PROPERTY
+@given(names=st.sets(st.sampled_from(["config.yaml", "metrics.jsonl", "spm.model", "spm.src.model", "last.pt", "step_3.pt", "notes.txt"]), min_size=1))
+def test_a_fresh_run_never_replaces_files_of_a_directory_no_run_has_used(tmp_path_factory, names):
+    """`nmt train --run-dir proj` replaced a user's proj/config.yaml (and would have replaced a spm.model or metrics.jsonl
+    of that name): only --config itself was protected. A directory without a run's .lock that holds any file a run
+    writes is refused before anything is written; files of other names are anyone's."""
+    directory = tmp_path_factory.mktemp("proj")
+    for name in names:
+        (directory / name).write_text(f"mine: {name}\n")
+    run = RunDir(directory)
+    copied_run = bool(names & {"last.pt", "step_3.pt"})  # a run copied without its .lock: check_fresh names the checkpoints
+    theirs = sorted(names & {"config.yaml", "metrics.jsonl", "spm.model", "spm.src.model"})
+    if copied_run:
+        run.lock()
+        with pytest.raises(ConfigError, match=r"already holds a run \("):
+            run.check_fresh()
+        run.release()
+    elif theirs:
+        with pytest.raises(ConfigError, match=rf"is not a run directory \(no .lock\) but holds {re.escape(', '.join(theirs))}, which a run writes"):
+            run.lock()
+    else:
+        run.lock()
+        run.release()
+    assert sorted(p.name for p in directory.iterdir()) == sorted(names | ({".lock"} if copied_run or not theirs else set()))
+    assert all((directory / name).read_text() == f"mine: {name}\n" for name in names)
+    RunDir(directory).lock(resuming=True)  # --resume still reads a directory as it is
+
+
+@PROPERTY
 @given(port=st.one_of(st.integers(max_value=-1), st.integers(min_value=65536)), wait=st.floats().filter(lambda w: not 0 <= w <= 10_000))
 def test_serve_refuses_a_port_or_a_wait_it_cannot_use_in_one_line(port, wait):
     """--port 70000 reached bind() and came back as a traceback; --max-wait-ms 1e300 left a lone request unanswered."""
@@ -356,7 +385,7 @@ def test_serve_refuses_a_port_or_a_wait_it_cannot_use_in_one_line(port, wait):
     result = CliRunner().invoke(app, ["serve", "--checkpoint", "missing.pt", "--port", str(port)])
     bound = "greater than or equal to 0" if port < 0 else "less than or equal to 65535"
     assert result.exit_code == 2 and result.output.startswith(f"error: invalid value for '--port': Input should be {bound}") and result.output.count("\n") == 1
-    with pytest.raises(ConfigError, match=r"^--max-wait-ms must be in \[0, 10,000\] \(milliseconds\)"):
+    with pytest.raises(ConfigError, match=r"^--max-wait-ms must be in \[0, 10000\] \(milliseconds\)"):
         Limits(max_wait_ms=wait).check()
 
 
