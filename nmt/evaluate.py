@@ -21,12 +21,11 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from .errors import Key, NmtError
 
-#: Every tokenizer sacreBLEU's BLEU accepts (``--tokenize``). ``spm``, ``flores101`` and
-#: ``flores200`` download a SentencePiece model on first use.
+#: Every tokenizer sacreBLEU's BLEU accepts (``--tokenize``). ``spm``, ``flores101``, ``flores200`` and
+#: ``spBLEU-1K`` download a SentencePiece model on first use.
 TOKENIZERS: tuple[str, ...] = tuple(BLEU.TOKENIZERS)
 
 #: Target language → tokenizer, as sacreBLEU chooses it (``BLEU(trg_lang=...)``).
-_DOWNLOADING = ("spm", "flores101", "flores200")
 LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 
 #: Tokenizers that need optional packages: (modules to import, nmt extra that installs them).
@@ -164,7 +163,7 @@ def check_tokenizer(tokenize: str) -> None:
 
     Raises:
         EvaluationError: naming the missing module and the pip extra that installs it, or a
-            SentencePiece model (``spm``, ``flores101``, ``flores200``) that cannot be downloaded.
+            model it downloads on first use (``spm``, ``flores101``, ``flores200``, ``spBLEU-1K``) that cannot be downloaded here.
     """
     modules, extra = _OPTIONAL.get(tokenize, ((), ""))
     for module in modules:
@@ -172,14 +171,13 @@ def check_tokenizer(tokenize: str) -> None:
             importlib.import_module(module)
         except ImportError:
             raise EvaluationError(f'BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not installed): pip install "nmt[{extra}]"') from None
-    if tokenize in _DOWNLOADING:
-        try:
-            BLEU(tokenize=tokenize)  # fetches the SentencePiece model into sacreBLEU's cache (~/.sacrebleu) the first time
-        except OSError as exc:  # urllib's URLError is one
-            raise EvaluationError(
-                f"BLEU tokenizer {tokenize} downloads its SentencePiece model on first use and could not ({getattr(exc, 'reason', exc)}):"
-                " run once where the internet can be reached (it is kept in ~/.sacrebleu, or $SACREBLEU), or choose another tokenizer"
-            ) from None
+    try:  # every tokenizer once, on one word: some (spm, flores101/200, spBLEU-1K) fetch a model into sacreBLEU's cache the first time
+        BLEU(tokenize=tokenize).corpus_score(["a"], [["a"]])
+    except OSError as exc:  # urllib's URLError is one
+        raise EvaluationError(
+            f"BLEU tokenizer {tokenize} downloads its model on first use and could not ({getattr(exc, 'reason', exc)}):"
+            " run once where the internet can be reached (it is kept in ~/.sacrebleu, or $SACREBLEU), or choose another tokenizer"
+        ) from None
 
 
 def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...] | None = None, tokenize: str = "13a") -> dict:
