@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .beams import Steering
-from .config import ConfigError, DecodeConfig
+from .config import BEAM, ConfigError, DecodeConfig
+from .fields import MAX_INT, Range
 from .multilingual import target
 from .translate import UnwritableText, steering
 
@@ -60,12 +61,14 @@ class Limits:
     max_queued_requests: int = 256
 
     def check(self) -> None:
-        """Raises: ConfigError: a limit out of range, named by its flag."""
-        for name in ("max_batch_tokens", "max_input_pieces", "max_lines", "max_beam_size", "max_queued_requests"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:
-            raise ConfigError(f"--max-wait-ms must be in [0, {MAX_WAIT_MS:,.0f}] (milliseconds), got {self.max_wait_ms:g}")
+        """Raises: ConfigError: a limit out of range, named by its flag (each is a setting of the
+        searches it starts, so each lies in that setting's range: a beam of at most 1,024, whole
+        numbers a C int holds)."""
+        ranges = {name: Range(1, MAX_INT) for name in ("max_batch_tokens", "max_input_pieces", "max_lines", "max_queued_requests")}
+        for name, allowed in {**ranges, "max_beam_size": BEAM, "max_wait_ms": Range(0, MAX_WAIT_MS)}.items():
+            if getattr(self, name) not in allowed:
+                unit = " (milliseconds)" if name == "max_wait_ms" else ""
+                raise ConfigError(f"--{name.replace('_', '-')} must be {allowed}{unit}, got {getattr(self, name):g}")
         if self.max_batch_tokens < self.max_input_pieces + 1:
             raise ConfigError(f"--max-batch-tokens ({self.max_batch_tokens}) must hold one line of --max-input-pieces ({self.max_input_pieces}) plus EOS")
 
@@ -129,13 +132,17 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
         raise RequestError(f"{len(lines)} lines in one request; the limit is {limits.max_lines} (--max-lines)", 413)
     default = translator.cfg.decode
     beam_size = _number(body, "beam_size", min(default.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
-    decode = replace(
-        default,
-        beam_size=beam_size,
-        length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
-        n_best=_number(body, "n_best", 1, int, 1, beam_size),
-        max_tokens=limits.max_batch_tokens,
-    )
+    try:  # the server's limits are the search's: a line the request limit lets in is translated
+        decode = replace(
+            default,
+            beam_size=beam_size,
+            length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
+            n_best=_number(body, "n_best", 1, int, 1, beam_size),
+            max_tokens=limits.max_batch_tokens,
+            max_input_pieces=limits.max_input_pieces,
+        )
+    except ConfigError as exc:  # a value the limits let through but the search refuses: the request's fault, not the server's
+        raise RequestError(str(exc)) from None
     alignment = body.get("alignment", False)
     if not isinstance(alignment, bool):
         raise RequestError(f"alignment must be true or false, got {json.dumps(alignment)}")

@@ -240,18 +240,29 @@ def test_page_is_self_contained(client):
     assert "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
 
 
-@pytest.mark.parametrize(
-    "limits,flag",
-    [
-        (Limits(max_lines=0), "--max-lines"),
-        (Limits(max_queued_requests=0), "--max-queued-requests"),
-        (Limits(max_wait_ms=-1), "--max-wait-ms"),
-        (Limits(max_batch_tokens=10, max_input_pieces=10), "--max-batch-tokens"),
-    ],
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    name=st.sampled_from(["max_batch_tokens", "max_input_pieces", "max_lines", "max_beam_size", "max_queued_requests", "max_wait_ms"]),
+    value=st.one_of(st.integers(-5, 3000), st.integers(2**31 - 3, 2**31 + 3), st.integers(10**19, 10**21), st.floats(-1e300, 1e300)),
 )
-def test_limits_out_of_range(limits, flag):
-    with pytest.raises(ConfigError, match=flag):
+def test_any_limit_is_refused_by_its_flag_or_every_request_it_admits_is_answered(translator, name, value):
+    """--max-beam-size 2000 was accepted, and a request for beam 1,500 then got a bare 500 from the search's own range
+    check; --max-input-pieces above the checkpoint's decode.max_input_pieces let lines in that came back empty.
+    Every limit is in its search setting's range or refused naming its flag, and a request at the limits is parsed."""
+    from nmt.serve_api import parse_request
+
+    if name != "max_wait_ms":
+        value = int(value)
+    limits = replace(Limits(max_batch_tokens=2**31 - 1), **{name: value})
+    try:
         limits.check()
+    except ConfigError as exc:
+        assert str(exc).startswith(f"--{name.replace('_', '-')} must be") or "--max-batch-tokens (" in str(exc), exc
+        return
+    line = "the dog sees a cat ."
+    body = {"text": [line] * min(limits.max_lines, 3), "beam_size": limits.max_beam_size, "n_best": limits.max_beam_size}
+    job = parse_request(json.dumps(body).encode(), translator, limits)
+    assert job.decode.beam_size == limits.max_beam_size and job.decode.max_input_pieces == limits.max_input_pieces
 
 
 def free_port() -> int:
@@ -349,7 +360,7 @@ def test_serve_cli_errors_are_one_line_exit_2(tmp_path):
     missing = runner.invoke(app, ["serve", "--checkpoint", str(tmp_path / "none.pt")])
     assert missing.exit_code == 2 and "not found" in missing.output and len(missing.output.strip().splitlines()) == 1
     limits = runner.invoke(app, ["serve", "--checkpoint", str(tmp_path / "none.pt"), "--max-lines", "0"])
-    assert limits.exit_code == 2 and "--max-lines must be at least 1" in limits.output
+    assert limits.exit_code == 2 and "--max-lines must be in [1, 2147483647], got 0" in limits.output
 
 
 def find_chromium() -> str | None:
