@@ -55,7 +55,24 @@ def test_profile_command_prints_one_json_object_or_one_line_errors():
     for args, message in (
         (["profile"], "give a model to profile"),
         (["profile", "--preset", "huge"], "--preset 'huge' is not one of"),
-        (["profile", "--preset", "tiny", "--batch", "0"], "--batch must be at least 1"),
+        (["profile", "--preset", "tiny", "--batch", "0"], "--batch must be in [1, 2147483647], got 0"),
+        (["profile", "--preset", "tiny", "--batch", str(10**20)], f"--batch must be in [1, 2147483647], got {10**20}"),
+        (["profile", "--preset", "tiny", "--beam-size", "1025"], "--beam-size must be in [1, 1024], got 1025"),
+        (["profile", "--preset", "tiny", "--src-len", "10000000"], "need at least 143051147.5 GiB for their largest tensors, more than the"),
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1
+
+
+def test_the_memory_a_shape_needs_is_bounded_below_by_its_largest_tensors():
+    """`nmt profile --batch 100000 --src-len 1000` was killed for memory and `--src-len 100000` ran for minutes:
+    a shape whose largest tensors exceed the memory available is refused first. By hand, for the tiny preset
+    (d_model 64, 4 heads, 2 decoder layers, 8,000 pieces) and batch 2, src_len 3, tgt_len 4, beam 5: training
+    logits 3·2·4·8000 = 192,000 floats; attention 3·2·4·4² = 384; the cache 2·2·10·4·4·16 = 10,240 and the
+    step's scores 2·10·8000 = 160,000, together 170,240: the largest is 192,000 floats, 768,000 bytes."""
+    from nmt.config import PRESETS, ModelConfig
+    from nmt.profiling import Shape, largest_tensors_bytes
+
+    cfg = ModelConfig(**PRESETS["tiny"], src_vocab_size=8000, tgt_vocab_size=8000)
+    assert largest_tensors_bytes(cfg, Shape(batch=2, src_len=3, tgt_len=4, beam=5)) == 768_000
+    assert largest_tensors_bytes(cfg, Shape(batch=2, src_len=3, tgt_len=4, beam=50)) == 4 * (2 * 2 * 100 * 4 * 4 * 16 + 2 * 100 * 8000)

@@ -8,8 +8,11 @@ from typing import Annotated
 
 import typer
 
-from ..config import PRESETS, ConfigError
+from ..config import BEAM, PRESETS, ConfigError
+from ..fields import MAX_INT, Range
 from .options import CKPT_HELP, DType, Threads, device, standard_output
+
+WHOLE = Range(1, MAX_INT)
 
 
 def profile(
@@ -40,16 +43,16 @@ def profile(
     import torch
 
     from ..model import Transformer
-    from ..profiling import Shape, format_profile
+    from ..profiling import Shape, available_memory, format_profile, largest_tensors_bytes
     from ..profiling import profile as run_profile
     from ..translate import load_models
 
     standard_output()
     if (checkpoint is None) == (preset is None):
         raise ConfigError("give a model to profile: --checkpoint CKPT or --preset NAME (one of them)")
-    for flag, value in (("--beam-size", beam_size), ("--batch", batch), ("--src-len", src_len), ("--tgt-len", tgt_len)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    for flag, value, allowed in (("--beam-size", beam_size, BEAM), ("--batch", batch, WHOLE), ("--src-len", src_len, WHOLE), ("--tgt-len", tgt_len, WHOLE)):
+        if value not in allowed:
+            raise ConfigError(f"{flag} must be {allowed}, got {value}")
     if preset is not None and preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r} is not one of {', '.join(PRESETS)}")
     ctx.params["device"] = device_name
@@ -62,5 +65,12 @@ def profile(
 
         torch.manual_seed(0)
         model = to_dtype(Transformer(ModelConfig(**PRESETS[preset], src_vocab_size=8000, tgt_vocab_size=8000)).to(dev).eval(), torch_dtype)
-    result = run_profile(model, Shape(batch, src_len, tgt_len, beam_size), dev, dtype)
+    shape = Shape(batch, src_len, tgt_len, beam_size)
+    needed, available = largest_tensors_bytes(model.cfg, shape), available_memory(dev)
+    if available is not None and needed > available:
+        raise ConfigError(
+            f"--batch {batch}, --src-len {src_len}, --tgt-len {tgt_len} and --beam-size {beam_size} need at least {needed / 2**30:.1f} GiB"
+            f" for their largest tensors, more than the {available / 2**30:.1f} GiB available on {dev}; make them smaller"
+        )
+    result = run_profile(model, shape, dev, dtype)
     typer.echo(json.dumps(result) if as_json else format_profile(result))
