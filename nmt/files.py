@@ -149,9 +149,20 @@ def inherited_fd(path: Path) -> int | None:
 
 
 def resolve_output(path: Path) -> Path:
-    """Where writing ``path`` lands: the final target of a symbolic link (which need not exist yet), else ``path``."""
+    """Where writing ``path`` lands: the final target of a symbolic link (which need not exist yet), else ``path``.
+
+    Raises:
+        OutputError: ``path`` is a loop of symbolic links (it leads nowhere to write).
+    """
     path = Path(path)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    if not path.is_symlink():
+        return path
+    try:
+        os.stat(path)
+    except OSError as exc:  # a dangling link is written through (its target made), as the shell's > does
+        if exc.errno == errno.ELOOP:
+            raise OutputError(f"cannot write {path}: it is a loop of symbolic links; remove it or give another name") from None
+    return Path(os.path.realpath(path))
 
 
 def check_writable(path: Path, what: str = "output") -> None:

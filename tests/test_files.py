@@ -186,3 +186,19 @@ def test_any_output_place_is_written_whole_or_refused_in_one_line(tmp_path_facto
         assert out.read_bytes() == content
     assert out.is_symlink() == ("link" in kind)  # links stay links
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name or ".probe" in p.name]
+
+
+@pytest.mark.parametrize("length", [1, 2, 3])
+def test_a_loop_of_links_as_output_is_refused_and_left(tmp_path, length):
+    """A loop of symbolic links given as an output was replaced by a regular file; a dangling link is still written through."""
+    links = [tmp_path / f"l{i}" for i in range(length)]
+    for i, link in enumerate(links):
+        link.symlink_to(links[(i + 1) % length].name)
+    for check in (check_writable, lambda p: atomic_write(p, "x\n")):
+        with pytest.raises(OutputError, match=rf"^cannot write {links[0]}: it is a loop of symbolic links"):
+            check(links[0])
+    assert all(link.is_symlink() for link in links)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to("target.txt")
+    atomic_write(dangling, "x\n")
+    assert dangling.is_symlink() and (tmp_path / "target.txt").read_text() == "x\n"
