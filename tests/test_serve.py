@@ -249,7 +249,7 @@ def test_any_limit_is_refused_by_its_flag_or_every_request_it_admits_is_answered
     """--max-beam-size 2000 was accepted, and a request for beam 1,500 then got a bare 500 from the search's own range
     check; --max-input-pieces above the checkpoint's decode.max_input_pieces let lines in that came back empty.
     Every limit is in its search setting's range or refused naming its flag, and a request at the limits is parsed."""
-    from nmt.serve_api import parse_request
+    from nmt.serve_api import RequestError, parse_request
 
     if name != "max_wait_ms":
         value = int(value)
@@ -261,6 +261,11 @@ def test_any_limit_is_refused_by_its_flag_or_every_request_it_admits_is_answered
         return
     line = "the dog sees a cat ."
     body = {"text": [line] * min(limits.max_lines, 3), "beam_size": limits.max_beam_size, "n_best": limits.max_beam_size}
+    if len(translator.tokenizer.encode_src([line])[0]) > limits.max_input_pieces:
+        with pytest.raises(RequestError, match=r"--max-input-pieces") as refused:
+            parse_request(json.dumps(body).encode(), translator, limits)
+        assert refused.value.status == 413
+        return
     job = parse_request(json.dumps(body).encode(), translator, limits)
     assert job.decode.beam_size == limits.max_beam_size and job.decode.max_input_pieces == limits.max_input_pieces
 
