@@ -59,6 +59,21 @@ def _pyplot():
     return plt
 
 
+def check_image_format(out: Path) -> str:
+    """The image format ``out``'s suffix names (``png`` when it has none), checked before any work.
+
+    Raises:
+        nmt.corpus.DataError: a suffix matplotlib cannot write.
+    """
+    plt, image_format = _pyplot(), Path(out).suffix[1:].lower() or "png"
+    figure = plt.figure()
+    formats = figure.canvas.get_supported_filetypes()
+    plt.close(figure)
+    if image_format not in formats:
+        raise DataError(f"{out}: cannot write .{image_format} images; use .png, .pdf or .svg")
+    return image_format
+
+
 def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     """Write loss (training and validation, nats per target token), validation BLEU and
     learning rate against optimizer steps to ``out`` (default ``run_dir/metrics.png``). A run of
@@ -73,11 +88,7 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     """
     plt = _pyplot()
     out = Path(out) if out else Path(run_dir) / "metrics.png"
-    image_format = out.suffix[1:].lower() or "png"
-    formats = plt.figure().canvas.get_supported_filetypes()
-    plt.close("all")
-    if image_format not in formats:
-        raise DataError(f"{out}: cannot write .{image_format} images; use .png, .pdf or .svg")
+    image_format = check_image_format(out)
     records = read_metrics(run_dir)
     train = [r for r in records if "loss" in r]
     valid = [r for r in records if "bleu" in r]
@@ -172,6 +183,6 @@ def _draw_attention(plt, weights, src_pieces: list[str], tgt_pieces: list[str], 
         ax.set(xlabel="source piece", title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""))
     axes[0][0].set_ylabel("output piece")
     fig.colorbar(image, ax=axes[0].tolist(), label="attention (heads averaged)")
-    atomic_write(out, lambda f: fig.savefig(f, dpi=dpi, bbox_inches="tight", format=out.suffix[1:].lower() or "png"))
+    atomic_write(out, lambda f: fig.savefig(f, dpi=dpi, bbox_inches="tight", format=check_image_format(out)))
     plt.close(fig)
     return out

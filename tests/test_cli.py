@@ -367,6 +367,15 @@ def test_plot_output_is_checked_like_every_output(trained_run, tmp_path):
     assert invoke("plot", trained_run, "-o", tmp_path / "m.svg").exit_code == 0 and b"<svg" in (tmp_path / "m.svg").read_bytes()
 
 
+def test_plot_attention_checks_its_image_format_before_translating(trained_run, tmp_path, monkeypatch):
+    """`plot attention -o a.xyz` translated the sentence first and then failed in matplotlib with a traceback."""
+    import nmt.align
+
+    monkeypatch.setattr(nmt.align, "sentence_attention", lambda *a, **k: pytest.fail("translated before the format was checked"))
+    line = _one_line_error(invoke("plot", "attention", "--checkpoint", trained_run, "the dog", "-o", tmp_path / "a.xyz"))
+    assert line == f"error: {tmp_path / 'a.xyz'}: cannot write .xyz images; use .png, .pdf or .svg" and not (tmp_path / "a.xyz").exists()
+
+
 def test_version_comes_from_package_metadata():
     from importlib.metadata import version
 

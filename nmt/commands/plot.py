@@ -46,7 +46,7 @@ def attention(
     ctx: typer.Context,
     sentence: Annotated[str, typer.Argument(help="The source sentence to translate.")],
     checkpoint: Checkpoint,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Image to write (.png).")] = Path("attention.png"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg.")] = Path("attention.png"),
     beam_size: BeamSize = None,
     length_penalty: LengthPenalty = None,
     length_normalization: LengthNormalization = None,
@@ -62,6 +62,9 @@ def attention(
 ) -> None:
     """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
     check_output(out, "--out")
+    from ..plot import check_image_format
+
+    check_image_format(out)  # before translating
     from ..checkpoint import checkpoint_file  # not at the top: `nmt --help` loads without torch
 
     check_not_an_input(out, [("--checkpoint", checkpoint_file(checkpoint))], "--out")
