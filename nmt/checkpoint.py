@@ -171,6 +171,7 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
     tok = payload["tokenizer"]
     if not isinstance(tok, dict) or set(tok) not in TOKENIZER_ENTRIES or not all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in tok.values()):
         problems.append("'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint; src and tgt; or src, tgt and vocab)")
+    problems += _entry_problems(payload)
     if problems:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
     from .model import uninitialised_model
@@ -182,6 +183,12 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
         raise CheckpointError(f"{path}: the tensors do not fit the model its config describes ({'; '.join(wrong)}; written by {written_by(payload)})")
     expected = uninitialised_model(cfg.model).state_dict()  # names and shapes only
     check_state_fits(expected, payload["model"], path, written_by(payload))
+    broken = [name for name, t in payload["model"].items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if broken:
+        raise CheckpointError(
+            f"{path}: {len(broken)} weight tensor(s) hold nan or inf ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): "
+            "the training diverged before this checkpoint was written; use an earlier one, or train again with a lower train.lr_scale"
+        )
     if training:
         absent = [k for k in TRAINING_STATE if k not in payload]
         if absent:
@@ -190,6 +197,39 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
                 f"{path} holds no training state{origin}: no {', '.join(absent)} entry (written by {written_by(payload)}); "
                 "--resume needs a checkpoint nmt train wrote (last.pt, best.pt or step_N.pt)"
             )
+
+
+#: Entries some checkpoints hold, and the type each must have where present.
+_ENTRY_TYPES = {
+    "progress": dict,
+    "optimizer": dict,
+    "scheduler": dict,
+    "rng": (dict, list),
+    "run": dict,
+    "averaged_from": list,
+    "imported_from": dict,
+    "init_from": dict,
+}
+
+
+def _entry_problems(payload: dict[str, Any]) -> list[str]:
+    """What is wrong with the optional entries (of the wrong type; ``progress`` with fields that are not whole
+    numbers or, for ``best_bleu``, a number), each in words."""
+    from .opening import Progress
+
+    problems = [
+        f"{key!r} is a {type(payload[key]).__name__}, not a {getattr(kind, '__name__', 'dict or list')}"
+        for key, kind in _ENTRY_TYPES.items()
+        if key in payload and not isinstance(payload[key], kind)
+    ]
+    progress = payload.get("progress")
+    if isinstance(progress, dict):
+        known = set(Progress.__dataclass_fields__)
+        for key, value in progress.items():
+            number = (int, float) if key == "best_bleu" else int
+            if key not in known or (key != "batching" and (isinstance(value, bool) or not isinstance(value, number))):
+                problems.append(f"'progress' has {key!r}: {value!r}")
+    return problems
 
 
 def _config(payload: dict[str, Any], path: Path):

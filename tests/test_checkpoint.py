@@ -264,3 +264,39 @@ def test_a_config_larger_than_its_tensors_is_refused_before_anything_is_built(tm
     pattern = rf"model\.{key} {value} in the config vs {MODEL[key]} in the tensors" if "vocab" not in key else str(path)
     with pytest.raises(CheckpointError, match=pattern):
         load_checkpoint(path)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    entry=st.sampled_from(["progress", "optimizer", "scheduler", "rng", "run", "averaged_from", "imported_from", "init_from"]),
+    value=st.one_of(
+        st.none(), st.integers(), st.text(max_size=3), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+    ),
+)
+def test_an_entry_of_the_wrong_type_is_named_by_every_reader(tmp_path_factory, protos, entry, value):
+    """`nmt info` on a checkpoint whose progress was None raised AttributeError; translate and average took it. The
+    optional entries are checked where every reader loads a checkpoint: of the wrong type, or a progress field that is
+    not a whole number (best_bleu: a number), they are one line naming the entry."""
+    path = tmp_path_factory.mktemp("entry") / "a.pt"
+    write(path, protos)
+    payload = {**load_checkpoint(path), entry: value}
+    save_checkpoint(payload, path)
+    fine = {"progress": dict, "optimizer": dict, "scheduler": dict, "rng": (dict, list), "run": dict, "averaged_from": list}.get(entry, dict)
+    valid = isinstance(value, fine) and (entry != "progress" or not value)  # generated keys are no Progress fields
+    if valid:
+        load_checkpoint(path)
+        return
+    with pytest.raises(CheckpointError, match=rf"inconsistent checkpoint: '{entry}' "):
+        load_checkpoint(path)
+
+
+def test_weights_that_are_not_finite_are_refused_naming_them(tmp_path, protos):
+    """A diverged model's checkpoint (nan weights) translated every line to an empty one, exit code 0."""
+    path = tmp_path / "a.pt"
+    state = write(path, protos)
+    payload = load_checkpoint(path)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        broken = {**state, "decoder.1.ffn.fc2.bias": state["decoder.1.ffn.fc2.bias"].clone().index_fill_(0, torch.tensor([3]), bad)}
+        save_checkpoint({**payload, "model": broken}, path)
+        with pytest.raises(CheckpointError, match=r"1 weight tensor\(s\) hold nan or inf \(decoder\.1\.ffn\.fc2\.bias\): the training diverged"):
+            load_checkpoint(path)
