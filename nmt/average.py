@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, checkpoint_file, load_checkpoint, save_checkpoint
 from .config import ConfigError
 from .errors import Key
 from .files import check_not_an_input, check_writable
@@ -68,7 +68,7 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     seen: dict[tuple[int, int], Path] = {}  # (device, inode): the same file twice (also through a link or --run-dir) would count double
     for path in paths:
         try:
-            st = os.stat(path)
+            st = os.stat(checkpoint_file(path))  # a run directory is its best.pt
         except OSError:
             continue  # load_checkpoint names a missing input below
         if (st.st_dev, st.st_ino) in seen:

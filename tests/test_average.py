@@ -138,11 +138,17 @@ def test_checkpoints_of_two_runs_are_refused_unless_asked(tmp_path):
     assert "run" not in mixed and len(mixed["averaged_from"]) == 2
 
 
-def test_a_checkpoint_given_twice_is_refused_also_through_a_link(tmp_path):
+def test_a_checkpoint_given_twice_is_refused_also_through_a_link_or_its_run_directory(tmp_path):
     write(tmp_path / "a.pt", 0)
     write(tmp_path / "b.pt", 1)
     (tmp_path / "alias.pt").symlink_to(tmp_path / "a.pt")
-    for twice in ([tmp_path / "a.pt", tmp_path / "a.pt"], [tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "alias.pt"]):
+    (tmp_path / "best.pt").hardlink_to(tmp_path / "b.pt")  # the directory stands for its best.pt
+    for twice in (
+        [tmp_path / "a.pt", tmp_path / "a.pt"],
+        [tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "alias.pt"],
+        [tmp_path / "best.pt", tmp_path],
+        [tmp_path, tmp_path / "b.pt"],
+    ):
         with pytest.raises(CheckpointError, match="is given twice"):
             average_checkpoints(twice, tmp_path / "avg.pt")
     assert not (tmp_path / "avg.pt").exists()
