@@ -180,6 +180,13 @@ def check_tokenizer(tokenize: str) -> None:
         ) from None
 
 
+def check_line_counts(count: int, what: str, references: list[list[str]], names: tuple[str, ...]) -> None:
+    """Raises: EvaluationError: a reference stream (named by ``names``) does not have ``count`` lines, one per ``what``."""
+    for name, ref in zip(names, references):
+        if len(ref) != count:
+            raise EvaluationError(f"{name} has {len(ref)} lines but there are {count} {what}; they must match line for line")
+
+
 def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...] | None = None, tokenize: str = "13a") -> dict:
     """Score detokenized ``hypotheses`` against one or more reference streams.
 
@@ -205,9 +212,7 @@ def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, 
         raise EvaluationError("no reference given")
     if not hypotheses:
         raise EvaluationError("nothing to score: there are no hypothesis lines")
-    for name, ref in zip(names, references):
-        if len(ref) != len(hypotheses):
-            raise EvaluationError(f"{name} has {len(ref)} lines but there are {len(hypotheses)} hypotheses; they must match line for line")
+    check_line_counts(len(hypotheses), "hypotheses", references, names)
     warn_if_normalisation_differs(hypotheses, references, names)
     check_tokenizer(bleu_tokenizer(tokenize, None))
     bleu, chrf = BLEU(tokenize=tokenize), CHRF()

@@ -129,6 +129,15 @@ def test_bad_inputs_give_clear_errors_not_tracebacks(trained_run, tmp_path):
     two.write_text("a\nb\n")
     result = invoke("evaluate", "--hyp", two, "--ref", short)
     assert result.exit_code == 2 and "short.de has 1 lines but there are 2 hypotheses" in result.output
+    import nmt.translate  # a source and references of different lengths are refused before anything is translated or written
+
+    def untouchable(*args, **kwargs):
+        raise AssertionError("translated before the line counts were compared")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(nmt.translate, "translate_lines", untouchable)
+        result = invoke("evaluate", "--checkpoint", trained_run, "--src", two, "--ref", short, "-o", tmp_path / "hyp.de")
+    assert result.exit_code == 2 and "short.de has 1 lines but there are 2 source lines" in result.output and not (tmp_path / "hyp.de").exists()
     result = invoke("translate", "--checkpoint", trained_run, input="fine\nsecond\ncaf\xe9\n".encode("latin-1"))
     assert result.exit_code == 2 and "<stdin>:3: invalid UTF-8" in result.output
     result = invoke("translate", "--checkpoint", trained_run, "-o", tmp_path / "no" / "such" / "dir.de", input="x\n")

@@ -12,7 +12,16 @@ import typer
 
 from ..corpus import read_lines, stream_buffers
 from ..errors import NmtError
-from ..evaluate import LANGUAGE_TOKENIZERS, bleu_tokenizer, check_inputs, check_tokenizer, config_tokenizer, guess_cjk_language, score
+from ..evaluate import (
+    LANGUAGE_TOKENIZERS,
+    bleu_tokenizer,
+    check_inputs,
+    check_line_counts,
+    check_tokenizer,
+    config_tokenizer,
+    guess_cjk_language,
+    score,
+)
 from ..files import atomic_write, check_not_an_input
 from .options import (
     DECODE_KEYS,
@@ -83,6 +92,7 @@ def evaluate(
         check_not_an_input(output, [(flag, path) for flag, path in readers if path is not None])
     read = _reader([("--hyp", hyp), ("--src", src)] + [("--ref", r) for r in ref])
     references = [read(r) for r in ref]
+    ref_names = tuple("<stdin>" if r == STDIN else str(r) for r in ref)
     chosen = bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None  # with a checkpoint, --tgt-lang chooses the direction
     if chosen is not None:
         check_tokenizer(chosen)  # before translating, not after
@@ -96,6 +106,7 @@ def evaluate(
         chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this direction
         check_tokenizer(chosen)
         sources = read(src)
+        check_line_counts(len(sources), "source lines", references, ref_names)  # before translating, not after
         allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
         with progress_bar(quiet, total=len(sources)) as bar:
             hyps = best_strings(
@@ -105,7 +116,7 @@ def evaluate(
             atomic_write(output, "".join(h + "\n" for h in hyps))
     else:
         hyps = read(hyp)
-    result = score(hyps, references, tuple("<stdin>" if r == STDIN else str(r) for r in ref), chosen)
+    result = score(hyps, references, ref_names, chosen)
     guessed = guess_cjk_language(references[0]) if tokenize is None and tgt_lang is None and chosen == "13a" else None
     if guessed:
         typer.echo(
