@@ -381,6 +381,8 @@ def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> Mar
     start = (config or {}).get("decoder_start_token_id")
     if start is not None:
         pieces = {i: p for p, i in (spec["target_vocab"] or spec["vocab"]).items()}
+        if type(start) is not int:
+            raise MarianError(Key("decoder_start_token_id"), f" {json.dumps(start)} is not a piece's id (an integer)", path=directory / "config.json")
         if start not in pieces or pieces[start] in (spec["eos"], spec["unk"]):
             what = f"{pieces[start]!r}, which cannot start decoding" if start in pieces else "no piece's id in the vocabulary"
             raise MarianError(Key("decoder_start_token_id"), f" {start} is {what} (Marian starts from <pad>)", path=directory / "config.json")
@@ -418,6 +420,23 @@ def _refuse(file: str, key: str, text: str) -> MarianError:
     return MarianError(Key(key), f" {text}", path=file)
 
 
+def _typed(settings: dict[str, Any], key: str, kind: type, default: Any, file: str) -> Any:
+    """``settings[key]`` (``default`` when absent or null) as ``kind``: ``int`` takes a JSON integer, ``float`` any JSON
+    number, ``list`` an array, ``str`` a string (the JSON types transformers writes for them).
+
+    Raises:
+        MarianError: the value is of another JSON type, naming ``file`` and ``key``.
+    """
+    value = settings.get(key)
+    if value is None:
+        return default
+    fits = type(value) is int if kind is int else (type(value) in (int, float) if kind is float else isinstance(value, kind))
+    if not fits:
+        what = {int: "an integer", float: "a number", list: "a list", str: "a string"}[kind]
+        raise _refuse(file, key, f"is {json.dumps(value)}, not {what}")
+    return float(value) if kind is float else value
+
+
 def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str = "config.json") -> ModelConfig:
     """Nmt's model section for ``config.json``'s values (transformers' defaults where it is silent).
 
@@ -442,7 +461,7 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
     for key, (bad, why) in refused.items():
         if get(key) is bad:
             raise _refuse(file, key, why)
-    activation = ACTIVATIONS.get(get("activation_function"))
+    activation = ACTIVATIONS.get(_typed(config, "activation_function", str, MARIAN_DEFAULTS.get("activation_function"), file))
     if activation is None:
         raise _refuse(file, "activation_function", f"is {get('activation_function')!r}; nmt has relu, gelu and swish (silu)")
     for ours, theirs in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
@@ -474,9 +493,9 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
         n_heads=get("encoder_attention_heads"),
         n_encoder_layers=get("encoder_layers"),
         n_decoder_layers=get("decoder_layers"),
-        dropout=float(get("dropout")),
-        attention_dropout=float(get("attention_dropout")),
-        activation_dropout=float(get("activation_dropout")),
+        dropout=_typed(config, "dropout", float, MARIAN_DEFAULTS.get("dropout"), file),
+        attention_dropout=_typed(config, "attention_dropout", float, MARIAN_DEFAULTS.get("attention_dropout"), file),
+        activation_dropout=_typed(config, "activation_dropout", float, MARIAN_DEFAULTS.get("activation_dropout"), file),
         activation=activation,
         norm_position="post",
         share_embeddings=shared,
@@ -512,7 +531,7 @@ NOT_APPLIED = (
 )
 
 
-def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer) -> tuple[DecodeConfig, list[str]]:
+def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer, file: str = "generation_config.json") -> tuple[DecodeConfig, list[str]]:
     """The decode defaults that make ``nmt translate`` search as ``generate()`` does with ``generation`` (generation_config.json,
     or config.json's generation keys in older directories), and the settings it cannot apply, in words.
 
@@ -523,15 +542,19 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer) -> tup
     ``<pad>``, its BOS).
     """
     get = generation.get
+
+    def typed(key: str, kind: type, default: Any) -> Any:
+        return _typed(generation, key, kind, default, file)
+
     tgt = tokenizer.tgt.layout
-    bans = [*(get("bad_words_ids") or []), *([i] for i in get("suppress_tokens") or [])]
-    banned = {ids[0] for ids in bans if isinstance(ids, list) and len(ids) == 1}
-    limit = (int(get("max_new_tokens")) - 1) if get("max_new_tokens") else int(get("max_length") or 20) - 2
-    floor = (int(get("min_new_tokens")) - 1) if get("min_new_tokens") else int(get("min_length") or 0) - 1
-    beam = int(get("num_beams") or 1)
+    bans = [*typed("bad_words_ids", list, []), *([i] for i in typed("suppress_tokens", list, []))]
+    banned = {ids[0] for ids in bans if isinstance(ids, list) and len(ids) == 1 and type(ids[0]) is int}
+    limit = (typed("max_new_tokens", int, 0) - 1) if get("max_new_tokens") else (typed("max_length", int, 0) or 20) - 2
+    floor = (typed("min_new_tokens", int, 0) - 1) if get("min_new_tokens") else (typed("min_length", int, 0) or 0) - 1
+    beam = typed("num_beams", int, 0) or 1
     decode = DecodeConfig(
         beam_size=beam,
-        length_penalty=float(get("length_penalty", 1.0)),
+        length_penalty=typed("length_penalty", float, 1.0),
         length_normalization="length",
         max_len_a=0.0,
         max_len_b=max(limit, 1),
@@ -547,7 +570,7 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer) -> tup
     # What nmt bans: its padding and start pieces, target-language tags (>>fr<<), and <unk> unless decode.allow_unk.
     tag_ids = [tgt.marian_ids[i] for i, piece in enumerate(tgt.pieces) if TAG.fullmatch(piece)]
     always = {tgt.marian_ids[PAD], tgt.marian_ids[BOS], tgt.marian_ids[UNK], *tag_ids}
-    for key, listed in (("bad_words_ids", get("bad_words_ids") or []), ("suppress_tokens", [[i] for i in get("suppress_tokens") or []])):
+    for key, listed in (("bad_words_ids", typed("bad_words_ids", list, [])), ("suppress_tokens", [[i] for i in typed("suppress_tokens", list, [])])):
         other = [ids for ids in listed if not (isinstance(ids, list) and len(ids) == 1 and ids[0] in always)]
         if other:
             notes.append(f"{key} {other} is not applied (nmt bans its padding and start pieces, language tags and, unless decode.allow_unk, <unk>)")
@@ -604,9 +627,10 @@ def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: 
     generation = _json(directory / "generation_config.json", required=False) or {k: config[k] for k in GENERATION_KEYS if k in config}
     tokenizer = read_tokenizer(directory, config)
     model = model_config(config, tokenizer, str(directory / "config.json"))
-    decode, notes = decode_config(generation, tokenizer)
+    settings_file = directory / ("generation_config.json" if (directory / "generation_config.json").is_file() else "config.json")
+    decode, notes = decode_config(generation, tokenizer, str(settings_file))
     for note in notes:
-        log.warning("warning: %s: %s", directory / ("generation_config.json" if (directory / "generation_config.json").is_file() else "config.json"), note)
+        log.warning("warning: %s: %s", settings_file, note)
     for key in ("encoder_layerdrop", "decoder_layerdrop"):
         if config.get(key):
             log.warning("warning: %s: %s=%s is not applied when fine-tuning (nmt has no layer dropout)", directory / "config.json", key, config[key])
@@ -637,7 +661,8 @@ def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: 
         "vocab_size": len(tokenizer.spec["vocab"]),
         "name_or_path": str(config.get("_name_or_path") or directory.name),
         "transformers_version": config.get("transformers_version"),
-        "max_position_embeddings": int(config.get("max_position_embeddings") or MARIAN_DEFAULTS["max_position_embeddings"]),
+        "max_position_embeddings": _typed(config, "max_position_embeddings", int, 0, str(directory / "config.json"))
+        or MARIAN_DEFAULTS["max_position_embeddings"],
         "not_applied": notes,
     }
     return Imported(cfg, state, tokenizer, origin)

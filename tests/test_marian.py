@@ -24,6 +24,8 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import TOY
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opus_dirs import SOURCE, TARGET, make_opus_dir
 from typer.testing import CliRunner
 
@@ -515,3 +517,27 @@ def test_a_ctranslate2_export_of_an_import_bans_pad_as_nmt_does(tmp_path):
     printed = []
     exec(code.replace("print(", "printed.append("), {"printed": printed})  # the README's lines run as written
     assert len(printed[0]) == 1 and isinstance(printed[0][0], str)
+
+
+JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False), st.text(max_size=4), st.just([1]), st.just({"a": 1})
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(file=st.sampled_from(["config.json", "generation_config.json", "tokenizer_config.json"]), data=st.data())
+def test_any_value_of_any_key_of_a_marian_json_file_imports_or_is_one_error(small_opus, tmp_path_factory, file, data):
+    """decoder_start_token_id [1] raised TypeError (unhashable list) where 19 other changes had one-line errors: every
+    key of the three JSON files a Marian directory holds, given a value of any JSON type, imports or is refused as an
+    nmt error, never another exception."""
+    from nmt.errors import NmtError
+
+    directory = tmp_path_factory.mktemp("mutated") / "opus"
+    shutil.copytree(small_opus, directory)
+    content = json.loads((directory / file).read_text())
+    key = data.draw(st.sampled_from(sorted(content)))
+    (directory / file).write_text(json.dumps({**content, key: data.draw(JSON_VALUES)}))
+    try:
+        import_checkpoint(directory, directory.parent / "m.pt")
+    except NmtError as exc:
+        assert "\n" not in str(exc)
