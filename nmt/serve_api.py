@@ -157,6 +157,15 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     for i, n in enumerate(pieces):
         if n > limits.max_input_pieces:
             raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
+    if alignment:  # each line's weights: its source pieces (EOS and tag included) × at most its output limit
+        lengths = [n + 1 + len(goal.src_prefix) for n in pieces]  # as the search counts a source: EOS and tag included
+        weights = sum(length * (int(decode.max_len_a * length) + decode.max_len_b + 1) for length in lengths)
+        if weights > MAX_ATTENTION_WEIGHTS:
+            raise RequestError(
+                f"with alignment, these lines' attention matrices could hold {weights:,} weights;"
+                f" the limit is {MAX_ATTENTION_WEIGHTS:,}: send fewer or shorter lines",
+                413,
+            )
     tokens = sum(pieces) + len(pieces) * (1 + len(goal.src_prefix))
     return Job(lines, decode, tokens, alignment, steering_of(body, isinstance(text, str), len(lines), translator, limits), src_prefix=goal.src_prefix)
 
@@ -169,6 +178,8 @@ def _check_unicode(text: str, where: str) -> None:
 
 
 MAX_PHRASES = 16  # constraints or banned phrases for one line
+MAX_CONSTRAINT_PIECES = 64  # target pieces of one line's constraints together: the constrained search's state grows with them
+MAX_ATTENTION_WEIGHTS = 1_000_000  # source × output pieces a request's "attention" matrices may hold (about 20 MB of JSON)
 
 
 def steering_of(body: dict, single: bool, n: int, translator: Translator, limits: Limits) -> list[Steering] | None:
@@ -200,8 +211,12 @@ def steering_of(body: dict, single: bool, n: int, translator: Translator, limits
                 raise RequestError(f"{name}{'' if single else f'[{i}]'} has {len(items)} phrases; the limit is {MAX_PHRASES}", 413)
             for x in items:
                 _check_unicode(x, name)
-                if len(translator.tokenizer.encode_tgt([x], threads=1)[0]) > limits.max_input_pieces:
-                    raise RequestError(f"a phrase of {name} has more than {limits.max_input_pieces} pieces (--max-input-pieces)", 413)
+            lengths = [len(ids) for ids in translator.tokenizer.encode_tgt(items, threads=1)] if items else []
+            if any(n > limits.max_input_pieces for n in lengths):
+                raise RequestError(f"a phrase of {name} has more than {limits.max_input_pieces} pieces (--max-input-pieces)", 413)
+            if name == "constraints" and sum(lengths) > MAX_CONSTRAINT_PIECES:
+                where = "" if single else f"[{i}]"
+                raise RequestError(f"constraints{where} hold {sum(lengths)} target pieces together; the limit is {MAX_CONSTRAINT_PIECES}", 413)
         return values
 
     prefixes, constraints, bans = per_line("prefix", False), per_line("constraints", True), per_line("ban", True)

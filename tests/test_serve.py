@@ -524,6 +524,7 @@ def test_prefix_constraints_and_bans_per_line_equal_the_translate_path(client, t
         ({"text": ["a", "b"], "constraints": [["x"]]}, "constraints must be a list of strings, or a list of 2 of them, one per line of text"),
         ({"text": ["a"], "ban": [[3]]}, "ban[0] must be a list of strings, got [3]"),
         ({"text": "a", "constraints": ["x"] * 17}, "constraints has 17 phrases; the limit is 16"),
+        ({"text": ["a"], "constraints": [[SENTENCES[3]] * 8]}, "constraints[0] hold 1"),  # a constrained search's state grows with their pieces
         ({"text": "a", "prefix": "\ud800"}, "prefix holds a lone UTF-16 surrogate"),
     ],
 )
@@ -586,3 +587,21 @@ def test_requests_beyond_the_queue_limit_are_refused_at_once_and_the_rest_answer
     assert "2 requests wait for a batch (--max-queued-requests)" in json.loads(refused[1]["body"])["error"]
     assert [r[0]["status"] for r in [running, *queued]] == [200, 200, 200]
     assert [line for batch in calls for line in batch] == SENTENCES[:3]  # the refused line never reached the model
+
+
+def test_alignment_answers_are_bounded_by_the_weights_they_could_hold(translator, monkeypatch):
+    """A 49 KB request with alignment asked for 64 lines of 254 pieces and got a 136 MB answer. By hand: a line of n
+    pieces is n + 1 source positions (EOS) and at most max_len_a · (n + 1) + max_len_b + 1 output rows (1.0 and 4 here)."""
+    import nmt.serve_api
+    from nmt.serve_api import RequestError, parse_request
+
+    n = len(translator.tokenizer.encode_src([SENTENCES[1]])[0])
+    weights = 2 * (n + 1) * ((n + 1) + 4 + 1)
+    body = json.dumps({"text": [SENTENCES[1]] * 2, "alignment": True}).encode()
+    monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", weights)
+    assert parse_request(body, translator, Limits()).alignment
+    monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", weights - 1)
+    with pytest.raises(RequestError, match=rf"could hold {weights:,} weights; the limit is {weights - 1:,}: send fewer or shorter lines") as refused:
+        parse_request(body, translator, Limits())
+    assert refused.value.status == 413
+    parse_request(json.dumps({"text": [SENTENCES[1]] * 2}).encode(), translator, Limits())  # without alignment: no such bound
