@@ -19,6 +19,7 @@ its model.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -45,6 +46,7 @@ from .fields import (
     setting,
     written,
 )
+from .files import is_stream
 
 # Upper ends for numbers that size memory or OS resources, so that a typo is an error, not a crash:
 BEAM = Range(1, 1024)  # hypotheses per sentence: a wider beam costs memory in proportion and only loses BLEU (Koehn & Knowles 2017, §3.6)
@@ -416,6 +418,9 @@ def _validate_directions(data: DataConfig, tk: TokenizerConfig) -> None:
         raise ConfigError(Key("data.directions"), " of several pairs share one vocabulary: set ", Key("tokenizer.joint"), "=true")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # read no further: /dev/zero or a mistaken data file is not a config
+
+
 def read_config_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
     """A YAML config's sections, values as text (:func:`nmt.fields.read_yaml`), and the line of each section and key.
 
@@ -423,10 +428,15 @@ def read_config_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[
         ConfigError: the file is missing, unreadable, not UTF-8 or not YAML, or writes a key twice.
     """
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
+    if not p.is_file() and not is_stream(p):  # a pipe or <(...) is read once, as a file is
+        what = "is a directory" if p.is_dir() else "is a link to nothing (or a loop of links)" if p.is_symlink() else "is not a regular file"
+        raise ConfigError(f"config file {p} " + (what if os.path.lexists(p) else "does not exist"))
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"larger than {MAX_CONFIG_BYTES // 2**20} MiB, which no config is; is it the right file?", path=p)
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start}); save it as UTF-8", path=p) from None
     except OSError as exc:
@@ -448,7 +458,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     for item in overrides:
         key, sep, value = item.partition("=")
         section, dot, name = key.strip().partition(".")
-        if not sep or not dot or not name:
+        if not sep or not dot or not name or not section:
             raise ConfigError(f"override {item!r}: expected section.key=value, e.g. train.max_steps=1000")
         try:
             raw.setdefault(section, {})[name] = read_override(value, f"{section}.{name}")

@@ -90,7 +90,8 @@ def _utf16_without_bom(head: bytes) -> bool:
     """Whether the first bytes look like UTF-16 without a byte-order mark: a NUL in every other
     byte (the high half of Latin text's code units), which UTF-8 text has nowhere."""
     pairs = len(head) // 2
-    return pairs >= 4 and any(all(head[i] == 0 for i in range(start, 2 * pairs, 2)) for start in (0, 1))
+    halves = [head[start : 2 * pairs : 2] for start in (0, 1)]
+    return pairs >= 4 and any(not any(zeros) and any(other) for zeros, other in (halves, halves[::-1]))  # NULs only: no text at all
 
 
 def decode_line(raw: bytes, number: int, name) -> str:

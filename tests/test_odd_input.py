@@ -13,6 +13,7 @@ import math
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 
@@ -308,6 +309,8 @@ def test_utf16_without_a_mark_is_named_and_utf8_never_mistaken_for_it(tmp_path_f
         (tmp / "u16.txt").write_bytes(body.encode(codec))
         with pytest.raises(DataError, match="UTF-16 text; convert it to UTF-8"):
             list(iter_lines(tmp / "u16.txt"))
+    (tmp / "zeros.txt").write_bytes(b"\0" * 8 * lines + b"\n")  # NULs only (`-i /dev/zero` was called UTF-16): no text of any encoding
+    assert list(iter_lines(tmp / "zeros.txt")) == ["\0" * 8 * lines]
 
 
 @PROPERTY
@@ -447,3 +450,41 @@ def test_an_attention_plot_of_any_size_fits_the_pixel_budget(n_layers, tgt_len, 
     assert 1 <= dpi <= 100 and (width * dpi) * (height * dpi) <= MAX_PIXELS or dpi == 1
     if width * height * 100**2 <= MAX_PIXELS:
         assert dpi == 100  # a plot that fits is drawn at full resolution
+
+
+@pytest.mark.parametrize("kind", ["directory", "dangling link", "link loop", "over 1 MiB", "fifo", "character device"])
+def test_a_config_that_is_no_file_is_named_and_one_read_once_is_read(tmp_path, kind):
+    """`-c /dev/null` said "does not exist" and `-c /dev/zero` would read forever: a config path is named for what it
+    is, read at most 1 MiB, and a pipe (`-c <(...)`) or device is read once, as its text."""
+    import threading
+
+    from nmt.config import load_config
+
+    path = tmp_path / "config.yaml"
+    expected = {
+        "directory": "is a directory",
+        "dangling link": "is a link to nothing",
+        "link loop": "is a link to nothing",
+        "over 1 MiB": "larger than 1 MiB, which no config is",
+    }.get(kind)
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "dangling link":
+        path.symlink_to(tmp_path / "missing.yaml")
+    elif kind == "link loop":
+        path.symlink_to(path)
+    elif kind == "over 1 MiB":
+        path.write_text("# " + "x" * (1 << 20) + "\nmodel:\n  preset: tiny\n")
+    elif kind == "fifo":
+        os.mkfifo(path)
+        threading.Thread(target=lambda: path.write_text("model:\n  preset: tiny\n"), daemon=True).start()
+    else:
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # the null device: an empty config
+        except OSError:
+            pytest.skip("cannot make a device node here")
+    if expected is None:
+        assert load_config(path).model.d_model == (64 if kind == "fifo" else 512)
+        return
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config(path)
