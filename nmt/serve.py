@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
@@ -321,8 +322,13 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             task.cancel()
             batcher.executor.shutdown(wait=True)
 
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404, 405: the API's one error shape
+        response = _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code)
+        response.headers.update(exc.headers or {})
+        return response
+
     routes = [Route("/translate", translate, methods=["POST"]), Route("/health", health), Route("/info", info), Route("/", index)]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 
 
 def serve(translator: Translator, limits: Limits, host: str, port: int, quiet: bool = False) -> None:

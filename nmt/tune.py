@@ -64,6 +64,8 @@ def validation_lines(src: str | Path, ref: str | Path, max_sentences: int | None
         raise ConfigError(
             Key("src"), f" {src} and ", Key("ref"), f" {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); they must match line for line"
         )
+    if not src_lines:
+        raise ConfigError(Key("src"), f" {src} and ", Key("ref"), f" {ref} have no lines: give the validation set to tune on")
     return src_lines, ref_lines
 
 

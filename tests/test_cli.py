@@ -114,6 +114,10 @@ def test_evaluate_reads_one_input_from_standard_input_as_from_a_file(trained_run
     assert swapped == from_file
     translated = ("evaluate", "--checkpoint", trained_run, "--ref", ref, "--json", "--beam-size", "2", "--src")
     assert json.loads(invoke(*translated, "-", input=src.read_bytes()).stdout)["bleu"] == json.loads(invoke(*translated, src).stdout)["bleu"]
+    assert (
+        invoke("translate", "--checkpoint", trained_run, "-i", "-", "-q", input=src.read_bytes()).stdout
+        == invoke("translate", "--checkpoint", trained_run, "-i", src, "-q").stdout
+    )  # and translate's -i -, as its default
     twice = invoke("evaluate", "--hyp", "-", "--ref", "-", input=hyp.read_bytes())
     assert twice.exit_code == 2 and "--hyp and --ref all name standard input (-), which can be read once" in twice.output
 

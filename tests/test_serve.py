@@ -191,9 +191,12 @@ def test_alignment_and_attention_equal_the_translate_path(client, translator):
         assert [(int(weights[j, : len(src_ids)].argmax()), j) for j in range(len(hyps[0].tokens))] == list(hyps[0].alignment)
 
 
-def test_wrong_method_and_path(client):
-    assert client.get("/translate").status_code == 405
-    assert client.post("/nothing", json={}).status_code == 404
+def test_wrong_method_and_path_are_answered_in_the_apis_error_shape(client):
+    """They were plain text where every other error is {"error": "one line"}."""
+    wrong = client.get("/translate")
+    assert wrong.status_code == 405 and wrong.json() == {"error": "GET /translate: Method Not Allowed"} and wrong.headers["allow"] == "POST"
+    missing = client.post("/nothing", json={})
+    assert missing.status_code == 404 and missing.json() == {"error": "POST /nothing: Not Found"}
 
 
 def test_model_error_is_500_for_that_request_only(translator, monkeypatch):

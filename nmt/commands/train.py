@@ -69,7 +69,9 @@ def train(
         result = run_training(cfg, resume=resume, overrides=overrides, config_file=config if resume or init_from else None, init_from=init_from)
     except KeyboardInterrupt:  # before the training loop, or a second signal inside it
         typer.echo(
-            "error: stopped at once; files already written are intact (they are replaced atomically); --resume continues from the newest checkpoint", err=True
+            "error: stopped at once; files already written are intact (they are replaced atomically);"
+            " --resume continues from the newest checkpoint, if one was written",
+            err=True,
         )
         raise typer.Exit(code=130) from None
     finally:

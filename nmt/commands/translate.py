@@ -47,7 +47,9 @@ MAX_BUFFER = 10_000_000  # lines: more is more memory than a buffer needs to kee
 def translate(
     ctx: typer.Context,
     checkpoint: Checkpoints,
-    input: Annotated[Path | None, typer.Option("--input", "-i", help="Source text, one sentence a line (plain or .gz). Default: standard input.")] = None,
+    input: Annotated[
+        Path | None, typer.Option("--input", "-i", help="Source text, one sentence a line (plain or .gz). Default (or -): standard input.")
+    ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write translations. Default: standard output.")] = None,
     buffer_size: Annotated[
         int,
@@ -126,6 +128,7 @@ def translate(
     Input is read and translated in buffers, each written out as soon as it is done.
     """
     setup_logging(quiet)
+    input = None if input == Path("-") else input  # -: standard input, as for nmt evaluate
 
     def write_all(write) -> None:  # each buffer goes out as soon as it is translated
         for first, results in lines:
