@@ -1002,3 +1002,29 @@ def test_no_output_overwrites_the_checkpoint_a_run_directory_names(trained_run, 
         line = _one_line_error(invoke(*command))
         assert f"is the same file as --checkpoint {alone}" in line, command
     assert alone.read_bytes() == before
+
+
+def test_stopping_translate_leaves_its_output_as_it_was_and_says_so(trained_run, tmp_path):
+    """Ctrl-C on a streaming `translate -o` kept nothing and said nothing; the output is still whole or untouched
+    (never partial), and now the message says so and where lines as they come can go."""
+    import signal
+    import time
+
+    out = tmp_path / "out.txt"
+    out.write_text("an earlier translation\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "translate", "--checkpoint", str(trained_run), "-o", str(out), "--threads", "1"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    proc.stdin.write(b"the dog sees a cat .\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.txt.tmp*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the translation has started writing its temporary
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert f"{out} was left as it was (an output file appears only when complete" in err.decode()
+    assert out.read_text() == "an earlier translation\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]

@@ -197,6 +197,12 @@ def translate(
             else:
                 atomic_write(output, lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())))
     except KeyboardInterrupt:  # Ctrl-C ends an interactive session; what was written stays
+        if output is not None:
+            typer.echo(
+                f"nmt translate: stopped; {output} was left as it was (an output file appears only when complete:"
+                " to keep translations as they come, write to standard output)",
+                err=True,
+            )
         raise typer.Exit(code=130) from None
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as command-line filters do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
