@@ -22,6 +22,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
     """Records of ``run_dir/metrics.jsonl``. Raises :class:`~nmt.corpus.DataError` if absent or malformed."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
+        if (Path(run_dir) / ".lock").is_file():  # a run's, stopped before it logged a step
+            raise DataError(f"{path}: not found: the run in {run_dir} logged nothing yet (train.log_every steps, or a validation, write a record)")
         raise DataError(f"{path}: not found; is {run_dir} a run directory?")
     records = []
     for number, line in enumerate(path.read_bytes().splitlines(), start=1):

@@ -488,3 +488,15 @@ def test_a_config_that_is_no_file_is_named_and_one_read_once_is_read(tmp_path, k
         return
     with pytest.raises(ConfigError, match=re.escape(expected)):
         load_config(path)
+
+
+def test_plotting_a_run_that_logged_nothing_yet_says_so(tmp_path):
+    """A run stopped before its first log was asked whether it was a run directory at all."""
+    (tmp_path / "run").mkdir()
+    run = RunDir(tmp_path / "run")
+    run.lock()  # what a run stopped while preparing its data leaves
+    run.release()
+    with pytest.raises(DataError, match=r"metrics.jsonl: not found: the run in .* logged nothing yet"):
+        read_metrics(tmp_path / "run")
+    with pytest.raises(DataError, match=r"metrics.jsonl: not found; is .* a run directory\?"):
+        read_metrics(tmp_path)
