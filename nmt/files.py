@@ -105,10 +105,8 @@ def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, 
         yield tmp, fd
     finally:
         with contextlib.suppress(OSError):
-            if directory and tmp.is_dir() and os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):
-                shutil.rmtree(tmp)
-            elif not directory and os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):
-                tmp.unlink()
+            if os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):  # still there: not renamed into place
+                shutil.rmtree(tmp) if directory else tmp.unlink()
         os.close(fd)
 
 
