@@ -500,3 +500,16 @@ def test_plotting_a_run_that_logged_nothing_yet_says_so(tmp_path):
         read_metrics(tmp_path / "run")
     with pytest.raises(DataError, match=r"metrics.jsonl: not found; is .* a run directory\?"):
         read_metrics(tmp_path)
+
+
+@pytest.mark.parametrize("given", [".", "..", "./", "sub/.."])
+def test_an_export_into_the_current_directory_or_above_it_is_refused_in_one_line(tmp_path, monkeypatch, given):
+    """`nmt export CKPT .` raised ValueError ("has an empty name"); exporting there would replace the working directory."""
+    from nmt.export import export
+    from nmt.files import OutputError
+
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub" if given == ".." else tmp_path)
+    with pytest.raises(OutputError, match=r"is the current directory or holds it, which an export replaces; give a new directory"):
+        export("missing.pt", given)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
