@@ -93,7 +93,8 @@ def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, 
         else:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):  # a file system without locks (some NFS or FUSE mounts): written unheld
+                fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             ours = os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd))
         except FileNotFoundError:
@@ -289,7 +290,7 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
     """Remove the temporaries in ``directory`` (of the target ``name``, or of any) that no writer holds
     (see the module docstring): files or directories, never through a symbolic link.
 
-    Without ``flock`` (not POSIX) a temporary counts as held while a process of its id runs here.
+    Where locks cannot be taken, a temporary counts as held while a process of its id runs here.
     """
     pattern = f".{glob.escape(name)}.tmp*" if name is not None else ".*.tmp*"
     for tmp in Path(directory).glob(pattern):
@@ -304,12 +305,7 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
             kind = os.fstat(fd).st_mode
             if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
                 continue
-            if fcntl is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # its writer is at work
-            elif _alive(int(match["pid"])):
+            if not _abandoned(fd, int(match["pid"])):
                 continue
             with contextlib.suppress(OSError):
                 if stat.S_ISDIR(kind):
@@ -318,6 +314,20 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
                     tmp.unlink()
         finally:
             os.close(fd)
+
+
+def _abandoned(fd: int, pid: int) -> bool:
+    """Whether the temporary open as ``fd`` has no writer: nobody holds its lock (taken now, until ``fd`` closes);
+    where locks cannot be taken (no ``flock``, or a file system without locks), no process ``pid`` runs here."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False  # its writer is at work
+        except OSError:
+            pass
+    return not _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -202,3 +202,24 @@ def test_a_loop_of_links_as_output_is_refused_and_left(tmp_path, length):
     dangling.symlink_to("target.txt")
     atomic_write(dangling, "x\n")
     assert dangling.is_symlink() and (tmp_path / "target.txt").read_text() == "x\n"
+
+
+def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(tmp_path, monkeypatch):
+    """Some NFS and FUSE mounts refuse flock (ENOLCK): writing must not fail there, and a temporary is then
+    judged by its process id (gone: abandoned) instead of its lock."""
+    import errno
+    import fcntl
+
+    from nmt.files import remove_abandoned_temporaries
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    dead, alive = tmp_path / f".out.txt.tmp{_dead_pid()}-0000000a", tmp_path / f".out.txt.tmp{os.getpid()}-0000000b"
+    for path in (dead, alive):
+        path.write_bytes(b"partial")
+    atomic_write(tmp_path / "out.txt", "whole\n")
+    assert (tmp_path / "out.txt").read_text() == "whole\n" and not dead.exists() and alive.exists()
+    remove_abandoned_temporaries(tmp_path)
+    assert alive.exists()
