@@ -257,6 +257,8 @@ def _try_lock(f) -> bool:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
+        except OSError as exc:  # a file system without locks (some NFS or FUSE mounts)
+            log.warning("warning: %s cannot be locked (%s): nothing stops a second nmt train in %s", f.name, exc.strerror, Path(f.name).parent)
         return True
     try:
         import msvcrt

@@ -223,3 +223,8 @@ def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(t
     assert (tmp_path / "out.txt").read_text() == "whole\n" and not dead.exists() and alive.exists()
     remove_abandoned_temporaries(tmp_path)
     assert alive.exists()
+    from nmt.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.lock()  # unlocked, with a warning: the run goes on
+    run.release()
