@@ -174,7 +174,8 @@ def _open_init(cfg: Config, overrides: list[str], config_file: Path | None, init
 
 def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], config_file: Path | None, init_from: str | Path | None = None) -> Opened:
     """Lock the run directory, choose the checkpoint (or start fresh, or from ``init_from``), settle the config, prepare the data."""
-    run.lock(resuming=resume)
+    tk = cfg.tokenizer
+    run.lock(resuming=resume, inputs=tuple(Path(m) for m in (tk.model, tk.src_model, tk.tgt_model) if m))
     run.sweep()
     opened, start = Opened(absolute_paths(cfg), None, None), 0
     if init_from is not None:

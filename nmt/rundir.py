@@ -94,7 +94,7 @@ class RunDir:
         self.lock_file = None
         self.created = False
 
-    def lock(self, resuming: bool = False) -> None:
+    def lock(self, resuming: bool = False, inputs: tuple[Path, ...] = ()) -> None:
         """Create the directory if needed (unless ``resuming``) and take its lock.
 
         Raises:
@@ -106,7 +106,7 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(Key("train.run_dir"), f" {self.path} is a file; choose a directory")
         if not resuming:
-            self._check_not_foreign()
+            self._check_not_foreign(inputs)
         try:
             self.created = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
@@ -125,16 +125,18 @@ class RunDir:
         self.lock_file.write(f"{os.getpid()}\n")
         self.lock_file.flush()
 
-    def _check_not_foreign(self) -> None:
+    def _check_not_foreign(self, inputs: tuple[Path, ...] = ()) -> None:
         """Refuse a directory no run has used (no ``.lock``, no checkpoint) that holds files of the names a
         run writes (``config.yaml``, ``metrics.jsonl``, ``spm.model``): a fresh run would replace them.
+        Files the run reads (``inputs``: a tokenizer given as ``tokenizer.model``) are the user's to keep there.
 
         Raises:
             ConfigError: naming those files.
         """
         if not self.path.is_dir() or (self.path / ".lock").exists() or self.checkpoints():
             return  # a run's, or one copied without its .lock: check_fresh names its checkpoints
-        theirs = sorted(p.name for p in self.path.iterdir() if _RUN_FILE.fullmatch(p.name))
+        given = [Path(p) for p in inputs if Path(p).exists()]
+        theirs = sorted(p.name for p in self.path.iterdir() if _RUN_FILE.fullmatch(p.name) and not any(p.samefile(g) for g in given))
         if theirs:
             raise ConfigError(
                 Key("train.run_dir"),

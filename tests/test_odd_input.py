@@ -376,6 +376,18 @@ def test_a_fresh_run_never_replaces_files_of_a_directory_no_run_has_used(tmp_pat
     RunDir(directory).lock(resuming=True)  # --resume still reads a directory as it is
 
 
+def test_a_tokenizer_the_run_reads_may_lie_in_its_new_directory(tmp_path):
+    """A run directory prepared with the spm.model that tokenizer.model names was refused as foreign (it had trained)."""
+    for name in ("given", "other"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "spm.model").write_text("the user's tokenizer\n")
+    run = RunDir(tmp_path / "given")
+    run.lock(inputs=(tmp_path / "given" / ".." / "given" / "spm.model",))
+    run.release()
+    with pytest.raises(ConfigError, match="holds spm.model, which a run writes"):
+        RunDir(tmp_path / "other").lock(inputs=(tmp_path / "given" / "spm.model",))
+
+
 @PROPERTY
 @given(port=st.one_of(st.integers(max_value=-1), st.integers(min_value=65536)), wait=st.floats().filter(lambda w: not 0 <= w <= 10_000))
 def test_serve_refuses_a_port_or_a_wait_it_cannot_use_in_one_line(port, wait):
