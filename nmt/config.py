@@ -419,6 +419,12 @@ def _validate_directions(data: DataConfig, tk: TokenizerConfig) -> None:
 
 
 MAX_CONFIG_BYTES = 1 << 20  # read no further: /dev/zero or a mistaken data file is not a config
+_STREAMS: dict[str, bytes] = {}  # what each config given as a pipe or device held, by its name
+
+
+def _read_head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(MAX_CONFIG_BYTES + 1)
 
 
 def read_config_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
@@ -432,8 +438,10 @@ def read_config_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[
         what = "is a directory" if p.is_dir() else "is a link to nothing (or a loop of links)" if p.is_symlink() else "is not a regular file"
         raise ConfigError(f"config file {p} " + (what if os.path.lexists(p) else "does not exist"))
     try:
-        with open(p, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+        if p.is_file():
+            data = _read_head(p)
+        else:  # a pipe yields its text once: --resume and --init-from read the config again
+            data = _STREAMS[str(p)] = _STREAMS[str(p)] if str(p) in _STREAMS else _read_head(p)
         if len(data) > MAX_CONFIG_BYTES:
             raise ConfigError(f"larger than {MAX_CONFIG_BYTES // 2**20} MiB, which no config is; is it the right file?", path=p)
         text = data.decode("utf-8")

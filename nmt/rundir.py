@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from .checkpoint import CheckpointError, load_checkpoint
-from .config import PRESETS, Config, ConfigError, config_from_dict, config_to_dict, load_config
+from .config import PRESETS, Config, ConfigError, config_from_dict, config_to_dict, load_config, read_config_file
 from .errors import Key
 from .files import OutputError, append_line, atomic_write, reason, remove_abandoned_temporaries
 
@@ -340,7 +339,7 @@ REGULARISATION = ("model.dropout", "model.attention_dropout", "model.activation_
 
 def _written_keys(overrides: list[str], config_file: Path | None) -> list[tuple[str, str]]:
     """The ``(section, key)`` pairs a config file writes and the ``--set`` overrides set, in order, once each."""
-    written = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {} if config_file is not None else {}
+    written = read_config_file(config_file)[0] if config_file is not None else {}  # read as load_config reads it (a pipe: once)
     keys = [(s, k) for s, values in written.items() for k in values or {}]
     keys += [tuple(o.split("=", 1)[0].strip().split(".", 1)) for o in overrides]
     return list(dict.fromkeys(keys))

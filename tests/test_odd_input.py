@@ -525,3 +525,20 @@ def test_an_export_into_the_current_directory_or_above_it_is_refused_in_one_line
     with pytest.raises(OutputError, match=r"is the current directory or holds it, which an export replaces; give a new directory"):
         export("missing.pt", given)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
+
+
+def test_a_config_given_as_a_pipe_is_read_once_by_every_reader(tmp_path):
+    """`nmt train --resume -c <(...)` read the pipe twice (the config, then the keys it writes): the second read was
+    empty, so the keys were dropped in silence and the run stopped as finished."""
+    import threading
+
+    from nmt.config import load_config
+    from nmt.rundir import _written_keys
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("train:\n  max_steps: 31\nmodel:\n  dropout: 0.3\n"), daemon=True)
+    writer.start()
+    assert load_config(fifo).train.max_steps == 31
+    writer.join(10)
+    assert _written_keys(["decode.beam_size=2"], fifo) == [("train", "max_steps"), ("model", "dropout"), ("decode", "beam_size")]
