@@ -127,6 +127,7 @@ class Batcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-model")
         self.batches = 0  # batches run so far, for /health
         self.running = 0  # requests in the batch the worker is translating now, for /health
+        self.admitted = 0  # /translate requests admitted and not yet answered (their bodies may still be arriving)
         self._held: Job | None = None  # taken from the queue but over the budget: first in the next batch
 
     async def gather(self) -> list[Job]:
@@ -244,11 +245,22 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
         return response
 
     async def answer(request: Request) -> tuple[JSONResponse, Job | None]:
-        """The answer to one ``/translate`` request, and its job (None when the request was refused)."""
-        if batcher.queue.qsize() >= limits.max_queued_requests:
-            busy = _error(f"the server is busy: {batcher.queue.qsize()} requests wait for a batch (--max-queued-requests); retry later", 503)
+        """The answer to one ``/translate`` request, and its job (None when the request was refused).
+
+        Requests count as waiting from their admission (before their body arrives) until they are
+        answered, less the batch being translated: a slow upload holds its place as a queued job does."""
+        waiting = batcher.admitted - batcher.running
+        if waiting >= limits.max_queued_requests:
+            busy = _error(f"the server is busy: {waiting} requests wait for a batch (--max-queued-requests); retry later", 503)
             busy.headers["Retry-After"] = "1"
             return busy, None
+        batcher.admitted += 1
+        try:
+            return await admitted(request)
+        finally:
+            batcher.admitted -= 1
+
+    async def admitted(request: Request) -> tuple[JSONResponse, Job | None]:
         raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
@@ -281,7 +293,7 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
                 "dtype": translator.dtype,
                 "checkpoint": translator.checkpoint,
                 "checkpoint_step": translator.step,
-                "queued_requests": batcher.queue.qsize(),
+                "queued_requests": batcher.admitted - batcher.running,
                 "running_requests": batcher.running,
                 "batches": batcher.batches,
                 "untranslated_lines": {"unknown_only": translator.skipped["unknown"]},

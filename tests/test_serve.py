@@ -51,14 +51,17 @@ def client(translator):
         yield c
 
 
-async def asgi_call(app, path: str, body: dict | None = None, leaves: bool = False) -> list:
+async def asgi_call(app, path: str, body: dict | None = None, leaves: bool = False, uploaded: asyncio.Event | None = None) -> list:
     """One request straight to the ASGI ``app`` (GET without ``body``, else a JSON POST); the messages it
-    sent back. ``leaves``: the client disconnects right after sending, instead of after its answer."""
+    sent back. ``leaves``: the client disconnects right after sending, instead of after its answer;
+    ``uploaded``: the body arrives only once this event is set (a slow upload)."""
     messages = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b"", "more_body": False}]
     sent, done = [], asyncio.Event()
 
     async def receive():
         if messages:
+            if uploaded is not None:
+                await uploaded.wait()
             return messages.pop(0)
         if not leaves:
             await done.wait()  # a client that stays: its connection ends after the answer
@@ -586,10 +589,30 @@ def test_requests_beyond_the_queue_limit_are_refused_at_once_and_the_rest_answer
             return await running, [await q for q in queued], refused
 
     running, queued, refused = asyncio.run(main())
+
+    async def slow_uploads():  # admitted requests whose bodies have not arrived count as waiting too
+        app = create_app(translator, Limits(max_wait_ms=0.0, max_queued_requests=2))  # a new server: the first has shut down
+        async with app.router.lifespan_context(app):
+            release.clear()
+            started.clear()
+            running = asyncio.ensure_future(asgi_call(app, "/translate", {"text": [SENTENCES[0]]}))
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+            uploaded = asyncio.Event()
+            slow = [asyncio.ensure_future(asgi_call(app, "/translate", {"text": [line]}, uploaded=uploaded)) for line in SENTENCES[1:3]]
+            await asyncio.sleep(0.05)  # both admitted, neither body arrived
+            refused = await asyncio.wait_for(asgi_call(app, "/translate", {"text": [SENTENCES[3]]}), 10)
+            uploaded.set()
+            release.set()
+            return await running, [await q for q in slow], refused
+
     assert refused[0]["status"] == 503 and (b"retry-after", b"1") in refused[0]["headers"]
     assert "2 requests wait for a batch (--max-queued-requests)" in json.loads(refused[1]["body"])["error"]
     assert [r[0]["status"] for r in [running, *queued]] == [200, 200, 200]
     assert [line for batch in calls for line in batch] == SENTENCES[:3]  # the refused line never reached the model
+    calls.clear()
+    late_running, late_queued, late_refused = asyncio.run(slow_uploads())
+    assert late_refused[0]["status"] == 503 and [r[0]["status"] for r in [late_running, *late_queued]] == [200, 200, 200]
+    assert sorted(line for batch in calls for line in batch) == sorted(SENTENCES[:3])
 
 
 def test_alignment_answers_are_bounded_by_the_weights_they_could_hold(translator, monkeypatch):
