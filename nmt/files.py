@@ -2,12 +2,13 @@
 
 Every file nmt writes (checkpoints, ``spm.model``, ``config.yaml``, translations) goes
 through :func:`atomic_write`: the bytes go to a hidden temporary file beside the target,
-are flushed to disk, and replace the target in one rename, which keeps the target's
-permission bits. An interruption or a full disk leaves the old file (or none), never a
-partial one. Outputs are checked with :func:`check_writable` before the work that produces
-them starts. Replacing means a hard link to the old file keeps the old content.
+are flushed to disk, and replace the target in one rename; the temporary has the target's
+permission bits from its creation, so a private file's new content is never readable by
+others. An interruption or a full disk leaves the old file (or none), never a partial one.
+Outputs are checked with :func:`check_writable` before the work that produces them starts.
+Replacing means a hard link to the old file keeps the old content.
 
-**Temporaries** (:func:`held_temporary`) are named ``.NAME.tmpPID-TOKEN``, unique even
+**Temporaries** (:func:`held_temporary`) are named ``.NAME.tmpPID-TOKEN-HOST``, unique even
 between processes of one process id (containers sharing a volume), and their writer holds
 an exclusive ``flock`` on them until it renames or removes them. A temporary that nobody
 holds was left by a writer that was killed (the kernel drops the lock with the process), and
@@ -32,6 +33,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -71,15 +73,20 @@ def reason(exc: OSError) -> str:
     return _REASONS.get(exc.errno, exc.strerror or str(exc))
 
 
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown"
+
+
 def temporary_name(path: Path, kind: str = "tmp") -> Path:
-    """A new hidden name beside ``path``: ``.NAME.tmpPID-TOKEN`` (``kind`` ``probe`` for a probe), random past the process id."""
-    return path.with_name(f".{path.name}.{kind}{os.getpid()}-{secrets.token_hex(4)}")
+    """A new hidden name beside ``path``: ``.NAME.tmpPID-TOKEN-HOST`` (``kind`` ``probe`` for a probe), random
+    past the process id, and naming the machine, whose process ids alone mean something."""
+    return path.with_name(f".{path.name}.{kind}{os.getpid()}-{secrets.token_hex(4)}-{_HOST}")
 
 
 @contextlib.contextmanager
 def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, int]]:
     """A new temporary beside ``path``, held by this process for the block: yields its path and a
-    descriptor (of a file open for writing, or of an empty directory) that holds its ``flock``.
+    descriptor (of a file open for writing, or of an empty directory) that holds its ``flock``. A file
+    gets the permission bits of ``path`` (when it exists) before anything is written to it.
 
     A sweeper that took the lock first (and so removes the file) is waited for, and the
     temporary is made anew, so the one yielded is never removed under its writer. If the
@@ -87,11 +94,14 @@ def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, 
     """
     while True:
         tmp = temporary_name(path)
-        if directory:
-            os.mkdir(tmp)
-            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
-        else:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            if directory:
+                os.mkdir(tmp)
+                fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+            else:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileNotFoundError:  # a sweeper removed the new directory before it was opened: make another
+            continue
         if fcntl is not None:
             with contextlib.suppress(OSError):  # a file system without locks (some NFS or FUSE mounts): written unheld
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -102,6 +112,8 @@ def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, 
         if ours:
             break
         os.close(fd)
+    if not directory:
+        _keep_mode(path, fd)
     try:
         yield tmp, fd
     finally:
@@ -231,20 +243,19 @@ def atomic_write(path: Path, content: bytes | str | Callable[[BinaryIO], None]) 
                 _write(f, content)
                 f.flush()
                 os.fsync(f.fileno())
-            _keep_mode(path, fd)
             os.replace(tmp, path)
     except Exception as exc:  # torch.save reports a failed write as a RuntimeError raised while handling the OSError
         _raise_output_error(exc, path)
 
 
 def _keep_mode(path: Path, fd: int) -> None:
-    """Give the temporary ``fd`` the permission bits of the file it will replace (a private file stays private)."""
+    """Give the temporary ``fd`` the permission bits (rwx, not setuid/setgid/sticky) of the file it will replace."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return  # a new file: the umask's bits, as the temporary was created
     if stat.S_ISREG(mode):
-        os.fchmod(fd, stat.S_IMODE(mode))
+        os.fchmod(fd, stat.S_IMODE(mode) & 0o777)
 
 
 def _write(f: BinaryIO, content: bytes | str | Callable[[BinaryIO], None]) -> None:
@@ -283,7 +294,7 @@ def _raise_output_error(exc: Exception, path: Path):
     raise OutputError(f"cannot write {path}: {reason(cause)}") from None
 
 
-_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-[0-9a-f]{8})?")
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-(?P<token>[0-9a-f]{8})(?:-(?P<host>[A-Za-z0-9._]+))?)?")
 
 
 def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> None:
@@ -303,9 +314,15 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
             continue
         try:
             kind = os.fstat(fd).st_mode
-            if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
+            if not (stat.S_ISREG(kind) or (stat.S_ISDIR(kind) and match["token"])):  # a directory only of the names nmt makes
                 continue
-            if not _abandoned(fd, int(match["pid"])):
+            if stat.S_ISREG(kind):  # NFS takes an exclusive flock only on a descriptor open for writing
+                with contextlib.suppress(OSError):
+                    writable = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    if os.path.samestat(os.fstat(writable), os.fstat(fd)):
+                        fd, writable = writable, fd
+                    os.close(writable)
+            if not _abandoned(fd, int(match["pid"]), match["host"]):
                 continue
             with contextlib.suppress(OSError):
                 if stat.S_ISDIR(kind):
@@ -316,9 +333,10 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
             os.close(fd)
 
 
-def _abandoned(fd: int, pid: int) -> bool:
+def _abandoned(fd: int, pid: int, host: str | None) -> bool:
     """Whether the temporary open as ``fd`` has no writer: nobody holds its lock (taken now, until ``fd`` closes);
-    where locks cannot be taken (no ``flock``, or a file system without locks), no process ``pid`` runs here."""
+    where locks cannot be taken (no ``flock``, or a file system without locks), its ``host`` is this machine
+    (or unnamed, as older names were) and no process ``pid`` runs here."""
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -327,12 +345,13 @@ def _abandoned(fd: int, pid: int) -> bool:
             return False  # its writer is at work
         except OSError:
             pass
-    return not _alive(pid)
+    return host in (None, _HOST) and not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this machine (one of another user's counts as running)."""
-    if pid == os.getpid():
+    """Whether a process ``pid`` runs on this machine (one of another user's counts as running; on Windows,
+    where ``os.kill(pid, 0)`` would send Ctrl-C, every process does)."""
+    if pid == os.getpid() or os.name == "nt":
         return True
     try:
         os.kill(pid, 0)

@@ -78,7 +78,8 @@ def test_only_temporaries_that_no_writer_holds_are_swept(tmp_path_factory, tempo
     """A run's start once deleted every temporary in its directory, so an `nmt average --out RUN/avg.pt` or a
     `translate -o RUN/hyp.txt` still writing there lost its output; and names by process id alone collided between
     containers, where two writers are both pid 1. A temporary is removed only when no process holds its lock,
-    whatever its pid, its target and its kind; the newer writer of the same target never takes the other's name."""
+    whatever its pid, its target and its kind; the newer writer of the same target never takes the other's name.
+    A directory is judged only under the names nmt gives (with a token): `.notes.tmp1/` may be anyone's."""
     import fcntl
 
     from nmt.files import held_temporary, remove_abandoned_temporaries
@@ -88,7 +89,7 @@ def test_only_temporaries_that_no_writer_holds_are_swept(tmp_path_factory, tempo
     holders, made = [], []
     for i, (target, kind, held, naming) in enumerate(temporaries):
         pid = os.getpid() if naming == "same pid" else _dead_pid()
-        name = f".{target}.tmp{pid - i}" if naming == "old" else f".{target}.tmp{pid}-{i:08x}"
+        name = f".{target}.tmp{pid - i}" if naming == "old" else f".{target}.tmp{pid}-{i:08x}-host"
         path = root / name
         if path.exists():
             continue
@@ -97,20 +98,37 @@ def test_only_temporaries_that_no_writer_holds_are_swept(tmp_path_factory, tempo
             fd = os.open(path, os.O_RDONLY)
             fcntl.flock(fd, fcntl.LOCK_EX)
             holders.append(fd)
-        made.append((path, target, held))
+        made.append((path, target, held or (kind == "directory" and naming == "old")))
     try:
         atomic_write(root / "avg.pt", b"complete")
         assert (root / "avg.pt").read_bytes() == b"complete"
-        assert sorted(p.name for p, _, _ in made if p.exists()) == sorted(p.name for p, target, held in made if held or target != "avg.pt")
+        assert sorted(p.name for p, _, _ in made if p.exists()) == sorted(p.name for p, target, kept in made if kept or target != "avg.pt")
         with held_temporary(root / "other.pt") as (mine, _):
             RunDir(root).sweep()
             assert mine.exists()
-        assert sorted(p.name for p in root.iterdir()) == sorted(["avg.pt", *(p.name for p, _, held in made if held)])
+        assert sorted(p.name for p in root.iterdir()) == sorted(["avg.pt", *(p.name for p, _, kept in made if kept)])
     finally:
         for fd in holders:
             os.close(fd)
     remove_abandoned_temporaries(root)
-    assert [p.name for p in root.iterdir()] == ["avg.pt"]
+    assert sorted(p.name for p in root.iterdir()) == sorted(["avg.pt", *(p.name for p, _, _ in made if p.is_dir() and ".tmp" in p.name and "-" not in p.name)])
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640])
+def test_a_private_files_new_content_is_never_readable_by_others(tmp_path, mode):
+    """The temporary took the target's permission bits only after its content was written: for that while a 0600
+    file's new content was 0644. And setuid bits were copied; now only rwx."""
+    out = tmp_path / "private.txt"
+    out.write_text("old\n")
+    os.chmod(out, mode | 0o4000)
+    seen = []
+
+    def content(f):
+        seen.append(stat.S_IMODE(os.fstat(f.fileno()).st_mode))
+        f.write(b"new\n")
+
+    atomic_write(out, content)
+    assert seen == [mode] and stat.S_IMODE(os.stat(out).st_mode) == mode and out.read_text() == "new\n"
 
 
 def test_a_replaced_file_keeps_its_permissions(tmp_path):
@@ -217,14 +235,34 @@ def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(t
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
     dead, alive = tmp_path / f".out.txt.tmp{_dead_pid()}-0000000a", tmp_path / f".out.txt.tmp{os.getpid()}-0000000b"
-    for path in (dead, alive):
+    elsewhere = tmp_path / f".out.txt.tmp{_dead_pid()}-0000000c-another.host"  # its process id means nothing here
+    for path in (dead, alive, elsewhere):
         path.write_bytes(b"partial")
     atomic_write(tmp_path / "out.txt", "whole\n")
-    assert (tmp_path / "out.txt").read_text() == "whole\n" and not dead.exists() and alive.exists()
+    assert (tmp_path / "out.txt").read_text() == "whole\n" and not dead.exists() and alive.exists() and elsewhere.exists()
     remove_abandoned_temporaries(tmp_path)
-    assert alive.exists()
+    assert alive.exists() and elsewhere.exists()
     from nmt.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
     run.lock()  # unlocked, with a warning: the run goes on
     run.release()
+
+
+def test_a_directory_swept_between_its_making_and_its_opening_is_made_again(tmp_path, monkeypatch):
+    """A sweeper could remove a new temporary directory before its writer opened (and so held) it: export then
+    failed with FileNotFoundError in 7 of 5,187 races. The writer makes another."""
+    from nmt.files import held_temporary
+
+    real, made = os.mkdir, []
+
+    def swept_once(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        made.append(path)
+        if len(made) == 1:
+            os.rmdir(path)  # what a sweeper that ran just then does
+
+    monkeypatch.setattr(os, "mkdir", swept_once)
+    with held_temporary(tmp_path / "hf", directory=True) as (tmp, _):
+        assert tmp.is_dir() and len(made) == 2 and tmp == made[1]
+    assert list(tmp_path.iterdir()) == []
