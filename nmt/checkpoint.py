@@ -171,7 +171,7 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
     tok = payload["tokenizer"]
     if not isinstance(tok, dict) or set(tok) not in TOKENIZER_ENTRIES or not all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in tok.values()):
         problems.append("'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint; src and tgt; or src, tgt and vocab)")
-    problems += _entry_problems(payload)
+    problems += _entry_problems(payload, training)
     if problems:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
     from .model import uninitialised_model
@@ -183,7 +183,13 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
         raise CheckpointError(f"{path}: the tensors do not fit the model its config describes ({'; '.join(wrong)}; written by {written_by(payload)})")
     expected = uninitialised_model(cfg.model).state_dict()  # names and shapes only
     check_state_fits(expected, payload["model"], path, written_by(payload))
-    broken = [name for name, t in payload["model"].items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    seen: set[tuple[int, int]] = set()  # tied weights (one matrix under two names) are named once
+    broken = []
+    for name, t in payload["model"].items():
+        where = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if t.is_floating_point() and where not in seen and not bool(torch.isfinite(t).all()):
+            broken.append(name)
+        seen.add(where)
     if broken:
         raise CheckpointError(
             f"{path}: {len(broken)} weight tensor(s) hold nan or inf ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): "
@@ -212,9 +218,10 @@ _ENTRY_TYPES = {
 }
 
 
-def _entry_problems(payload: dict[str, Any]) -> list[str]:
+def _entry_problems(payload: dict[str, Any], training: bool = False) -> list[str]:
     """What is wrong with the optional entries (of the wrong type; ``progress`` with fields that are not whole
-    numbers or, for ``best_bleu``, a number), each in words."""
+    numbers or, for ``best_bleu``, a number), each in words. A ``progress`` field this version does not know
+    (a newer nmt's) matters only to ``training`` (``--resume``), which would have to continue it."""
     from .opening import Progress
 
     problems = [
@@ -227,7 +234,10 @@ def _entry_problems(payload: dict[str, Any]) -> list[str]:
         known = set(Progress.__dataclass_fields__)
         for key, value in progress.items():
             number = (int, float) if key == "best_bleu" else int
-            if key not in known or (key != "batching" and (isinstance(value, bool) or not isinstance(value, number))):
+            if key not in known:
+                if training:
+                    problems.append(f"'progress' has {key!r}, which this nmt does not know (a newer nmt wrote it?)")
+            elif key != "batching" and (isinstance(value, bool) or not isinstance(value, number)):
                 problems.append(f"'progress' has {key!r}: {value!r}")
     return problems
 
