@@ -152,17 +152,18 @@ def forced(shape: Shape, decode: DecodeConfig | None = None) -> DecodeConfig:
     return replace(decode or DecodeConfig(), beam_size=shape.beam, n_best=1, length_penalty=0.0, max_len_a=0.0, max_len_b=shape.tgt_len, min_len=shape.tgt_len)
 
 
-def largest_tensors_bytes(cfg: ModelConfig, shape: Shape) -> int:
+def largest_tensors_bytes(cfg: ModelConfig, shape: Shape, dtype: str = "float32") -> int:
     """A lower bound on the memory a profile of ``shape`` needs, in bytes: the largest of the training
     step's logits with their gradient and log-softmax (3 × batch · tgt_len · vocab floats), its
     attention scores with their gradient and softmax (3 × batch · n_heads · max(src_len, tgt_len)²),
-    and the decode's self-attention cache (the formula of :func:`cache_bytes`, in float32) plus its
-    step's scores over the vocabulary for every hypothesis (2 × batch · beam · vocab)."""
+    both only where training is profiled (``dtype`` float32), and the decode's self-attention cache
+    (the formula of :func:`cache_bytes`, in ``dtype``; int8 keeps float32 activations) plus its step's
+    scores over the vocabulary for every hypothesis (2 × batch · beam · vocab, float32)."""
     head_dim, longest = cfg.d_model // cfg.n_heads, max(shape.src_len, shape.tgt_len)
-    rows = shape.batch * shape.beam
-    training = max(3 * shape.batch * shape.tgt_len * cfg.tgt_vocab_size, 3 * shape.batch * cfg.n_heads * longest**2)
-    decoding = 2 * cfg.n_decoder_layers * rows * cfg.n_heads * shape.tgt_len * head_dim + 2 * rows * cfg.tgt_vocab_size
-    return 4 * max(training, decoding)
+    rows, element = shape.batch * shape.beam, {"bfloat16": 2, "float16": 2}.get(dtype, 4)
+    training = 4 * max(3 * shape.batch * shape.tgt_len * cfg.tgt_vocab_size, 3 * shape.batch * cfg.n_heads * longest**2) if dtype == "float32" else 0
+    decoding = element * 2 * cfg.n_decoder_layers * rows * cfg.n_heads * shape.tgt_len * head_dim + 4 * 2 * rows * cfg.tgt_vocab_size
+    return max(training, decoding)
 
 
 def available_memory(device: torch.device) -> int | None:

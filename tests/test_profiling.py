@@ -76,3 +76,5 @@ def test_the_memory_a_shape_needs_is_bounded_below_by_its_largest_tensors():
     cfg = ModelConfig(**PRESETS["tiny"], src_vocab_size=8000, tgt_vocab_size=8000)
     assert largest_tensors_bytes(cfg, Shape(batch=2, src_len=3, tgt_len=4, beam=5)) == 768_000
     assert largest_tensors_bytes(cfg, Shape(batch=2, src_len=3, tgt_len=4, beam=50)) == 4 * (2 * 2 * 100 * 4 * 4 * 16 + 2 * 100 * 8000)
+    # bfloat16 profiles decoding only: its 2-byte cache and float32 scores, 2·2·200·4·4·16·2 + 2·200·8000·4 bytes
+    assert largest_tensors_bytes(cfg, Shape(batch=2, src_len=3, tgt_len=4, beam=100), "bfloat16") == 409_600 + 12_800_000

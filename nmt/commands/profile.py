@@ -66,7 +66,7 @@ def profile(
         torch.manual_seed(0)
         model = to_dtype(Transformer(ModelConfig(**PRESETS[preset], src_vocab_size=8000, tgt_vocab_size=8000)).to(dev).eval(), torch_dtype)
     shape = Shape(batch, src_len, tgt_len, beam_size)
-    needed, available = largest_tensors_bytes(model.cfg, shape), available_memory(dev)
+    needed, available = largest_tensors_bytes(model.cfg, shape, dtype), available_memory(dev)
     if available is not None and needed > available:
         raise ConfigError(
             f"--batch {batch}, --src-len {src_len}, --tgt-len {tgt_len} and --beam-size {beam_size} need at least {needed / 2**30:.1f} GiB"
