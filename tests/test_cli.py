@@ -118,6 +118,12 @@ def test_evaluate_reads_one_input_from_standard_input_as_from_a_file(trained_run
         invoke("translate", "--checkpoint", trained_run, "-i", "-", "-q", input=src.read_bytes()).stdout
         == invoke("translate", "--checkpoint", trained_run, "-i", src, "-q").stdout
     )  # and translate's -i -, as its default
+    assert (
+        invoke("translate", "--checkpoint", trained_run, "-i", src, "-o", "-", "-q").stdout
+        == invoke("translate", "--checkpoint", trained_run, "-i", src, "-q").stdout
+    )  # -o - is standard output, not a file named -
+    refused = invoke(*translated, src, "-o", "-")
+    assert refused.exit_code == 2 and "--output -: standard output takes the scores" in refused.output
     twice = invoke("evaluate", "--hyp", "-", "--ref", "-", input=hyp.read_bytes())
     assert twice.exit_code == 2 and "--hyp and --ref all name standard input (-), which can be read once" in twice.output
 

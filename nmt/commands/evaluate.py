@@ -84,6 +84,8 @@ def evaluate(
     standard_output()  # the score goes there: closed, it would be lost
     settings_given = [p.name for p in ctx.command.params if p.name in (*DECODE_KEYS, *RUNNING, "shortlist") and on_command_line(ctx, p.name)]
     check_inputs(hyp, checkpoint, src, output, settings_given)
+    if output == STDIN:
+        raise NmtError("--output -: standard output takes the scores; give a file for the translations")
     check_output(output)
     if output is not None:
         from ..checkpoint import checkpoint_file  # not at the top: `nmt --help` loads without torch

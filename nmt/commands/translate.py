@@ -13,7 +13,7 @@ import typer
 
 from ..config import ConfigError
 from ..corpus import DataError, buffers, count_lines, iter_lines, stream_buffers
-from ..files import atomic_write, check_not_an_input
+from ..files import atomic_write, check_not_an_input, inherited_fd, is_stream, resolve_output
 from .options import (
     AlignmentLayer,
     AllowUnk,
@@ -50,7 +50,7 @@ def translate(
     input: Annotated[
         Path | None, typer.Option("--input", "-i", help="Source text, one sentence a line (plain or .gz). Default (or -): standard input.")
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write translations. Default: standard output.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write translations. Default (or -): standard output.")] = None,
     buffer_size: Annotated[
         int,
         typer.Option(
@@ -129,6 +129,7 @@ def translate(
     """
     setup_logging(quiet)
     input = None if input == Path("-") else input  # -: standard input, as for nmt evaluate
+    output = None if output == Path("-") else output  # -: standard output
 
     def write_all(write) -> None:  # each buffer goes out as soon as it is translated
         for first, results in lines:
@@ -197,7 +198,7 @@ def translate(
             else:
                 atomic_write(output, lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())))
     except KeyboardInterrupt:  # Ctrl-C ends an interactive session; what was written stays
-        if output is not None:
+        if output is not None and inherited_fd(output) is None and not is_stream(resolve_output(output)):  # a file, not a pipe or device
             typer.echo(
                 f"nmt translate: stopped; {output} was left as it was (an output file appears only when complete:"
                 " to keep translations as they come, write to standard output)",
