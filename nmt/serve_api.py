@@ -157,9 +157,13 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
     for i, n in enumerate(pieces):
         if n > limits.max_input_pieces:
             raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
+    steered = steering_of(body, isinstance(text, str), len(lines), translator, limits)
     if alignment:  # each line's weights: its source pieces (EOS and tag included) × at most its output limit
-        lengths = [n + 1 + len(goal.src_prefix) for n in pieces]  # as the search counts a source: EOS and tag included
-        weights = sum(length * (int(decode.max_len_a * length) + decode.max_len_b + 1) for length in lengths)
+        weights = 0
+        for i, n in enumerate(pieces):
+            length = n + 1 + len(goal.src_prefix)  # as the search counts a source
+            forced = len(steered[i].prefix) + sum(map(len, steered[i].constraints)) if steered else 0  # the limit makes room for them
+            weights += length * (max(int(decode.max_len_a * length), forced) + decode.max_len_b + 1)
         if weights > MAX_ATTENTION_WEIGHTS:
             raise RequestError(
                 f"with alignment, these lines' attention matrices could hold {weights:,} weights;"
@@ -167,7 +171,7 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
                 413,
             )
     tokens = sum(pieces) + len(pieces) * (1 + len(goal.src_prefix))
-    return Job(lines, decode, tokens, alignment, steering_of(body, isinstance(text, str), len(lines), translator, limits), src_prefix=goal.src_prefix)
+    return Job(lines, decode, tokens, alignment, steered, src_prefix=goal.src_prefix)
 
 
 def _check_unicode(text: str, where: str) -> None:

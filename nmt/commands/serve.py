@@ -57,14 +57,18 @@ def check_address(host: str, port: int) -> None:
     if not host.strip():
         raise NmtError("--host is empty; give an address to listen on (e.g. 127.0.0.1)")
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        addresses = {(family, kind, proto, address) for family, kind, proto, _, address in found}
     except (socket.gaierror, UnicodeError, ValueError) as exc:  # unknown name; one IDNA cannot encode; a NUL
         reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a host name"
         raise NmtError(f"--host {host!r}: {reason}; give an IP address, or a name that resolves here (e.g. 127.0.0.1)") from None
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port left in TIME_WAIT is free
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            hint = "choose another --port (0: any free one)" if exc.errno == errno.EADDRINUSE else "check --host and --port"
-            raise NmtError(f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from None
+    for family, kind, proto, address in sorted(addresses, key=str):  # uvicorn binds every address the name has
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port left in TIME_WAIT is free
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio's create_server binds IPv6
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                hint = "choose another --port (0: any free one)" if exc.errno == errno.EADDRINUSE else "check --host and --port"
+                raise NmtError(f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from None
