@@ -17,7 +17,7 @@ from .config import Config, ConfigError, config_from_dict, config_to_yaml, with_
 from .corpus import DataError, ParallelText, check_inputs
 from .encoded import EncodedCorpus, encode_corpus, encoding_threads
 from .errors import Key
-from .files import atomic_write
+from .files import atomic_write, remove_abandoned_temporaries
 from .multilingual import check_tags, directions, split_text, tag_ids, tags, train_multilingual_tokenizer
 from .rundir import RunDir, absolute_paths, init_config, resume_config
 from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
@@ -176,7 +176,7 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
     """Lock the run directory, choose the checkpoint (or start fresh, or from ``init_from``), settle the config, prepare the data."""
     tk = cfg.tokenizer
     run.lock(resuming=resume, inputs=tuple(Path(m) for m in (tk.model, tk.src_model, tk.tgt_model) if m))
-    run.sweep()
+    remove_abandoned_temporaries(run.path)  # what writers killed mid-write left, not what writers at work hold
     opened, start = Opened(absolute_paths(cfg), None, None), 0
     if init_from is not None:
         opened = _open_init(cfg, overrides, config_file, init_from)

@@ -29,7 +29,7 @@ import torch
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import PRESETS, Config, ConfigError, config_from_dict, config_to_dict, load_config, read_config_file
 from .errors import Key
-from .files import OutputError, append_line, atomic_write, reason, remove_abandoned_temporaries
+from .files import OutputError, append_line, atomic_write, reason
 
 log = logging.getLogger("nmt.train")
 
@@ -137,11 +137,8 @@ class RunDir:
         given = [Path(p) for p in inputs if Path(p).exists()]
         theirs = sorted(p.name for p in self.path.iterdir() if _RUN_FILE.fullmatch(p.name) and not any(p.samefile(g) for g in given))
         if theirs:
-            raise ConfigError(
-                Key("train.run_dir"),
-                f" {self.path} is not a run directory (no .lock) but holds {', '.join(theirs)}, which a run writes and would replace;"
-                " choose a new or empty directory",
-            )
+            why = f" {self.path} is not a run directory (no .lock) but holds {', '.join(theirs)}, which a run writes and would replace"
+            raise ConfigError(Key("train.run_dir"), why + "; choose a new or empty directory")
 
     def release(self) -> None:
         """Drop the lock; remove the directory again if this process created it and wrote nothing else.
@@ -156,10 +153,6 @@ class RunDir:
             self.path.rmdir()
         self.lock_file.close()
         self.lock_file = None
-
-    def sweep(self) -> None:
-        """Remove the temporary files that writers killed mid-write left behind (not those of writers at work)."""
-        remove_abandoned_temporaries(self.path)
 
     def checkpoints(self) -> list[Path]:
         """``last.pt``, ``best.pt`` (those that exist) and the ``step_N.pt`` files, oldest step first."""

@@ -28,7 +28,7 @@ answer only loses the answer. When ``max_queued_requests`` requests already wait
 answered 503 with ``Retry-After: 1`` at once (before its body is parsed).
 """
 
-# Size: create_app() holds the routes as closures over one batcher and translator (Starlette's idiom), 85 lines.
+# Size: create_app() holds the routes, the admission count and the error handler as closures over one batcher and translator (Starlette's idiom), 115 lines.
 
 from __future__ import annotations
 

@@ -130,19 +130,7 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
         _check_unicode(line, f"text[{i}]")
     if len(lines) > limits.max_lines:
         raise RequestError(f"{len(lines)} lines in one request; the limit is {limits.max_lines} (--max-lines)", 413)
-    default = translator.cfg.decode
-    beam_size = _number(body, "beam_size", min(default.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
-    try:  # the server's limits are the search's: a line the request limit lets in is translated
-        decode = replace(
-            default,
-            beam_size=beam_size,
-            length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
-            n_best=_number(body, "n_best", 1, int, 1, beam_size),
-            max_tokens=limits.max_batch_tokens,
-            max_input_pieces=limits.max_input_pieces,
-        )
-    except ConfigError as exc:  # a value the limits let through but the search refuses: the request's fault, not the server's
-        raise RequestError(str(exc)) from None
+    decode = _search_settings(body, translator.cfg.decode, limits)
     alignment = body.get("alignment", False)
     if not isinstance(alignment, bool):
         raise RequestError(f"alignment must be true or false, got {json.dumps(alignment)}")
@@ -158,20 +146,51 @@ def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits
         if n > limits.max_input_pieces:
             raise RequestError(f"text[{i}] has {n} pieces; the limit is {limits.max_input_pieces} (--max-input-pieces): split it into sentences", 413)
     steered = steering_of(body, isinstance(text, str), len(lines), translator, limits)
-    if alignment:  # each line's weights: its source pieces (EOS and tag included) × at most its output limit
-        weights = 0
-        for i, n in enumerate(pieces):
-            length = n + 1 + len(goal.src_prefix)  # as the search counts a source
-            forced = len(steered[i].prefix) + sum(map(len, steered[i].constraints)) if steered else 0  # the limit makes room for them
-            weights += length * (max(int(decode.max_len_a * length), forced) + decode.max_len_b + 1)
-        if weights > MAX_ATTENTION_WEIGHTS:
-            raise RequestError(
-                f"with alignment, these lines' attention matrices could hold {weights:,} weights;"
-                f" the limit is {MAX_ATTENTION_WEIGHTS:,}: send fewer or shorter lines",
-                413,
-            )
+    if alignment:
+        _check_attention_size(pieces, steered, len(goal.src_prefix), decode)
     tokens = sum(pieces) + len(pieces) * (1 + len(goal.src_prefix))
     return Job(lines, decode, tokens, alignment, steered, src_prefix=goal.src_prefix)
+
+
+def _search_settings(body: dict, default: DecodeConfig, limits: Limits) -> DecodeConfig:
+    """The checkpoint's search settings ``default`` with the request's ``beam_size``, ``length_penalty`` and
+    ``n_best``, and the server's limits as the search's (a line the request limit lets in is translated).
+
+    Raises:
+        RequestError: a value out of its range, or one the limits let through but the search refuses (the request's fault).
+    """
+    beam_size = _number(body, "beam_size", min(default.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
+    try:
+        return replace(
+            default,
+            beam_size=beam_size,
+            length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
+            n_best=_number(body, "n_best", 1, int, 1, beam_size),
+            max_tokens=limits.max_batch_tokens,
+            max_input_pieces=limits.max_input_pieces,
+        )
+    except ConfigError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _check_attention_size(pieces: list[int], steered: list[Steering] | None, tag: int, decode: DecodeConfig) -> None:
+    """Refuse alignments whose attention matrices could exceed :data:`MAX_ATTENTION_WEIGHTS`: each line's source
+    (its ``pieces``, EOS and ``tag`` pieces) × at most its output limit (room for a prefix and constraints included).
+
+    Raises:
+        RequestError: 413, naming the count.
+    """
+    weights = 0
+    for i, n in enumerate(pieces):
+        length = n + 1 + tag  # as the search counts a source
+        forced = len(steered[i].prefix) + sum(map(len, steered[i].constraints)) if steered else 0  # the limit makes room for them
+        weights += length * (max(int(decode.max_len_a * length), forced) + decode.max_len_b + 1)
+    if weights > MAX_ATTENTION_WEIGHTS:
+        raise RequestError(
+            f"with alignment, these lines' attention matrices could hold {weights:,} weights;"
+            f" the limit is {MAX_ATTENTION_WEIGHTS:,}: send fewer or shorter lines",
+            413,
+        )
 
 
 def _check_unicode(text: str, where: str) -> None:

@@ -1,6 +1,6 @@
 """``nmt evaluate``: sacreBLEU scores of translations, given or made by a checkpoint."""
 
-# Size: Typer declares every option, with its help, in the command's signature; the body is under 40 lines.
+# Size: Typer declares every option, with its help, in the command's signature; the body is about 50 lines.
 
 from __future__ import annotations
 

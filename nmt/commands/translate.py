@@ -1,6 +1,6 @@
 """``nmt translate``: a stream of lines in, one translation (or n-best list) per line out."""
 
-# Size: translate's 30 options are declared, with their help, in its signature (80 lines); its body is about 60.
+# Size: translate's 30 options are declared, with their help, in its signature (80 lines); its body is about 80.
 
 from __future__ import annotations
 
