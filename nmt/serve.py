@@ -1,4 +1,4 @@
-"""``nmt serve``: translation over HTTP, with a web page (``pip install "nmt[serve]"``).
+"""``nmt serve``: translation over HTTP, with a web page (``pip install -e ".[serve]"``).
 
 Endpoints:
 

@@ -34,12 +34,12 @@ def serve(
     threads: Threads = 0,
     dtype: DType = "float32",
 ) -> None:
-    """Serve translations over HTTP: POST /translate, GET /health, GET /info, and a web page at /. Needs the serve extra: pip install "nmt[serve]"."""
+    """Serve translations over HTTP: POST /translate, GET /health, GET /info, and a web page at /. Needs the serve extra: pip install -e ".[serve]"."""
     try:
         from ..serve import Limits, Translator
         from ..serve import serve as run_server
     except ImportError as exc:
-        raise NmtError(f'serving needs the serve extra ({exc.name} is missing): pip install "nmt[serve]"') from None
+        raise NmtError(f'serving needs the serve extra ({exc.name} is missing): pip install -e ".[serve]"') from None
     limits = Limits(max_batch_tokens, max_wait_ms, max_input_pieces, max_lines, max_beam_size, max_queued_requests)
     limits.check()
     check_address(host, port)  # before the model loads: a port in use is said in one line, at once
