@@ -40,6 +40,9 @@ def newest_step_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
     return found
 
 
+NOTHING = "nothing to average: give checkpoints, or a run directory with step_N.pt files (a run writes one every train.save_every steps)"
+
+
 def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = False) -> dict:
     """Average the model weights of ``paths`` into a new checkpoint at ``out``.
 
@@ -63,10 +66,7 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     out = Path(out)
     check_writable(out, Key("out"))
     if not paths:
-        raise CheckpointError(
-            "nothing to average: give checkpoints, or a run directory with step_N.pt files (a run writes one every train.save_every steps:"
-            " set it, e.g. --set train.save_every=200)"
-        )
+        raise CheckpointError(NOTHING)
     check_not_an_input(Path(out), [("an input", Path(p)) for p in paths], "--out")
     seen: dict[tuple[int, int], Path] = {}  # (device, inode): the same file twice (also through a link or --run-dir) would count double
     for path in paths:
