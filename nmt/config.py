@@ -441,7 +441,9 @@ def read_config_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[
         if p.is_file():
             data = _read_head(p)
         else:  # a pipe yields its text once: --resume and --init-from read the config again
-            data = _STREAMS[str(p)] = _STREAMS[str(p)] if str(p) in _STREAMS else _read_head(p)
+            if str(p) not in _STREAMS:
+                _STREAMS[str(p)] = _read_head(p)
+            data = _STREAMS[str(p)]
         if len(data) > MAX_CONFIG_BYTES:
             raise ConfigError(f"larger than {MAX_CONFIG_BYTES // 2**20} MiB, which no config is; is it the right file?", path=p)
         text = data.decode("utf-8")

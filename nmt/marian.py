@@ -378,11 +378,9 @@ def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> Mar
         if not (directory / name).is_file():
             raise MarianError(f"{directory}: no {name} (the SentencePiece model MarianTokenizer segments with)")
         protos.append((directory / name).read_bytes())
-    start = (config or {}).get("decoder_start_token_id")
+    start = _typed(config or {}, "decoder_start_token_id", int, None, str(directory / "config.json"))
     if start is not None:
         pieces = {i: p for p, i in (spec["target_vocab"] or spec["vocab"]).items()}
-        if type(start) is not int:
-            raise MarianError(Key("decoder_start_token_id"), f" {json.dumps(start)} is not a piece's id (an integer)", path=directory / "config.json")
         if start not in pieces or pieces[start] in (spec["eos"], spec["unk"]):
             what = f"{pieces[start]!r}, which cannot start decoding" if start in pieces else "no piece's id in the vocabulary"
             raise MarianError(Key("decoder_start_token_id"), f" {start} is {what} (Marian starts from <pad>)", path=directory / "config.json")
@@ -547,7 +545,8 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer, file: 
         return _typed(generation, key, kind, default, file)
 
     tgt = tokenizer.tgt.layout
-    bans = [*typed("bad_words_ids", list, []), *([i] for i in typed("suppress_tokens", list, []))]
+    bad_words, suppressed = typed("bad_words_ids", list, []), [[i] for i in typed("suppress_tokens", list, [])]
+    bans = [*bad_words, *suppressed]
     banned = {ids[0] for ids in bans if isinstance(ids, list) and len(ids) == 1 and type(ids[0]) is int}
     limit = (typed("max_new_tokens", int, 0) - 1) if get("max_new_tokens") else (typed("max_length", int, 0) or 20) - 2
     floor = (typed("min_new_tokens", int, 0) - 1) if get("min_new_tokens") else (typed("min_length", int, 0) or 0) - 1
@@ -570,7 +569,7 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer, file: 
     # What nmt bans: its padding and start pieces, target-language tags (>>fr<<), and <unk> unless decode.allow_unk.
     tag_ids = [tgt.marian_ids[i] for i, piece in enumerate(tgt.pieces) if TAG.fullmatch(piece)]
     always = {tgt.marian_ids[PAD], tgt.marian_ids[BOS], tgt.marian_ids[UNK], *tag_ids}
-    for key, listed in (("bad_words_ids", typed("bad_words_ids", list, [])), ("suppress_tokens", [[i] for i in typed("suppress_tokens", list, [])])):
+    for key, listed in (("bad_words_ids", bad_words), ("suppress_tokens", suppressed)):
         other = [ids for ids in listed if not (isinstance(ids, list) and len(ids) == 1 and ids[0] in always)]
         if other:
             notes.append(f"{key} {other} is not applied (nmt bans its padding and start pieces, language tags and, unless decode.allow_unk, <unk>)")

@@ -61,13 +61,18 @@ def _pyplot():
     return plt
 
 
+def _suffix_format(out: Path) -> str:
+    """The image format ``out``'s suffix names, ``png`` when it has none."""
+    return Path(out).suffix[1:].lower() or "png"
+
+
 def check_image_format(out: Path) -> str:
     """The image format ``out``'s suffix names (``png`` when it has none), checked before any work.
 
     Raises:
         nmt.corpus.DataError: a suffix matplotlib cannot write.
     """
-    plt, image_format = _pyplot(), Path(out).suffix[1:].lower() or "png"
+    plt, image_format = _pyplot(), _suffix_format(out)
     figure = plt.figure()
     formats = figure.canvas.get_supported_filetypes()
     plt.close(figure)
@@ -185,6 +190,6 @@ def _draw_attention(plt, weights, src_pieces: list[str], tgt_pieces: list[str], 
         ax.set(xlabel="source piece", title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""))
     axes[0][0].set_ylabel("output piece")
     fig.colorbar(image, ax=axes[0].tolist(), label="attention (heads averaged)")
-    atomic_write(out, lambda f: fig.savefig(f, dpi=dpi, bbox_inches="tight", format=check_image_format(out)))
+    atomic_write(out, lambda f: fig.savefig(f, dpi=dpi, bbox_inches="tight", format=_suffix_format(out)))  # checked before the translation
     plt.close(fig)
     return out

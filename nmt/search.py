@@ -282,6 +282,17 @@ INITIAL_CAPACITY = 64  # target positions a decoder cache starts with; it double
 
 
 @torch.inference_mode()
+def output_limits(src_lens: Tensor, decode: DecodeConfig, steering: list[Steering] | None = None) -> Tensor:
+    """Each sentence's output limit in pieces (EOS not counted), ``(batch,)`` from source lengths ``(batch,)``
+    (EOS and any tag included): ``max_len_a · src_len + max_len_b``, or with ``steering`` at least its
+    prefix and constraints plus ``max_len_b``."""
+    max_lens = (decode.max_len_a * src_lens.double() + decode.max_len_b).long()
+    if steering:
+        needed = torch.tensor([len(s.prefix) + sum(map(len, s.constraints)) for s in steering], device=max_lens.device)
+        max_lens = torch.maximum(max_lens, needed + decode.max_len_b)
+    return max_lens
+
+
 def translate_batch(
     model,
     src: Tensor,
@@ -312,10 +323,7 @@ def translate_batch(
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     src_lens = (src != PAD).sum(1)
-    max_lens = (decode.max_len_a * src_lens.double() + decode.max_len_b).long()
-    if steering:
-        needed = torch.tensor([len(s.prefix) + sum(map(len, s.constraints)) for s in steering], device=max_lens.device)
-        max_lens = torch.maximum(max_lens, needed + decode.max_len_b)
+    max_lens = output_limits(src_lens, decode, steering)
     rows = decode.n_best if sampling is not None else decode.beam_size
     capacity = min(int(max_lens.max()) + 1, INITIAL_CAPACITY)  # grown on demand: a generous limit allocates nothing
     members, states = [], []

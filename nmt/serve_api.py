@@ -15,10 +15,13 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+import torch
+
 from .beams import Steering
 from .config import BEAM, ConfigError, DecodeConfig
 from .fields import MAX_INT, Range
 from .multilingual import target
+from .search import output_limits
 from .translate import UnwritableText, steering
 
 if TYPE_CHECKING:  # the server's loaded model: only its tokenizer and config are read here
@@ -180,11 +183,8 @@ def _check_attention_size(pieces: list[int], steered: list[Steering] | None, tag
     Raises:
         RequestError: 413, naming the count.
     """
-    weights = 0
-    for i, n in enumerate(pieces):
-        length = n + 1 + tag  # as the search counts a source
-        forced = len(steered[i].prefix) + sum(map(len, steered[i].constraints)) if steered else 0  # the limit makes room for them
-        weights += length * (max(int(decode.max_len_a * length), forced) + decode.max_len_b + 1)
+    lengths = torch.tensor([n + 1 + tag for n in pieces])  # as the search counts a source
+    weights = int((lengths * (output_limits(lengths, decode, steered) + 1)).sum())  # + 1: the row of EOS
     if weights > MAX_ATTENTION_WEIGHTS:
         raise RequestError(
             f"with alignment, these lines' attention matrices could hold {weights:,} weights;"

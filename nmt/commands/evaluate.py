@@ -26,6 +26,7 @@ from ..files import atomic_write, check_not_an_input
 from .options import (
     DECODE_KEYS,
     RUNNING,
+    STDIN,
     AllowUnk,
     BeamSize,
     Device,
@@ -131,9 +132,6 @@ def evaluate(
     else:
         # sacreBLEU's BLEU line already starts with "BLEU = score": print it, not a second score line.
         typer.echo(f"{result['bleu_detail']}\n  signature: {result['bleu_signature']}\nchrF = {result['chrf']:.2f}\n  signature: {result['chrf_signature']}")
-
-
-STDIN = Path("-")
 
 
 def _reader(inputs: list[tuple[str, Path | None]]):

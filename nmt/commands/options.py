@@ -153,6 +153,9 @@ def progress_bar(quiet: bool, total: int | None = None, unit: str = "line"):
     return tqdm(total=total, unit=unit, disable=not shown, dynamic_ncols=True, leave=False)
 
 
+STDIN = Path("-")  # as an input, standard input; as an output, standard output
+
+
 def standard_input():
     """The binary standard input.
 

@@ -15,6 +15,7 @@ from ..config import ConfigError
 from ..corpus import DataError, buffers, count_lines, iter_lines, stream_buffers
 from ..files import atomic_write, check_not_an_input, inherited_fd, is_stream, resolve_output
 from .options import (
+    STDIN,
     AlignmentLayer,
     AllowUnk,
     BeamSize,
@@ -128,8 +129,8 @@ def translate(
     Input is read and translated in buffers, each written out as soon as it is done.
     """
     setup_logging(quiet)
-    input = None if input == Path("-") else input  # -: standard input, as for nmt evaluate
-    output = None if output == Path("-") else output  # -: standard output
+    input = None if input == STDIN else input  # -: standard input, as for nmt evaluate
+    output = None if output == STDIN else output  # -: standard output
 
     def write_all(write) -> None:  # each buffer goes out as soon as it is translated
         for first, results in lines:
