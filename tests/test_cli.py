@@ -1034,3 +1034,17 @@ def test_stopping_translate_leaves_its_output_as_it_was_and_says_so(trained_run,
     assert proc.returncode == 130, err.decode()
     assert f"{out} was left as it was (an output file appears only when complete" in err.decode()
     assert out.read_text() == "an earlier translation\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_chinese_piped_into_evaluate_scores_as_from_a_file_in_the_c_locale(tmp_path):
+    """A non-Latin target read from standard input under LC_ALL=C: bytes are UTF-8 whatever the locale."""
+    ref, hyp = tmp_path / "ref.zh", tmp_path / "hyp.zh"
+    ref.write_text("一只狗在草地上奔跑。\n两个男人在说话。\n", encoding="utf-8")
+    hyp.write_text("一只狗在草地上跑。\n两个男人在谈话。\n", encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, "-m", "nmt", "evaluate", "--ref", str(ref), "--tokenize", "zh", "--json", "--hyp"]
+    piped = subprocess.run([*run, "-"], input=hyp.read_bytes(), capture_output=True, env=env, timeout=120)
+    from_file = subprocess.run([*run, str(hyp)], capture_output=True, env=env, timeout=120)
+    assert piped.returncode == 0, piped.stderr.decode()
+    scores = json.loads(piped.stdout)
+    assert scores == json.loads(from_file.stdout) and 0 < scores["bleu"] < 100

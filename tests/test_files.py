@@ -265,3 +265,34 @@ def test_a_directory_swept_between_its_making_and_its_opening_is_made_again(tmp_
     with held_temporary(tmp_path / "hf", directory=True) as (tmp, _):
         assert tmp.is_dir() and len(made) == 2 and tmp == made[1]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_writer_removes(tmp_path):
+    """Across processes: while its writer runs, a temporary is held (another process's sweep leaves it); after a kill -9
+    the kernel drops the lock, and the next write of the same target removes what was left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from nmt.files import remove_abandoned_temporaries
+
+    out = tmp_path / "avg.pt"
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time; from nmt.files import atomic_write; atomic_write({str(out)!r}, lambda f: (f.write(b'partial'), f.flush(), time.sleep(60)))",
+        ]
+    )
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".avg.pt.tmp*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the temporary exists; its writer has locked it (the lock precedes the first byte)
+    remove_abandoned_temporaries(tmp_path)
+    (held,) = list(tmp_path.glob(".avg.pt.tmp*"))
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=30)
+    assert held.read_bytes() == b"partial" and not out.exists()
+    atomic_write(out, b"whole")
+    assert out.read_bytes() == b"whole" and sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt"]
