@@ -281,7 +281,6 @@ def sample(
 INITIAL_CAPACITY = 64  # target positions a decoder cache starts with; it doubles when a hypothesis needs more
 
 
-@torch.inference_mode()
 def output_limits(src_lens: Tensor, decode: DecodeConfig, steering: list[Steering] | None = None) -> Tensor:
     """Each sentence's output limit in pieces (EOS not counted), ``(batch,)`` from source lengths ``(batch,)``
     (EOS and any tag included): ``max_len_a · src_len + max_len_b``, or with ``steering`` at least its
@@ -293,6 +292,7 @@ def output_limits(src_lens: Tensor, decode: DecodeConfig, steering: list[Steerin
     return max_lens
 
 
+@torch.inference_mode()
 def translate_batch(
     model,
     src: Tensor,

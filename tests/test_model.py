@@ -74,6 +74,7 @@ def _prefixes(batch: int, length: int, seed: int = 1) -> torch.Tensor:
     return tgt
 
 
+@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
 def test_cached_decoding_equals_full_recompute_at_every_step(model):
     src = random_sources([7, 3, 11])
     tgt = _prefixes(3, 12)
@@ -86,6 +87,7 @@ def test_cached_decoding_equals_full_recompute_at_every_step(model):
         torch.testing.assert_close(lprobs, full[:, t], atol=1e-5, rtol=0)
 
 
+@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
 def test_beams_share_one_source_copy_and_match_tiled_recompute(model):
     beam = 3
     src = random_sources([7, 3])
@@ -100,6 +102,7 @@ def test_beams_share_one_source_copy_and_match_tiled_recompute(model):
         torch.testing.assert_close(lprobs, full[:, t], atol=1e-5, rtol=0)
 
 
+@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
 def test_cache_reorder_follows_back_pointers(model):
     beam = 2
     src = random_sources([5, 8])
@@ -122,6 +125,7 @@ def test_cache_reorder_follows_back_pointers(model):
     torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=0)
 
 
+@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
 def test_cache_grows_on_demand_and_stays_exact(model):
     src = random_sources([4, 9])
     tgt = _prefixes(2, 11)
@@ -134,6 +138,7 @@ def test_cache_grows_on_demand_and_stays_exact(model):
     assert cache.length == 11 and cache.self_kv.size(4) == 16  # 1, 2, 4, 8, 16: doubled when needed
 
 
+@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
 def test_dropping_sentences_keeps_the_others_exact(model):
     beam = 2
     src = random_sources([6, 3, 9])
