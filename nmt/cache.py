@@ -80,10 +80,11 @@ class DecoderCache:
         """Decoder layer ``i``'s view: what its self-attention appends to."""
         return LayerCache(self, i)
 
-    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, None]:
         """Write ``layer``'s keys and values ``k``/``v`` ``(batch*beam, n_heads, new, head_dim)`` at
         positions ``length..length+new-1`` (growing the capacity if needed), and return that
-        layer's keys and values of every position so far, ``(batch*beam, n_heads, length+new, head_dim)``."""
+        layer's keys and values of every position so far, ``(batch*beam, n_heads, length+new, head_dim)``,
+        and None: no mask, as every position returned is written."""
         if k.requires_grad or v.requires_grad:
             raise RuntimeError(RECORDING)
         end = self.length + k.size(2)
@@ -92,7 +93,7 @@ class DecoderCache:
         kv = self.self_kv[layer]
         kv[0, :, :, self.length : end] = k
         kv[1, :, :, self.length : end] = v
-        return kv[0, :, :, :end], kv[1, :, :, :end]
+        return kv[0, :, :, :end], kv[1, :, :, :end], None
 
     def advance_(self, new: int = 1) -> None:
         """Count the ``new`` positions every layer has appended."""
@@ -131,11 +132,12 @@ class DecoderCache:
 
 @dataclass(frozen=True)
 class LayerCache:
-    """One decoder layer's part of a :class:`DecoderCache`: its self-attention calls :meth:`append`."""
+    """One decoder layer's part of a :class:`DecoderCache` (or of a :class:`~nmt.graphs.StaticCache`):
+    its self-attention calls :meth:`append`, which returns the keys, the values and a mask or None."""
 
     cache: DecoderCache
     index: int
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """See :meth:`DecoderCache.append`."""
         return self.cache.append(self.index, k, v)

@@ -263,6 +263,9 @@ class DecodeConfig(Checked):
     alignment_layer: int | None = setting(
         None, "decoder layer (1-based) alignments are read from; null: the penultimate of 3 or more, else the last", AT_LEAST_1
     )
+    cache: Literal["auto", "static", "dynamic"] = setting(
+        "auto", "the decode step: static (fixed shapes, CUDA graphs on a GPU), dynamic (a growing cache); auto: static on a GPU, else dynamic"
+    )
 
 
 @dataclass(frozen=True)

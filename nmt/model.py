@@ -73,15 +73,16 @@ class SelfAttention(nn.Module):
         Args:
             mask: ``(batch, 1, 1, len)`` key mask, True = may attend; None for no padding.
             causal: each position attends only to itself and earlier ones.
-            cache: this layer's part of a :class:`DecoderCache`; ``x``'s keys and values are
-                appended to it (by the cache) and ``x`` attends to every cached position.
+            cache: this layer's part of a :class:`DecoderCache` (or a :class:`~nmt.graphs.StaticCache`);
+                ``x``'s keys and values are appended to it (by the cache) and ``x`` attends to every
+                cached position (under the cache's own mask, when it gives one).
 
         Returns:
             ``(batch, len, d_model)``.
         """
         q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
         if cache is not None:
-            k, v = cache.append(k, v)
+            k, v, mask = cache.append(k, v)  # mask: None, or the positions written so far in a cache of fixed capacity
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         return self.out(merge_heads(y))
@@ -253,12 +254,23 @@ class Transformer(nn.Module):
             with torch.no_grad():
                 emb.weight[PAD].zero_()
 
-    def _embed(self, tokens: Tensor, embedding: nn.Embedding, start: int = 0) -> Tensor:
-        """``tokens`` ``(batch, len)`` at positions ``start..start+len-1`` → ``(batch, len, d_model)``."""
-        end = start + tokens.size(1)
-        if end > self.positions.size(0):
-            self.positions = sinusoidal_positions(max(end, 2 * self.positions.size(0)), self.cfg.d_model, self.positions.device)
-        x = embedding(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start:end].to(embedding.weight.dtype)
+    def grow_positions(self, length: int) -> None:
+        """Make the position table hold at least ``length`` positions (it doubles, at least)."""
+        if length > self.positions.size(0):
+            self.positions = sinusoidal_positions(max(length, 2 * self.positions.size(0)), self.cfg.d_model, self.positions.device)
+
+    def _embed(self, tokens: Tensor, embedding: nn.Embedding, start: int | Tensor = 0) -> Tensor:
+        """``tokens`` ``(batch, len)`` at positions ``start..start+len-1`` → ``(batch, len, d_model)``.
+
+        ``start`` may be a ``(1,)`` tensor on the device, for one position (``len`` 1) read from
+        there: a decode step whose shapes and host values repeat (:mod:`nmt.graphs`); the table
+        must already hold it (:meth:`grow_positions`)."""
+        if isinstance(start, Tensor):
+            position = self.positions.index_select(0, start)
+        else:
+            self.grow_positions(start + tokens.size(1))
+            position = self.positions[start : start + tokens.size(1)]
+        x = embedding(tokens) * math.sqrt(self.cfg.d_model) + position.to(embedding.weight.dtype)
         return self.dropout(x)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:

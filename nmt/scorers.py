@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .cache import beam_rows
+from .graphs import StaticScorer
 
 
 class Scorer(Protocol):
@@ -127,4 +128,6 @@ class EnsembleScorer:
         return tuple(member.keep_sentences(state, keep) for member, state in zip(self.members, states))
 
 
-SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}
+#: ``cached``: the dynamic cache (the CPU's production path); ``static``: a step of fixed shapes,
+#: replayed as a CUDA graph on a GPU (:mod:`nmt.graphs`); ``tiled`` and ``recompute``: references.
+SCORERS = {"cached": TransformerScorer, "static": StaticScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}

@@ -30,7 +30,9 @@ from torch import Tensor
 from .beams import Beams, Candidates, Steering
 from .config import DecodeConfig
 from .constraints import allocate
+from .graphs import graphs_work
 from .restrictions import Restrictions
+from .runtime import attention_backends
 from .scorers import SCORERS, EnsembleScorer, Scorer
 from .tokenizer import EOS, PAD, OutputRules
 
@@ -302,7 +304,7 @@ def translate_batch(
     seeds: list[int] | None = None,
     rules: OutputRules | None = None,
     steering: list[Steering] | None = None,
-    scorer: str = "cached",
+    scorer: str = "auto",
     columns: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
@@ -311,8 +313,10 @@ def translate_batch(
     ensemble (:class:`EnsembleScorer`). ``decode`` holds every search setting (see
     :func:`beam_search`); the length limit is ``max_len_a · src_len + max_len_b`` pieces,
     ``src_len`` counting the sentence's non-pad source tokens (EOS included). ``scorer``
-    picks the production path (``"cached"``) or a reference (``"tiled"``, ``"recompute"``;
-    see :data:`SCORERS`). With ``sampling``, each sentence gets ``decode.n_best``
+    picks the path (:data:`SCORERS`): ``"auto"`` (the default) is :func:`production_scorer`'s
+    choice for ``decode.cache``, ``"cached"`` the dynamic cache, ``"static"`` the step of fixed shapes
+    (:mod:`nmt.graphs`), ``"tiled"`` and ``"recompute"`` references. Runs under
+    ``torch.inference_mode()`` and, on a GPU, :func:`nmt.runtime.attention_backends`. With ``sampling``, each sentence gets ``decode.n_best``
     independent samples (:func:`sample`) instead, its draws seeded by ``seeds[i]``
     (default: :func:`sample_seed` of ``sampling.seed`` and ``i``). ``rules``: what the
     target vocabulary may never generate (:class:`Restrictions`); ``steering``: each
@@ -322,6 +326,23 @@ def translate_batch(
     (:meth:`nmt.shortlist.Shortlist.columns`); None (the default, exact) for the whole vocabulary.
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
+    scorer = production_scorer(src.device, columns, decode.cache) if scorer == "auto" else scorer
+    with attention_backends(src.device):
+        return _translate_batch(models, src, decode, sampling, seeds, rules, steering, scorer, columns)
+
+
+def production_scorer(device: torch.device, columns: Tensor | None = None, cache: str = "auto") -> str:
+    """The scorer of ``decode.cache`` (:class:`~nmt.config.DecodeConfig`): ``static``, ``dynamic``
+    (``"cached"``), or ``auto``: the step of fixed shapes replayed as CUDA graphs on a GPU (unless a
+    shortlist changes the output width, or a capture failed in this process), else the dynamic
+    cache, faster on a CPU. A shortlist always takes the dynamic cache."""
+    if columns is not None or cache == "dynamic":
+        return "cached"
+    return "static" if cache == "static" or (device.type == "cuda" and graphs_work()) else "cached"
+
+
+def _translate_batch(models, src, decode, sampling, seeds, rules, steering, scorer, columns) -> list[list[Hypothesis]]:
+    """:func:`translate_batch` after its choices are made."""
     src_lens = (src != PAD).sum(1)
     max_lens = output_limits(src_lens, decode, steering)
     rows = decode.n_best if sampling is not None else decode.beam_size

@@ -15,6 +15,7 @@ from .data import Batch
 from .distributed import Distributed
 from .loss import LossOutput, label_smoothed_loss
 from .model import Transformer
+from .runtime import attention_backends
 from .schedule import build_scheduler
 
 log = logging.getLogger("nmt.train")
@@ -82,7 +83,10 @@ class Updater:
             batch = batch.to(self.device)
             last = self.ddp_model is None or k == len(group) - 1
             with contextlib.nullcontext() if last else self.ddp_model.no_sync():
-                with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
+                with (
+                    torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None),
+                    attention_backends(self.device),  # the backward pass runs the kernels the forward pass chose
+                ):
                     logits = self.trained(batch.src, batch.tgt_in)
                 out = self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing)
                 self.scaler.scale(out.loss * scale).backward()

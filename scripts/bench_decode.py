@@ -16,14 +16,18 @@ On a GPU, several batch sizes in one run (what ``scripts/gpu_check.py`` runs)::
     python scripts/bench_decode.py --device cuda --dtype bfloat16 --preset base --lines 1000 \
         --batch 1,32,64,128 --max-batches 32 --latency-sentences 0 --engines nmt,hf,ct2-float16
 
-Engines: nmt (production: cached, shared source), nmt-tiled (source copied per beam),
-nmt-recompute (no cache), hf (transformers MarianMTModel.generate on the exported model),
-ct2-float32, ct2-int8, ct2-float16, ct2-bfloat16 (CTranslate2 on the converted model).
+Engines: nmt (production: on a GPU the step of fixed shapes replayed as CUDA graphs, on a CPU
+the dynamic cache; source shared by the beams), nmt-cached (the dynamic cache), nmt-static (the
+step of fixed shapes, eager on a CPU), nmt-tiled (source copied per beam), nmt-recompute (no
+cache), hf (transformers MarianMTModel.generate on the exported model),
+ct2-float32, ct2-int8, ct2-float16, ct2-bfloat16 (CTranslate2 on the converted model). An nmt
+engine followed by ``@DTYPE`` (``nmt@float16``) runs in that dtype instead of ``--dtype``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -105,10 +109,11 @@ def worker(args, work: Path) -> None:
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    engine, _, dtype_name = args.worker.partition("@")  # nmt@float16: this engine in another dtype than --dtype
+    dtype_name = dtype_name or args.dtype
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}[
-        args.dtype
+        dtype_name
     ]  # int8: float32 activations between quantized matmuls
-    engine = args.worker
     model, tokenizer, cfg = load_model((work / "checkpoint").read_text(), device)
     lines = (work / "src.txt").read_text(encoding="utf-8").splitlines()
     ids = tokenizer.encode_src(lines)
@@ -121,9 +126,10 @@ def worker(args, work: Path) -> None:
 
         if args.quantized_engine:
             torch.backends.quantized.engine = args.quantized_engine  # before quantizing: the weights are packed for it
-        model = to_dtype(model, resolve_dtype(args.dtype, device), per_channel=args.int8_weights == "per-channel")
+        model = to_dtype(model, resolve_dtype(dtype_name, device), per_channel=args.int8_weights == "per-channel")
         shortlist = Shortlist.read(args.shortlist, tokenizer) if args.shortlist else None
-        scorer = {"nmt": "cached", "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
+        # nmt: the production path (static and CUDA graphs on a GPU, the dynamic cache on a CPU).
+        scorer = {"nmt": "auto", "nmt-cached": "cached", "nmt-static": "static", "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
 
         def run(idx):
             src = pad_sources([ids[i] for i in idx]).to(device)
@@ -177,7 +183,8 @@ def worker(args, work: Path) -> None:
     lengths = [len(s) for s in ids]
     for size in [int(b) for b in str(args.batch).split(",")]:
         plan = batches(len(ids), lengths, size, args.max_batches)
-        run(plan[0])  # warm-up
+        for idx in plan if args.warm_all else plan[:1]:  # warm-up: the first batch, or every one (what CUDA graphs capture once)
+            run(idx)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         sync()
@@ -189,9 +196,9 @@ def worker(args, work: Path) -> None:
         sync()
         seconds = time.perf_counter() - start
         record = {
-            "engine": engine,
+            "engine": args.worker,
             "device": args.device,
-            "dtype": args.dtype if not engine.startswith("ct2") else engine.split("-", 1)[1],
+            "dtype": dtype_name if not engine.startswith("ct2") else engine.split("-", 1)[1],
             "threads": args.threads,
             "beam": beam,
             "batch_sentences": size,
@@ -200,9 +207,10 @@ def worker(args, work: Path) -> None:
             "shortlist": args.shortlist,
             **(
                 {"quantized_engine": torch.backends.quantized.engine, "int8_weights": args.int8_weights}
-                if args.dtype == "int8" and engine.startswith("nmt")
+                if dtype_name == "int8" and engine.startswith("nmt")
                 else {}
             ),
+            "outputs_digest": hashlib.sha256(json.dumps([outputs[i] for i in sorted(outputs)]).encode()).hexdigest()[:16],  # equal outputs, equal digests
             "sentences_per_s": round(len(outputs) / seconds, 2),
             "tgt_tokens_per_s": round(sum(map(len, outputs.values())) / seconds, 1),
             "seconds": round(seconds, 3),
@@ -219,6 +227,14 @@ def worker(args, work: Path) -> None:
                 run([i])
             sync()
             record["latency_s_batch1"] = round((time.perf_counter() - t0) / len(single), 4)
+        if args.profile and device.type == "cuda" and engine.startswith("nmt"):
+            middle = plan[len(plan) // 2]
+            record["profile"] = gpu_profile(lambda: run(middle), sync)  # noqa: B023 (called here, before the loop moves on)
+        if engine.startswith("nmt") and device.type == "cuda":
+            from nmt.graphs import graph_report
+
+            record["cuda_graphs"] = graph_report(model)  # captured so far: slabs, graphs, their buffers and pools
+            record["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
         if engine == "nmt":
             record.update(cache_bytes(model, cfg.model, [ids[i] for i in plan[-1]], beam, forced or 25, dtype, device))
         if not forced and len(outputs) == len(ids):
@@ -228,6 +244,30 @@ def worker(args, work: Path) -> None:
             refs = (work / "ref.txt").read_text(encoding="utf-8").splitlines()
             record.update({k: score(hyps, [refs])[k] for k in ("bleu", "chrf", "bleu_signature")})
         print(json.dumps(record), flush=True)
+
+
+def gpu_profile(call, sync, top: int = 10) -> dict:
+    """One batch decoded under torch.profiler: wall and kernel milliseconds (their difference is
+    the GPU idling), kernel launches and graph replays, and the operators that take the most."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        sync()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    device_time = lambda e: getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+    count = lambda *names: sum(e.count for e in events if e.key in names)
+    return {
+        "wall_ms": round(wall * 1e3, 2),
+        "gpu_busy_ms": round(sum(device_time(e) for e in events) / 1e3, 2),
+        "kernel_launches": count("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"),
+        "graph_replays": count("cudaGraphLaunch"),
+        "syncs": count("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync"),
+        "top_host_ms": {e.key[:80]: round(e.self_cpu_time_total / 1e3, 2) for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]},
+    }
 
 
 def cache_bytes(model, m, sources, beam: int, length: int, dtype, device) -> dict:
@@ -293,6 +333,8 @@ def main() -> None:
         help="with --dtype int8: one weight scale per output channel or per matrix",
     )
     p.add_argument("--shortlist", help="a vocabulary shortlist (nmt shortlist) for nmt's engines and, as a vocabulary map, CTranslate2's")
+    p.add_argument("--profile", action="store_true", help="on a GPU, profile one batch of each size per nmt engine (idling, launches, host time)")
+    p.add_argument("--warm-all", action="store_true", help="warm up on every batch of a size before timing it (CUDA graphs are captured once per bucket)")
     p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency (0 = none)")
     p.add_argument("--workdir", help="reuse a prepared directory (internal)")
     p.add_argument("--worker", help="measure this engine only (internal)")

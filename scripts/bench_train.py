@@ -198,6 +198,8 @@ def child(args) -> None:
     }
     if args.products:
         record |= product_share(updater, timed[-args.products :])
+    if args.profile_steps and device.type == "cuda":
+        record["profile"] = gpu_profile(updater, timed[-args.profile_steps :], device)
     if device.type == "cuda":
         record["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
         record["cuda_max_reserved_mb"] = round(torch.cuda.max_memory_reserved(device) / 2**20, 1)
@@ -223,6 +225,34 @@ def product_share(updater, batches) -> dict:
         "profiled_steps": len(batches),
         "products_share": round(products / total, 4),
         "products_s_per_step": round(products / 1e6 / len(batches), 4),
+    }
+
+
+def gpu_profile(updater, batches, device, top: int = 12) -> dict:
+    """Where the GPU's time goes in ``batches``' updates (torch.profiler): wall and kernel seconds per
+    step (their difference is the GPU idling: launches, host work, synchronisation) and the
+    kernels and host operators that take the most, in ms per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for batch in batches:
+            updater.step([batch])
+        sync(device)
+    wall = (time.perf_counter() - start) / len(batches)
+    events = prof.key_averages()
+    device_time = lambda e: getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+    kernels = sorted((e for e in events if device_time(e) > 0), key=device_time, reverse=True)
+    host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    per_step = lambda us: round(us / 1e3 / len(batches), 3)
+    return {
+        "steps": len(batches),
+        "wall_ms_per_step": round(wall * 1e3, 3),
+        "gpu_busy_ms_per_step": per_step(sum(device_time(e) for e in events)),
+        "launches_per_step": round(sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")) / len(batches), 1),
+        "top_gpu_ms": {e.key[:80]: per_step(device_time(e)) for e in kernels[:top]},
+        "top_host_ms": {e.key[:80]: per_step(e.self_cpu_time_total) for e in host[:top]},
     }
 
 
@@ -259,6 +289,9 @@ def main() -> None:
         type=int,
         default=0,
         help="then profile the last N timed batches again (CPU) and report the matrix products' share of a step and their seconds per step",
+    )
+    parser.add_argument(
+        "--profile-steps", type=int, default=0, help="on a GPU, profile N more steps of each engine: where the GPU's time goes (kernels, idling)"
     )
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)

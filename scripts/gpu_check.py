@@ -52,7 +52,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,15 +78,18 @@ class Plan:
     multi30k_train_s: float  # train.max_time_s at most
     multi30k_reserve_s: float  # multi30k's time besides training: tokenizer, encoding, validation, averaging, test
     eval_lines: int = 0  # sentences of val and test translated when selecting and scoring (0 = all)
+    train_engines: str = "nmt,hf"  # bench_train.py's engines (nmt-compile last: if compiling overruns, the others are kept)
     threads: int = 0  # CPU threads of every step (0: torch's default)
 
 
 GPU = Plan(
     device="cuda",
     budget_s=480,
-    limits_s={"env": 60, "train": 120, "decode": 150},
+    limits_s={"env": 45, "train": 130, "decode": 170},
     matmul_size=8192,
-    train_args=["--preset", "base", "--max-tokens", "40000", "--steps", "30", "--warmup", "5", "--threads", "4"],
+    train_args=["--preset", "base", "--max-tokens", "40000", "--steps", "30", "--warmup", "5", "--threads", "4", "--profile-steps", "3"],
+    # nmt: the production path (static step, CUDA graphs) in bf16 and fp16; nmt-cached: the dynamic
+    # cache; every engine warms up on every batch first, so graphs are captured before the clock.
     decode_args=[
         "--preset",
         "base",
@@ -99,13 +102,16 @@ GPU = Plan(
         "--batch",
         "1,32,64,128",
         "--max-batches",
-        "32",
+        "16",
         "--threads",
         "4",
+        "--warm-all",
+        "--profile",
         "--engines",
-        "nmt,hf,ct2-float16",
+        "nmt,nmt@float16,ct2-float16,nmt-cached,hf",
     ],
     multi30k_sets=[],
+    train_engines="nmt,hf,nmt-compile",
     multi30k_train_s=300,
     multi30k_reserve_s=75,
 )
@@ -135,8 +141,9 @@ DRY = Plan(
         "1",
         "--vocab-size",
         DRY_VOCAB,
+        "--warm-all",
         "--engines",
-        "nmt,hf,ct2-int8",
+        "nmt,nmt-static,hf,ct2-int8",  # nmt-static: the GPU's step of fixed shapes, eager (its CPU twin)
     ],
     multi30k_sets=[
         "model.d_model=32",
@@ -584,10 +591,15 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
         text = read_lines(find_split_file(data_dir, split, lang))
         return text[:eval_lines] if eval_lines else text
 
-    def bleu(path: Path, split: str) -> dict:
+    def bleu(path: Path, split: str, cache: str = "auto") -> dict:
         model, tokenizer, cfg = load_model(path, device)
-        hyps = best_strings(tokenizer, translate_lines(model, tokenizer, lines(split, "en"), cfg.decode, device))
-        return score(hyps, [lines(split, "de")])
+        decode = replace(cfg.decode, cache=cache)
+        sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+        sync()
+        start = time.perf_counter()
+        hyps = best_strings(tokenizer, translate_lines(model, tokenizer, lines(split, "en"), decode, device))
+        sync()
+        return {**score(hyps, [lines(split, "de")]), "seconds": time.perf_counter() - start}
 
     started = time.perf_counter()
     candidates = {"best": run_dir / "best.pt"}
@@ -598,6 +610,7 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
     valid = {name: bleu(path, valid_split)["bleu"] for name, path in candidates.items()}
     chosen = max(valid, key=valid.get)
     test = bleu(candidates[chosen], test_split)
+    dynamic = bleu(candidates[chosen], test_split, "dynamic")  # the same search with the dynamic cache: the same BLEU, in its time
     return {
         "averaged": [p.name for p in steps] if "average" in candidates else [],
         "valid_bleu": {k: round(v, 2) for k, v in valid.items()},
@@ -606,6 +619,9 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
         "test_lines": len(lines(test_split, "en")),
         "test_bleu": round(test["bleu"], 2),
         "test_chrf": round(test["chrf"], 2),
+        "test_decode_s": round(test["seconds"], 2),
+        "test_bleu_dynamic_cache": round(dynamic["bleu"], 2),
+        "test_decode_s_dynamic_cache": round(dynamic["seconds"], 2),
         "bleu_signature": test["bleu_signature"],
         "chrf_signature": test["chrf_signature"],
         "select_and_score_s": round(time.perf_counter() - started, 1),
@@ -668,13 +684,15 @@ def summary(lines: list[dict]) -> str:
                     f"{e.get('cuda_max_allocated_mb', e['peak_rss_mb'])} MB"
                 )
             elif r["step"] == "decode" and "sentences_per_s" in e:
-                out.append(f"decode {e['engine']:<12} batch {e['batch_sentences']:>4}  {e['sentences_per_s']:>10,.1f} sentences/s")
+                memory = f"  peak {e['cuda_max_allocated_bytes'] / 2**30:.2f} GiB" if "cuda_max_allocated_bytes" in e else ""
+                out.append(f"decode {e['engine']:<14} {e['dtype']:<8} batch {e['batch_sentences']:>4}  {e['sentences_per_s']:>10,.1f} sentences/s{memory}")
             elif "error" in e:
                 out.append(f"{r['step']} {e.get('engine', '')}: error {e['error']}")
         if r["step"] == "multi30k" and "test_bleu" in r:
             out.append(
                 f"multi30k: {r.get('steps')} steps in {r.get('train_seconds', 0):.0f} s, "
-                f"{r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']}"
+                f"{r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']} in {r.get('test_decode_s')} s "
+                f"(dynamic cache: BLEU {r.get('test_bleu_dynamic_cache')} in {r.get('test_decode_s_dynamic_cache')} s)"
             )
     return "\n".join(out)
 
@@ -687,7 +705,11 @@ def main() -> None:
     p.add_argument("--data", default=None, help="Multi30k directory (see above)")
     p.add_argument("--only", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     p.add_argument("--budget-s", type=float, default=None, help="seconds for all steps after setup (default 480; dry run 900)")
-    p.add_argument("--train-engines", default="nmt,hf", help="bench_train.py engines of the train step (nmt-compile adds torch.compile)")
+    p.add_argument(
+        "--train-engines",
+        default=None,
+        help="bench_train.py engines of the train step (default: nmt,hf,nmt-compile; dry run nmt,hf; nmt-compile: torch.compile)",
+    )
     p.add_argument(
         "--multi30k-set", action="append", default=[], metavar="KEY=VALUE", help="override configs/multi30k_gpu.yaml in the multi30k step (repeatable)"
     )
@@ -755,7 +777,7 @@ def main() -> None:
         if not args.dry_run and env.get("cuda_available") is False:
             fail(f"this torch ({env.get('torch', 'not importable')}) sees no CUDA device; install a CUDA build of torch")
     if "train" in only:
-        step_train(plan, data, ceiling, args.train_engines, run)
+        step_train(plan, data, ceiling, args.train_engines or plan.train_engines, run)
     if "decode" in only:
         step_decode(plan, data, run)
     if "multi30k" in only:

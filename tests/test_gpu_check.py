@@ -162,7 +162,9 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     assert engines["nmt"]["parameters"] == engines["hf"]["parameters"]  # the same weights
 
     by_key = {(r["engine"], r["batch_sentences"]): r for r in decode["records"]}
-    assert set(by_key) == {(e, b) for e in ("nmt", "hf", "ct2-int8") for b in (1, 4, 8)}
+    assert set(by_key) == {(e, b) for e in ("nmt", "nmt-static", "hf", "ct2-int8") for b in (1, 4, 8)}
+    for batch in (1, 4, 8):  # the GPU's static step, eager on the CPU, generates what the dynamic cache does
+        assert by_key[("nmt-static", batch)]["outputs_digest"] == by_key[("nmt", batch)]["outputs_digest"]
     for (_engine, batch), r in by_key.items():
         # --max-batches 3 of 24 sentences: 3 batches of each size, 24 at most
         assert r["sentences"] == min(24, 3 * batch)
@@ -174,3 +176,4 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     assert set(m30k["valid_bleu"]) == {"best", "average"} and m30k["selected"] == max(m30k["valid_bleu"], key=m30k["valid_bleu"].get)
     assert m30k["test_lines"] == 16 and 0 <= m30k["test_bleu"] <= 100 and 0 < m30k["test_chrf"] <= 100
     assert "tok:13a" in m30k["bleu_signature"]
+    assert m30k["test_bleu_dynamic_cache"] == m30k["test_bleu"] and m30k["test_decode_s"] > 0

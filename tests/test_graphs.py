@@ -1,0 +1,109 @@
+"""The step of fixed shapes (nmt.graphs) against the dynamic cache: on the CPU it runs eagerly, the
+twin of what a GPU replays as CUDA graphs, so these tests check the GPU path's results."""
+
+import pytest
+import torch
+from conftest import random_sources, tiny_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nmt.beams import Steering
+from nmt.config import DecodeConfig
+from nmt.graphs import Slab, StaticScorer, round_up, sentence_bucket
+from nmt.model import Transformer
+from nmt.scorers import TransformerScorer
+from nmt.search import Sampling, production_scorer, translate_batch
+from nmt.tokenizer import BOS
+
+
+def same_results(a, b, tolerance=1e-5):
+    """The same hypotheses in the same order; scores and log-probabilities equal to float32 rounding,
+    which over 80 steps' sums is about 1e-7 of the value (attention over the capacity sums its masked zeros in another order, so the last bits may differ)."""
+    for hyps_a, hyps_b in zip(a, b, strict=True):
+        assert [h.tokens for h in hyps_a] == [h.tokens for h in hyps_b]
+        assert [h.score for h in hyps_a] == pytest.approx([h.score for h in hyps_b], abs=tolerance, rel=1e-6)
+        assert [h.log_prob for h in hyps_a] == pytest.approx([h.log_prob for h in hyps_b], abs=tolerance, rel=1e-6)
+
+
+def test_buckets_by_hand():
+    assert [sentence_bucket(n) for n in (1, 2, 3, 4, 5, 9, 32, 33, 128)] == [1, 2, 4, 4, 8, 16, 32, 64, 128]
+    assert [round_up(n, 16) for n in (1, 16, 17, 40)] == [16, 16, 32, 48]
+
+
+def test_the_production_path_is_static_only_on_a_gpu_without_a_shortlist():
+    assert production_scorer(torch.device("cpu")) == "cached"
+    assert production_scorer(torch.device("cuda")) == "static"
+    assert production_scorer(torch.device("cuda"), columns=torch.arange(5)) == "cached"
+
+
+@pytest.mark.parametrize("beam,n_best,alpha", [(1, 1, 0.0), (4, 1, 0.6), (4, 4, 0.0), (8, 4, 1.0)])
+def test_static_search_equals_the_dynamic_cache(model, beam, n_best, alpha):
+    # Nine sentences (a bucket of 16 slots): some finish early, so slots go dead and the batch moves to smaller buckets.
+    src = random_sources([1, 2, 7, 19, 33, 60, 4, 5, 9], seed=beam)
+    decode = DecodeConfig(beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best)
+    same_results(translate_batch(model, src, decode, scorer="static"), translate_batch(model, src, decode, scorer="cached"))
+
+
+def test_static_search_grows_its_capacity_as_the_dynamic_cache_does(model):
+    src = random_sources([3, 8, 21], seed=5)
+    decode = DecodeConfig(beam_size=3, n_best=3, min_len=70, max_len_a=0.0, max_len_b=80)  # 80 steps: capacity 64, then 128
+    static, dynamic = translate_batch(model, src, decode, scorer="static"), translate_batch(model, src, decode, scorer="cached")
+    same_results(static, dynamic)
+    assert min(len(h.tokens) for hyps in static for h in hyps) >= 70
+
+
+def test_static_ensemble_sampling_and_steering_equal_the_dynamic_cache(model):
+    torch.manual_seed(1)
+    other = Transformer(tiny_config(n_decoder_layers=1)).eval()  # members need not share a shape
+    src = random_sources([2, 7, 19, 33, 5], seed=11)
+    decode = DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2)
+    cases = {
+        "ensemble": dict(model=[model, other]),
+        "sampling": dict(model=model, sampling=Sampling(temperature=0.9, top_p=0.95, seed=4)),
+        "steering": dict(
+            model=model,
+            steering=[Steering(prefix=((7,), (8, 9))), Steering(constraints=((11, 12),), bans=((13,),)), Steering(), Steering(bans=((5, 6),)), Steering()],
+        ),
+    }
+    for kwargs in cases.values():
+        m = kwargs.pop("model")
+        same_results(translate_batch(m, src, decode, scorer="static", **kwargs), translate_batch(m, src, decode, scorer="cached", **kwargs))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), n=st.integers(1, 9), beam=st.integers(1, 4))
+def test_any_reorders_and_departures_give_the_dynamic_caches_log_probs(model, data, n, beam):
+    """Drive both scorers through the same random steps: tokens, back-pointers within each
+    sentence, sentences leaving (dead slots, moves to smaller buckets, a grown capacity)."""
+    src = random_sources(data.draw(st.lists(st.integers(1, 30), min_size=n, max_size=n)), seed=n)
+    with torch.inference_mode():
+        memory, mask = model.encode(src)
+        dynamic, d_state = TransformerScorer.start(model, memory, mask, beam, capacity=4)
+        static, s_state = StaticScorer.start(model, memory, mask, beam, capacity=4)
+        live, prefix = n, torch.full((n * beam, 1), BOS)
+        for _ in range(data.draw(st.integers(1, 20))):
+            a, d_state = dynamic.step(prefix, d_state)
+            b, s_state = static.step(prefix, s_state)
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+            new = torch.tensor(data.draw(st.lists(st.integers(4, 39), min_size=live * beam, max_size=live * beam))).unsqueeze(1)
+            if beam > 1:
+                back = torch.tensor([s * beam + data.draw(st.integers(0, beam - 1)) for s in range(live) for _ in range(beam)])
+                d_state, s_state, prefix = dynamic.reorder(d_state, back), static.reorder(s_state, back), prefix[back]
+            prefix = torch.cat([prefix, new], dim=1)
+            keep = sorted(data.draw(st.sets(st.integers(0, live - 1), min_size=1, max_size=live)))
+            if len(keep) < live:
+                rows = torch.tensor([s * beam + k for s in keep for k in range(beam)])
+                d_state = dynamic.keep_sentences(d_state, torch.tensor(keep))
+                s_state = static.keep_sentences(s_state, torch.tensor(keep))
+                live, prefix = len(keep), prefix[rows]
+            assert s_state.slab.sentences == sentence_bucket(live) or s_state.slab.sentences // 2 < live
+
+
+def test_a_slab_holds_finite_values_in_every_unused_slot_and_position(model):
+    slab = Slab(model, sentences=4, beam=2, src_len=16, capacity=16, dtype=torch.float32, device=torch.device("cpu"))
+    with torch.inference_mode():
+        memory, mask = model.encode(random_sources([3, 5]))
+        slab.load(model, torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in model.decoder]), mask)
+        out = slab.run(model, 0, graphs=False)
+    assert slab.src_mask[2:, 0, 0].tolist() == [[True] + [False] * 15] * 2  # empty slots attend to one zero key
+    assert torch.isfinite(out).all() and int(slab.length) == 1
