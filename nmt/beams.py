@@ -226,8 +226,10 @@ def row_top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     the largest maxima, so one pass takes every block's maximum and a top-k then reads only
     those blocks (``k`` blocks of 89 columns of 8,000, against all 8,000). Columns past
     ``width`` in the last block count as -inf (at column ``width - 1``). On a CPU this is about half the time of
-    ``topk`` over the row (``docs/performance.md``).
+    ``topk`` over the row (``docs/performance.md``); on a GPU, ``topk`` itself is used.
     """
+    if values.is_cuda:  # a GPU's top-k is one kernel; the blocks below save a CPU's time, not a GPU's
+        return values.topk(k, dim=1)
     rows, width = values.shape
     size = max(16, math.isqrt(width))
     whole = width // size

@@ -111,10 +111,12 @@ def _finish(top: Candidates, beams: Beams, finished: list[list[Hypothesis]], ste
     penalty = length_penalty(step + 1, decode.length_penalty, decode.length_normalization)
     src_rows = eos_rows * beam + top.beam[eos_rows, eos_cols]
     unmet = beams.progress.unmet(src_rows).tolist() if beams.progress is not None else [0] * len(src_rows)
-    for r, src_row, log_prob, lacking in zip(eos_rows.tolist(), src_rows.tolist(), top.scores[eos_rows, eos_cols].tolist(), unmet):
+    # Each read from a GPU waits for it: the finished hypotheses' tokens are read at once, not one by one.
+    tokens = beams.tokens[src_rows, 1:].tolist()
+    for r, hyp_tokens, log_prob, lacking in zip(eos_rows.tolist(), tokens, top.scores[eos_rows, eos_cols].tolist(), unmet):
         done = finished[beams.sentences[r]]
         if len(done) < beam:
-            done.append(Hypothesis(beams.tokens[src_row, 1:].tolist(), log_prob / penalty, log_prob, unmet=lacking))
+            done.append(Hypothesis(hyp_tokens, log_prob / penalty, log_prob, unmet=lacking))
 
 
 def beam_search(

@@ -267,6 +267,7 @@ def gpu_profile(call, sync, top: int = 10) -> dict:
         "graph_replays": count("cudaGraphLaunch"),
         "syncs": count("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync"),
         "top_host_ms": {e.key[:80]: round(e.self_cpu_time_total / 1e3, 2) for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]},
+        "top_gpu_ms": {e.key[:80]: round(device_time(e) / 1e3, 2) for e in sorted(events, key=device_time, reverse=True)[:top]},
     }
 
 
@@ -276,8 +277,9 @@ def cache_bytes(model, m, sources, beam: int, length: int, dtype, device) -> dic
     import torch
 
     from nmt.data import pad_sources
+    from nmt.runtime import attention_backends
 
-    with torch.inference_mode():
+    with torch.inference_mode(), attention_backends(device):
         src = pad_sources(sources).to(device)
         memory, mask = model.encode(src)
         cache = model.start_decoding(memory, mask, beam)
