@@ -90,34 +90,71 @@ class StaticCache:
         self.length.add_(new)
 
 
-class Slab:
-    """The buffers of one bucket and, on a GPU, the CUDA graphs of a step over them (module doc).
+class Arena:
+    """One model's memory for static decoding, shared by the slabs of every bucket (views of it).
 
-    ``kv``: two self-attention buffers, ``(n_layers, 2, sentences*beam, n_heads, capacity,
-    head_dim)`` each; ``caches``: a :class:`StaticCache` over each, sharing ``tokens`` ``(rows,)``,
-    ``cross_kv``, ``src_mask`` and ``length``. Zero-filled, so unused positions and rows hold
-    finite values (a masked NaN would still poison a sum).
+    ``kv``: two buffers ``(n_layers, 2, rows, n_heads, capacity, head_dim)``; ``cross_kv``:
+    ``(n_layers, 2, sentences, n_heads, src_len, head_dim)``; ``src_mask``: ``(sentences, 1, 1,
+    src_len)``; ``tokens``: ``(rows,)``; ``length``: ``(1,)``. Each axis is the largest any bucket
+    has needed, so the memory is that of the largest batch, not of every bucket together; on a
+    GPU the graphs share one memory pool (they never run at once). Growing an axis allocates
+    anew (zero-filled: unused positions and rows hold finite values, as a masked NaN would still
+    poison a sum) and drops the slabs, whose graphs read the old addresses.
     """
 
-    def __init__(self, model, sentences: int, beam: int, src_len: int, capacity: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, model, dtype: torch.dtype, device: torch.device):
         cfg = model.cfg
-        rows, heads, head_dim = sentences * beam, cfg.n_heads, cfg.d_model // cfg.n_heads
-        self.sentences, self.beam, self.src_len, self.capacity = sentences, beam, src_len, capacity
-        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.dtype, self.device = dtype, device
+        self.layers, self.heads, self.head_dim = cfg.n_decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.size = (0, 0, 0, 0)  # rows, capacity, sentences, src_len
+        self.slabs: dict[tuple[int, int, int, int], Slab] = {}
         self.length = torch.zeros(1, dtype=torch.long, device=device)
-        self.kv = [torch.zeros(cfg.n_decoder_layers, 2, rows, heads, capacity, head_dim, dtype=dtype, device=device) for _ in range(2)]
-        self.cross_kv = torch.zeros(cfg.n_decoder_layers, 2, sentences, heads, src_len, head_dim, dtype=dtype, device=device)
-        self.src_mask = torch.zeros(sentences, 1, 1, src_len, dtype=torch.bool, device=device)
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        self.graph_bytes = 0  # GPU memory the captures reserved in the pool
+
+    def slab(self, model, sentences: int, beam: int, src_len: int, capacity: int) -> Slab:
+        """The slab of this bucket, made on first use (after growing the arena if it is too small)."""
+        key = (sentences, beam, src_len, capacity)
+        if key not in self.slabs:
+            needed = (sentences * beam, capacity, sentences, src_len)
+            if any(n > have for n, have in zip(needed, self.size)):
+                self._grow(tuple(max(n, have) for n, have in zip(needed, self.size)))
+            model.grow_positions(capacity)
+            self.slabs[key] = Slab(self, sentences, beam, src_len, capacity)
+        return self.slabs[key]
+
+    def _grow(self, size: tuple[int, int, int, int]) -> None:
+        rows, capacity, sentences, src_len = self.size = size
+        shape, options = (self.layers, 2, rows, self.heads, capacity, self.head_dim), dict(dtype=self.dtype, device=self.device)
+        self.kv = [torch.zeros(shape, **options) for _ in range(2)]
+        self.cross_kv = torch.zeros(self.layers, 2, sentences, self.heads, src_len, self.head_dim, **options)
+        self.src_mask = torch.zeros(sentences, 1, 1, src_len, dtype=torch.bool, device=self.device)
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.slabs = {}
+
+    def buffer_bytes(self) -> int:
+        """Bytes of the arena's tensors."""
+        if not self.slabs:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (self.tokens, self.length, *self.kv, self.cross_kv, self.src_mask))
+
+
+class Slab:
+    """One bucket: views of its :class:`Arena` of ``sentences*beam`` rows, ``capacity`` positions,
+    ``sentences`` slots of ``src_len`` source positions, and, on a GPU, the CUDA graphs of a step
+    from either key/value buffer. ``caches``: a :class:`StaticCache` over each buffer."""
+
+    def __init__(self, arena: Arena, sentences: int, beam: int, src_len: int, capacity: int):
+        rows = sentences * beam
+        self.arena, self.sentences, self.beam, self.src_len, self.capacity = arena, sentences, beam, src_len, capacity
+        self.tokens, self.length = arena.tokens[:rows], arena.length
+        self.kv = [kv[:, :, :rows, :, :capacity] for kv in arena.kv]
+        self.cross_kv = arena.cross_kv[:, :, :sentences, :, :src_len]
+        self.src_mask = arena.src_mask[:sentences, ..., :src_len]
         self.caches = [StaticCache(kv, self.cross_kv, self.src_mask, beam, self.length) for kv in self.kv]
         self.graphs: list[torch.cuda.CUDAGraph | None] = [None, None]
         self.outputs: list[Tensor | None] = [None, None]
-        self.graph_bytes = 0  # GPU memory the captures reserved (their private pools)
         self.bound: tuple | None = None  # where the model's tensors were when the graphs were captured
-        model.grow_positions(capacity)
-
-    def buffer_bytes(self) -> int:
-        """Bytes of this slab's own tensors."""
-        return sum(t.numel() * t.element_size() for t in (self.tokens, self.length, *self.kv, self.cross_kv, self.src_mask))
 
     def load(self, model, cross_kv: Tensor, src_mask: Tensor) -> None:
         """A new batch of ``model``: its sentences' cross-attention keys/values ``(n_layers, 2, n, n_heads,
@@ -137,7 +174,7 @@ class Slab:
     def run(self, model, which: int, graphs: bool) -> Tensor:
         """One step from buffer ``which``: log-probabilities ``(rows, vocab)`` in float32 of ``tokens``.
         With ``graphs`` the step is captured the first time and replayed after; the returned
-        tensor is then the graph's own output, valid until its next replay."""
+        tensor is then the graph's own output, valid until the next replay of any graph."""
         if not graphs:
             return model.decode_step(self.tokens, self.caches[which])[0]
         if self.graphs[which] is None:
@@ -146,24 +183,26 @@ class Slab:
         return self.outputs[which]
 
     def _capture(self, model, which: int) -> None:
-        """Capture the step from buffer ``which`` (after warm-up runs on a side stream, as CUDA graphs
-        need); the warm-up's writes land at positions not yet written, and ``length`` is restored."""
+        """Capture the step from buffer ``which`` into the arena's pool (after warm-up runs on a side
+        stream, as CUDA graphs need); the warm-up writes at positions not yet written, and ``length``
+        is restored."""
+        device = self.tokens.device
         saved = self.length.clone()
-        reserved = torch.cuda.memory_reserved(self.tokens.device)
-        side = torch.cuda.Stream(self.tokens.device)
-        side.wait_stream(torch.cuda.current_stream(self.tokens.device))
+        reserved = torch.cuda.memory_reserved(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 model.decode_step(self.tokens, self.caches[which])
-        torch.cuda.current_stream(self.tokens.device).wait_stream(side)
+        torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.arena.pool):
                 self.outputs[which] = model.decode_step(self.tokens, self.caches[which])[0]
         finally:
             self.length.copy_(saved)
         self.graphs[which], self.bound = graph, bound_memory(model)
-        self.graph_bytes += torch.cuda.memory_reserved(self.tokens.device) - reserved
+        self.arena.graph_bytes += torch.cuda.memory_reserved(device) - reserved
 
 
 def bound_memory(model) -> tuple[int, ...]:
@@ -174,35 +213,37 @@ def bound_memory(model) -> tuple[int, ...]:
     return tuple(t.data_ptr() for t in (model.positions, *model.parameters(), *model.buffers()))
 
 
-# Each model's slabs by bucket, kept while the model lives (a GPU reuses their graphs batch after batch).
-_SLABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Each model's arena, kept while the model lives (a GPU reuses its graphs batch after batch).
+_ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def slab_for(model, sentences: int, beam: int, src_len: int, capacity: int, dtype: torch.dtype, device: torch.device, keep: bool) -> Slab:
-    """The slab of this bucket: the model's own (made on first use) when ``keep``, else a new one."""
-    key = (sentences, beam, src_len, capacity, dtype, device)
-    slabs = _SLABS.setdefault(model, {}) if keep else {}
-    if key not in slabs:
-        slabs[key] = Slab(model, sentences, beam, src_len, capacity, dtype, device)
-    return slabs[key]
+    """The slab of this bucket in the model's own arena (made on first use) when ``keep``, else in a new one."""
+    arena = _ARENAS.get(model) if keep else None
+    if arena is None or arena.dtype != dtype or arena.device != device:
+        arena = Arena(model, dtype, device)
+        if keep:
+            _ARENAS[model] = arena
+    return arena.slab(model, sentences, beam, src_len, capacity)
 
 
 def graph_report(model) -> dict:
-    """The slabs kept for ``model``: how many, how many CUDA graphs they captured, and the bytes
-    of their buffers and of the graphs' private memory pools."""
-    slabs = list(_SLABS.get(model, {}).values())
+    """What static decoding keeps for ``model``: its buckets' slabs, the CUDA graphs they captured,
+    and the bytes of the arena's buffers and of the graphs' memory pool."""
+    arena = _ARENAS.get(model)
+    slabs = list(arena.slabs.values()) if arena else []
     return {
         "slabs": len(slabs),
         "graphs": sum(g is not None for s in slabs for g in s.graphs),
-        "buffer_bytes": sum(s.buffer_bytes() for s in slabs),
-        "graph_pool_bytes": sum(s.graph_bytes for s in slabs),
+        "buffer_bytes": arena.buffer_bytes() if arena else 0,
+        "graph_pool_bytes": arena.graph_bytes if arena else 0,
         "capture_failed": _BROKEN[0] if _BROKEN else None,
     }
 
 
 def release_graphs(model) -> None:
-    """Forget ``model``'s slabs and graphs (their memory returns to PyTorch's allocator)."""
-    _SLABS.pop(model, None)
+    """Forget ``model``'s arena, slabs and graphs (their memory returns to PyTorch's allocator)."""
+    _ARENAS.pop(model, None)
 
 
 @dataclass
@@ -295,13 +336,13 @@ class StaticScorer:
         """The live sentences ``slot`` into the first slots of the slab of ``sentences`` slots and
         ``capacity`` positions (a smaller bucket, or more room), their written positions copied."""
         old, w, n = state.slab, state.written, slot.numel()
-        new = slab_for(self.model, sentences, self.beam, old.src_len, capacity, old.cross_kv.dtype, old.tokens.device, keep=self.graphs)
+        new = old.arena.slab(self.model, sentences, self.beam, old.src_len, capacity)
         new.load(self.model, old.cross_kv.index_select(2, slot), old.src_mask.index_select(0, slot))
-        rows = beam_rows(slot, self.beam)
-        torch.index_select(old.kv[state.which][..., :w, :], 2, rows, out=new.kv[0][:, :, : rows.numel(), :, :w, :])
-        new.length.copy_(old.length)
+        rows, which = beam_rows(slot, self.beam), 1 - state.which  # the other buffer: the new slab may view the same memory
+        torch.index_select(old.kv[state.which][..., :w, :], 2, rows, out=new.kv[which][:, :, : rows.numel(), :, :w, :])
+        new.length.fill_(w)
         here = torch.arange(n, device=slot.device)
-        return Slots(new, here, beam_rows(here, self.beam), whole=n == sentences, which=0, written=w)
+        return Slots(new, here, beam_rows(here, self.beam), whole=n == sentences, which=which, written=w)
 
 
 _BROKEN: list[str] = []  # why CUDA graphs failed in this process, once they have

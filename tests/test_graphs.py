@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from nmt.beams import Steering
 from nmt.config import DecodeConfig
-from nmt.graphs import Slab, StaticScorer, round_up, sentence_bucket
+from nmt.graphs import Arena, StaticScorer, round_up, sentence_bucket
 from nmt.model import Transformer
 from nmt.scorers import TransformerScorer
 from nmt.search import Sampling, production_scorer, translate_batch
@@ -100,10 +100,23 @@ def test_any_reorders_and_departures_give_the_dynamic_caches_log_probs(model, da
 
 
 def test_a_slab_holds_finite_values_in_every_unused_slot_and_position(model):
-    slab = Slab(model, sentences=4, beam=2, src_len=16, capacity=16, dtype=torch.float32, device=torch.device("cpu"))
+    slab = Arena(model, torch.float32, torch.device("cpu")).slab(model, sentences=4, beam=2, src_len=16, capacity=16)
     with torch.inference_mode():
         memory, mask = model.encode(random_sources([3, 5]))
         slab.load(model, torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in model.decoder]), mask)
         out = slab.run(model, 0, graphs=False)
     assert slab.src_mask[2:, 0, 0].tolist() == [[True] + [False] * 15] * 2  # empty slots attend to one zero key
     assert torch.isfinite(out).all() and int(slab.length) == 1
+
+
+def test_the_slabs_of_every_bucket_share_one_arena_sized_by_the_largest(model):
+    arena = Arena(model, torch.float32, torch.device("cpu"))
+    arena.slab(model, 8, 3, 32, 32)
+    large, small = arena.slab(model, 8, 3, 32, 16), arena.slab(model, 2, 3, 16, 32)  # fit: no growth
+    assert arena.size == (24, 32, 8, 32)  # rows, capacity, sentences, source positions: each axis's largest
+    assert large.kv[0].shape == (2, 2, 24, 4, 16, 8) and large.kv[0].data_ptr() == arena.kv[0].data_ptr()
+    assert small.cross_kv.shape == (2, 2, 2, 4, 16, 8) and small.cross_kv.data_ptr() == arena.cross_kv.data_ptr()
+    assert arena.slab(model, 2, 3, 16, 32) is small  # made once per bucket
+    arena.slab(model, 16, 3, 16, 16)  # more rows than the arena has: it grows, and the old slabs (and graphs) go
+    assert arena.size == (48, 32, 16, 32) and list(arena.slabs) == [(16, 3, 16, 16)]
+    assert small.kv[0].data_ptr() != arena.kv[0].data_ptr()  # a batch in flight keeps reading its old views
