@@ -285,8 +285,13 @@ def test_a_two_direction_model_translates_into_the_requested_language(trained, t
         outputs[lang] = result.stdout.splitlines()
     capitals = {lang: sum(line == line.upper() and any(c.isalpha() for c in line) for line in lines) for lang, lines in outputs.items()}
     assert capitals == {"de": 0, "up": 20}  # >>up<< writes capitals, >>de<< German (lower case words, capitalised nouns)
-    german = set(" ".join(read_lines(data / "train.de")).split())
-    assert sum(word in german for line in outputs["de"] for word in line.split()) > 0.5 * sum(len(line.split()) for line in outputs["de"])
+    # German, not English: its words are German training words far more often than English ones. Not
+    # a share pinned near what one processor gives: after 100 steps the model writes half-formed
+    # words, and how many depends on the summation order (on an AMD EPYC 80 of 160 were German
+    # training words and none English; on an Intel Xeon more than half).
+    german, english = (set(" ".join(read_lines(data / f"train.{lang}")).split()) for lang in ("de", "en"))
+    words, english_only = [word for line in outputs["de"] for word in line.split()], english - german
+    assert sum(w in german for w in words) >= len(words) / 3 and sum(w in german for w in words) > 4 * sum(w in english_only for w in words)
     zero_shot = invoke("translate", "--checkpoint", run, "--tgt-lang", "up", "--threads", 1, "-q", input="der Hund sieht eine Katze .\n")
     assert zero_shot.exit_code == 0 and len(zero_shot.stdout.splitlines()) == 1  # a source language never trained from: zero-shot, asked all the same
 
