@@ -27,10 +27,9 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from .config import ConfigError
-from .data import pad_sources
-from .search import Hypothesis, translate_batch
-from .tokenizer import BOS, PAD, Tokenizer, unknown_only
+from .core.batching import pad_sources
+from .core.search import Hypothesis
+from .tokenizer import BOS, PAD
 
 
 def alignment_layer(n_layers: int, chosen: int | None = None) -> int:
@@ -66,9 +65,8 @@ def format_alignment(pairs: tuple[tuple[int, int], ...]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-@torch.inference_mode()
 def add_alignments(models, sources: list[list[int]], results: list[list[Hypothesis]], device, layer: int | None = None) -> list[list[Hypothesis]]:
-    """``results`` with every hypothesis's :attr:`~nmt.search.Hypothesis.alignment` filled in.
+    """``results`` with every hypothesis's :attr:`~nmt.core.search.Hypothesis.alignment` filled in.
 
     ``sources``: each sentence's source piece ids (EOS not included); ``layer``: the decoder
     layer (1-based; None: :func:`alignment_layer`'s default). All hypotheses of the batch are
@@ -82,32 +80,3 @@ def add_alignments(models, sources: list[list[int]], results: list[list[Hypothes
     attention = attention_matrix(models, src, tgt_in, layer)
     aligned = iter(replace(h, alignment=hard_alignment(a, len(sources[s]), len(h.tokens))) for (s, h), a in zip(pairs, attention))
     return [[next(aligned) for _ in hyps] for hyps in results]
-
-
-@torch.inference_mode()
-def sentence_attention(model, tokenizer: Tokenizer, sentence: str, decode, device, src_prefix: tuple[int, ...] = ()) -> tuple[list[str], list[str], Tensor]:
-    """Translate ``sentence`` (after ``src_prefix``: a multilingual model's target tag) with beam search and return what its decoder read.
-
-    Returns:
-        The source pieces and the output pieces (each ending in ``</s>``), and every decoder
-        layer's cross-attention with heads averaged, ``(n_layers, tgt_len, src_len)``: row
-        ``t`` is the step that produced output piece ``t``.
-
-    Raises:
-        ConfigError: the sentence is blank, has more than ``decode.max_input_pieces`` pieces, or only
-            unknown ones: what ``nmt translate`` leaves untranslated (:func:`nmt.translate.translate_lines`).
-    """
-    if not sentence.strip():
-        raise ConfigError("the sentence to translate is empty")
-    encoded = tokenizer.encode_src([sentence.strip()])[0]
-    if len(encoded) > decode.max_input_pieces:
-        raise ConfigError(f"the sentence has {len(encoded)} pieces, over the limit of {decode.max_input_pieces} (--max-input-pieces); give a shorter one")
-    if unknown_only(encoded, tokenizer.src):
-        raise ConfigError("the sentence has only characters the model does not know (every piece is unknown); nothing to plot")
-    ids = [*src_prefix, *encoded]
-    src = pad_sources([ids]).to(device)
-    ((best, *_),) = translate_batch(model, src, replace(decode, n_best=1), rules=tokenizer.output_rules)
-    tgt_in = torch.tensor([[BOS, *best.tokens]], device=device)
-    weights = model.cross_attention(src, tgt_in)[:, 0].mean(1)  # (n_layers, tgt_len, src_len)
-    pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
-    return pieces(tokenizer.src, ids), pieces(tokenizer.tgt, best.tokens), weights.cpu()

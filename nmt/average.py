@@ -61,7 +61,7 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
             or inconsistent, inputs that differ in model config or tokenizer (the
             message names the difference), or inputs of different runs.
         nmt.files.OutputError: ``out`` cannot be written, or would replace a file of a run
-            directory (:func:`nmt.rundir.check_not_a_run_file`).
+            directory (:func:`nmt.files.check_not_a_run_file`).
     """
     out = Path(out)
     check_writable(out, Key("out"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,12 @@ import numpy as np
 import torch
 
 from . import __version__
+from .config import ConfigError, config_from_dict
+from .core.model import STATE_LAYERS, STATE_WIDTHS, uninitialised_model
 from .errors import NmtError
 from .files import atomic_write
+from .tokenizer import TokenizerError
+from .vocab import tokenizer_from_protos
 
 TRAINING_STATE = ("optimizer", "scheduler", "progress", "rng")  # what --resume needs beyond the model
 # A tokenizer's entries: one SentencePiece model, one per side, or (an imported Marian model's) one
@@ -33,6 +38,25 @@ TOKENIZER_ENTRIES = ({"joint"}, {"src", "tgt"}, {"src", "tgt", "vocab"})
 
 class CheckpointError(NmtError, RuntimeError):
     """A checkpoint is missing, damaged, incomplete, or not one nmt wrote."""
+
+
+class Checkpoint(dict):
+    """A checkpoint read once: its entries (the dict ``torch.load`` read) and what checking them
+    built, which every command shares. ``path``; ``config``: the :class:`~nmt.config.Config`;
+    ``tokenizer``; :attr:`model`: the :class:`~nmt.core.model.Transformer` with the weights,
+    filled on first use (the check built it without filling it: no time or memory until then)."""
+
+    def __init__(self, payload: dict[str, Any], path: Path, config, tokenizer, model):
+        super().__init__(payload)
+        self.path, self.config, self.tokenizer, self._model, self._filled = path, config, tokenizer, model, False
+
+    @property
+    def model(self):
+        """The model on the CPU in eval mode, its weights those of the checkpoint."""
+        if not self._filled:
+            self._model.load_state_dict(self["model"])
+            self._filled = True
+        return self._model.eval()
 
 
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
@@ -72,8 +96,9 @@ def checkpoint_file(path: str | Path) -> Path:
     raise CheckpointError(f"{path} is a directory with no nmt checkpoint (no best.pt or last.pt); give a run directory of nmt train or a .pt file")
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", training: bool = False) -> dict[str, Any]:
-    """Load and verify a checkpoint written by :func:`save_checkpoint`.
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", training: bool = False) -> Checkpoint:
+    """Load and verify a checkpoint written by :func:`save_checkpoint`: its config parsed, its
+    tokenizer loaded and its model built once, into one :class:`Checkpoint`.
 
     ``path`` may be a run directory (its ``best.pt``). With ``training``, the checkpoint
     must also hold the training state ``--resume`` needs.
@@ -93,8 +118,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         if "weights_only" in str(exc):  # torch's advice (weights_only=False) would run arbitrary code
             raise CheckpointError(f"{path} is not an nmt checkpoint: it holds objects other than tensors and plain values (not written by nmt)") from None
         raise CheckpointError(f"{path} is not an nmt checkpoint: a zip archive torch cannot read ({_first_line(exc)})") from None
-    check_payload(payload, path, training)
-    return payload
+    return check_payload(payload, path, training)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -148,8 +172,9 @@ def describe_file(path: Path, head: bytes) -> str:
     return f"a text file (first line {first!r})"
 
 
-def check_payload(payload: Any, path: Path, training: bool = False) -> None:
-    """Check the entries every nmt checkpoint has (and, with ``training``, the training state).
+def check_payload(payload: Any, path: Path, training: bool = False) -> Checkpoint:
+    """Check the entries every nmt checkpoint has (and, with ``training``, the training state);
+    the :class:`Checkpoint` of what the checks parsed and built.
 
     Raises:
         CheckpointError: an entry is missing or of the wrong type; the message names it
@@ -174,15 +199,13 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
     problems += _entry_problems(payload, training)
     if problems:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
-    from .model import uninitialised_model
-
     cfg = _config(payload, path)
-    _check_tokenizer(payload, cfg, path)
-    wrong = size_mismatches(cfg.model, payload["model"], NMT_LAYERS, NMT_WIDTHS)
+    tokenizer = _check_tokenizer(payload, cfg, path)
+    wrong = size_mismatches(cfg.model, payload["model"], STATE_LAYERS, STATE_WIDTHS)
     if wrong:
         raise CheckpointError(f"{path}: the tensors do not fit the model its config describes ({'; '.join(wrong)}; written by {written_by(payload)})")
-    expected = uninitialised_model(cfg.model).state_dict()  # names and shapes only
-    check_state_fits(expected, payload["model"], path, written_by(payload))
+    model = uninitialised_model(cfg.model)  # names and shapes now; the weights fill it on first use
+    check_state_fits(model.state_dict(), payload["model"], path, written_by(payload))
     seen: set[tuple[int, int]] = set()  # tied weights (one matrix under two names) are named once
     broken = []
     for name, t in payload["model"].items():
@@ -203,6 +226,20 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> None:
                 f"{path} holds no training state{origin}: no {', '.join(absent)} entry (written by {written_by(payload)}); "
                 "--resume needs a checkpoint nmt train wrote (last.pt, best.pt or step_N.pt)"
             )
+    return Checkpoint(payload, path, cfg, tokenizer, model)
+
+
+@dataclass
+class Progress:
+    """Where a run stands: optimizer steps done, the sampler's position, the best score."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of `epoch` already trained on
+    best_bleu: float = -1.0
+    bad_validations: int = 0  # validations since the last BLEU improvement
+    validated_step: int = -1  # step of the last completed validation
+    batching: list[int] | None = None  # [max_tokens, seed, processes] this epoch's batches were cut with
 
 
 #: Entries some checkpoints hold, and the type each must have where present.
@@ -222,8 +259,6 @@ def _entry_problems(payload: dict[str, Any], training: bool = False) -> list[str
     """What is wrong with the optional entries (of the wrong type; ``progress`` with fields that are not whole
     numbers or, for ``best_bleu``, a number), each in words. A ``progress`` field this version does not know
     (a newer nmt's) matters only to ``training`` (``--resume``), which would have to continue it."""
-    from .opening import Progress
-
     problems = [
         f"{key!r} is a {type(payload[key]).__name__}, not a {getattr(kind, '__name__', 'dict or list')}"
         for key, kind in _ENTRY_TYPES.items()
@@ -243,24 +278,20 @@ def _entry_problems(payload: dict[str, Any], training: bool = False) -> list[str
 
 
 def _config(payload: dict[str, Any], path: Path):
-    from .config import ConfigError, config_from_dict
-
     try:
         return config_from_dict(payload["config"])  # the message below names the file
     except ConfigError as exc:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
 
 
-def _check_tokenizer(payload: dict[str, Any], cfg, path: Path) -> None:
-    """The stored tokenizer loads as SentencePiece and its vocabularies are the model's.
+def _check_tokenizer(payload: dict[str, Any], cfg, path: Path):
+    """The stored tokenizer, checked: it loads as SentencePiece and its vocabularies are the model's.
 
     Raises:
         CheckpointError: naming what is wrong and the version that wrote the file.
     """
-    from .tokenizer import Tokenizer, TokenizerError
-
     try:
-        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"]))
+        tokenizer = tokenizer_from_protos(tokenizer_from_tensors(payload["tokenizer"]))
     except TokenizerError as exc:
         raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
     sizes = (tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
@@ -269,36 +300,7 @@ def _check_tokenizer(payload: dict[str, Any], cfg, path: Path) -> None:
             f"{path}: inconsistent checkpoint: its tokenizer has {sizes[0]} source and {sizes[1]} target pieces, its model "
             f"{cfg.model.src_vocab_size} and {cfg.model.tgt_vocab_size} (written by {written_by(payload)})"
         )
-
-
-def restore_model(payload: dict[str, Any], path: Path):
-    """Rebuild ``(model, tokenizer, config)`` from a payload :func:`load_checkpoint` checked, on the CPU in eval mode.
-
-    Raises:
-        CheckpointError: the tokenizer does not load.
-    """
-    from .model import Transformer
-    from .tokenizer import Tokenizer, TokenizerError
-
-    cfg = _config(payload, path)
-    try:
-        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(payload["tokenizer"]))
-    except TokenizerError as exc:
-        raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
-    model = Transformer(cfg.model)
-    model.load_state_dict(payload["model"])
-    return model.eval(), tokenizer, cfg
-
-
-#: Where nmt's state dict shows each size a model config names: layers by the largest index in
-#: the names, widths by a dimension of one tensor (see :func:`size_mismatches`).
-NMT_LAYERS = {"n_encoder_layers": r"encoder\.(\d+)\.", "n_decoder_layers": r"decoder\.(\d+)\."}
-NMT_WIDTHS = {
-    "d_model": ("tgt_embed.weight", 1),
-    "d_ff": ("encoder.0.ffn.fc1.weight", 0),
-    "src_vocab_size": ("src_embed.weight", 0),
-    "tgt_vocab_size": ("tgt_embed.weight", 0),
-}
+    return tokenizer
 
 
 def size_mismatches(model_cfg: Any, state: dict[str, Any], layers: dict[str, str], widths: dict[str, tuple[str, int]], config: str = "the config") -> list[str]:

@@ -2,10 +2,10 @@
 
 Text files are streamed line by line, so memory does not grow with the corpus. Cleaning
 lives in :mod:`nmt.clean`, the encoded-ids cache in :mod:`nmt.encoded`, batching in
-:mod:`nmt.data`. This module needs no torch.
+:mod:`nmt.core.batching`. This module needs no torch.
 """
 
-# Size: just over 400 lines: reading text (files, pipes, gzip, datasets) is one concern, split further it would cross-import.
+# Size: module at most 460 lines: reading text (files, pipes, gzip, datasets) is one concern; split further it would cross-import.
 
 from __future__ import annotations
 

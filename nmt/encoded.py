@@ -12,7 +12,7 @@ opened. :class:`EncodedCorpus` reads the columns as NumPy views of the mapped fi
 All of it runs in the calling process: Ctrl-C, SIGKILL or the kernel's OOM killer stop that
 one process, and leave at most a temporary directory, which a later run on the same machine
 removes. See ``docs/performance.md``, "Data at scale". This module needs no torch; batching
-lives in :mod:`nmt.data`.
+lives in :mod:`nmt.core.batching`.
 """
 
 from __future__ import annotations

@@ -19,11 +19,12 @@ import unicodedata
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from .config import BLEU_TOKENIZERS
 from .errors import Key, NmtError
 
-#: Every tokenizer sacreBLEU's BLEU accepts (``--tokenize``). ``spm``, ``flores101``, ``flores200`` and
-#: ``spBLEU-1K`` download a SentencePiece model on first use.
-TOKENIZERS: tuple[str, ...] = tuple(BLEU.TOKENIZERS)
+#: The tokenizers of sacreBLEU's BLEU that nmt accepts (``--tokenize``). ``spm``, ``flores101``,
+#: ``flores200`` and ``spBLEU-1K`` download a SentencePiece model on first use.
+TOKENIZERS: tuple[str, ...] = BLEU_TOKENIZERS
 
 #: Target language → tokenizer, as sacreBLEU chooses it (``BLEU(trg_lang=...)``).
 LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}

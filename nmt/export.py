@@ -7,13 +7,13 @@ decoding from BOS; an imported model (``nmt import``) gets Marian's ids and ``<p
 back, so exporting it again writes the weights it was imported from.
 
 A directory is written beside its destination (``.NAME.tmpPID-TOKEN``, held by the writer:
-:func:`nmt.files.held_temporary`) and renamed into place when it is complete: a kill or a
+:func:`nmt.temporaries.held_temporary`) and renamed into place when it is complete: a kill or a
 full disk leaves the previous directory, or none, and never a partial one that would load (a
 tokenizer without its config, say); the temporary directory of a killed export is removed by
 the next export to the same place, while that of an export at work is left to it.
 """
 
-# Size: three export formats and the in-place directory they share; write_huggingface() writes its files one after another (55 lines of code).
+# Size: module at most 560 lines, write_huggingface() at most 70: three export formats and the in-place directory they share; write_huggingface() writes its files one after another.
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ from pathlib import Path
 from . import multilingual
 from .checkpoint import checkpoint_file, load_checkpoint, save_checkpoint
 from .config import DecodeConfig
+from .core.model import Transformer
 from .errors import Key, NmtError
-from .files import OutputError, held_temporary, os_error, reason, remove_abandoned_temporaries, temporary_name
+from .files import OutputError, os_error, reason
 from .marian import MarianError, Rows, to_marian
-from .model import Transformer
+from .temporaries import held_temporary, remove_abandoned_temporaries, temporary_name
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from .vocab import MarianTokenizer
 
@@ -498,7 +499,6 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
         nmt.checkpoint.CheckpointError: the checkpoint is missing or damaged.
         nmt.files.OutputError: ``out`` cannot be written.
     """
-    from .checkpoint import restore_model
     from .files import check_writable
 
     checkpoint, out = Path(checkpoint), Path(out)
@@ -515,7 +515,7 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
         return
     _check_directory(out)
     payload = load_checkpoint(checkpoint)
-    model, tokenizer, cfg = restore_model(payload, checkpoint)
+    model, tokenizer, cfg = payload.model, payload.tokenizer, payload.config
     max_positions = int(payload.get("imported_from", {}).get("max_position_embeddings") or 1024)
     languages, tag_list = marian_languages(cfg.data), multilingual.tags(cfg.data)
     try:

@@ -8,12 +8,8 @@ others. An interruption or a full disk leaves the old file (or none), never a pa
 Outputs are checked with :func:`check_writable` before the work that produces them starts.
 Replacing means a hard link to the old file keeps the old content.
 
-**Temporaries** (:func:`held_temporary`) are named ``.NAME.tmpPID-TOKEN-HOST``, unique even
-between processes of one process id (containers sharing a volume), and their writer holds
-an exclusive ``flock`` on them until it renames or removes them. A temporary that nobody
-holds was left by a writer that was killed (the kernel drops the lock with the process), and
-:func:`remove_abandoned_temporaries` removes it; one being written is never touched, whoever
-writes it.
+The temporaries themselves, and the sweeping of those a killed writer left, are
+:mod:`nmt.temporaries`.
 
 Atomic replacement is for regular files only. A symbolic link is followed and its target
 replaced (as ``cp`` and shell redirection write through links); a character device
@@ -28,18 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import os
 import re
-import secrets
-import shutil
-import socket
 import stat
 import sys
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable
 
 from .errors import NmtError
+from .temporaries import held_temporary, remove_abandoned_temporaries, temporary_name
 
 try:  # POSIX
     import fcntl
@@ -71,56 +64,6 @@ def os_error(exc: BaseException) -> OSError | None:
 def reason(exc: OSError) -> str:
     """A short reason for a failed write, in words (``no space left on the device``)."""
     return _REASONS.get(exc.errno, exc.strerror or str(exc))
-
-
-_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown"
-
-
-def temporary_name(path: Path, kind: str = "tmp") -> Path:
-    """A new hidden name beside ``path``: ``.NAME.tmpPID-TOKEN-HOST`` (``kind`` ``probe`` for a probe), random
-    past the process id, and naming the machine, whose process ids alone mean something."""
-    return path.with_name(f".{path.name}.{kind}{os.getpid()}-{secrets.token_hex(4)}-{_HOST}")
-
-
-@contextlib.contextmanager
-def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, int]]:
-    """A new temporary beside ``path``, held by this process for the block: yields its path and a
-    descriptor (of a file open for writing, or of an empty directory) that holds its ``flock``. A file
-    gets the permission bits of ``path`` (when it exists) before anything is written to it.
-
-    A sweeper that took the lock first (and so removes the file) is waited for, and the
-    temporary is made anew, so the one yielded is never removed under its writer. If the
-    block leaves the temporary in place (it failed before renaming it), it is removed.
-    """
-    while True:
-        tmp = temporary_name(path)
-        try:
-            if directory:
-                os.mkdir(tmp)
-                fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
-            else:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileNotFoundError:  # a sweeper removed the new directory before it was opened: make another
-            continue
-        if fcntl is not None:
-            with contextlib.suppress(OSError):  # a file system without locks (some NFS or FUSE mounts): written unheld
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            ours = os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd))
-        except FileNotFoundError:
-            ours = False
-        if ours:
-            break
-        os.close(fd)
-    if not directory:
-        _keep_mode(path, fd)
-    try:
-        yield tmp, fd
-    finally:
-        with contextlib.suppress(OSError):
-            if os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):  # still there: not renamed into place
-                shutil.rmtree(tmp) if directory else tmp.unlink()
-        os.close(fd)
 
 
 def is_stream(path: Path) -> bool:
@@ -176,6 +119,32 @@ def resolve_output(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+#: What ``nmt train`` keeps in a run directory (:mod:`nmt.rundir`): its records, checkpoints, config,
+#: tokenizer and lock. Every writer refuses to replace one (:func:`check_not_a_run_file`).
+METRICS = "metrics.jsonl"
+RUN_FILE = re.compile(r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock")
+
+
+def check_not_a_run_file(target: Path, given: Path, what: str = "output") -> None:
+    """Refuse an output ``given`` (writing to ``target``, a link's target) that would replace a file
+    ``nmt train`` keeps in a run directory (one with ``metrics.jsonl`` or ``.lock``): a
+    checkpoint that ``--resume`` and ``translate`` read, the run's config, records or tokenizer.
+
+    Raises:
+        OutputError: naming the run and another name to write to.
+    """
+    run = target.parent
+    if not RUN_FILE.fullmatch(target.name) or not ((run / METRICS).is_file() or (run / ".lock").is_file()):
+        return
+    kind = "a training checkpoint" if target.suffix == ".pt" else "a file"
+    via = "" if target == given else f" (through {given})"
+    raise OutputError(
+        what,
+        f" {given} would replace {kind} of the run in {run}{via} (--resume reads last.pt and translate best.pt, and both"
+        f" read the run's config and tokenizer); write to another name, e.g. {run / ('average.pt' if target.suffix == '.pt' else 'output.txt')}",
+    )
+
+
 def check_writable(path: Path, what: str = "output") -> None:
     """Fail before any work if a file cannot be created at ``path``.
 
@@ -189,7 +158,7 @@ def check_writable(path: Path, what: str = "output") -> None:
 
     Raises:
         OutputError: ``path`` is a directory, its directory is missing, nothing can be created
-            there, or it is a file of a run directory (:func:`nmt.rundir.check_not_a_run_file`).
+            there, or it is a file of a run directory (:func:`check_not_a_run_file`).
     """
     original = path
     fd = inherited_fd(path)
@@ -200,8 +169,6 @@ def check_writable(path: Path, what: str = "output") -> None:
     path = resolve_output(Path(path))
     if path.is_dir():
         raise OutputError(what, f" {path} is a directory; give a file name")
-    from .rundir import check_not_a_run_file  # rundir writes through this module
-
     check_not_a_run_file(path, Path(original), what)
     if is_stream(path):
         if not os.access(path, os.W_OK):
@@ -248,16 +215,6 @@ def atomic_write(path: Path, content: bytes | str | Callable[[BinaryIO], None]) 
         _raise_output_error(exc, path)
 
 
-def _keep_mode(path: Path, fd: int) -> None:
-    """Give the temporary ``fd`` the permission bits (rwx, not setuid/setgid/sticky) of the file it will replace."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return  # a new file: the umask's bits, as the temporary was created
-    if stat.S_ISREG(mode):
-        os.fchmod(fd, stat.S_IMODE(mode) & 0o777)
-
-
 def _write(f: BinaryIO, content: bytes | str | Callable[[BinaryIO], None]) -> None:
     if callable(content):
         content(f)
@@ -292,74 +249,6 @@ def _raise_output_error(exc: Exception, path: Path):
     if cause.errno == errno.EPIPE:  # the reader of a FIFO left: as a pipe's reader leaving, not an error of ours
         raise BrokenPipeError(errno.EPIPE, f"the reader of {path} left") from None
     raise OutputError(f"cannot write {path}: {reason(cause)}") from None
-
-
-_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-(?P<token>[0-9a-f]{8})(?:-(?P<host>[A-Za-z0-9._]+))?)?")
-
-
-def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> None:
-    """Remove the temporaries in ``directory`` (of the target ``name``, or of any) that no writer holds
-    (see the module docstring): files or directories, never through a symbolic link.
-
-    Where locks cannot be taken, a temporary counts as held while a process of its id runs here.
-    """
-    pattern = f".{glob.escape(name)}.tmp*" if name is not None else ".*.tmp*"
-    for tmp in Path(directory).glob(pattern):
-        match = _TEMPORARY.fullmatch(tmp.name)
-        if match is None or (name is not None and match["name"] != name):
-            continue
-        try:
-            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO of that name does not wait for a writer
-        except OSError:  # a link, gone, or unreadable: not ours to judge
-            continue
-        try:
-            kind = os.fstat(fd).st_mode
-            if not (stat.S_ISREG(kind) or (stat.S_ISDIR(kind) and match["token"])):  # a directory only of the names nmt makes
-                continue
-            if stat.S_ISREG(kind):  # NFS takes an exclusive flock only on a descriptor open for writing
-                with contextlib.suppress(OSError):
-                    writable = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                    if os.path.samestat(os.fstat(writable), os.fstat(fd)):
-                        fd, writable = writable, fd
-                    os.close(writable)
-            if not _abandoned(fd, int(match["pid"]), match["host"]):
-                continue
-            with contextlib.suppress(OSError):
-                if stat.S_ISDIR(kind):
-                    shutil.rmtree(tmp)
-                else:
-                    tmp.unlink()
-        finally:
-            os.close(fd)
-
-
-def _abandoned(fd: int, pid: int, host: str | None) -> bool:
-    """Whether the temporary open as ``fd`` has no writer: nobody holds its lock (taken now, until ``fd`` closes);
-    where locks cannot be taken (no ``flock``, or a file system without locks), its ``host`` is this machine
-    (or unnamed, as older names were) and no process ``pid`` runs here."""
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False  # its writer is at work
-        except OSError:
-            pass
-    return host in (None, _HOST) and not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this machine (one of another user's counts as running; on Windows,
-    where ``os.kill(pid, 0)`` would send Ctrl-C, every process does)."""
-    if pid == os.getpid() or os.name == "nt":
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True
-    return True
 
 
 def check_not_an_input(output: Path, inputs: list[tuple[str, Path]], what: str = "--output") -> None:

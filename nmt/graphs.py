@@ -3,7 +3,7 @@
 On a GPU one decoding step of the Transformer is about 130 small kernels whose launches, not
 their arithmetic, take the time (a batch of 32 at beam 5 kept the H200 idle most of each
 step). A CUDA graph launches them all at once, but only replays the exact shapes and memory
-it was captured with. The dynamic path (:class:`~nmt.cache.DecoderCache`) changes both every
+it was captured with. The dynamic path (:class:`~nmt.core.cache.DecoderCache`) changes both every
 step: the key length grows, and finished sentences leave the batch. Here instead:
 
 * :class:`StaticCache` has a fixed capacity; the position a step writes is a ``(1,)`` tensor on
@@ -18,7 +18,7 @@ step: the key length grows, and finished sentences leave the batch. Here instead
   one into the other, as the dynamic cache does). Slabs stay with their model and are reused
   by later batches of the same bucket: :func:`graph_report` says how many and how much memory.
 
-The search itself is unchanged: it calls the same :class:`~nmt.scorers.Scorer` methods. On a
+The search itself is unchanged: it calls the same :class:`~nmt.core.scorers.Scorer` methods. On a
 CPU the static step runs eagerly (the dynamic one is faster there, docs/performance.md); it
 is the twin the tests compare with the dynamic path: the same hypotheses, and scores equal
 to float32 rounding (attention over the capacity sums its zeros in another order than over
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .cache import LayerCache, beam_rows
+from .core.cache import LayerCache, beam_rows
 
 log = logging.getLogger("nmt.graphs")
 
@@ -53,12 +53,12 @@ def round_up(n: int, multiple: int) -> int:
 
 
 class StaticCache:
-    """A decoder cache of fixed shapes: what :meth:`nmt.model.Transformer.decode_step` reads and extends.
+    """A decoder cache of fixed shapes: what :meth:`nmt.core.model.Transformer.decode_step` reads and extends.
 
     ``self_kv``: ``(n_layers, 2, rows, n_heads, capacity, head_dim)``; ``cross_kv``:
     ``(n_layers, 2, sentences, n_heads, src_len, head_dim)``; ``src_mask``: ``(sentences, 1, 1,
     src_len)``; ``length``: ``(1,)`` the position this step writes, on the device. Its methods
-    are those of :class:`~nmt.cache.DecoderCache` that a step calls: :meth:`append` writes at
+    are those of :class:`~nmt.core.cache.DecoderCache` that a step calls: :meth:`append` writes at
     ``length`` and returns the whole capacity with the mask of written positions,
     :meth:`advance_` adds 1 to ``length`` on the device. No host value changes between steps.
     """
@@ -264,7 +264,7 @@ class Slots:
 
 
 class StaticScorer:
-    """The :class:`~nmt.scorers.Scorer` over slabs: a step of fixed shapes, replayed as a CUDA graph on a GPU."""
+    """The :class:`~nmt.core.scorers.Scorer` over slabs: a step of fixed shapes, replayed as a CUDA graph on a GPU."""
 
     def __init__(self, model, beam: int, graphs: bool):
         self.model, self.beam, self.graphs = model, beam, graphs
@@ -288,7 +288,7 @@ class StaticScorer:
         return cls(model, beam, graphs), Slots(slab, slot, beam_rows(slot, beam), whole=n == slab.sentences)
 
     def step(self, prefix: Tensor, state: Slots) -> tuple[Tensor, Slots]:
-        """See :meth:`~nmt.scorers.Scorer.step`: the slab's rows of finished sentences compute too, unread."""
+        """See :meth:`~nmt.core.scorers.Scorer.step`: the slab's rows of finished sentences compute too, unread."""
         if state.written == state.slab.capacity:
             state = self._move(state, state.slot, state.slab.sentences, 2 * state.slab.capacity)
         slab, tokens = state.slab, prefix[:, -1]
@@ -310,7 +310,7 @@ class StaticScorer:
         return out.index_select(0, state.rows), state
 
     def reorder(self, state: Slots, index: Tensor) -> Slots:
-        """See :meth:`~nmt.scorers.Scorer.reorder`: the written positions of the slab's rows follow
+        """See :meth:`~nmt.core.scorers.Scorer.reorder`: the written positions of the slab's rows follow
         the back-pointers into the other buffer (rows of finished sentences stay where they are)."""
         slab = state.slab
         if state.whole:
@@ -323,7 +323,7 @@ class StaticScorer:
         return state
 
     def keep_sentences(self, state: Slots, keep: Tensor) -> Slots:
-        """See :meth:`~nmt.scorers.Scorer.keep_sentences`: finished sentences' rows stay until the live
+        """See :meth:`~nmt.core.scorers.Scorer.keep_sentences`: finished sentences' rows stay until the live
         ones fit a bucket of half the slots or less, which they then move to."""
         slot = state.slot.index_select(0, keep)
         smaller = sentence_bucket(slot.numel())

@@ -9,7 +9,7 @@ import torch
 
 from .checkpoint import checkpoint_file, load_checkpoint
 from .config import config_from_dict
-from .model import count_parameters, uninitialised_model
+from .core.model import count_parameters, uninitialised_model
 from .multilingual import directions, tags, target_languages
 
 

@@ -11,32 +11,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import evaluate
-from .checkpoint import checkpoint_file, load_checkpoint, tokenizer_from_tensors
+from .checkpoint import Progress, checkpoint_file, load_checkpoint
 from .clean import clean_pairs, stripped_side
 from .config import Config, ConfigError, config_from_dict, config_to_yaml, with_vocab
 from .corpus import DataError, ParallelText, check_inputs
 from .encoded import EncodedCorpus, encode_corpus, encoding_threads
 from .errors import Key
-from .files import atomic_write, remove_abandoned_temporaries
+from .files import atomic_write
 from .multilingual import check_tags, directions, split_text, tag_ids, tags, train_multilingual_tokenizer
 from .rundir import RunDir, absolute_paths, init_config, resume_config
+from .temporaries import remove_abandoned_temporaries
 from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
 from .validation import ValidationSet
+from .vocab import tokenizer_from_dir
 
 log = logging.getLogger("nmt.train")
-
-
-@dataclass
-class Progress:
-    """Where a run stands: optimizer steps done, the sampler's position, the best score."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0  # batches of `epoch` already trained on
-    best_bleu: float = -1.0
-    bad_validations: int = 0  # validations since the last BLEU improvement
-    validated_step: int = -1  # step of the last completed validation
-    batching: list[int] | None = None  # [max_tokens, seed, processes] this epoch's batches were cut with
 
 
 def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> tuple[Tokenizer, EncodedCorpus, list[ValidationSet]]:
@@ -133,7 +122,7 @@ def read_back(run: RunDir, cfg_dict: dict, checkpoint: str | None, done: dict | 
         opened.payload = load_checkpoint(checkpoint, training=True) if checkpoint else None
         if not checkpoint and "init_from" in origin:
             opened.init = load_checkpoint(origin["init_from"]["path"])
-        tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(opened.payload["tokenizer"])) if opened.payload else Tokenizer.load_dir(run.path)
+        tokenizer = opened.payload.tokenizer if opened.payload else tokenizer_from_dir(run.path)
         opened.data = prepare(opened.cfg, run.path, tokenizer, write=False)
     return opened
 
@@ -208,7 +197,7 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
         run.check_fresh()
     evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))  # now, not at the first validation
     given = opened.payload or opened.init
-    tokenizer = Tokenizer.from_protos(tokenizer_from_tensors(given["tokenizer"])) if given else None
+    tokenizer = given.tokenizer if given else None
     opened.data = prepare(opened.cfg, run.path, tokenizer)
     run.keep_history_until(start)
     opened.cfg = with_vocab(opened.cfg, opened.data[0].src.get_piece_size(), opened.data[0].tgt.get_piece_size())

@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from .config import DecodeConfig, ModelConfig
-from .model import Transformer
+from .core.model import Transformer
+from .runtime import attention_backends, for_training
 
 PARTS = (
     "encoder self-attention",
@@ -199,8 +200,8 @@ def cache_bytes(model: Transformer, shape: Shape, dtype: torch.dtype) -> dict[st
 
 def profile_decode(model, shape: Shape, device: torch.device) -> dict:
     """Time the parts of one batched decode (see the module docstring) and its peak memory."""
-    from .scorers import TransformerScorer
-    from .search import translate_batch
+    from .core.scorers import TransformerScorer
+    from .core.search import translate_batch
 
     src, decode = sources(shape, model.cfg.src_vocab_size, device), forced(shape)
     translate_batch(model, src[:2], decode)  # warm-up: first calls allocate and pick kernels
@@ -243,7 +244,7 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
 
 def latency(model, device: torch.device, src_len: int, tgt_len: int, beam: int, repeats: int = 3) -> float:
     """Milliseconds per generated piece for one sentence alone (the fastest of ``repeats``)."""
-    from .search import translate_batch
+    from .core.search import translate_batch
 
     shape = Shape(batch=1, src_len=src_len, tgt_len=tgt_len, beam=beam)
     src, decode = sources(shape, model.cfg.src_vocab_size, device, seed=1), forced(shape)
@@ -265,13 +266,13 @@ def profile_train(cfg: ModelConfig, shape: Shape, device: torch.device) -> dict:
     more on the step's own decoder states (they are not a module that hooks can watch).
     """
     from .config import TrainConfig
-    from .data import Batch
-    from .loss import label_smoothed_loss
+    from .core.batching import Batch
+    from .core.loss import label_smoothed_loss
+    from .core.update import Updater
     from .tokenizer import BOS, EOS
-    from .update import Updater
 
     torch.manual_seed(0)
-    model = Transformer(cfg).to(device)
+    model = for_training(Transformer(cfg).to(device), device)
     updater = Updater(model, TrainConfig(warmup_steps=1), device)
     src = sources(shape, cfg.src_vocab_size, device).cpu()
     tgt = sources(Shape(shape.batch, shape.tgt_len + 1), cfg.tgt_vocab_size, device, seed=2).cpu()
@@ -311,8 +312,13 @@ def profile_train(cfg: ModelConfig, shape: Shape, device: torch.device) -> dict:
 
 def profile(model, shape: Shape, device: torch.device, dtype_name: str = "float32") -> dict:
     """Everything ``nmt profile`` reports, as one JSON-ready dict."""
-    cfg = model.cfg
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype_name, torch.float32)
+    with attention_backends(device):  # the kernels decoding and training choose from (nmt.runtime)
+        return _profile(model, shape, device, dtype_name, dtype)
+
+
+def _profile(model, shape: Shape, device: torch.device, dtype_name: str, dtype: torch.dtype) -> dict:
+    cfg = model.cfg
     return {
         "model": {k: getattr(cfg, k) for k in ("d_model", "d_ff", "n_heads", "n_encoder_layers", "n_decoder_layers", "tgt_vocab_size")},
         "shape": asdict(shape),

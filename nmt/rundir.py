@@ -11,7 +11,7 @@
   belong to an abandoned history and are removed, so ``metrics.jsonl`` describes one run.
 * **Sweep.** Temporary files that killed writers left (``.last.pt.tmpPID-TOKEN``) are removed
   at the start of every run; those of writers still at work (``nmt average --out RUN/avg.pt``,
-  ``nmt translate -o RUN/hyp.txt``) are left to them (:func:`nmt.files.remove_abandoned_temporaries`).
+  ``nmt translate -o RUN/hyp.txt``) are left to them (:func:`nmt.temporaries.remove_abandoned_temporaries`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import torch
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import PRESETS, Config, ConfigError, config_from_dict, config_to_dict, load_config, read_config_file
 from .errors import Key
-from .files import OutputError, append_line, atomic_write, reason
+from .files import METRICS, RUN_FILE, OutputError, append_line, atomic_write, reason
 
 log = logging.getLogger("nmt.train")
 
@@ -37,11 +36,6 @@ try:  # POSIX
     import fcntl
 except ImportError:  # Windows: msvcrt's byte-range locks do the same job
     fcntl = None
-
-METRICS = "metrics.jsonl"
-
-
-_RUN_FILE = re.compile(r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock")
 
 
 def check_config_outside(run_dir: Path, config_file: Path | None) -> None:
@@ -58,26 +52,6 @@ def check_config_outside(run_dir: Path, config_file: Path | None) -> None:
             f" {config_file} is the run's own config.yaml, which a run replaces with its resolved configuration; keep it outside ",
             Key("train.run_dir"),
         )
-
-
-def check_not_a_run_file(target: Path, given: Path, what: str = "output") -> None:
-    """Refuse an output ``given`` (writing to ``target``, a link's target) that would replace a file
-    ``nmt train`` keeps in a run directory (one with ``metrics.jsonl`` or ``.lock``): a
-    checkpoint that ``--resume`` and ``translate`` read, the run's config, records or tokenizer.
-
-    Raises:
-        OutputError: naming the run and another name to write to.
-    """
-    run = target.parent
-    if not _RUN_FILE.fullmatch(target.name) or not ((run / METRICS).is_file() or (run / ".lock").is_file()):
-        return
-    kind = "a training checkpoint" if target.suffix == ".pt" else "a file"
-    via = "" if target == given else f" (through {given})"
-    raise OutputError(
-        what,
-        f" {given} would replace {kind} of the run in {run}{via} (--resume reads last.pt and translate best.pt, and both"
-        f" read the run's config and tokenizer); write to another name, e.g. {run / ('average.pt' if target.suffix == '.pt' else 'output.txt')}",
-    )
 
 
 def step_checkpoints(run_dir: Path) -> list[Path]:
@@ -135,7 +109,7 @@ class RunDir:
         if not self.path.is_dir() or (self.path / ".lock").exists() or self.checkpoints():
             return  # a run's, or one copied without its .lock: check_fresh names its checkpoints
         given = [Path(p) for p in inputs if Path(p).exists()]
-        theirs = sorted(p.name for p in self.path.iterdir() if _RUN_FILE.fullmatch(p.name) and not any(p.samefile(g) for g in given))
+        theirs = sorted(p.name for p in self.path.iterdir() if RUN_FILE.fullmatch(p.name) and not any(p.samefile(g) for g in given))
         if theirs:
             why = f" {self.path} is not a run directory (no .lock) but holds {', '.join(theirs)}, which a run writes and would replace"
             raise ConfigError(Key("train.run_dir"), why + "; choose a new or empty directory")

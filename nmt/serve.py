@@ -28,7 +28,7 @@ answer only loses the answer. When ``max_queued_requests`` requests already wait
 answered 503 with ``Retry-After: 1`` at once (before its body is parsed).
 """
 
-# Size: create_app() holds the routes, the admission count and the error handler as closures over one batcher and translator (Starlette's idiom), 115 lines.
+# Size: create_app() at most 120 lines: the routes, the admission count and the error handler are closures over one batcher and translator (Starlette's idiom).
 
 from __future__ import annotations
 
@@ -50,38 +50,53 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
-from .align import attention_matrix, format_alignment
-from .beams import Steering
-from .checkpoint import load_checkpoint, restore_model
+from .align import alignment_layer, format_alignment
+from .checkpoint import load_checkpoint
 from .config import Config, ConfigError, DecodeConfig, config_to_dict
-from .data import pad_sources
-from .model import Transformer
+from .core.beams import Steering
+from .core.search import Hypothesis
+from .inference import Decoding, Inference
 from .multilingual import directions, target_languages
-from .search import Hypothesis
 from .serve_api import MAX_BODY_BYTES, Job, Limits, RequestError, parse_request
-from .tokenizer import BOS, Tokenizer
-from .translate import to_dtype, translate_lines
+from .tokenizer import Tokenizer
 
 log = logging.getLogger("nmt.serve")
 
 
 @dataclass
 class Translator:
-    """A loaded model and what ``/health`` and ``/info`` report about it."""
+    """The served :class:`~nmt.inference.Inference` and what ``/health`` and ``/info`` report about it."""
 
-    model: Transformer
-    tokenizer: Tokenizer
-    cfg: Config
-    device: torch.device
+    inference: Inference
     checkpoint: str = ""
     step: int | None = None
     dtype: str = "float32"
     skipped: Counter = field(default_factory=Counter)  # lines left untranslated since the start, by reason
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer."""
+        return self.inference.tokenizer
+
+    @property
+    def cfg(self) -> Config:
+        """The checkpoint's config (hence the decode defaults)."""
+        return self.inference.cfg
+
+    @property
+    def model(self):
+        """The served model."""
+        return self.inference.model
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs."""
+        return self.inference.device
+
     @classmethod
     def load(cls, checkpoints: list[Path], device: torch.device, dtype: torch.dtype) -> Translator:
         """Read a checkpoint (a file or a run directory) once, in ``dtype`` as ``nmt translate``
-        does (:func:`nmt.translate.to_dtype`: float32, bfloat16, float16 or int8).
+        does (:meth:`nmt.inference.Inference.load`: float32, bfloat16, float16 or int8).
 
         Raises:
             ConfigError: more than one checkpoint (ensembles are not supported by the server yet).
@@ -89,32 +104,27 @@ class Translator:
         """
         if len(checkpoints) != 1:
             raise ConfigError(f"give exactly one --checkpoint (got {len(checkpoints)}); serving an ensemble is not supported")
-        payload = load_checkpoint(checkpoints[0])
-        model, tokenizer, cfg = restore_model(payload, checkpoints[0])
+        inference = Inference.load(checkpoints, device, dtype)
+        step = load_checkpoint(checkpoints[0]).get("progress", {}).get("step")
         name = "int8" if dtype == torch.qint8 else str(dtype).removeprefix("torch.")
-        return cls(to_dtype(model.to(device).eval(), dtype), tokenizer, cfg, device, str(checkpoints[0]), payload.get("progress", {}).get("step"), name)
+        return cls(inference, str(checkpoints[0]), step, name)
 
     def translate(
         self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None, src_prefix: tuple[int, ...] = ()
     ) -> list[list[Hypothesis]]:
-        """Each line's n-best list, in input order: the one call into :mod:`nmt.translate`; the lines
+        """Each line's n-best list, in input order (:meth:`nmt.inference.Inference.translate`); the lines
         left untranslated (only unknown characters) are counted in ``skipped``, for ``/health``."""
-        return translate_lines(
-            self.model, self.tokenizer, lines, decode, self.device, alignment=alignment, steering=steering, skipped=self.skipped, src_prefix=src_prefix
-        )
+        return self.inference.translate(lines, Decoding(decode, alignment=alignment, src_prefix=src_prefix), steering, skipped=self.skipped)
 
-    @torch.inference_mode()
     def attention(self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()) -> dict:
         """``{"src_pieces", "tgt_pieces", "weights"}`` for ``hyp``, a translation of ``line``:
         ``weights`` ``[tgt_len][src_len]`` (EOS included on both sides, and a multilingual model's
         target tag, ``src_prefix``, first among the source pieces), row ``t`` the step that
-        produced output piece ``t``; from :func:`nmt.align.attention_matrix`."""
-        ids = [*src_prefix, *self.tokenizer.encode_src([line])[0]]
-        src = pad_sources([ids]).to(self.device)
-        tgt_in = torch.tensor([[BOS, *hyp.tokens]], device=self.device)
-        weights = attention_matrix([self.model], src, tgt_in, self.cfg.decode.alignment_layer)[0]  # (tgt_len, src_len)
-        pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
-        return {"src_pieces": pieces(self.tokenizer.src, ids), "tgt_pieces": pieces(self.tokenizer.tgt, hyp.tokens), "weights": weights.float().cpu().tolist()}
+        produced output piece ``t``: the heads-averaged cross-attention of the alignment layer
+        (:func:`nmt.align.alignment_layer`), as alignments read it."""
+        src_pieces, tgt_pieces, weights = self.inference.attention(line, hyp, src_prefix)
+        layer = alignment_layer(weights.size(0), self.cfg.decode.alignment_layer)
+        return {"src_pieces": src_pieces, "tgt_pieces": tgt_pieces, "weights": weights[layer].tolist()}
 
 
 class Batcher:
@@ -267,7 +277,7 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             if len(raw) > MAX_BODY_BYTES:
                 return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413), None
         try:
-            job = parse_request(raw, translator, limits)
+            job = parse_request(raw, translator.inference, limits)
         except RequestError as exc:
             return _error(str(exc), exc.status), None
         job.future = asyncio.get_running_loop().create_future()

@@ -13,19 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import torch
 
-from .beams import Steering
 from .config import BEAM, ConfigError, DecodeConfig
+from .core.beams import Steering
+from .core.search import output_limits
 from .fields import MAX_INT, Range
+from .inference import Inference, UnwritableText, steering
 from .multilingual import target
-from .search import output_limits
-from .translate import UnwritableText, steering
-
-if TYPE_CHECKING:  # the server's loaded model: only its tokenizer and config are read here
-    from .serve import Translator
 
 FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment", "prefix", "constraints", "ban", "tgt_lang")
 MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
@@ -80,7 +76,7 @@ class Limits:
 class Job:
     """One request: its lines, the search settings it asked for (``decode``, the checkpoint's
     with the request's fields), its source tokens (EOS included), whether alignments are wanted,
-    each line's :class:`~nmt.beams.Steering` (None when no line has any), the ids before each
+    each line's :class:`~nmt.core.beams.Steering` (None when no line has any), the ids before each
     source (a multilingual model's target tag), and the future its answer resolves."""
 
     lines: list[str]
@@ -101,7 +97,7 @@ def _number(body: dict, name: str, default, kind: type, low, high):
     return kind(value)
 
 
-def parse_request(raw: bytes | bytearray, translator: Translator, limits: Limits) -> Job:
+def parse_request(raw: bytes | bytearray, translator: Inference, limits: Limits) -> Job:
     """Validate a ``/translate`` body into a :class:`Job`: its lines, the search settings (the
     checkpoint's ``decode`` with the request's ``beam_size``, ``length_penalty`` and ``n_best``,
     and ``max_tokens`` the server's batch budget), its source tokens, whether alignments are
@@ -205,9 +201,9 @@ MAX_CONSTRAINT_PIECES = 64  # target pieces of one line's constraints together: 
 MAX_ATTENTION_WEIGHTS = 1_000_000  # source × output pieces a request's "attention" matrices may hold (about 20 MB of JSON)
 
 
-def steering_of(body: dict, single: bool, n: int, translator: Translator, limits: Limits) -> list[Steering] | None:
+def steering_of(body: dict, single: bool, n: int, translator: Inference, limits: Limits) -> list[Steering] | None:
     """Each line's prefix, constraints and banned phrases from a request, as ``nmt translate``'s
-    files give them (:func:`nmt.translate.steering`): for a ``text`` string, ``prefix`` is a string
+    files give them (:func:`nmt.inference.steering`): for a ``text`` string, ``prefix`` is a string
     and ``constraints`` and ``ban`` lists of strings; for a list, one of those per line. None when
     the request has none of the three.
 

@@ -1,17 +1,7 @@
-"""SentencePiece subword models (Kudo and Richardson 2018) and the special-token ids.
+"""SentencePiece subword models (Kudo and Richardson 2018), trained with the special-token ids
+of :mod:`nmt.core.pieces` (PAD 0, UNK 1, BOS 2, EOS 3) and read back with them checked."""
 
-Every model nmt trains reserves the same four ids, so that a model and any code that
-builds batches agree without looking them up:
-
-=====  ===  ==============================================
-PAD     0   padding; never predicted, ignored by the loss
-UNK     1   unknown piece
-BOS     2   begins every decoder input
-EOS     3   ends every source and every target
-=====  ===  ==============================================
-"""
-
-# Size: just over 400 lines: training, encoding, the id layout and the output rules of one SentencePiece pair.
+# Size: module at most 410 lines: training, encoding, the id layout and the output rules of one SentencePiece pair.
 
 from __future__ import annotations
 
@@ -28,10 +18,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from .core.pieces import BOS, EOS, PAD, UNK, OutputRules
 from .errors import NmtError
 from .files import atomic_write
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
 WORD_BOUNDARY = "\u2581"  # SentencePiece's mark for a space: the piece "▁" alone, or the start of "▁the"
 #: A target-language tag, ``>>de<<`` (OPUS-MT's and Marian's syntax; see :mod:`nmt.multilingual`).
 TAG = re.compile(r">>[A-Za-z][A-Za-z0-9_]*<<")
@@ -55,19 +45,6 @@ log = logging.getLogger(__name__)
 
 class TokenizerError(NmtError, ValueError):
     """A SentencePiece model is missing, unreadable or has other special-token ids."""
-
-
-@dataclass(frozen=True)
-class OutputRules:
-    """What a target vocabulary may never generate (enforced by :class:`nmt.search.Restrictions`).
-
-    ``unwritable``: ids of pieces whose text holds a character of :data:`NEVER_OUTPUT`, the
-    byte pieces of such single bytes among them. ``byte_values``: per id, the byte a byte
-    piece stands for (``<0x41>`` → 65), -1 for other pieces; empty without byte fallback.
-    """
-
-    unwritable: tuple[int, ...] = ()
-    byte_values: tuple[int, ...] = ()
 
 
 @dataclass
@@ -102,7 +79,7 @@ class Tokenizer:
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Target text of each id sequence; always one line, whatever the ids.
 
-        The search never generates what would break that (:class:`nmt.search.Restrictions`);
+        The search never generates what would break that (:class:`nmt.core.search.Restrictions`);
         this is the last guard, for ids from elsewhere and for a character the length limit
         cut: byte pieces that do not spell valid UTF-8 are dropped (SentencePiece would write
         U+FFFD for them), and a character of :data:`NEVER_OUTPUT` becomes a space.
@@ -140,11 +117,9 @@ class Tokenizer:
 
     @classmethod
     def from_protos(cls, protos: dict[str, bytes]) -> "Tokenizer":
-        """The tokenizer :meth:`protos` serialized. Raises :class:`TokenizerError` if a model does not load."""
-        if "vocab" in protos:  # a vocabulary of its own over two segmenters: an imported Marian model's
-            from .vocab import MarianTokenizer
-
-            return MarianTokenizer.from_protos(protos)
+        """The SentencePiece tokenizer :meth:`protos` serialized (one with a vocabulary of its own, an
+        imported Marian model's, is :func:`nmt.vocab.tokenizer_from_protos`'s). Raises
+        :class:`TokenizerError` if a model does not load."""
         if "joint" in protos:
             sp = _load(model_proto=protos["joint"], what="checkpoint tokenizer")
             return cls(sp, sp)
@@ -158,11 +133,8 @@ class Tokenizer:
 
     @classmethod
     def load_dir(cls, directory: Path) -> "Tokenizer | None":
-        """The tokenizer :meth:`save` wrote in ``directory``, or None if there is none."""
-        from .vocab import MarianTokenizer
-
-        if (marian := MarianTokenizer.load_dir(directory)) is not None:
-            return marian
+        """The SentencePiece tokenizer :meth:`save` wrote in ``directory``, or None if there is none
+        (:func:`nmt.vocab.tokenizer_from_dir` reads a Marian vocabulary's too)."""
         if (directory / "spm.model").is_file():
             return cls.from_protos({"joint": (directory / "spm.model").read_bytes()})
         if (directory / "spm.src.model").is_file():

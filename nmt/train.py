@@ -1,7 +1,7 @@
 """The training loop: the Trainer's named steps, from an opened run to its result line.
 
 Opening a run (fresh, resumed, ``--init-from``) is :mod:`nmt.opening`, validation
-:mod:`nmt.validation`, the update :mod:`nmt.update`.
+:mod:`nmt.validation`, the update :mod:`nmt.core.update`.
 
 A run lives in ``train.run_dir`` (its lifecycle: :mod:`nmt.rundir`)::
 
@@ -18,7 +18,7 @@ should stop, finish). Under ``torchrun`` every stop and validate decision is one
 processes agree on (:mod:`nmt.distributed`).
 """
 
-# Size: the Trainer is one class of about 420 lines, since its named steps share one state (progress, batches, model, updater).
+# Size: module at most 570 lines: the Trainer is one class of about 420 lines, since its named steps share one state (progress, batches, model, updater).
 
 from __future__ import annotations
 
@@ -32,21 +32,21 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .checkpoint import rng_state, save_checkpoint, set_rng_state, tokenizer_to_tensors
+from .checkpoint import Progress, rng_state, save_checkpoint, set_rng_state, tokenizer_to_tensors
 from .config import Config, ConfigError, config_to_dict
+from .core.batching import Batch, TokenBatchSampler, collate
+from .core.model import Transformer, count_parameters
+from .core.update import Updater, Window
 from .corpus import DataError
-from .data import Batch, TokenBatchSampler, collate
 from .distributed import Distributed, Interrupted, StopSignal
 from .encoded import EncodedCorpus
 from .errors import Key
 from .memory import keep_freed_memory
-from .model import Transformer, count_parameters
 from .multilingual import DirectionMix, directions
-from .opening import Opened, Progress, open_run, read_back
+from .opening import Opened, open_run, read_back
 from .rundir import RunDir, step_checkpoints
+from .runtime import attention_backends, for_training, resolve_device
 from .subwords import sampled_training_corpus
-from .translate import resolve_device
-from .update import Updater, Window
 from .validation import validate
 
 log = logging.getLogger("nmt.train")
@@ -152,11 +152,12 @@ class Trainer:
         tc = self.cfg.train
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
-        if ddp.device.type == "cpu" and keep_freed_memory() and ddp.main:
-            log.info("memory: freed blocks are kept for reuse (glibc mallopt), so large tensors are not paged in again every step")
         torch.manual_seed(tc.seed)
-        self.model = Transformer(self.cfg.model).to(ddp.device)
-        self.updater = Updater(self.model, tc, ddp.device, ddp)
+        self.model = for_training(Transformer(self.cfg.model).to(ddp.device), ddp.device)  # the device's tricks (nmt.runtime)
+        if ddp.device.type == "cpu" and keep_freed_memory() and ddp.main:  # for_training asked already: this says whether it held
+            log.info("memory: freed blocks are kept for reuse (glibc mallopt), so large tensors are not paged in again every step")
+        world_size = ddp.world_size if ddp.enabled else 1
+        self.updater = Updater(self.model, tc, ddp.device, world_size, context=lambda: attention_backends(ddp.device))
         parts = self.corpus.parts  # one per direction
         self.mix = DirectionMix(parts, self.cfg.data.sampling_temperature) if len(parts) > 1 else None
         # What cuts this run's epochs into batches (and, with several directions, mixes them).

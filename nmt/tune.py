@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .config import BEAM, LENGTH_PENALTY, ConfigError
+from .core.search import LENGTH_NORMALIZATIONS, Hypothesis, length_penalty
 from .corpus import read_lines
 from .errors import Key
 from .evaluate import score
-from .search import LENGTH_NORMALIZATIONS, Hypothesis, length_penalty
-from .translate import translate_lines
+from .inference import Decoding, Inference
 
 # A file name that says "test": test.de, test_2016_flickr.en.gz, newstest2014.de (but not latest.en).
 _TEST_NAME = re.compile(r"(?:^|[^a-z])(?:news)?test", re.IGNORECASE)
@@ -112,12 +112,10 @@ def rerank(hyps: list[Hypothesis], normalization: str, alpha: float) -> list[int
 
 
 def tune_decode(
-    model,
-    tokenizer,
+    inference: Inference,
     src_lines: list[str],
     ref_lines: list[str],
     decode,
-    device,
     settings: list[Setting],
     tokenize: str = "13a",
     progress=None,
@@ -132,7 +130,7 @@ def tune_decode(
             validation scored it: ``ja-mecab`` for a Japanese target).
         progress: told how many more lines are translated (a progress bar's ``update``); the
             lines are translated once per beam size.
-        src_prefix: the target tag of a multilingual model (:func:`nmt.translate.translate_lines`).
+        src_prefix: the target tag of a multilingual model (:class:`nmt.inference.Decoding`).
 
     Returns:
         One row per setting, in order: its fields, ``bleu``, ``chrf``, ``length_ratio``
@@ -142,10 +140,11 @@ def tune_decode(
     rows = []
     for beam in dict.fromkeys(s.beam_size for s in settings):
         start = time.perf_counter()
-        results = translate_lines(model, tokenizer, src_lines, replace(decode, beam_size=beam, n_best=beam), device, progress=progress, src_prefix=src_prefix)
+        decoding = Decoding(replace(decode, beam_size=beam, n_best=beam), src_prefix=src_prefix)
+        results = inference.translate(src_lines, decoding, progress=progress)
         seconds = round(time.perf_counter() - start, 1)
         for s in (s for s in settings if s.beam_size == beam):
-            hyps = tokenizer.decode_tgt([rerank(r, s.length_normalization, s.length_penalty) for r in results])
+            hyps = inference.tokenizer.decode_tgt([rerank(r, s.length_normalization, s.length_penalty) for r in results])
             result = score(hyps, [ref_lines], tokenize=tokenize)
             rows.append(
                 {

@@ -13,13 +13,13 @@ import torch
 
 from . import evaluate
 from .config import Config
-from .data import TokenBatchSampler, collate
+from .core.batching import TokenBatchSampler, collate
+from .core.loss import label_smoothed_loss
+from .core.model import Transformer
 from .encoded import EncodedCorpus
-from .loss import label_smoothed_loss
-from .model import Transformer
+from .inference import Decoding, Inference
 from .multilingual import mean_validation
 from .tokenizer import Tokenizer
-from .translate import best_strings, translate_lines
 
 
 @dataclass
@@ -59,7 +59,8 @@ def validate_direction(model: Transformer, tokenizer: Tokenizer, valid: Validati
         nll_sum += float(out.nll)
         n_tokens += int(out.n_tokens)
     decode = replace(cfg.decode, beam_size=cfg.train.valid_beam_size, n_best=1)
-    hyps = best_strings(tokenizer, translate_lines(model, tokenizer, valid.src_lines, decode, device, src_prefix=valid.src_prefix))
+    inference = Inference([model], tokenizer, device)
+    hyps = inference.best_strings(inference.translate(valid.src_lines, Decoding(decode, src_prefix=valid.src_prefix)))
     scores = evaluate.score(hyps, [valid.ref_lines], tokenize=evaluate.config_tokenizer(cfg, valid.tgt_lang))
     nll = nll_sum / max(1, n_tokens)
     return {

@@ -292,6 +292,21 @@ class MarianTokenizer(Tokenizer):
         return cls.from_protos({name: (Path(directory) / filename).read_bytes() for name, filename in SAVED.items()})
 
 
+def tokenizer_from_protos(protos: dict[str, bytes]) -> Tokenizer:
+    """The tokenizer a checkpoint stores (:meth:`Tokenizer.protos`): an imported Marian model's, with a
+    vocabulary of its own over two segmenters, or SentencePiece's.
+
+    Raises:
+        TokenizerError: an entry is missing or does not load.
+    """
+    return MarianTokenizer.from_protos(protos) if "vocab" in protos else Tokenizer.from_protos(protos)
+
+
+def tokenizer_from_dir(directory: Path) -> Tokenizer | None:
+    """The tokenizer a run directory holds (:meth:`Tokenizer.save`, :meth:`MarianTokenizer.save`), or None."""
+    return MarianTokenizer.load_dir(directory) or Tokenizer.load_dir(Path(directory))
+
+
 def _segmenter(proto: bytes, what: str) -> spm.SentencePieceProcessor:
     """A SentencePiece model that only segments (its own ids are not used, so any special ids do)."""
     sp = spm.SentencePieceProcessor()

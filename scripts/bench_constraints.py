@@ -4,7 +4,7 @@
 For each test sentence the unconstrained translation is made first; then 1-2 constraints are
 drawn from its reference: German nouns (capitalised words, the sentence's first word
 excepted) that the unconstrained output misses, chosen with a fixed seed. The same sentences
-are translated again with those constraints (dynamic beam allocation, ``nmt.constraints``).
+are translated again with those constraints (dynamic beam allocation, ``nmt.core.constraints``).
 Reported, as one JSON object: BLEU and chrF of both outputs (sacreBLEU, with signatures), the
 term-use rate (share of constraints whose text appears in the output) of both, how many
 sentences got constraints, and the seconds each search took (same model, same batches).
@@ -59,16 +59,17 @@ def main() -> None:
 
     from nmt.corpus import read_lines
     from nmt.evaluate import score
-    from nmt.translate import best_strings, load_models, steering, translate_lines
+    from nmt.inference import Decoding, Inference, steering
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
-    models, tokenizer, cfg = load_models([args.checkpoint], device)
+    inference = Inference.load([args.checkpoint], device)
+    tokenizer, cfg = inference.tokenizer, inference.cfg
     src = read_lines(Path(args.data) / f"{args.split}.en.gz")
     ref = read_lines(Path(args.data) / f"{args.split}.de.gz")
     decode = replace(cfg.decode, beam_size=args.beam, n_best=1)
     start = time.perf_counter()
-    plain = best_strings(tokenizer, translate_lines(models, tokenizer, src, decode, device))
+    plain = inference.best_strings(inference.translate(src, Decoding(decode)))
     plain_s = time.perf_counter() - start
     rng = random.Random(args.seed)
     constraints = []
@@ -77,7 +78,7 @@ def main() -> None:
         constraints.append(rng.sample(missed, min(len(missed), rng.randint(1, args.max_constraints))) if missed else [])
     wishes = [steering(tokenizer, constraints=c) for c in constraints]
     start = time.perf_counter()
-    steered = best_strings(tokenizer, translate_lines(models, tokenizer, src, decode, device, steering=wishes))
+    steered = inference.best_strings(inference.translate(src, Decoding(decode), wishes))
     steered_s = time.perf_counter() - start
     plain_score, steered_score = score(plain, [ref]), score(steered, [ref])
     print(

@@ -45,19 +45,19 @@ def prepare(args, work: Path) -> None:
     """Write the model (checkpoint, HF export, CTranslate2 conversions) and the inputs into ``work``."""
     import torch
 
-    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
+    from nmt.checkpoint import load_checkpoint, save_checkpoint, tokenizer_to_tensors
     from nmt.config import TokenizerConfig, config_from_dict, config_to_dict, with_vocab
+    from nmt.core.model import Transformer
     from nmt.corpus import find_split_file, read_lines, read_parallel
     from nmt.export import export_ctranslate2, export_huggingface
-    from nmt.model import Transformer
-    from nmt.translate import load_model
 
     src = read_lines(find_split_file(args.data, args.split, "en"))[: args.lines]
     ref = read_lines(find_split_file(args.data, args.split, "de"))[: args.lines]
     (work / "src.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
     (work / "ref.txt").write_text("\n".join(ref) + "\n", encoding="utf-8")
     if args.checkpoint:
-        model, tokenizer, _ = load_model(args.checkpoint, torch.device("cpu"))
+        loaded = load_checkpoint(args.checkpoint)
+        model, tokenizer = loaded.model, loaded.tokenizer
         path = Path(args.checkpoint)
     else:
         from nmt.tokenizer import train_tokenizer
@@ -103,9 +103,10 @@ def worker(args, work: Path) -> None:
     """Measure one engine at each batch size; prints one JSON record per batch size."""
     import torch
 
-    from nmt.data import pad_sources
-    from nmt.search import translate_batch
-    from nmt.translate import load_model, resolve_dtype, to_dtype
+    from nmt.checkpoint import load_checkpoint
+    from nmt.core.batching import pad_sources
+    from nmt.core.search import translate_batch
+    from nmt.runtime import attention_backends, decode_scorer, resolve_dtype, to_dtype
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -114,7 +115,8 @@ def worker(args, work: Path) -> None:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}[
         dtype_name
     ]  # int8: float32 activations between quantized matmuls
-    model, tokenizer, cfg = load_model((work / "checkpoint").read_text(), device)
+    loaded = load_checkpoint((work / "checkpoint").read_text())  # in its own dtype: each engine casts it (to_dtype below)
+    model, tokenizer, cfg = loaded.model.to(device), loaded.tokenizer, loaded.config
     lines = (work / "src.txt").read_text(encoding="utf-8").splitlines()
     ids = tokenizer.encode_src(lines)
     forced = args.forced_len
@@ -129,7 +131,10 @@ def worker(args, work: Path) -> None:
         model = to_dtype(model, resolve_dtype(dtype_name, device), per_channel=args.int8_weights == "per-channel")
         shortlist = Shortlist.read(args.shortlist, tokenizer) if args.shortlist else None
         # nmt: the production path (static and CUDA graphs on a GPU, the dynamic cache on a CPU).
-        scorer = {"nmt": "auto", "nmt-cached": "cached", "nmt-static": "static", "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
+        from nmt.graphs import StaticScorer
+
+        # nmt: what nmt.inference runs on this device (the static step with CUDA graphs on a GPU, the dynamic cache on a CPU).
+        scorer = {"nmt": None, "nmt-cached": "cached", "nmt-static": StaticScorer, "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
 
         def run(idx):
             src = pad_sources([ids[i] for i in idx]).to(device)
@@ -138,7 +143,9 @@ def worker(args, work: Path) -> None:
             else:
                 decode = replace(cfg.decode, beam_size=beam, length_penalty=args.alpha, n_best=1)
             columns = shortlist.columns([ids[i] for i in idx]) if shortlist is not None else None
-            hyps = translate_batch(model, src, decode, scorer=scorer, rules=tokenizer.output_rules, columns=columns)
+            chosen = scorer or decode_scorer(device, columns, decode.cache)
+            with attention_backends(device):
+                hyps = translate_batch(model, src, decode, scorer=chosen, rules=tokenizer.output_rules, columns=columns)
             return [h[0].tokens for h in hyps]
 
     elif engine == "hf":
@@ -276,7 +283,7 @@ def cache_bytes(model, m, sources, beam: int, length: int, dtype, device) -> dic
     the formula 2 · layers · batch · beam · heads · len · head_dim · bytes."""
     import torch
 
-    from nmt.data import pad_sources
+    from nmt.core.batching import pad_sources
     from nmt.runtime import attention_backends
 
     with torch.inference_mode(), attention_backends(device):

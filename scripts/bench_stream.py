@@ -7,8 +7,8 @@ first and translates it in one call, which is what ``nmt translate`` did before 
 streamed), and samples the process's resident memory while it runs. ``--time-limit`` stops
 it early; the record says how far it got. Prints one JSON object.
 
-``file``: in one process, translates the same lines once with :func:`nmt.translate.translate_lines`
-over the whole input and once with :func:`nmt.translate.translate_stream` in
+``file``: in one process, translates the same lines once with :meth:`nmt.inference.Inference.translate`
+over the whole input and once with :meth:`nmt.inference.Inference.stream` in
 ``--buffer-size`` buffers, alternating ``--repeats`` times, and prints the best
 sentences/s of each.
 
@@ -117,15 +117,15 @@ def whole(args) -> None:
     """The pre-streaming path: all of standard input, translated in one call, then written."""
     import torch
 
-    from nmt.translate import best_strings, load_models, translate_lines
+    from nmt.inference import Decoding, Inference
 
     torch.set_num_threads(args.threads)
-    models, tokenizer, cfg = load_models([args.checkpoint], torch.device("cpu"))
+    inference = Inference.load([args.checkpoint], torch.device("cpu"))
     from dataclasses import replace
 
     lines = sys.stdin.buffer.read().decode("utf-8").split("\n")[:-1]
-    results = translate_lines(models, tokenizer, lines, replace(cfg.decode, beam_size=args.beam), torch.device("cpu"))
-    sys.stdout.write("".join(s + "\n" for s in best_strings(tokenizer, results)))
+    results = inference.translate(lines, Decoding(replace(inference.cfg.decode, beam_size=args.beam)))
+    sys.stdout.write("".join(s + "\n" for s in inference.best_strings(results)))
 
 
 def file(args) -> dict:
@@ -135,13 +135,13 @@ def file(args) -> dict:
     import torch
 
     from nmt.corpus import buffers
-    from nmt.translate import load_models, translate_lines, translate_stream
+    from nmt.inference import Decoding, Inference
 
     torch.set_num_threads(args.threads)
     base = source_lines(args)
     lines = [base[i % len(base)] for i in range(args.lines)]
-    models, tokenizer, cfg = load_models([args.checkpoint], torch.device("cpu"))
-    decode, cpu = replace(cfg.decode, beam_size=args.beam), torch.device("cpu")
+    inference = Inference.load([args.checkpoint], torch.device("cpu"))
+    tokenizer, decode = inference.tokenizer, replace(inference.cfg.decode, beam_size=args.beam)
     batching = {
         "whole": batch_shapes(tokenizer, [lines], decode.max_tokens),
         "stream": batch_shapes(tokenizer, buffers(lines, args.buffer_size), decode.max_tokens),
@@ -149,10 +149,10 @@ def file(args) -> dict:
     best = {"whole": float("inf"), "stream": float("inf")}
     for _ in range(args.repeats):
         t = time.perf_counter()
-        translate_lines(models, tokenizer, lines, decode, cpu)
+        inference.translate(lines, Decoding(decode))
         best["whole"] = min(best["whole"], time.perf_counter() - t)
         t = time.perf_counter()
-        for _ in translate_stream(models, tokenizer, buffers(lines, args.buffer_size), decode, cpu):
+        for _ in inference.stream(buffers(lines, args.buffer_size), Decoding(decode)):
             pass
         best["stream"] = min(best["stream"], time.perf_counter() - t)
     return {
@@ -173,7 +173,7 @@ def batch_shapes(tokenizer, chunks, max_tokens: int) -> dict:
     own (what the timing depends on, free of this machine's noise)."""
     import numpy as np
 
-    from nmt.data import token_batches
+    from nmt.core.batching import token_batches
 
     n_batches = padded = real = 0
     for chunk in chunks:

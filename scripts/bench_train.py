@@ -99,20 +99,21 @@ def child(args) -> None:
     import torch
 
     from nmt.config import config_from_dict, with_vocab
+    from nmt.core.batching import TokenBatchSampler, collate
+    from nmt.core.loss import LossOutput, label_smoothed_loss
+    from nmt.core.model import Transformer, count_parameters
+    from nmt.core.update import Updater
     from nmt.corpus import ParallelText
-    from nmt.data import TokenBatchSampler, collate
     from nmt.encoded import encode_corpus
-    from nmt.loss import LossOutput, label_smoothed_loss
     from nmt.memory import keep_freed_memory
-    from nmt.model import Transformer, count_parameters
-    from nmt.tokenizer import Tokenizer
-    from nmt.update import Updater
+    from nmt.runtime import attention_backends, for_training
+    from nmt.vocab import tokenizer_from_dir
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     # What `nmt train` does on a CPU (nmt/memory.py); "hf-heap" gives Hugging Face's step the same allocator.
     kept = device.type == "cpu" and (args.engine == "hf-heap" or not args.engine.startswith("hf")) and keep_freed_memory()
-    tokenizer = Tokenizer.load_dir(Path(args.work))
+    tokenizer = tokenizer_from_dir(Path(args.work))
     corpus, _ = encode_corpus(ParallelText.files(*train_files(args.data)), tokenizer, Path(args.work) / "cache", max_len=100, max_len_ratio=3.0, threads=1)
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens, seed=1)
     indices, epoch = [], 0
@@ -128,7 +129,7 @@ def child(args) -> None:
     }
     cfg = with_vocab(config_from_dict(overrides), tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
     torch.manual_seed(0)
-    model = Transformer(cfg.model).to(device)
+    model = for_training(Transformer(cfg.model).to(device), device)  # as nmt train: the CPU's dropout masks (nmt.runtime)
     loss_fn = label_smoothed_loss
     if args.engine.startswith("hf"):
         from nmt.export import marian_model
@@ -154,7 +155,7 @@ def child(args) -> None:
             return LossOutput(loss, loss.detach(), (target != 0).sum())
 
         loss_fn = hf_loss
-    updater = Updater(model, cfg.train, device, loss_fn=loss_fn)
+    updater = Updater(model, cfg.train, device, loss_fn=loss_fn, context=lambda: attention_backends(device))
     times, first_loss = [], None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -582,8 +582,8 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
     from nmt.average import average_checkpoints
     from nmt.corpus import find_split_file, read_lines
     from nmt.evaluate import score
+    from nmt.inference import Decoding, Inference
     from nmt.rundir import step_checkpoints
-    from nmt.translate import best_strings, load_model, translate_lines
 
     device = torch.device(device_name)
 
@@ -592,12 +592,12 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
         return text[:eval_lines] if eval_lines else text
 
     def bleu(path: Path, split: str, cache: str = "auto") -> dict:
-        model, tokenizer, cfg = load_model(path, device)
-        decode = replace(cfg.decode, cache=cache)
+        inference = Inference.load([path], device)
+        decode = replace(inference.cfg.decode, cache=cache)
         sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
         sync()
         start = time.perf_counter()
-        hyps = best_strings(tokenizer, translate_lines(model, tokenizer, lines(split, "en"), decode, device))
+        hyps = inference.best_strings(inference.translate(lines(split, "en"), Decoding(decode)))
         sync()
         return {**score(hyps, [lines(split, "de")]), "seconds": time.perf_counter() - start}
 

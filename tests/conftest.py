@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from nmt.config import ModelConfig, TokenizerConfig
+from nmt.core.model import Transformer
 from nmt.corpus import read_parallel
-from nmt.model import Transformer
 from nmt.tokenizer import EOS, PAD, Tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,3 +106,24 @@ AWKWARD_LINES = st.lists(st.one_of(st.characters(exclude_categories=()), st.samp
 settings.register_profile("nmt", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 settings.register_profile("thorough", settings.get_profile("nmt"), max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nmt"))
+
+
+# ------------------------------------------------------------------ decoding through nmt.inference
+
+
+def translate_lines(model, tokenizer, lines, decode, device="cpu", *, steering=None, first_index=0, progress=None, skipped=None, **decoding):
+    """``Inference([model...]).translate(lines, Decoding(decode, **decoding))``: the one way into
+    decoding, called as tests call it (``decoding``: ``sampling``, ``alignment``, ``src_prefix``, ``shortlist``)."""
+    from nmt.inference import Decoding, Inference
+
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    inference = Inference(models, tokenizer, torch.device(device))
+    return inference.translate(lines, Decoding(decode, **decoding), steering, first_index, progress, skipped)
+
+
+def load_model(path, device="cpu"):
+    """``(model, tokenizer, config)`` of a checkpoint, the model as trained (no inference dtype or packing) on ``device``."""
+    from nmt.checkpoint import load_checkpoint
+
+    loaded = load_checkpoint(path)
+    return loaded.model.to(device), loaded.tokenizer, loaded.config

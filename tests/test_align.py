@@ -3,7 +3,7 @@ import torch
 from conftest import random_sources
 
 from nmt.align import add_alignments, alignment_layer, format_alignment, hard_alignment
-from nmt.search import Hypothesis
+from nmt.core.search import Hypothesis
 from nmt.tokenizer import BOS, PAD
 
 
@@ -66,9 +66,10 @@ def test_plot_attention_search_honours_every_decode_setting(monkeypatch):
     import torch.nn.functional as F
     from conftest import TOY, tiny_config
 
-    from nmt.align import sentence_attention
+    from nmt.commands.plot import sentence_attention
     from nmt.config import DecodeConfig
-    from nmt.model import Transformer
+    from nmt.core.model import Transformer
+    from nmt.inference import Inference
     from nmt.tokenizer import UNK, Tokenizer, train_sentencepiece
 
     sp = train_sentencepiece((TOY / "train.en").read_text(encoding="utf-8").splitlines()[:500], vocab_size=100)
@@ -78,9 +79,9 @@ def test_plot_attention_search_honours_every_decode_setting(monkeypatch):
     favour_unk[UNK] = 100.0
     monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_unk)
     decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=3)
-    tokenizer = Tokenizer(sp, sp)
-    _, allowed, _ = sentence_attention(model, tokenizer, "the dog", DecodeConfig(**{**vars(decode), "allow_unk": True}), torch.device("cpu"))
-    _, banned, weights = sentence_attention(model, tokenizer, "the dog", decode, torch.device("cpu"))
+    inference = Inference([model], Tokenizer(sp, sp), torch.device("cpu"))
+    _, allowed, _ = sentence_attention(inference, "the dog", DecodeConfig(**{**vars(decode), "allow_unk": True}), ())
+    _, banned, weights = sentence_attention(inference, "the dog", decode, ())
     assert allowed == ["<unk>"] * 3 + ["</s>"]
     assert "<unk>" not in banned and weights.shape[:2] == (2, len(banned))
 

@@ -5,8 +5,8 @@ from conftest import cached_tokenizer, tiny_config
 from nmt.average import average_checkpoints, newest_step_checkpoints
 from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, tokenizer_to_tensors
 from nmt.config import ConfigError, config_from_dict, config_to_dict
+from nmt.core.model import Transformer
 from nmt.files import OutputError
-from nmt.model import Transformer
 
 
 def write(path, seed):

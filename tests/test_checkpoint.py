@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nmt import __version__
-from nmt.checkpoint import CheckpointError, checkpoint_file, load_checkpoint, restore_model, save_checkpoint, tokenizer_to_tensors
+from nmt.checkpoint import CheckpointError, checkpoint_file, load_checkpoint, save_checkpoint, tokenizer_to_tensors
 from nmt.config import config_from_dict, config_to_dict
+from nmt.core.model import Transformer
 from nmt.files import OutputError, atomic_write, check_writable
-from nmt.model import Transformer
 
 MODEL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "src_vocab_size": 40, "tgt_vocab_size": 40}
 
@@ -50,7 +50,7 @@ def test_round_trip_records_the_version(tmp_path, protos):
     state = write(tmp_path / "a.pt", protos)
     payload = load_checkpoint(tmp_path / "a.pt")
     assert payload["nmt_version"] == __version__
-    model, _, _ = restore_model(payload, tmp_path / "a.pt")
+    model = payload.model
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, state[name])
 
@@ -130,13 +130,13 @@ def test_inconsistent_checkpoints_give_one_line_naming_keys_and_version(tmp_path
     wrong = config_from_dict({"model": {**MODEL, "n_encoder_layers": 1}})
     save_checkpoint({**payload, "config": config_to_dict(wrong)}, path)
     with pytest.raises(CheckpointError) as err:
-        restore_model(load_checkpoint(path), path)
+        load_checkpoint(path)
     message = str(err.value)
     assert "\n" not in message and "unexpected: encoder.1." in message and f"nmt {__version__}" in message
     renamed = {("x." + k if k.startswith("decoder.0.") else k): v for k, v in state.items()}
     save_checkpoint({**payload, "model": renamed}, path)
     with pytest.raises(CheckpointError, match=r"unexpected: x\.decoder\.0\..*missing: decoder\.0\."):
-        restore_model(load_checkpoint(path), path)
+        load_checkpoint(path)
 
 
 def test_a_full_disk_leaves_the_old_checkpoint_and_no_temporary(tmp_path, protos, monkeypatch):
@@ -210,7 +210,7 @@ def test_a_tokenizer_that_is_not_sentencepiece_or_not_the_models_is_refused_by_e
 
 
 def test_the_uninitialised_model_has_the_real_ones_names_shapes_and_dtypes():
-    from nmt.model import count_parameters, uninitialised_model
+    from nmt.core.model import count_parameters, uninitialised_model
 
     cfg = config_from_dict({"model": {**MODEL, "share_embeddings": False}}).model
     real, skeleton = Transformer(cfg).state_dict(), uninitialised_model(cfg).state_dict()

@@ -139,13 +139,13 @@ def test_bad_inputs_give_clear_errors_not_tracebacks(trained_run, tmp_path):
     two.write_text("a\nb\n")
     result = invoke("evaluate", "--hyp", two, "--ref", short)
     assert result.exit_code == 2 and "short.de has 1 lines but there are 2 hypotheses" in result.output
-    import nmt.translate  # a source and references of different lengths are refused before anything is translated or written
+    from nmt.inference import Inference  # a source and references of different lengths are refused before anything is translated or written
 
     def untouchable(*args, **kwargs):
         raise AssertionError("translated before the line counts were compared")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(nmt.translate, "translate_lines", untouchable)
+        patch.setattr(Inference, "translate", untouchable)
         result = invoke("evaluate", "--checkpoint", trained_run, "--src", two, "--ref", short, "-o", tmp_path / "hyp.de")
     assert result.exit_code == 2 and "short.de has 1 lines but there are 2 source lines" in result.output and not (tmp_path / "hyp.de").exists()
     result = invoke("translate", "--checkpoint", trained_run, input="fine\nsecond\ncaf\xe9\n".encode("latin-1"))
@@ -388,9 +388,9 @@ def test_plot_output_is_checked_like_every_output(trained_run, tmp_path):
 
 def test_plot_attention_checks_its_image_format_before_translating(trained_run, tmp_path, monkeypatch):
     """`plot attention -o a.xyz` translated the sentence first and then failed in matplotlib with a traceback."""
-    import nmt.align
+    import nmt.commands.plot
 
-    monkeypatch.setattr(nmt.align, "sentence_attention", lambda *a, **k: pytest.fail("translated before the format was checked"))
+    monkeypatch.setattr(nmt.commands.plot, "sentence_attention", lambda *a, **k: pytest.fail("translated before the format was checked"))
     line = _one_line_error(invoke("plot", "attention", "--checkpoint", trained_run, "the dog", "-o", tmp_path / "a.xyz"))
     assert line == f"error: {tmp_path / 'a.xyz'}: cannot write .xyz images; use .png, .pdf or .svg" and not (tmp_path / "a.xyz").exists()
 
@@ -404,8 +404,9 @@ def test_version_comes_from_package_metadata():
 
 
 def test_info_describes_a_checkpoint(trained_run, tmp_path):
-    from nmt.model import Transformer, count_parameters
-    from nmt.translate import load_model
+    from conftest import load_model
+
+    from nmt.core.model import Transformer, count_parameters
 
     result = invoke("info", trained_run / "best.pt", "--json")
     assert result.exit_code == 0, result.output
@@ -452,11 +453,12 @@ def test_export_slim_checkpoint_translates_the_same(trained_run, tmp_path):
 def test_export_ctranslate2_command_translates_like_nmt(trained_run, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     pytest.importorskip("transformers")
+    from conftest import load_model
+
     from nmt.config import DecodeConfig
-    from nmt.data import pad_sources
-    from nmt.search import translate_batch
+    from nmt.core.batching import pad_sources
+    from nmt.core.search import translate_batch
     from nmt.tokenizer import EOS
-    from nmt.translate import load_model
 
     result = invoke("export", tmp_path / "ct2", "--checkpoint", trained_run, "--format", "ctranslate2")
     assert result.exit_code == 0, result.output
@@ -472,10 +474,10 @@ def test_export_ctranslate2_command_translates_like_nmt(trained_run, tmp_path):
 def test_n_best_score_is_length_normalised_log_probability(trained_run):
     """The score column is log P(Y|X) in nats, EOS included, divided by ((5 + |Y|) / 6)^α, |Y| with EOS (as --help says)."""
     import torch
+    from conftest import load_model, translate_lines
 
-    from nmt.data import pad_sources
+    from nmt.core.batching import pad_sources
     from nmt.tokenizer import BOS, EOS
-    from nmt.translate import load_model, translate_lines
 
     alpha = 0.6
     result = invoke(
@@ -529,7 +531,7 @@ def test_quiet_train_prints_only_its_result_line(tmp_path):
 
 
 def test_native_bf16_read_from_cpu_flags():
-    from nmt.translate import native_bf16
+    from nmt.runtime import native_bf16
 
     avx2 = "processor\t: 0\nflags\t\t: fpu vme sse sse2 avx avx2 fma\n"
     assert native_bf16(avx2) is False
@@ -542,20 +544,20 @@ def test_native_bf16_read_from_cpu_flags():
 def test_dtype_auto_and_the_bf16_warning(trained_run, monkeypatch, caplog):
     import torch
 
-    from nmt import translate
-    from nmt.translate import resolve_dtype
+    from nmt import runtime
+    from nmt.runtime import resolve_dtype
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(translate, "native_bf16", lambda: True)
+    monkeypatch.setattr(runtime, "native_bf16", lambda: True)
     assert resolve_dtype("auto", cpu) == torch.bfloat16
-    monkeypatch.setattr(translate, "native_bf16", lambda: False)
+    monkeypatch.setattr(runtime, "native_bf16", lambda: False)
     assert resolve_dtype("auto", cpu) == torch.float32
-    with caplog.at_level("WARNING", logger="nmt.translate"):
+    with caplog.at_level("WARNING", logger="nmt.runtime"):
         result = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--dtype", "bfloat16", input="a dog .\n")
     assert result.exit_code == 0 and "several times slower than float32" in caplog.text
     caplog.clear()
-    monkeypatch.setattr(translate, "native_bf16", lambda: None)  # unknown CPU: no warning, auto keeps float32
-    with caplog.at_level("WARNING", logger="nmt.translate"):
+    monkeypatch.setattr(runtime, "native_bf16", lambda: None)  # unknown CPU: no warning, auto keeps float32
+    with caplog.at_level("WARNING", logger="nmt.runtime"):
         assert resolve_dtype("bfloat16", cpu) == torch.bfloat16 and resolve_dtype("auto", cpu) == torch.float32
     assert caplog.text == ""
     auto = invoke("translate", "--checkpoint", trained_run, "--beam-size", "1", "--max-len-b", "4", "--dtype", "auto", input="a dog .\n")
@@ -660,8 +662,7 @@ def test_sampling_flags(trained_run):
 
 def test_print_alignment_and_int8(trained_run):
     import torch
-
-    from nmt.translate import load_model
+    from conftest import load_model
 
     _, tokenizer, _ = load_model(trained_run, torch.device("cpu"))
     text = "the dog sees a cat .\n\nthe big man likes the small house .\n"

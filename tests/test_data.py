@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 import nmt.encoded as encoded_module
 from nmt.clean import CleanReport, clean_pairs, encode_rows, report_of, strip_pairs
 from nmt.config import DataConfig
+from nmt.core.batching import TokenBatchSampler, collate, token_batches
 from nmt.corpus import DataError, ParallelText, check_inputs, count_lines, load_split, read_lines, read_parallel, stream_buffers
-from nmt.data import TokenBatchSampler, collate, token_batches
 from nmt.encoded import EncodedCorpus, encode_corpus
 from nmt.subwords import sample_corpus
 from nmt.tokenizer import BOS, EOS, PAD

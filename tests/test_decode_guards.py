@@ -2,7 +2,7 @@
 
 A decode that records autograd is still correct, so correctness tests cannot see it: it was
 2.4x slower and its memory grew with every batch (the decoder cache's in-place writes under
-autograd form a reference cycle that keeps each step's graph alive, see nmt.cache.RECORDING).
+autograd form a reference cycle that keeps each step's graph alive, see nmt.core.cache.RECORDING).
 These tests run every way into decoding with a model whose parameters require gradients, as a
 model in training does, and watch every torch call.
 """
@@ -12,18 +12,18 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import cached_tokenizer, tiny_config
+from conftest import cached_tokenizer, tiny_config, translate_lines
 from starlette.testclient import TestClient
 from torch.overrides import TorchFunctionMode
 
-from nmt.beams import Steering
 from nmt.config import Config, DataConfig, DecodeConfig, TrainConfig
+from nmt.core.beams import Steering
+from nmt.core.model import Transformer
+from nmt.core.search import Sampling
 from nmt.encoded import EncodedCorpus
-from nmt.model import Transformer
-from nmt.search import Sampling
+from nmt.inference import Inference, steering
 from nmt.serve import Limits, Translator, create_app
 from nmt.shortlist import Shortlist
-from nmt.translate import steering, translate_lines
 from nmt.validation import ValidationSet, validate
 
 LINES = ["the dog sees a cat .", "a man .", "the old teacher gives the child a red book .", "the small house ."]
@@ -72,7 +72,7 @@ def paths(setup) -> dict:
     src, tgt = tokenizer.encode_src(LINES), tokenizer.encode_tgt(["der hund", "ein mann", "der lehrer", "das haus"])
     valid = ValidationSet(EncodedCorpus.from_lists(src, tgt), LINES, ["der hund", "ein mann", "der lehrer", "das haus"])
     cfg = Config(model=model.cfg, data=DataConfig(src_lang="en", tgt_lang="de"), decode=decode, train=TrainConfig(valid_beam_size=2))
-    translator = Translator(model, tokenizer, cfg, cpu)
+    translator = Translator(Inference([model], tokenizer, cpu, cfg))
 
     def served():
         result = translator.translate(LINES, decode, alignment=True)
@@ -118,7 +118,9 @@ def test_the_cache_refuses_autograd_instead_of_leaking_it(setup):
 def test_the_server_answers_300_requests_with_memory_flat(setup):
     model, _, tokenizer = setup
     cfg = Config(model=model.cfg, data=DataConfig(src_lang="en", tgt_lang="de"), decode=DecodeConfig(beam_size=3, max_len_a=1.0, max_len_b=3))
-    app = create_app(Translator(model, tokenizer, cfg, torch.device("cpu")), Limits(max_lines=8, max_input_pieces=40, max_beam_size=6, max_wait_ms=1.0))
+    app = create_app(
+        Translator(Inference([model], tokenizer, torch.device("cpu"), cfg)), Limits(max_lines=8, max_input_pieces=40, max_beam_size=6, max_wait_ms=1.0)
+    )
     with TestClient(app) as client:
         for i in range(20):  # the allocator's and the server's own first allocations
             assert client.post("/translate", json={"text": LINES[i % len(LINES)]}).status_code == 200

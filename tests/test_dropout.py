@@ -120,7 +120,7 @@ def test_inside_torch_compile_it_is_torch_dropout(monkeypatch):
 def test_a_compiled_model_with_dropout_is_one_graph():
     from conftest import random_sources, tiny_config
 
-    from nmt.model import Transformer
+    from nmt.core.model import Transformer
 
     model = Transformer(tiny_config(dropout=0.1)).train()
     explained = torch._dynamo.explain(model)(random_sources([6, 4]), random_sources([5, 3]))

@@ -205,3 +205,11 @@ def test_a_tokenizer_the_check_passes_scores(tokenize):
         assert "\n" not in str(exc) and tokenize in str(exc)
         return
     assert score(["a b c d"], [["a b c d"]], tokenize=tokenize)["bleu"] == pytest.approx(100.0)
+
+
+def test_every_bleu_tokenizer_nmt_accepts_is_one_of_sacrebleus():
+    from sacrebleu.metrics import BLEU
+
+    from nmt.config import BLEU_TOKENIZERS
+
+    assert set(BLEU_TOKENIZERS) <= set(BLEU.TOKENIZERS) and {"13a", "zh", "ja-mecab", "ko-mecab", "none"} <= set(BLEU_TOKENIZERS)

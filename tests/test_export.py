@@ -8,12 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.config import DecodeConfig, TokenizerConfig
+from nmt.core.batching import pad_sources
+from nmt.core.layers import sinusoidal_positions
+from nmt.core.model import Transformer
+from nmt.core.search import translate_batch
 from nmt.corpus import read_parallel
-from nmt.data import pad_sources
 from nmt.export import EXPORT_FILES, ExportError, export, export_huggingface, generation_settings
 from nmt.marian import permutation as marian_permutation
-from nmt.model import Transformer, sinusoidal_positions
-from nmt.search import translate_batch
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, controls_as_spaces, train_tokenizer
 
 transformers = pytest.importorskip("transformers")

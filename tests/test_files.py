@@ -82,7 +82,7 @@ def test_only_temporaries_that_no_writer_holds_are_swept(tmp_path_factory, tempo
     A directory is judged only under the names nmt gives (with a token): `.notes.tmp1/` may be anyone's."""
     import fcntl
 
-    from nmt.files import held_temporary, remove_abandoned_temporaries
+    from nmt.temporaries import held_temporary, remove_abandoned_temporaries
 
     root = tmp_path_factory.mktemp("sweep")
     holders, made = [], []
@@ -227,7 +227,7 @@ def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(t
     import errno
     import fcntl
 
-    from nmt.files import remove_abandoned_temporaries
+    from nmt.temporaries import remove_abandoned_temporaries
 
     def no_locks(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -251,7 +251,7 @@ def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(t
 def test_a_directory_swept_between_its_making_and_its_opening_is_made_again(tmp_path, monkeypatch):
     """A sweeper could remove a new temporary directory before its writer opened (and so held) it: export then
     failed with FileNotFoundError in 7 of 5,187 races. The writer makes another."""
-    from nmt.files import held_temporary
+    from nmt.temporaries import held_temporary
 
     real, made = os.mkdir, []
 
@@ -275,7 +275,7 @@ def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_writer_removes(tm
     import sys
     import time
 
-    from nmt.files import remove_abandoned_temporaries
+    from nmt.temporaries import remove_abandoned_temporaries
 
     out = tmp_path / "avg.pt"
     writer = subprocess.Popen(

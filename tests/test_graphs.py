@@ -7,12 +7,13 @@ from conftest import random_sources, tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.beams import Steering
 from nmt.config import DecodeConfig
+from nmt.core.beams import Steering
+from nmt.core.model import Transformer
+from nmt.core.scorers import TransformerScorer
+from nmt.core.search import Sampling, translate_batch
 from nmt.graphs import Arena, StaticScorer, round_up, sentence_bucket
-from nmt.model import Transformer
-from nmt.scorers import TransformerScorer
-from nmt.search import Sampling, production_scorer, translate_batch
+from nmt.runtime import decode_scorer
 from nmt.tokenizer import BOS
 
 
@@ -31,9 +32,10 @@ def test_buckets_by_hand():
 
 
 def test_the_production_path_is_static_only_on_a_gpu_without_a_shortlist():
-    assert production_scorer(torch.device("cpu")) == "cached"
-    assert production_scorer(torch.device("cuda")) == "static"
-    assert production_scorer(torch.device("cuda"), columns=torch.arange(5)) == "cached"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert decode_scorer(cpu) is TransformerScorer and decode_scorer(cuda) is StaticScorer
+    assert decode_scorer(cuda, columns=torch.arange(5)) is TransformerScorer  # a shortlist: the dynamic cache
+    assert decode_scorer(cpu, cache="static") is StaticScorer and decode_scorer(cuda, cache="dynamic") is TransformerScorer
 
 
 @pytest.mark.parametrize("beam,n_best,alpha", [(1, 1, 0.0), (4, 1, 0.6), (4, 4, 0.0), (8, 4, 1.0)])
@@ -41,13 +43,13 @@ def test_static_search_equals_the_dynamic_cache(model, beam, n_best, alpha):
     # Nine sentences (a bucket of 16 slots): some finish early, so slots go dead and the batch moves to smaller buckets.
     src = random_sources([1, 2, 7, 19, 33, 60, 4, 5, 9], seed=beam)
     decode = DecodeConfig(beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best)
-    same_results(translate_batch(model, src, decode, scorer="static"), translate_batch(model, src, decode, scorer="cached"))
+    same_results(translate_batch(model, src, decode, scorer=StaticScorer), translate_batch(model, src, decode, scorer="cached"))
 
 
 def test_static_search_grows_its_capacity_as_the_dynamic_cache_does(model):
     src = random_sources([3, 8, 21], seed=5)
     decode = DecodeConfig(beam_size=3, n_best=3, min_len=70, max_len_a=0.0, max_len_b=80)  # 80 steps: capacity 64, then 128
-    static, dynamic = translate_batch(model, src, decode, scorer="static"), translate_batch(model, src, decode, scorer="cached")
+    static, dynamic = translate_batch(model, src, decode, scorer=StaticScorer), translate_batch(model, src, decode, scorer="cached")
     same_results(static, dynamic)
     assert min(len(h.tokens) for hyps in static for h in hyps) >= 70
 
@@ -67,7 +69,7 @@ def test_static_ensemble_sampling_and_steering_equal_the_dynamic_cache(model):
     }
     for kwargs in cases.values():
         m = kwargs.pop("model")
-        same_results(translate_batch(m, src, decode, scorer="static", **kwargs), translate_batch(m, src, decode, scorer="cached", **kwargs))
+        same_results(translate_batch(m, src, decode, scorer=StaticScorer, **kwargs), translate_batch(m, src, decode, scorer="cached", **kwargs))
 
 
 @settings(max_examples=25, deadline=None)

@@ -14,7 +14,7 @@ from conftest import ROOT
 from sentencepiece import sentencepiece_model_pb2
 from test_cli import invoke
 
-import nmt.search
+import nmt.core.search
 from nmt.config import ConfigError, TokenizerConfig, load_config
 from nmt.tokenizer import UNK, auto_character_coverage, train_tokenizer
 
@@ -151,9 +151,9 @@ def test_tune_decode_scores_as_validation_did(zh_run):
 @pytest.mark.slow
 def test_translate_allow_unk_reaches_the_search(zh_run, monkeypatch):
     seen = []
-    search = nmt.search.beam_search
+    search = nmt.core.search.beam_search
     monkeypatch.setattr(
-        nmt.search, "beam_search", lambda *a, **k: seen.append(inspect.signature(search).bind(*a, **k).arguments["decode"].allow_unk) or search(*a, **k)
+        nmt.core.search, "beam_search", lambda *a, **k: seen.append(inspect.signature(search).bind(*a, **k).arguments["decode"].allow_unk) or search(*a, **k)
     )
     for flags, expected in (((), False), (("--allow-unk",), True), (("--no-allow-unk",), False)):
         result = invoke("translate", "--checkpoint", zh_run, "--beam-size", "2", *flags, input="He drinks tea .\n")

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.loss import label_smoothed_loss
+from nmt.core.loss import label_smoothed_loss
 
 
 def test_hand_computed_value():

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import TOY
+from conftest import TOY, load_model, translate_lines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opus_dirs import SOURCE, TARGET, make_opus_dir
@@ -32,10 +32,10 @@ from typer.testing import CliRunner
 from nmt.checkpoint import load_checkpoint
 from nmt.cli import app
 from nmt.config import DecodeConfig
-from nmt.data import pad_sources
+from nmt.core.batching import pad_sources
+from nmt.inference import best_strings
 from nmt.marian import NEVER, MarianError, Rows, from_marian, import_checkpoint, to_marian
 from nmt.tokenizer import BOS, EOS, PAD, UNK
-from nmt.translate import best_strings, load_model, translate_lines
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
@@ -466,8 +466,8 @@ def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
 
     from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import Config, TokenizerConfig, config_to_dict
+    from nmt.core.model import Transformer
     from nmt.corpus import read_parallel
-    from nmt.model import Transformer
     from nmt.tokenizer import train_tokenizer
 
     if joint:
@@ -503,7 +503,7 @@ def test_a_ctranslate2_export_of_an_import_bans_pad_as_nmt_does(tmp_path):
 
     from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import Config, config_to_dict
-    from nmt.model import Transformer
+    from nmt.core.model import Transformer
 
     tokenizer = cached_tokenizer(300, 3000, german=True)
     model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval()

@@ -5,7 +5,8 @@ import torch
 from conftest import random_sources, tiny_config
 
 from nmt.config import config_from_dict, with_vocab
-from nmt.model import Transformer, count_parameters, sinusoidal_positions
+from nmt.core.layers import sinusoidal_positions
+from nmt.core.model import Transformer, count_parameters
 from nmt.tokenizer import BOS
 
 
@@ -187,7 +188,7 @@ def test_sentence_alone_equals_sentence_in_padded_batch(model):
 
 @pytest.mark.parametrize("norm_position,activation", [("post", "relu"), ("pre", "gelu")])
 def test_training_step_reduces_loss(norm_position, activation):
-    from nmt.loss import label_smoothed_loss
+    from nmt.core.loss import label_smoothed_loss
 
     torch.manual_seed(0)
     m = Transformer(tiny_config(norm_position=norm_position, activation=activation, dropout=0.0))
@@ -207,7 +208,7 @@ def test_training_step_reduces_loss(norm_position, activation):
 def test_int8_logits_keep_the_output_bias_of_an_imported_model():
     """The quantized copy of the tied output matrix carries Marian's ``final_logits_bias``: a bias of
     +50 on one piece moves that piece's int8 logit by 50 as it moves the float32 one."""
-    from nmt.translate import to_dtype
+    from nmt.runtime import to_dtype
 
     torch.manual_seed(0)
     model = Transformer(tiny_config(output_bias=True)).eval()

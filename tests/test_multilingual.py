@@ -8,18 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TOY
+from conftest import TOY, load_model, translate_lines
 from typer.testing import CliRunner
 
 from nmt.checkpoint import load_checkpoint
 from nmt.cli import app
 from nmt.config import ConfigError, TokenizerConfig, config_from_dict, config_to_dict, load_config
+from nmt.core.batching import TokenBatchSampler, token_batches
 from nmt.corpus import ParallelText, read_lines
-from nmt.data import TokenBatchSampler, token_batches
 from nmt.encoded import EncodedCorpus, cache_key, encode_corpus
+from nmt.inference import best_strings
 from nmt.multilingual import Direction, DirectionMix, directions, language_shares, tags, target, train_multilingual_tokenizer
 from nmt.train import train
-from nmt.translate import best_strings, load_model, translate_lines
 
 runner = CliRunner()
 
@@ -368,8 +368,8 @@ def replace_beam(decode):
 @pytest.mark.slow
 def test_export_keeps_the_tags_as_marian_does(trained, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from nmt.data import pad_sources
-    from nmt.search import translate_batch
+    from nmt.core.batching import pad_sources
+    from nmt.core.search import translate_batch
 
     _, run, _ = trained
     assert invoke("export", "--checkpoint", run, "--format", "huggingface", tmp_path / "hf").exit_code == 0

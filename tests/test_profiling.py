@@ -3,7 +3,7 @@ import torch
 from conftest import tiny_config
 
 from nmt.config import ModelConfig
-from nmt.model import Transformer
+from nmt.core.model import Transformer
 from nmt.profiling import PARTS, TRAIN_PARTS, Shape, cache_bytes, format_profile, profile
 
 

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nmt.config import TrainConfig
-from nmt.schedule import build_scheduler, constant_lr, inverse_sqrt_lr, linear_lr, noam_lr
+from nmt.core.schedule import build_scheduler, constant_lr, inverse_sqrt_lr, linear_lr, noam_lr
 
 
 def test_noam_hand_values():

@@ -7,12 +7,12 @@ from conftest import random_sources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nmt.search as search_module
-from nmt.beams import Steering
+import nmt.core.search as search_module
 from nmt.config import ConfigError, DecodeConfig
-from nmt.model import CrossAttention
-from nmt.scorers import EnsembleScorer, TransformerScorer
-from nmt.search import LENGTH_NORMALIZATIONS, Sampling, beam_search, length_penalty, sample, sample_seed, sampling_probs, translate_batch
+from nmt.core.beams import Steering
+from nmt.core.layers import CrossAttention
+from nmt.core.scorers import EnsembleScorer, TransformerScorer
+from nmt.core.search import LENGTH_NORMALIZATIONS, Sampling, beam_search, length_penalty, sample, sample_seed, sampling_probs, translate_batch
 from nmt.tokenizer import BOS, EOS, NEVER_OUTPUT, PAD, UNK
 
 A, B, C = 4, 5, 6
@@ -356,7 +356,7 @@ def test_sampling_is_seeded_and_independent_of_batching(model):
 def test_ensemble_of_two_models_cached_equals_recompute_and_tiled(model):
     from conftest import tiny_config
 
-    from nmt.model import Transformer
+    from nmt.core.model import Transformer
 
     torch.manual_seed(1)
     other = Transformer(tiny_config(n_decoder_layers=1)).eval()  # members need not share a shape
@@ -499,7 +499,7 @@ def test_any_scores_give_one_valid_line_per_sentence(byte_tokenizer, seed, beam,
 def test_a_huge_length_limit_allocates_nothing_up_front(model, monkeypatch):
     """``max_len_b`` 10^9 once preallocated a decoder cache of that many positions (a 30 TB
     allocation); the limits are now bounded, and the cache starts small and grows on demand."""
-    from nmt.model import Transformer
+    from nmt.core.model import Transformer
 
     favour_eos = torch.zeros(40)
     favour_eos[EOS] = 5.0
@@ -666,7 +666,7 @@ def test_row_top_gives_topk_values_and_valid_columns(data, rows, width):
     """``row_top`` (block maxima first) returns what ``topk`` over the whole row returns, for any
     width (blocks that do not divide it; fewer blocks than k), ties and -inf: the same values, each
     at a column in range that holds it, and no column twice among the finite ones."""
-    from nmt.beams import row_top
+    from nmt.core.beams import row_top
 
     k = data.draw(st.integers(1, min(width, 24)))  # the search asks for 2·beam
     continuous = data.draw(st.booleans())
@@ -691,7 +691,7 @@ def test_candidates_are_the_best_sums_of_hypothesis_and_token(data, n, beam, voc
     """``Candidates.best`` (each row's best first) against the ``(n, beam·vocab)`` sums it no
     longer forms: the same ``2·beam`` best scores per sentence, each the sum of its hypothesis'
     score and its token's log-probability; EOS flagged only where it ends finitely."""
-    from nmt.beams import Candidates
+    from nmt.core.beams import Candidates
 
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
     scores = -torch.rand(n, beam, generator=g) * 5

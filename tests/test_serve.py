@@ -15,17 +15,17 @@ from dataclasses import replace
 import httpx
 import pytest
 import torch
-from conftest import ROOT, TOY, tiny_config
+from conftest import ROOT, TOY, tiny_config, translate_lines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
 from nmt.config import Config, ConfigError, DataConfig, DecodeConfig, config_to_dict
-from nmt.model import Transformer
+from nmt.core.model import Transformer
+from nmt.inference import Inference
 from nmt.serve import Limits, Translator, create_app
 from nmt.tokenizer import Tokenizer, train_sentencepiece
-from nmt.translate import translate_lines
 
 SENTENCES = ["the dog sees a cat .", "the big man likes the small house .", "a woman .", "the old teacher gives the child a red book ."]
 
@@ -42,7 +42,7 @@ def translator() -> Translator:
         data=DataConfig(src_lang="en", tgt_lang="de"),
         decode=DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=1.0, max_len_b=4),
     )
-    return Translator(Transformer(cfg.model).eval(), Tokenizer(sp, sp), cfg, torch.device("cpu"), "tiny.pt", 7)
+    return Translator(Inference([Transformer(cfg.model).eval()], Tokenizer(sp, sp), torch.device("cpu"), cfg), "tiny.pt", 7)
 
 
 @pytest.fixture(scope="module")
@@ -441,12 +441,13 @@ def test_page_in_a_real_browser(translator):
 
 def test_int8_loads_through_the_translate_dtype_path(checkpoint, translator):
     """``nmt serve --dtype int8`` once crashed at start (``nn.Module.to`` with ``torch.qint8``)."""
-    from nmt.translate import load_models
+    from nmt.inference import Inference
 
     int8 = Translator.load([checkpoint], torch.device("cpu"), torch.qint8)
     assert int8.dtype == "int8" and any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.model.modules())
     decode = replace(translator.cfg.decode, beam_size=2)
-    (expected,), tokenizer, _ = load_models([checkpoint], torch.device("cpu"), torch.qint8)
+    loaded = Inference.load([checkpoint], torch.device("cpu"), torch.qint8)
+    expected, tokenizer = loaded.model, loaded.tokenizer
     assert [h.tokens for h in int8.translate(SENTENCES[:2], decode)[0]] == [
         h.tokens for h in translate_lines(expected, tokenizer, SENTENCES[:2], decode, torch.device("cpu"))[0]
     ]
@@ -507,7 +508,7 @@ def test_each_request_is_logged_in_one_line(client, caplog):
 
 
 def test_prefix_constraints_and_bans_per_line_equal_the_translate_path(client, translator):
-    from nmt.translate import steering
+    from nmt.inference import steering
 
     body = {"text": [SENTENCES[0], SENTENCES[2]], "beam_size": 3, "n_best": 2, "prefix": ["die ", ""], "constraints": [["Haus"], []], "ban": [[], ["der"]]}
     response = client.post("/translate", json=body)

@@ -5,10 +5,10 @@ from conftest import TOY, random_sources
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nmt.beams import Steering
 from nmt.config import DecodeConfig
+from nmt.core.beams import Steering
+from nmt.core.search import translate_batch
 from nmt.corpus import ParallelText
-from nmt.search import translate_batch
 from nmt.shortlist import Shortlist, ShortlistError, build, cooccurrence, rank
 from nmt.tokenizer import BOS, EOS, UNK
 
@@ -119,7 +119,7 @@ def test_the_file_round_trips_in_ctranslate2_vocabulary_map_format(toy_tokenizer
 def test_sampling_ends_where_the_shortlist_leaves_no_piece(model):
     """Before its minimum length a sample may not end, and this shortlist allows nothing else:
     it ends there anyway (with score -inf) rather than draw a piece from outside the shortlist."""
-    from nmt.search import Sampling
+    from nmt.core.search import Sampling
 
     src = random_sources([5, 3], seed=7)
     decode = DecodeConfig(n_best=2, min_len=4, max_len_a=0.5, max_len_b=6)

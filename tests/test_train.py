@@ -264,10 +264,10 @@ def test_compiled_training_step_equals_eager():
     from conftest import random_sources, tiny_config
 
     from nmt.config import TrainConfig
-    from nmt.data import Batch
-    from nmt.loss import label_smoothed_loss
-    from nmt.model import Transformer
-    from nmt.update import Updater
+    from nmt.core.batching import Batch
+    from nmt.core.loss import label_smoothed_loss
+    from nmt.core.model import Transformer
+    from nmt.core.update import Updater
 
     batches = []
     for seed, lengths in enumerate(([3, 7, 5], [9, 2], [4, 4, 6, 1])):
@@ -406,7 +406,7 @@ def test_resume_from_an_averaged_checkpoint_is_refused_before_writing(tmp_path):
 
 
 def test_logged_learning_rate_is_the_rate_the_update_used(tmp_path):
-    from nmt.schedule import noam_lr
+    from nmt.core.schedule import noam_lr
 
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "run", 5))
@@ -422,10 +422,10 @@ def test_an_fp16_update_the_scaler_skips_moves_nothing():
     from conftest import random_sources, tiny_config
 
     from nmt.config import TrainConfig
-    from nmt.data import Batch
-    from nmt.loss import label_smoothed_loss
-    from nmt.model import Transformer
-    from nmt.update import Updater
+    from nmt.core.batching import Batch
+    from nmt.core.loss import label_smoothed_loss
+    from nmt.core.model import Transformer
+    from nmt.core.update import Updater
 
     calls = []
 
@@ -590,7 +590,7 @@ def test_the_result_line_has_every_key_however_the_run_ends(tmp_path, monkeypatc
 def test_resume_applies_changed_optimizer_and_schedule_settings_at_once(tmp_path):
     """Changed weight_decay, adam_eps and adam_betas were logged as applied while the optimizer
     kept the old values, and a changed warm-up took effect one step late."""
-    from nmt.schedule import noam_lr
+    from nmt.core.schedule import noam_lr
 
     data = small_corpus(tmp_path, n=40)
     run = tmp_path / "run"
@@ -607,7 +607,7 @@ def test_resume_applies_changed_optimizer_and_schedule_settings_at_once(tmp_path
 def test_a_linear_schedule_resumed_with_more_steps_follows_the_new_line(tmp_path):
     """The linear rate depends on max_steps, which --resume may change: steps 1-3 follow the first
     run's line to 0, the resumed steps 4-5 the new one, from the step it resumes at."""
-    from nmt.schedule import linear_lr
+    from nmt.core.schedule import linear_lr
 
     data = small_corpus(tmp_path, n=40)
     run = tmp_path / "run"
@@ -672,9 +672,9 @@ def test_a_nan_gradient_is_caught_at_once_and_leaves_the_weights(tmp_path):
     from conftest import random_sources, tiny_config
 
     from nmt.config import TrainConfig
-    from nmt.data import Batch
-    from nmt.model import Transformer
-    from nmt.update import Updater
+    from nmt.core.batching import Batch
+    from nmt.core.model import Transformer
+    from nmt.core.update import Updater
 
     torch.manual_seed(0)
     model = Transformer(tiny_config(dropout=0.0))
@@ -692,7 +692,7 @@ def test_a_nan_gradient_is_caught_at_once_and_leaves_the_weights(tmp_path):
 
 @pytest.mark.parametrize("mode", ["stop", "skip"])
 def test_a_nonfinite_gradient_stops_or_skips_as_the_config_says(tmp_path, monkeypatch, caplog, mode):
-    from nmt.update import Updater
+    from nmt.core.update import Updater
 
     data = small_corpus(tmp_path, n=40)
     calls = {"n": 0}

@@ -7,9 +7,9 @@ from conftest import random_sources
 from torch import nn
 
 from nmt.config import ConfigError, DecodeConfig
-from nmt.search import translate_batch
+from nmt.core.search import translate_batch
+from nmt.runtime import Int8Linear, PackedLinear, onednn_linear_works, resolve_dtype, to_dtype
 from nmt.tokenizer import PAD
-from nmt.translate import Int8Linear, PackedLinear, onednn_linear_works, resolve_dtype, to_dtype
 
 
 def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
@@ -45,8 +45,8 @@ def test_int8_names_its_limits():
 def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
     from conftest import cached_tokenizer
 
+    from nmt.inference import steering
     from nmt.tokenizer import EOS
-    from nmt.translate import steering
 
     tok = cached_tokenizer(200, lines=2000)
     pieces = tok.tgt_pieces
@@ -64,10 +64,10 @@ def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
 
 
 def test_a_translation_starts_with_its_prefix_holds_its_terms_and_avoids_its_bans(model):
-    from conftest import cached_tokenizer, tiny_config
+    from conftest import cached_tokenizer, tiny_config, translate_lines
 
-    from nmt.model import Transformer
-    from nmt.translate import steering, translate_lines
+    from nmt.core.model import Transformer
+    from nmt.inference import steering
 
     tok = cached_tokenizer(200, lines=2000)
     torch.manual_seed(0)
@@ -89,10 +89,9 @@ def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_se
     """A source of only UNK pieces (an emoji, another script) was translated anyway into one invented sentence, with no warning."""
     from collections import Counter
 
-    from conftest import cached_tokenizer, tiny_config
+    from conftest import cached_tokenizer, tiny_config, translate_lines
 
-    from nmt.model import Transformer
-    from nmt.translate import translate_lines
+    from nmt.core.model import Transformer
 
     tok = cached_tokenizer(200, lines=2000)
     torch.manual_seed(0)
@@ -113,7 +112,7 @@ def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_mo
     rows on, MKL's ``F.linear`` below: both paths are run), the state_dict keeps its names and
     values, and the search keeps the exactness of the production path: cached = recompute =
     tiled, a sentence alone = in a padded batch, and the same hypotheses as the unpacked model."""
-    monkeypatch.setattr("nmt.translate.PACKED_MIN_ROWS", min_rows)
+    monkeypatch.setattr("nmt.runtime.PACKED_MIN_ROWS", min_rows)
     dense = copy.deepcopy(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     packed = to_dtype(model, torch.float32)

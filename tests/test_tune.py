@@ -5,7 +5,7 @@ import yaml
 from conftest import ROOT, random_sources
 
 from nmt.config import ConfigError, DecodeConfig, config_from_dict
-from nmt.search import translate_batch
+from nmt.core.search import translate_batch
 from nmt.tune import Setting, grid, looks_like_test_data, rerank, validation_lines
 
 
@@ -38,7 +38,7 @@ def test_grid_lists_each_distinct_setting_once():
 
 
 def test_rerank_counts_eos_in_the_length():
-    from nmt.search import Hypothesis
+    from nmt.core.search import Hypothesis
 
     short, long = Hypothesis([7], 0.0, -1.0), Hypothesis([7, 8, 9], 0.0, -1.9)
     # length, alpha 1: -1.0 / 2 = -0.5 against -1.9 / 4 = -0.475: the longer one wins.

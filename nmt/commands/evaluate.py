@@ -1,6 +1,6 @@
 """``nmt evaluate``: sacreBLEU scores of translations, given or made by a checkpoint."""
 
-# Size: Typer declares every option, with its help, in the command's signature; the body is about 50 lines.
+# Size: evaluate() at most 80 lines: Typer declares every option, with its help, in the command's signature; the body is about 50.
 
 from __future__ import annotations
 
@@ -100,11 +100,12 @@ def evaluate(
     if chosen is not None:
         check_tokenizer(chosen)  # before translating, not after
     if checkpoint:
-        models, tokenizer, settings, dev, cfg = load_translator(ctx, checkpoint, n_best=1)
+        inference, settings = load_translator(ctx, checkpoint, n_best=1)
+        from ..inference import Decoding
         from ..multilingual import target
         from ..shortlist import Shortlist
-        from ..translate import best_strings, translate_lines
 
+        cfg, tokenizer = inference.cfg, inference.tokenizer
         goal = target(cfg, tokenizer, tgt_lang)
         chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this direction
         check_tokenizer(chosen)
@@ -112,9 +113,8 @@ def evaluate(
         check_line_counts(len(sources), "source lines", references, ref_names)  # before translating, not after
         allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
         with progress_bar(quiet, total=len(sources)) as bar:
-            hyps = best_strings(
-                tokenizer, translate_lines(models, tokenizer, sources, settings, dev, progress=bar.update, src_prefix=goal.src_prefix, shortlist=allowed)
-            )
+            decoding = Decoding(settings, src_prefix=goal.src_prefix, shortlist=allowed)
+            hyps = inference.best_strings(inference.translate(sources, decoding, progress=bar.update))
         if output is not None:
             atomic_write(output, "".join(h + "\n" for h in hyps))
     else:

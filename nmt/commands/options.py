@@ -197,7 +197,7 @@ def device(ctx: typer.Context):
     import torch
 
     from ..config import THREADS
-    from ..translate import resolve_device, resolve_dtype
+    from ..runtime import resolve_device, resolve_dtype
 
     threads = ctx.params["threads"]
     if threads not in THREADS:
@@ -209,8 +209,9 @@ def device(ctx: typer.Context):
 
 
 def load_translator(ctx: typer.Context, checkpoints: list[Path], **fixed):
-    """The models (one checkpoint, or several as an ensemble), tokenizer, decode settings (the
-    first checkpoint's, with the decode options given and ``fixed``), device and config.
+    """The :class:`~nmt.inference.Inference` of the checkpoints (one, or several as an ensemble) on
+    the device and in the dtype asked for, and the decode settings: the first checkpoint's, with
+    the decode options given and ``fixed``.
 
     The command's decode options arrive through ``ctx.params``, by the names of the
     :class:`~nmt.config.DecodeConfig` fields they set.
@@ -220,12 +221,12 @@ def load_translator(ctx: typer.Context, checkpoints: list[Path], **fixed):
             which the command line shows as the flag), or see :func:`device`.
         nmt.checkpoint.CheckpointError: a checkpoint is missing, damaged or differs in tokenizer.
     """
-    from ..translate import load_models
+    from ..inference import Inference
 
     changes = {name: ctx.params[name] for name in DECODE_KEYS if ctx.params.get(name) is not None} | fixed
     replace(DecodeConfig(), **changes)  # each value's own range, before anything is loaded
     dev, dtype = device(ctx)
-    models, tokenizer, cfg = load_models(checkpoints, dev, dtype)
-    decode = replace(cfg.decode, **changes)
-    validate(replace(cfg, decode=decode))
-    return models, tokenizer, decode, dev, cfg
+    inference = Inference.load(checkpoints, dev, dtype)
+    decode = replace(inference.cfg.decode, **changes)
+    validate(replace(inference.cfg, decode=decode))
+    return inference, decode

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..config import ConfigError
 from ..files import check_not_an_input
 from .options import (
     AlignmentLayer,
@@ -68,11 +69,35 @@ def attention(
     from ..checkpoint import checkpoint_file  # not at the top: `nmt --help` loads without torch
 
     check_not_an_input(out, [("--checkpoint", checkpoint_file(checkpoint))], "--out")
-    (model,), tokenizer, settings, dev, cfg = load_translator(ctx, [checkpoint])
-    from ..align import alignment_layer, sentence_attention
+    inference, settings = load_translator(ctx, [checkpoint])
+    from ..align import alignment_layer
     from ..multilingual import target
     from ..plot import plot_attention
 
-    goal = target(cfg, tokenizer, tgt_lang)
-    src_pieces, tgt_pieces, weights = sentence_attention(model, tokenizer, sentence, settings, dev, goal.src_prefix)
+    goal = target(inference.cfg, inference.tokenizer, tgt_lang)
+    src_pieces, tgt_pieces, weights = sentence_attention(inference, sentence, settings, goal.src_prefix)
     typer.echo(f"wrote {plot_attention(weights.numpy(), src_pieces, tgt_pieces, out, marked_layer=alignment_layer(weights.size(0), settings.alignment_layer))}")
+
+
+def sentence_attention(inference, sentence: str, decode, src_prefix: tuple[int, ...]):
+    """Translate ``sentence`` (after ``src_prefix``) with beam search and return what the decoder read
+    (:meth:`nmt.inference.Inference.attention`).
+
+    Raises:
+        ConfigError: the sentence is blank, has more than ``decode.max_input_pieces`` pieces, or only
+            unknown ones: what ``nmt translate`` leaves untranslated (:meth:`nmt.inference.Inference.translate`).
+    """
+    from dataclasses import replace
+
+    from ..inference import Decoding
+    from ..tokenizer import unknown_only
+
+    if not sentence.strip():
+        raise ConfigError("the sentence to translate is empty")
+    encoded = inference.tokenizer.encode_src([sentence.strip()])[0]
+    if len(encoded) > decode.max_input_pieces:
+        raise ConfigError(f"the sentence has {len(encoded)} pieces, over the limit of {decode.max_input_pieces} (--max-input-pieces); give a shorter one")
+    if unknown_only(encoded, inference.tokenizer.src):
+        raise ConfigError("the sentence has only characters the model does not know (every piece is unknown); nothing to plot")
+    ((best, *_),) = inference.translate([sentence.strip()], Decoding(replace(decode, n_best=1), src_prefix=src_prefix))
+    return inference.attention(sentence.strip(), best, src_prefix)

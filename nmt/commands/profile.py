@@ -42,10 +42,11 @@ def profile(
     """
     import torch
 
-    from ..model import Transformer
+    from ..core.model import Transformer
+    from ..inference import Inference
     from ..profiling import Shape, available_memory, format_profile, largest_tensors_bytes
     from ..profiling import profile as run_profile
-    from ..translate import load_models
+    from ..runtime import to_dtype
 
     standard_output()
     if (checkpoint is None) == (preset is None):
@@ -58,10 +59,9 @@ def profile(
     ctx.params["device"] = device_name
     dev, torch_dtype = device(ctx)
     if checkpoint is not None:
-        (model,), _, _ = load_models([checkpoint], dev, torch_dtype)
+        model = Inference.load([checkpoint], dev, torch_dtype).model
     else:
         from ..config import ModelConfig
-        from ..translate import to_dtype
 
         torch.manual_seed(0)
         model = to_dtype(Transformer(ModelConfig(**PRESETS[preset], src_vocab_size=8000, tgt_vocab_size=8000)).to(dev).eval(), torch_dtype)

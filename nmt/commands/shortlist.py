@@ -21,18 +21,15 @@ def shortlist(
     frequent: Annotated[int, typer.Option("--frequent", min=0, help="The most frequent target pieces, always allowed.")] = 200,
 ) -> None:
     """Build a vocabulary shortlist (Marian's lexical shortlist; CTranslate2's vocabulary map) for `nmt translate --shortlist`."""
-    import torch
-
-    from ..checkpoint import checkpoint_file
+    from ..checkpoint import checkpoint_file, load_checkpoint
     from ..corpus import ParallelText
     from ..files import check_not_an_input
     from ..shortlist import build
-    from ..translate import load_model
 
     setup_logging()
     check_output(output)
     check_not_an_input(output, [("--src", src), ("--tgt", tgt), ("--checkpoint", checkpoint_file(checkpoint))])
-    _, tokenizer, _ = load_model(checkpoint, torch.device("cpu"))
+    tokenizer = load_checkpoint(checkpoint).tokenizer
     result = build(tokenizer, ParallelText.files(src, tgt).pairs(), per_source=per_source, frequent=frequent)
     result.write(output, tokenizer)
     typer.echo(f"wrote {output}: {len(result.always)} target pieces always allowed, {len(result.by_source)} source pieces with up to {per_source} each")

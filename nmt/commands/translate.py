@@ -1,6 +1,6 @@
 """``nmt translate``: a stream of lines in, one translation (or n-best list) per line out."""
 
-# Size: translate's 30 options are declared, with their help, in its signature (80 lines); its body is about 80.
+# Size: translate() at most 160 lines: its 30 options are declared, with their help, in its signature (80 lines); the body is about 80.
 
 from __future__ import annotations
 
@@ -167,11 +167,12 @@ def translate(
         sampler = _sampling(sampling, temperature, top_k, top_p, seed)
         if sampler is not None and constraints_file is not None:
             raise ConfigError("--constraints-file needs beam search: --sampling draws each piece and cannot make a sample hold a phrase")
-        models, tokenizer, settings, dev, cfg = load_translator(ctx, checkpoint)
+        inference, settings = load_translator(ctx, checkpoint)
+        from ..inference import Decoding
         from ..multilingual import target
         from ..shortlist import Shortlist
-        from ..translate import translate_stream
 
+        cfg, tokenizer = inference.cfg, inference.tokenizer
         goal = target(cfg, tokenizer, tgt_lang)
 
         steering = SteeringLines(tokenizer, prefix_file, constraints_file, ban_file, ban) if (prefix_file or constraints_file or ban_file or ban) else None
@@ -180,19 +181,9 @@ def translate(
         with progress_bar(quiet, total=count_lines(input) if counted else None) as bar:
             if input is None and sys.stdin.isatty() and not quiet:
                 typer.echo("nmt translate: the model is loaded; type a sentence and press Enter (Ctrl-D ends)", err=True)
-            lines = translate_stream(
-                models,
-                tokenizer,
-                chunks,
-                settings,
-                dev,
-                steering=steering,
-                sampling=sampler,
-                alignment=print_alignment,
-                progress=bar.update,
-                src_prefix=goal.src_prefix,
-                shortlist=Shortlist.read(shortlist, tokenizer) if shortlist is not None else None,
-            )
+            allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
+            decoding = Decoding(settings, sampling=sampler, alignment=print_alignment, src_prefix=goal.src_prefix, shortlist=allowed)
+            lines = inference.stream(chunks, decoding, steering, progress=bar.update)
             if output is None:
                 out = standard_output()
                 write_all(lambda text: (out.write(text), out.flush()))
@@ -212,8 +203,8 @@ def translate(
 
 
 class SteeringLines:
-    """One :class:`~nmt.beams.Steering` per input line, read from the prefix, constraints and ban files
-    in step with the input (:func:`nmt.translate.steering`); ``bans`` apply to every line.
+    """One :class:`~nmt.core.beams.Steering` per input line, read from the prefix, constraints and ban files
+    in step with the input (:func:`nmt.inference.steering`); ``bans`` apply to every line.
 
     Raises:
         DataError: a file ends before the input does (when its line is needed), or, at
@@ -229,7 +220,7 @@ class SteeringLines:
         }
 
     def __iter__(self):
-        from ..translate import UnwritableText, steering
+        from ..inference import UnwritableText, steering
 
         while True:
             self.lines += 1
@@ -260,7 +251,7 @@ class SteeringLines:
 
 
 def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None):
-    """The :class:`~nmt.search.Sampling` the flags ask for, or None for beam search.
+    """The :class:`~nmt.core.search.Sampling` the flags ask for, or None for beam search.
 
     Raises:
         ConfigError: a sampling flag without ``--sampling``, or one out of range.
@@ -271,7 +262,7 @@ def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_
             raise ConfigError(f"{', '.join(k for k, v in given.items() if v is not None)} only apply with --sampling")
         return None
     from ..config import SEED
-    from ..search import Sampling
+    from ..core.search import Sampling
 
     chosen = Sampling(*(v if v is not None else d for v, d in zip((temperature, top_k, top_p, seed), (1.0, 0, 1.0, 0))))
     if not chosen.temperature > 0:
@@ -289,7 +280,7 @@ def output_lines(tokenizer, results, first: int, n_best: bool, alignment: bool) 
     """The output lines of one buffer: best translations, or ``index ||| text ||| score`` lines
     (``first``: the buffer's first input index); ``alignment`` adds ``||| i-j ...`` after the text."""
     from ..align import format_alignment
-    from ..search import Hypothesis
+    from ..core.search import Hypothesis
 
     if not n_best:
         rows = [(None, r[0] if r else Hypothesis([], 0.0, 0.0, ())) for r in results]

@@ -66,14 +66,15 @@ def tune_decode(
     if chosen:
         check_tokenizer(chosen)  # before translating, not after
     standard_output()  # the table goes there: closed, it would be lost
-    (model,), tokenizer, decode, dev, cfg = load_translator(ctx, [checkpoint])
+    inference, decode = load_translator(ctx, [checkpoint])
     from ..multilingual import target
 
+    cfg, tokenizer = inference.cfg, inference.tokenizer
     goal = target(cfg, tokenizer, tgt_lang)
     chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this run's direction
     check_tokenizer(chosen)
     with progress_bar(quiet, total=len(src_lines) * len({s.beam_size for s in settings})) as bar:
-        rows = run_grid(model, tokenizer, src_lines, ref_lines, decode, dev, settings, tokenize=chosen, progress=bar.update, src_prefix=goal.src_prefix)
+        rows = run_grid(inference, src_lines, ref_lines, decode, settings, tokenize=chosen, progress=bar.update, src_prefix=goal.src_prefix)
     best = max(rows, key=lambda r: r["bleu"])  # the first of equals: the smallest beam, in grid order
     flags = f"--beam-size {best['beam_size']} --length-normalization {best['length_normalization']} --length-penalty {best['length_penalty']}"
     if as_json:

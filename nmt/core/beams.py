@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .tokenizer import BOS, EOS
+from .pieces import BOS, EOS
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Steering:
     """What one sentence's translation must or must not hold, as target piece ids.
 
     ``prefix``: the pieces allowed at each of the first steps (one piece: it is forced; several:
-    any of them, as for a prefix that ends inside a word, see :func:`nmt.translate.steering`).
+    any of them, as for a prefix that ends inside a word, see :func:`nmt.inference.steering`).
     ``constraints``: phrases that must each appear, in any order, exactly as these pieces
     (a hypothesis may end only once all have; Hu et al. 2019). ``bans``: phrases that must
     never appear as these pieces (beyond the prefix, which the user wrote).

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..config import DecodeConfig
 from .beams import Beams
-from .config import DecodeConfig
-from .tokenizer import BOS, EOS, PAD, UNK, OutputRules
+from .pieces import BOS, EOS, PAD, UNK, OutputRules
 
 
 class Restrictions:
@@ -20,7 +20,7 @@ class Restrictions:
       overlong form, surrogate or code point above U+10FFFF) or would spell a character of
       :data:`~nmt.tokenizer.NEVER_OUTPUT` (C1 controls, U+2028, U+2029); while a character is
       incomplete only its continuation bytes may follow, not EOS or another piece;
-    * what a sentence's :class:`~nmt.beams.Steering` says: during its prefix, only the prefix's
+    * what a sentence's :class:`~nmt.core.beams.Steering` says: during its prefix, only the prefix's
       pieces (this wins over every rule above but the limit: the user wrote them); after it, no
       banned phrase's last piece where the hypothesis ends with the rest of the phrase; and no
       EOS while a constraint is unmet;
@@ -30,7 +30,7 @@ class Restrictions:
 
     Everything but the length limit and the constraints depends only on the hypothesis' own
     tokens, so it follows the beams without state of its own; constraint progress lives in
-    :class:`~nmt.beams.ConstraintProgress`, which the beams carry.
+    :class:`~nmt.core.beams.ConstraintProgress`, which the beams carry.
     """
 
     def __init__(self, decode: DecodeConfig, rules: OutputRules | None, vocab: int, device: torch.device):

@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from .cache import beam_rows
-from .graphs import StaticScorer
 
 
 class Scorer(Protocol):
@@ -33,8 +32,8 @@ class Scorer(Protocol):
 
 
 class TransformerScorer:
-    """The production path: :meth:`nmt.model.Transformer.decode_step` over a
-    :class:`~nmt.model.DecoderCache` whose source side is shared by each sentence's beams."""
+    """The production path: :meth:`nmt.core.model.Transformer.decode_step` over a
+    :class:`~nmt.core.model.DecoderCache` whose source side is shared by each sentence's beams."""
 
     def __init__(self, model):
         self.model = model
@@ -128,6 +127,6 @@ class EnsembleScorer:
         return tuple(member.keep_sentences(state, keep) for member, state in zip(self.members, states))
 
 
-#: ``cached``: the dynamic cache (the CPU's production path); ``static``: a step of fixed shapes,
-#: replayed as a CUDA graph on a GPU (:mod:`nmt.graphs`); ``tiled`` and ``recompute``: references.
-SCORERS = {"cached": TransformerScorer, "static": StaticScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}
+#: ``cached``: the dynamic cache; ``tiled`` and ``recompute``: references. A step of fixed shapes,
+#: replayed as CUDA graphs on a GPU, is the runtime's (:class:`nmt.graphs.StaticScorer`).
+SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}

@@ -1,12 +1,12 @@
 """Batched beam search (greedy search is beam size 1) and sampling.
 
-The search only needs a :class:`~nmt.scorers.Scorer`: something that gives next-token
+The search only needs a :class:`~nmt.core.scorers.Scorer`: something that gives next-token
 log-probabilities for every hypothesis and can reorder or shrink its state. The
-Transformer's cached decoder is one (:class:`~nmt.scorers.TransformerScorer`); tests drive the same
+Transformer's cached decoder is one (:class:`~nmt.core.scorers.TransformerScorer`); tests drive the same
 search with scripted scorers whose probabilities are fixed by hand. Its settings travel as
 one value, the :class:`~nmt.config.DecodeConfig` built from the config and the flags.
 
-Each step of :func:`beam_search` is named: score, restrict (:class:`~nmt.restrictions.Restrictions`), take
+Each step of :func:`beam_search` is named: score, restrict (:class:`~nmt.core.restrictions.Restrictions`), take
 the best :class:`Candidates`, finish those that end, advance the others (the scorer's state
 follows their back-pointers), keep the sentences not yet settled. What moves together when
 sentences leave the batch lives in one record, :class:`Beams`.
@@ -15,7 +15,7 @@ Shapes: ``batch`` active sentences, ``beam`` hypotheses each, rows of
 ``(batch*beam, ...)`` tensors ordered sentence-major (row ``b*beam + k``).
 """
 
-# Size: sample() is over 60 lines by its signature and docstring; its code is 31 lines.
+# Size: sample() at most 70 lines: its signature and docstring; its code is 31 lines.
 
 from __future__ import annotations
 
@@ -27,14 +27,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..config import DecodeConfig
 from .beams import Beams, Candidates, Steering
-from .config import DecodeConfig
 from .constraints import allocate
-from .graphs import graphs_work
+from .pieces import EOS, PAD, OutputRules
 from .restrictions import Restrictions
-from .runtime import attention_backends
 from .scorers import SCORERS, EnsembleScorer, Scorer
-from .tokenizer import EOS, PAD, OutputRules
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class Hypothesis:
     """A finished translation: ``tokens`` without BOS/EOS, ``log_prob`` = log P(Y|X) summed
     over the tokens and EOS (nats), ``score`` = ``log_prob / lp(|Y|)``; ``alignment``:
     ``(source piece, target piece)`` index pairs when asked for (:mod:`nmt.align`); ``unmet``:
-    how many of its sentence's constraints it lacks (see :mod:`nmt.constraints`)."""
+    how many of its sentence's constraints it lacks (see :mod:`nmt.core.constraints`)."""
 
     tokens: list[int]
     score: float
@@ -138,8 +136,8 @@ def beam_search(
             ``beam_size``), ``length_penalty`` (α) and ``length_normalization`` (how finished
             hypotheses are ranked, see :func:`length_penalty`), ``min_len``, ``allow_unk``.
         rules: what the target vocabulary may never generate (:class:`Restrictions`).
-        steering: per sentence, a prefix, constraints and banned phrases (:class:`~nmt.beams.Steering`);
-            a sentence with constraints chooses its beam by dynamic beam allocation (:mod:`nmt.constraints`).
+        steering: per sentence, a prefix, constraints and banned phrases (:class:`~nmt.core.beams.Steering`);
+            a sentence with constraints chooses its beam by dynamic beam allocation (:mod:`nmt.core.constraints`).
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -237,7 +235,7 @@ def sample(
         decode: ``n_best`` samples; ``length_penalty`` and ``length_normalization`` give the
             reported ``score`` (see :func:`length_penalty`); ``min_len``, ``allow_unk``.
         seeds: one per sentence.
-        steering: per sentence, a prefix and banned phrases (:class:`~nmt.beams.Steering`).
+        steering: per sentence, a prefix and banned phrases (:class:`~nmt.core.beams.Steering`).
 
     Returns:
         For each sentence, its samples, best ``score`` first; ``log_prob`` is the
@@ -306,45 +304,29 @@ def translate_batch(
     seeds: list[int] | None = None,
     rules: OutputRules | None = None,
     steering: list[Steering] | None = None,
-    scorer: str = "auto",
+    scorer: str | type = "cached",
     columns: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Encode ``src`` ``(batch, src_len)`` once and beam-search each sentence.
 
-    ``model`` is a :class:`~nmt.model.Transformer`, or a list of them that decode as an
+    ``model`` is a :class:`~nmt.core.model.Transformer`, or a list of them that decode as an
     ensemble (:class:`EnsembleScorer`). ``decode`` holds every search setting (see
     :func:`beam_search`); the length limit is ``max_len_a · src_len + max_len_b`` pieces,
     ``src_len`` counting the sentence's non-pad source tokens (EOS included). ``scorer``
-    picks the path (:data:`SCORERS`): ``"auto"`` (the default) is :func:`production_scorer`'s
-    choice for ``decode.cache``, ``"cached"`` the dynamic cache, ``"static"`` the step of fixed shapes
-    (:mod:`nmt.graphs`), ``"tiled"`` and ``"recompute"`` references. Runs under
-    ``torch.inference_mode()`` and, on a GPU, :func:`nmt.runtime.attention_backends`. With ``sampling``, each sentence gets ``decode.n_best``
+    picks the path: a name of :data:`SCORERS` (``"cached"``, the dynamic cache; ``"tiled"``,
+    ``"recompute"``: references) or a scorer class (:func:`nmt.runtime.decode_scorer` gives the
+    device's fastest). Runs under ``torch.inference_mode()``: a decoder cache refuses to record
+    autograd (:data:`nmt.core.cache.RECORDING`). With ``sampling``, each sentence gets ``decode.n_best``
     independent samples (:func:`sample`) instead, its draws seeded by ``seeds[i]``
     (default: :func:`sample_seed` of ``sampling.seed`` and ``i``). ``rules``: what the
     target vocabulary may never generate (:class:`Restrictions`); ``steering``: each
-    sentence's prefix, constraints and banned phrases (:class:`~nmt.beams.Steering`), whose
+    sentence's prefix, constraints and banned phrases (:class:`~nmt.core.beams.Steering`), whose
     length limit then leaves room for at least the prefix and the constraints plus ``max_len_b``.
     ``columns``: sorted target ids ``(n,)`` the batch may generate, a vocabulary shortlist
     (:meth:`nmt.shortlist.Shortlist.columns`); None (the default, exact) for the whole vocabulary.
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
-    scorer = production_scorer(src.device, columns, decode.cache) if scorer == "auto" else scorer
-    with attention_backends(src.device):
-        return _translate_batch(models, src, decode, sampling, seeds, rules, steering, scorer, columns)
-
-
-def production_scorer(device: torch.device, columns: Tensor | None = None, cache: str = "auto") -> str:
-    """The scorer of ``decode.cache`` (:class:`~nmt.config.DecodeConfig`): ``static``, ``dynamic``
-    (``"cached"``), or ``auto``: the step of fixed shapes replayed as CUDA graphs on a GPU (unless a
-    shortlist changes the output width, or a capture failed in this process), else the dynamic
-    cache, faster on a CPU. A shortlist always takes the dynamic cache."""
-    if columns is not None or cache == "dynamic":
-        return "cached"
-    return "static" if cache == "static" or (device.type == "cuda" and graphs_work()) else "cached"
-
-
-def _translate_batch(models, src, decode, sampling, seeds, rules, steering, scorer, columns) -> list[list[Hypothesis]]:
-    """:func:`translate_batch` after its choices are made."""
+    scorer = SCORERS[scorer] if isinstance(scorer, str) else scorer
     src_lens = (src != PAD).sum(1)
     max_lens = output_limits(src_lens, decode, steering)
     rows = decode.n_best if sampling is not None else decode.beam_size
@@ -352,7 +334,7 @@ def _translate_batch(models, src, decode, sampling, seeds, rules, steering, scor
     members, states = [], []
     for m in models:
         memory, src_mask = m.encode(src)
-        member, state = SCORERS[scorer].start(m, memory, src_mask, rows, capacity=capacity, columns=columns)
+        member, state = scorer.start(m, memory, src_mask, rows, capacity=capacity, columns=columns)
         members.append(member)
         states.append(state)
     step_scorer, state = (members[0], states[0]) if len(members) == 1 else (EnsembleScorer(members), tuple(states))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .tokenizer import PAD
+from .pieces import PAD
 
 
 @dataclass

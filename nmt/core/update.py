@@ -6,16 +6,15 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .data import Batch
-from .distributed import Distributed
+from .batching import Batch
 from .loss import LossOutput, label_smoothed_loss
 from .model import Transformer
-from .runtime import attention_backends
 from .schedule import build_scheduler
 
 log = logging.getLogger("nmt.train")
@@ -31,23 +30,34 @@ class Updater:
     compute the same gradient. Nothing here reads a device value on the host.
     """
 
-    def __init__(self, model: Transformer, tc, device: torch.device, ddp: Distributed | None = None, loss_fn=label_smoothed_loss):
-        """``loss_fn(logits, target, smoothing) -> LossOutput`` (sums); benchmarks swap in
-        other implementations. ``model.cfg.d_model`` sets the noam scale."""
-        self.model, self.tc, self.device, self.loss_fn = model, tc, device, loss_fn
+    def __init__(
+        self,
+        model: Transformer,
+        tc,
+        device: torch.device,
+        world_size: int = 1,
+        loss_fn=label_smoothed_loss,
+        context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ):
+        """``tc``: the :class:`~nmt.config.TrainConfig`; ``world_size``: processes training together
+        (more than 1: the model is wrapped in ``DistributedDataParallel``, whose process group must
+        exist); ``loss_fn(logits, target, smoothing) -> LossOutput`` (sums), which benchmarks swap;
+        ``context``: entered around each forward pass, for what the device needs
+        (:func:`nmt.runtime.attention_backends`). ``model.cfg.d_model`` sets the noam scale."""
+        self.model, self.tc, self.device, self.loss_fn, self.context = model, tc, device, loss_fn, context
         # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU step).
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=True)
         self.scheduler = build_scheduler(self.optimizer, tc, model.cfg.d_model)
         self.scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
-        distributed = ddp is not None and ddp.enabled
+        distributed = world_size > 1
         # Buffers (the position table) are deterministic: no need to broadcast them every step.
         trained = DistributedDataParallel(model, broadcast_buffers=False) if distributed else model
         if tc.compile:
             log.info("train.compile: compiling the training step; the first steps take a minute or more")
         self.trained = torch.compile(trained, dynamic=True) if tc.compile else trained
         self.ddp_model = trained if distributed else None
-        self.world_size = ddp.world_size if distributed else 1
+        self.world_size = world_size
         self.last_tokens = 0  # non-pad target tokens of the last update on this process
         self.last_lr = 0.0  # the learning rate the last update used
         self.skipped = False  # the last update was skipped (fp16 overflow, or a non-finite gradient)
@@ -85,7 +95,7 @@ class Updater:
             with contextlib.nullcontext() if last else self.ddp_model.no_sync():
                 with (
                     torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None),
-                    attention_backends(self.device),  # the backward pass runs the kernels the forward pass chose
+                    self.context(),  # the backward pass runs the kernels the forward pass chose
                 ):
                     logits = self.trained(batch.src, batch.tgt_in)
                 out = self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing)

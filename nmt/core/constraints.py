@@ -9,12 +9,12 @@ banks, one slot per bank in turn from the fullest bank down (a bank with too few
 leaves its slots to the others), and within a bank by score. So hypotheses on their way to
 meeting the constraints stay in the beam although the model scores them lower, instead of
 being pruned by hypotheses that ignore them. A hypothesis ends only once every constraint
-is met (:class:`~nmt.restrictions.Restrictions` forbids EOS before), unless its length limit
+is met (:class:`~nmt.core.restrictions.Restrictions` forbids EOS before), unless its length limit
 forces the end; ending candidates are set aside as finished when they rank within the
 ``beam`` best of the complete bank, where a forced end that misses a constraint ranks after
 every candidate that has met them all.
 
-Sentences without constraints keep the ordinary choice of :class:`~nmt.beams.Candidates`,
+Sentences without constraints keep the ordinary choice of :class:`~nmt.core.beams.Candidates`,
 bit for bit, in the same batch.
 """
 
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .beams import Beams, Candidates
-from .tokenizer import EOS, PAD
+from .pieces import EOS, PAD
 
 
 def allocate(top: Candidates, beams: Beams, lprobs: Tensor) -> Candidates:
@@ -32,7 +32,7 @@ def allocate(top: Candidates, beams: Beams, lprobs: Tensor) -> Candidates:
 
     Args:
         top: the ordinary candidates, ``(n, 2*beam)`` each.
-        beams: the running hypotheses, with their :class:`~nmt.beams.ConstraintProgress`.
+        beams: the running hypotheses, with their :class:`~nmt.core.beams.ConstraintProgress`.
         lprobs: ``(n*beam, vocab)`` this step's restricted log-probabilities.
     """
     progress = beams.progress

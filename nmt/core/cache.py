@@ -1,6 +1,6 @@
 """The decoder cache: what one decoding step of the Transformer reads and extends.
 
-Shapes as in :mod:`nmt.model`: ``batch`` sentences, ``beam`` hypotheses each, rows of
+Shapes as in :mod:`nmt.core.model`: ``batch`` sentences, ``beam`` hypotheses each, rows of
 ``(batch*beam, ...)`` tensors ordered sentence-major (row ``b*beam + k``).
 """
 
@@ -17,10 +17,10 @@ from torch import Tensor
 #: later layers read, a reference cycle inside the autograd graph that Python's garbage collector
 #: cannot see, so every step's graph stayed alive after the decode returned (2.4x slower decoding
 #: and a memory peak that grew with every batch). Decoding runs under ``torch.inference_mode()``
-#: (:func:`nmt.search.translate_batch`); a caller outside it gets this error, not the leak.
+#: (:func:`nmt.core.search.translate_batch`); a caller outside it gets this error, not the leak.
 RECORDING = (
     "the decoder cache was written with tensors that record autograd (which would keep every step's graph alive); "
-    "decode under torch.inference_mode(), as nmt.search.translate_batch does"
+    "decode under torch.inference_mode(), as nmt.core.search.translate_batch does"
 )
 
 

@@ -1,6 +1,6 @@
 """Batches from encoded corpora: token-budget length bucketing and collation.
 
-Reading, cleaning and encoding text live in :mod:`nmt.corpus`. Notation:
+Reading, cleaning and encoding text live outside the core (:mod:`nmt.corpus`, :mod:`nmt.encoded`). Notation:
 ``src_len``/``tgt_len`` count pieces plus the one EOS (source) or BOS/EOS (target) that
 :func:`collate` adds; every budget in tokens counts padding.
 """
@@ -8,16 +8,29 @@ Reading, cleaning and encoding text live in :mod:`nmt.corpus`. Notation:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from .encoded import EncodedCorpus
-from .tokenizer import BOS, EOS, PAD
+from .pieces import BOS, EOS, PAD
 
-if TYPE_CHECKING:
-    from .multilingual import DirectionMix
+
+class Pairs(Protocol):
+    """Encoded sentence pairs (:class:`nmt.encoded.EncodedCorpus` is one): each side's piece ids, without EOS."""
+
+    def src(self, i: int) -> np.ndarray:
+        """Pair ``i``'s source piece ids."""
+
+    def tgt(self, i: int) -> np.ndarray:
+        """Pair ``i``'s target piece ids."""
+
+
+class Mix(Protocol):
+    """How an epoch draws from the corpora of several directions (:class:`nmt.multilingual.DirectionMix`)."""
+
+    def epoch_examples(self, seed: int, epoch: int) -> np.ndarray:
+        """The example indices of ``epoch`` (drawn with replacement), in index order."""
 
 
 # --------------------------------------------------------------------------- batching
@@ -63,7 +76,7 @@ class TokenBatchSampler:
     """
 
     def __init__(
-        self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int, rank: int = 0, world_size: int = 1, mix: DirectionMix | None = None
+        self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int, rank: int = 0, world_size: int = 1, mix: Mix | None = None
     ):
         self.lengths = np.maximum(src_lengths, tgt_lengths)
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
@@ -128,7 +141,7 @@ def pad_sources(seqs: list[np.ndarray | list[int]], pin_memory: bool = False) ->
     return out
 
 
-def collate(corpus: EncodedCorpus, indices: np.ndarray, pin_memory: bool = False) -> Batch:
+def collate(corpus: Pairs, indices: np.ndarray, pin_memory: bool = False) -> Batch:
     """The padded :class:`Batch` of examples ``indices`` (page-locked with ``pin_memory``)."""
     src = pad_sources([corpus.src(i) for i in indices], pin_memory)
     tgts = [corpus.tgt(i) for i in indices]

@@ -1,0 +1,259 @@
+"""The one way into decoding: :class:`Inference` holds loaded models on one device in one dtype
+and translates lines for every command (translate, evaluate, tune-decode, serve, validation
+during training), owning inference mode, the device's attention kernels and decode step
+(:mod:`nmt.runtime`), and batching; what a call asks travels as one :class:`Decoding`."""
+
+# Size: translate() at most 70 lines: its docstring; its code is 45 lines.
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from .align import add_alignments
+from .checkpoint import CheckpointError, load_checkpoint
+from .config import Config, DecodeConfig
+from .core.batching import pad_sources, token_batches
+from .core.beams import Steering
+from .core.model import Transformer
+from .core.search import Hypothesis, Sampling, sample_seed, translate_batch
+from .corpus import DataError
+from .runtime import attention_backends, decode_scorer, to_dtype
+from .shortlist import Shortlist
+from .tokenizer import BOS, EOS, UNK, Tokenizer, tokenizer_difference, unknown_only
+
+log = logging.getLogger("nmt.translate")
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How lines are to be translated, as one value: the search settings and what a call adds.
+
+    ``decode``: a :class:`~nmt.config.DecodeConfig`: the search settings (beam size, length
+    penalty and limits, n-best, ...), the batch budget ``max_tokens``, ``max_input_pieces`` and
+    the decode step (``cache``). ``sampling``: draw ``decode.n_best`` samples per line instead
+    of beam search; line ``i``'s draws are seeded by ``sample_seed(sampling.seed, i)`` (``i``
+    counting from the start of the whole input). ``alignment``: fill in each hypothesis's
+    source-target alignment (:mod:`nmt.align`). ``src_prefix``: piece ids put before every line
+    that is translated: a multilingual model's target tag (:func:`nmt.multilingual.target`);
+    ``max_input_pieces`` and the checks count the line's own pieces, alignments index them (a
+    link to the tag is left out), and the output limit counts the tag as a source token, as
+    the model reads it. ``shortlist``: restrict each batch's output to the target pieces its
+    source pieces (and steering) allow (:class:`~nmt.shortlist.Shortlist`): faster, and no
+    longer exact.
+    """
+
+    decode: DecodeConfig
+    sampling: Sampling | None = None
+    alignment: bool = False
+    src_prefix: tuple[int, ...] = ()
+    shortlist: Shortlist | None = None
+
+
+@dataclass
+class Inference:
+    """Models that decode together (one, or an ensemble whose probabilities are averaged), their
+    tokenizer and config (the first checkpoint's: hence the decode defaults), on ``device``."""
+
+    models: list[Transformer]
+    tokenizer: Tokenizer
+    device: torch.device
+    cfg: Config | None = None
+
+    @classmethod
+    def load(cls, paths: list, device: torch.device, dtype: torch.dtype = torch.float32) -> Inference:
+        """Read each checkpoint (a file, or a run directory's ``best.pt``) once, onto ``device`` in
+        ``dtype`` (:func:`nmt.runtime.to_dtype`).
+
+        Raises:
+            nmt.checkpoint.CheckpointError: a checkpoint is missing, damaged or inconsistent, or its
+                tokenizer differs from the first one's (the message names the difference).
+        """
+        loaded = [load_checkpoint(path) for path in paths]
+        for path, other in zip(paths[1:], loaded[1:]):
+            difference = tokenizer_difference(loaded[0].tokenizer, other.tokenizer)
+            if difference:
+                raise CheckpointError(f"{path}: its tokenizer differs from {paths[0]}'s ({difference}); an ensemble needs one tokenizer")
+        models = [to_dtype(c.model.to(device), dtype) for c in loaded]
+        return cls(models, loaded[0].tokenizer, device, loaded[0].config)
+
+    @property
+    def model(self) -> Transformer:
+        """The first (or only) model."""
+        return self.models[0]
+
+    def translate(
+        self,
+        lines: list[str],
+        decoding: Decoding,
+        steering: list[Steering] | None = None,
+        first_index: int = 0,
+        progress: Callable[[int], object] | None = None,
+        skipped: Counter | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Translate every line; returns, in input order, each line's n-best list.
+
+        Lines are sorted by length into batches of at most ``decode.max_tokens`` source tokens
+        (padding included), each decoded by :func:`~nmt.core.search.translate_batch` with the
+        device's decode step and attention kernels (:mod:`nmt.runtime`), under inference mode. A
+        line with no pieces (blank, or only characters SentencePiece normalises away, such as
+        U+200B) yields an empty list without running the model; so do, each with a warning naming
+        it, a line of more than ``decode.max_input_pieces`` pieces and a line of only unknown
+        pieces (:func:`nmt.tokenizer.unknown_only`: an emoji, ``!!!`` or another script outside
+        the vocabulary, which the model would answer with an invented sentence).
+
+        Args:
+            decoding: the search settings and what this call adds (:class:`Decoding`).
+            steering: per line, its prefix, constraints and banned phrases (:func:`steering`); a line
+                whose length limit ended it before its constraints appeared is named in a warning.
+            first_index: the index of ``lines[0]`` in the whole input (:meth:`stream` calls this per buffer).
+            progress: told how many more lines are done, batch by batch (a progress bar's ``update``).
+            skipped: counts the lines left untranslated, by reason (``too_long``, ``unknown``).
+        """
+        skipped = skipped if skipped is not None else Counter()
+        decode, src_prefix, tokenizer = decoding.decode, decoding.src_prefix, self.tokenizer
+        encoded = tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
+        for i, pieces in enumerate(encoded):
+            if len(pieces) > decode.max_input_pieces:  # one huge line must not take the others down
+                log.warning(
+                    "input line %d has %d pieces, over the limit of %d (--max-input-pieces): its output line is left empty",
+                    first_index + i + 1,
+                    len(pieces),
+                    decode.max_input_pieces,
+                )
+                skipped["too_long"] += 1
+            elif unknown_only(pieces, tokenizer.src):  # the model would see nothing and invent a sentence
+                log.warning(
+                    "input line %d has only characters the model does not know (every piece is unknown): its output line is left empty", first_index + i + 1
+                )
+                skipped["unknown"] += 1
+        present = [i for i, pieces in enumerate(encoded) if 0 < len(pieces) <= decode.max_input_pieces and not unknown_only(pieces, tokenizer.src)]
+        ids = [[*src_prefix, *encoded[i]] for i in present] if src_prefix else [encoded[i] for i in present]
+        lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
+        results: list[list[Hypothesis]] = [[] for _ in lines]
+        if progress is not None:
+            progress(len(lines) - len(present))  # the lines left untranslated are done too
+        for batch in token_batches(lengths, decode.max_tokens, np.argsort(lengths, kind="stable")):
+            with torch.inference_mode(), attention_backends(self.device):
+                hyps = self._batch(ids, present, batch, decoding, steering, first_index)
+            for i, h in zip(batch, hyps):
+                results[present[i]] = h
+                if h and h[0].unmet:
+                    log.warning(
+                        "input line %d: its length limit ended the translation before %d of its constraints appeared; raise --max-len-a or --max-len-b",
+                        first_index + present[i] + 1,
+                        h[0].unmet,
+                    )
+            if progress is not None:
+                progress(len(batch))
+        return results
+
+    def _batch(self, ids: list[list[int]], present: list[int], batch, decoding: Decoding, steering, first_index: int) -> list[list[Hypothesis]]:
+        """The n-best lists of the lines ``present[i]`` for ``i`` in ``batch`` (``ids``: the present lines' pieces)."""
+        decode, sampling, prefix = decoding.decode, decoding.sampling, decoding.src_prefix
+        sources = [ids[i] for i in batch]
+        src = pad_sources(sources).to(self.device)
+        seeds = [sample_seed(sampling.seed, first_index + present[i]) for i in batch] if sampling is not None else None
+        steer = [steering[present[i]] for i in batch] if steering else None
+        columns = decoding.shortlist.columns(sources, steer) if decoding.shortlist is not None else None
+        scorer = decode_scorer(self.device, columns, decode.cache)
+        rules = self.tokenizer.output_rules
+        hyps = translate_batch(self.models, src, decode, sampling=sampling, seeds=seeds, rules=rules, steering=steer, columns=columns, scorer=scorer)
+        if decoding.alignment:
+            hyps = add_alignments(self.models, sources, hyps, self.device, decode.alignment_layer)
+            if prefix:
+                hyps = [[replace(h, alignment=tuple((i - len(prefix), j) for i, j in h.alignment if i >= len(prefix))) for h in line] for line in hyps]
+        return hyps
+
+    def attention(self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()) -> tuple[list[str], list[str], torch.Tensor]:
+        """What the first model's decoder read while writing ``hyp``, a translation of ``line`` (after
+        ``src_prefix``, a multilingual model's target tag): the source pieces and the output pieces
+        (each ending in ``</s>``), and every decoder layer's cross-attention with heads averaged,
+        ``(n_layers, tgt_len, src_len)`` in float32 on the CPU; row ``t`` is the step that produced
+        output piece ``t``."""
+        ids = [*src_prefix, *self.tokenizer.encode_src([line])[0]]
+        with torch.inference_mode():
+            src = pad_sources([ids]).to(self.device)
+            tgt_in = torch.tensor([[BOS, *hyp.tokens]], device=self.device)
+            weights = self.model.cross_attention(src, tgt_in)[:, 0].mean(1)  # (n_layers, tgt_len, src_len)
+        pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
+        return pieces(self.tokenizer.src, ids), pieces(self.tokenizer.tgt, hyp.tokens), weights.float().cpu()
+
+    def stream(
+        self, buffers: Iterable[list[str]], decoding: Decoding, steering: Iterable[Steering] | None = None, **options
+    ) -> Iterator[tuple[int, list[list[Hypothesis]]]]:
+        """Translate input that arrives in buffers of lines, one buffer at a time, so that memory
+        is bounded by a buffer and each buffer's output can be written before the next is read.
+
+        Yields ``(index of the buffer's first line in the whole input, its n-best lists)``;
+        ``steering`` gives one :class:`~nmt.core.beams.Steering` per input line, read as the lines are;
+        ``options`` are :meth:`translate`'s ``progress`` and ``skipped``.
+        """
+        first, steering = 0, iter(steering) if steering is not None else None
+        for lines in buffers:
+            steer = list(itertools.islice(steering, len(lines))) if steering is not None else None
+            yield first, self.translate(lines, decoding, steer, first, **options)
+            first += len(lines)
+
+    def best_strings(self, results: list[list[Hypothesis]]) -> list[str]:
+        """Detokenized best hypothesis per input line (empty string for blank input)."""
+        return best_strings(self.tokenizer, results)
+
+
+class UnwritableText(DataError):
+    """A prefix or constraint the model cannot write; ``field`` says which (``prefix``, ``constraint``)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+def steering(tokenizer: Tokenizer, prefix: str = "", constraints: Iterable[str] = (), bans: Iterable[str] = ()) -> Steering:
+    """What one line's translation must start with, hold and avoid, from text (:class:`~nmt.core.beams.Steering`).
+
+    Each text is segmented with the target tokenizer, as the model writes it (a word that
+    starts a phrase gets its word-initial piece, ``▁Hund``), so a constraint or ban matches the
+    output's own pieces; an empty phrase is ignored. A prefix's pieces are forced, except its
+    last one when the prefix ends inside a word (no trailing space): the search may then use
+    any piece that begins with that piece's text (``▁Hu`` may become ``▁Hund``), so the word
+    can be finished in the model's own segmentation rather than as the typed fragment was cut
+    (what CTranslate2 calls a prefix "in the middle of a word"). After a prefix that ends with
+    a space, the next piece starts a word (or the translation ends there).
+
+    Raises:
+        UnwritableText: the prefix or a constraint has characters the target vocabulary lacks
+            (forcing UNK would write ⁇, not the text), or a constraint holds a banned phrase.
+    """
+
+    def pieces(text: str, field: str | None = None) -> tuple[int, ...]:
+        ids = tuple(tokenizer.encode_tgt([text])[0]) if text.strip() else ()
+        if field is not None and UNK in ids:  # it could only be written as ⁇, not as given
+            missing = "".join(dict.fromkeys(c for c in text if not c.isspace() and UNK in tokenizer.encode_tgt([c])[0]))
+            raise UnwritableText(field, f"{field} {text!r} has characters the target vocabulary lacks ({missing}); remove or replace them")
+        return ids
+
+    steps: list[tuple[int, ...]] = [(i,) for i in pieces(prefix, "prefix")]
+    texts = tokenizer.tgt_pieces
+    if steps and prefix[-1:].isspace():
+        steps.append(tuple(i for i, t in enumerate(texts) if t.startswith("\u2581")) + (EOS,))
+    elif steps:
+        last = texts[steps[-1][0]]
+        steps[-1] = tuple(i for i, t in enumerate(texts) if t.startswith(last) and not tokenizer.tgt.is_control(i))
+    wanted = [(c, p) for c in constraints if (p := pieces(c, "constraint"))]
+    banned = [(b, p) for b in bans if (p := pieces(b))]  # a ban with UNK bans what is never written anyway
+    for c, need in wanted:
+        clash = next((b for b, ban in banned if any(need[i : i + len(ban)] == ban for i in range(len(need) - len(ban) + 1))), None)
+        if clash is not None:
+            raise UnwritableText("constraint", f"constraint {c!r} holds the banned phrase {clash!r}: no translation can meet both; drop one")
+    return Steering(tuple(steps), tuple(p for _, p in wanted), tuple(p for _, p in banned))
+
+
+def best_strings(tokenizer: Tokenizer, results: list[list[Hypothesis]]) -> list[str]:
+    """Detokenized best hypothesis per input line (empty string for blank input)."""
+    return tokenizer.decode_tgt([r[0].tokens if r else [] for r in results])

@@ -1,0 +1,154 @@
+"""Temporary files and directories beside an output, held by their writer until renamed into place.
+
+**Temporaries** (:func:`held_temporary`) are named ``.NAME.tmpPID-TOKEN-HOST``, unique even
+between processes of one process id (containers sharing a volume), and their writer holds
+an exclusive ``flock`` on them until it renames or removes them. A temporary that nobody
+holds was left by a writer that was killed (the kernel drops the lock with the process), and
+:func:`remove_abandoned_temporaries` removes it; one being written is never touched, whoever
+writes it. :func:`nmt.files.atomic_write` writes every output through one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+try:  # POSIX
+    import fcntl
+except ImportError:  # Windows: no flock; a temporary is judged by its process id
+    fcntl = None
+
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown"
+
+
+def temporary_name(path: Path, kind: str = "tmp") -> Path:
+    """A new hidden name beside ``path``: ``.NAME.tmpPID-TOKEN-HOST`` (``kind`` ``probe`` for a probe), random
+    past the process id, and naming the machine, whose process ids alone mean something."""
+    return path.with_name(f".{path.name}.{kind}{os.getpid()}-{secrets.token_hex(4)}-{_HOST}")
+
+
+@contextlib.contextmanager
+def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, int]]:
+    """A new temporary beside ``path``, held by this process for the block: yields its path and a
+    descriptor (of a file open for writing, or of an empty directory) that holds its ``flock``. A file
+    gets the permission bits of ``path`` (when it exists) before anything is written to it.
+
+    A sweeper that took the lock first (and so removes the file) is waited for, and the
+    temporary is made anew, so the one yielded is never removed under its writer. If the
+    block leaves the temporary in place (it failed before renaming it), it is removed.
+    """
+    while True:
+        tmp = temporary_name(path)
+        try:
+            if directory:
+                os.mkdir(tmp)
+                fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+            else:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileNotFoundError:  # a sweeper removed the new directory before it was opened: make another
+            continue
+        if fcntl is not None:
+            with contextlib.suppress(OSError):  # a file system without locks (some NFS or FUSE mounts): written unheld
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            ours = os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd))
+        except FileNotFoundError:
+            ours = False
+        if ours:
+            break
+        os.close(fd)
+    if not directory:
+        _keep_mode(path, fd)
+    try:
+        yield tmp, fd
+    finally:
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):  # still there: not renamed into place
+                shutil.rmtree(tmp) if directory else tmp.unlink()
+        os.close(fd)
+
+
+def _keep_mode(path: Path, fd: int) -> None:
+    """Give the temporary ``fd`` the permission bits (rwx, not setuid/setgid/sticky) of the file it will replace."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # a new file: the umask's bits, as the temporary was created
+    if stat.S_ISREG(mode):
+        os.fchmod(fd, stat.S_IMODE(mode) & 0o777)
+
+
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-(?P<token>[0-9a-f]{8})(?:-(?P<host>[A-Za-z0-9._]+))?)?")
+
+
+def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> None:
+    """Remove the temporaries in ``directory`` (of the target ``name``, or of any) that no writer holds
+    (see the module docstring): files or directories, never through a symbolic link.
+
+    Where locks cannot be taken, a temporary counts as held while a process of its id runs here.
+    """
+    pattern = f".{glob.escape(name)}.tmp*" if name is not None else ".*.tmp*"
+    for tmp in Path(directory).glob(pattern):
+        match = _TEMPORARY.fullmatch(tmp.name)
+        if match is None or (name is not None and match["name"] != name):
+            continue
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO of that name does not wait for a writer
+        except OSError:  # a link, gone, or unreadable: not ours to judge
+            continue
+        try:
+            kind = os.fstat(fd).st_mode
+            if not (stat.S_ISREG(kind) or (stat.S_ISDIR(kind) and match["token"])):  # a directory only of the names nmt makes
+                continue
+            if stat.S_ISREG(kind):  # NFS takes an exclusive flock only on a descriptor open for writing
+                with contextlib.suppress(OSError):
+                    writable = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    if os.path.samestat(os.fstat(writable), os.fstat(fd)):
+                        fd, writable = writable, fd
+                    os.close(writable)
+            if not _abandoned(fd, int(match["pid"]), match["host"]):
+                continue
+            with contextlib.suppress(OSError):
+                if stat.S_ISDIR(kind):
+                    shutil.rmtree(tmp)
+                else:
+                    tmp.unlink()
+        finally:
+            os.close(fd)
+
+
+def _abandoned(fd: int, pid: int, host: str | None) -> bool:
+    """Whether the temporary open as ``fd`` has no writer: nobody holds its lock (taken now, until ``fd`` closes);
+    where locks cannot be taken (no ``flock``, or a file system without locks), its ``host`` is this machine
+    (or unnamed, as older names were) and no process ``pid`` runs here."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False  # its writer is at work
+        except OSError:
+            pass
+    return host in (None, _HOST) and not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user's counts as running; on Windows,
+    where ``os.kill(pid, 0)`` would send Ctrl-C, every process does)."""
+    if pid == os.getpid() or os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
