@@ -12,14 +12,11 @@ the step, the sampler's position and every process's RNG states, so that ``nmt t
 
 from __future__ import annotations
 
-import random
 import re
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import __version__
@@ -27,6 +24,7 @@ from .config import ConfigError, config_from_dict
 from .core.model import STATE_LAYERS, STATE_WIDTHS, uninitialised_model
 from .errors import NmtError
 from .files import atomic_write
+from .progress import Progress
 from .tokenizer import TokenizerError
 from .vocab import tokenizer_from_protos
 
@@ -229,19 +227,6 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> Checkpoin
     return Checkpoint(payload, path, cfg, tokenizer, model)
 
 
-@dataclass
-class Progress:
-    """Where a run stands: optimizer steps done, the sampler's position, the best score."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0  # batches of `epoch` already trained on
-    best_bleu: float = -1.0
-    bad_validations: int = 0  # validations since the last BLEU improvement
-    validated_step: int = -1  # step of the last completed validation
-    batching: list[int] | None = None  # [max_tokens, seed, processes] this epoch's batches were cut with
-
-
 #: Entries some checkpoints hold, and the type each must have where present.
 _ENTRY_TYPES = {
     "progress": dict,
@@ -340,31 +325,6 @@ def check_state_fits(expected: dict[str, torch.Tensor], state: dict[str, torch.T
     parts = [f"{label}: {listed(names)}" for label, names in (("unexpected", unexpected), ("missing", missing), ("shape in file vs config", shapes)) if names]
     if parts:
         raise CheckpointError(f"{path}: the tensors do not fit the model its config describes ({'; '.join(parts)}; written by {writer})")
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and CUDA generator states of this process, as checkpoint-safe values."""
-    np_state = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore generator states saved by :func:`rng_state`."""
-    random.setstate(_tuples(state["python"]))
-    kind, keys, *rest = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _tuples(x):
-    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def tokenizer_to_tensors(protos: dict[str, bytes]) -> dict[str, torch.Tensor]:

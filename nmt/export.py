@@ -13,7 +13,7 @@ tokenizer without its config, say); the temporary directory of a killed export i
 the next export to the same place, while that of an export at work is left to it.
 """
 
-# Size: module at most 560 lines, write_huggingface() at most 70: three export formats and the in-place directory they share; write_huggingface() writes its files one after another.
+# Size: module at most 560 lines, write_huggingface() at most 70: three export formats and the directory they share.
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ trained keeps its own ids and starts from BOS when exported; an imported one get
 layout back, so export after import gives the weights it was imported from.
 """
 
-# Size: module at most 710 lines, model_config() at most 75: one weight map read both ways, and Marian's config checked key by key (model_config() is that check list).
+# Size: module at most 710 lines, model_config() at most 75: one weight map read both ways; Marian's config checked key by key.
 
 from __future__ import annotations
 

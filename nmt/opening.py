@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import evaluate
-from .checkpoint import Progress, checkpoint_file, load_checkpoint
+from .checkpoint import checkpoint_file, load_checkpoint
 from .clean import clean_pairs, stripped_side
 from .config import Config, ConfigError, config_from_dict, config_to_yaml, with_vocab
 from .corpus import DataError, ParallelText, check_inputs
@@ -19,6 +19,7 @@ from .encoded import EncodedCorpus, encode_corpus, encoding_threads
 from .errors import Key
 from .files import atomic_write
 from .multilingual import check_tags, directions, split_text, tag_ids, tags, train_multilingual_tokenizer
+from .progress import Progress
 from .rundir import RunDir, absolute_paths, init_config, resume_config
 from .temporaries import remove_abandoned_temporaries
 from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
@@ -28,7 +29,17 @@ from .vocab import tokenizer_from_dir
 log = logging.getLogger("nmt.train")
 
 
-def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> tuple[Tokenizer, EncodedCorpus, list[ValidationSet]]:
+@dataclass(frozen=True)
+class Prepared:
+    """A run's data: its tokenizer, the training corpus (every direction's, one after another) and a
+    :class:`~nmt.validation.ValidationSet` per direction."""
+
+    tokenizer: Tokenizer
+    corpus: EncodedCorpus
+    valid: list[ValidationSet]
+
+
+def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> Prepared:
     """Read and clean the data, train (or reuse) the tokenizer and encode both splits of every direction.
 
     Training text is streamed: the tokenizer trains on a stream (SentencePiece samples
@@ -65,7 +76,7 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
         prefix = tag_ids(tokenizer, cfg.data, direction.tgt)
         corpora.append(_encode_training_text(cfg, train_text, tokenizer, cache, write, name, prefix))
         valid.append(_validation_set(cfg, valid_text, tokenizer, cache, write, name, direction.tgt, prefix))
-    return tokenizer, EncodedCorpus.joined(corpora), valid
+    return Prepared(tokenizer, EncodedCorpus.joined(corpora), valid)
 
 
 def _encode_training_text(cfg: Config, text: ParallelText, tokenizer: Tokenizer, cache: Path, write: bool, name: str, prefix: tuple[int, ...]) -> EncodedCorpus:
@@ -110,7 +121,7 @@ class Opened:
     checkpoint: str | None  # the checkpoint resumed from
     payload: dict | None
     done: dict | None = None  # a resumed run with nothing left to do: step, best_bleu, message
-    data: tuple | None = None  # (tokenizer, training corpus, a ValidationSet per direction)
+    data: Prepared | None = None
     origin: dict = field(default_factory=dict)  # init_from (the checkpoint a fine-tuning run started from) and imported_from, kept in every checkpoint
     init: dict | None = None  # the payload of the checkpoint a new run starts from (--init-from)
 
@@ -200,6 +211,6 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
     tokenizer = given.tokenizer if given else None
     opened.data = prepare(opened.cfg, run.path, tokenizer)
     run.keep_history_until(start)
-    opened.cfg = with_vocab(opened.cfg, opened.data[0].src.get_piece_size(), opened.data[0].tgt.get_piece_size())
+    opened.cfg = with_vocab(opened.cfg, opened.data.tokenizer.src.get_piece_size(), opened.data.tokenizer.tgt.get_piece_size())
     atomic_write(run.path / "config.yaml", config_to_yaml(opened.cfg))
     return opened

@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .checkpoint import Progress, rng_state, save_checkpoint, set_rng_state, tokenizer_to_tensors
+from .checkpoint import save_checkpoint, tokenizer_to_tensors
 from .config import Config, ConfigError, config_to_dict
 from .core.batching import Batch, TokenBatchSampler, collate
 from .core.model import Transformer, count_parameters
@@ -44,6 +44,7 @@ from .errors import Key
 from .memory import keep_freed_memory
 from .multilingual import DirectionMix, directions
 from .opening import Opened, open_run, read_back
+from .progress import Batching, Progress, rng_state, set_rng_state
 from .rundir import RunDir, step_checkpoints
 from .runtime import attention_backends, for_training, resolve_device
 from .subwords import sampled_training_corpus
@@ -148,7 +149,7 @@ class Trainer:
         self.cfg, self.ddp, self.run_dir, self.checkpoint_from = opened.cfg, ddp, run, opened.checkpoint
         # Which training this is, in every checkpoint: nmt average refuses to mix two runs' weights unless asked.
         self.run_id = (opened.payload or {}).get("run") or {"id": ddp.share(uuid.uuid4().hex), "dir": str(run.path)}
-        self.tokenizer, self.corpus, self.valid = opened.data
+        self.tokenizer, self.corpus, self.valid = opened.data.tokenizer, opened.data.corpus, opened.data.valid
         tc = self.cfg.train
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
@@ -161,8 +162,8 @@ class Trainer:
         parts = self.corpus.parts  # one per direction
         self.mix = DirectionMix(parts, self.cfg.data.sampling_temperature) if len(parts) > 1 else None
         # What cuts this run's epochs into batches (and, with several directions, mixes them).
-        self.batching = [tc.max_tokens, tc.seed, ddp.world_size] + ([self.mix.temperature] if self.mix else [])
-        self.progress = Progress(batching=list(self.batching))
+        self.batching = Batching(tc.max_tokens, tc.seed, ddp.world_size, self.mix.temperature if self.mix else None)
+        self.progress = Progress(batching=self.batching)
         self.origin = opened.origin
         self._sampled: tuple[tuple[int, int], EncodedCorpus] | None = None  # (epoch, seed) and its pairs under tokenizer.subword_alpha
         if opened.payload:
@@ -200,10 +201,10 @@ class Trainer:
         u.apply_settings()  # what --resume changed in the optimizer or the schedule counts from this step on
         if "scaler" in payload:
             u.scaler.load_state_dict(payload["scaler"])
-        self.progress = Progress(**payload["progress"])
+        self.progress = Progress.of(payload["progress"])
         states = payload["rng"] if isinstance(payload["rng"], list) else [payload["rng"]]  # one dict: written before per-process states
         saved = payload["config"]["train"]
-        self.progress.batching = self.progress.batching or [saved["max_tokens"], saved["seed"], len(states)]  # before this was recorded
+        self.progress.batching = self.progress.batching or Batching(saved["max_tokens"], saved["seed"], len(states))  # before this was recorded
         self.keep_epoch_batching()
         if len(states) != self.ddp.world_size:
             log.warning(
@@ -232,9 +233,9 @@ class Trainer:
         elif cut is not None:
             try:
                 corpus = EncodedCorpus.from_arrays({k: v.numpy() for k, v in cut.items() if k not in ("epoch", "seed")}, key=self.corpus.key)
-                if corpus.parts != self.corpus.parts or (cut["epoch"], cut["seed"]) != (p.epoch, p.batching[1]):
+                if corpus.parts != self.corpus.parts or (cut["epoch"], cut["seed"]) != (p.epoch, p.batching.seed):
                     raise ValueError(f"a cut of epoch {cut['epoch']} and {len(corpus)} pairs, for epoch {p.epoch} and {len(self.corpus)}")
-                self._sampled = ((p.epoch, p.batching[1]), corpus)
+                self._sampled = ((p.epoch, p.batching.seed), corpus)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 problem = f"its cut of the epoch is damaged ({exc})"
         if problem and p.batch_in_epoch > 0 and self.ddp.main:
@@ -281,25 +282,26 @@ class Trainer:
         if p.batching == self.batching:
             return
         if p.batch_in_epoch == 0:
-            p.batching = list(self.batching)
-        elif p.batching[2] == self.batching[2]:
+            p.batching = self.batching
+        elif p.batching.processes == self.batching.processes:
             log.info(
                 "train.max_tokens %d and train.seed %d apply from epoch %d on; epoch %d goes on with the batches it started with (max_tokens %d, seed %d)",
-                self.batching[0],
-                self.batching[1],
+                self.batching.max_tokens,
+                self.batching.seed,
                 p.epoch + 1,
                 p.epoch,
-                *p.batching[:2],
+                p.batching.max_tokens,
+                p.batching.seed,
             )
         else:
             log.warning(
                 "%s was written by %d process(es), this run has %d: the rest of epoch %d cannot be cut into the same batches and is skipped",
                 self.checkpoint_from,
-                p.batching[2],
-                self.batching[2],
+                p.batching.processes,
+                self.batching.processes,
                 p.epoch,
             )
-            p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, list(self.batching)
+            p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, self.batching
 
     def epoch_corpus(self, epoch: int, seed: int) -> EncodedCorpus:
         """The training pairs of ``epoch``: the cached ones, or with ``tokenizer.subword_alpha``
@@ -336,13 +338,12 @@ class Trainer:
         (epoch, seed), corpus = self._sampled
         return {"subwords": {"epoch": epoch, "seed": seed, **{k: torch.from_numpy(v) for k, v in corpus.arrays().items()}}}
 
-    def sampler(self, batching: list[int], epoch: int) -> TokenBatchSampler:
-        """The batch sampler of ``batching`` (``[max_tokens, seed, processes]``, and the sampling temperature with several directions)
-        over ``epoch``'s pairs (:meth:`epoch_corpus`), this process's share."""
-        max_tokens, seed, world_size, *mixing = batching
-        mix = replace(self.mix, temperature=mixing[0]) if self.mix and mixing else self.mix
-        corpus = self.epoch_corpus(epoch, seed)
-        return TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, max_tokens, seed, self.ddp.rank, world_size, mix)
+    def sampler(self, batching: Batching, epoch: int) -> TokenBatchSampler:
+        """The batch sampler of ``batching`` over ``epoch``'s pairs (:meth:`epoch_corpus`), this process's share."""
+        b = batching
+        mix = replace(self.mix, temperature=b.temperature) if self.mix and b.temperature is not None else self.mix
+        corpus = self.epoch_corpus(epoch, b.seed)
+        return TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, b.max_tokens, b.seed, self.ddp.rank, b.processes, mix)
 
     def epoch_batches(self) -> list:
         """This process's batches of the current epoch, in training order."""
@@ -362,7 +363,7 @@ class Trainer:
         """Past the epoch's last batch: the next epoch begins, cut with this run's batching."""
         p = self.progress
         if p.batch_in_epoch >= len(self.epoch_batches()):
-            p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, list(self.batching)
+            p.epoch, p.batch_in_epoch, p.batching = p.epoch + 1, 0, self.batching
 
     def next_group(self) -> list[Batch]:
         """The next ``update_freq`` batches of this process (host tensors)."""
@@ -374,7 +375,7 @@ class Trainer:
             self.checkpoint("last.pt")  # the steps trained so far are kept; every rank raises here
             raise
         p.batch_in_epoch += len(batches)
-        corpus = self.epoch_corpus(p.epoch, p.batching[1])
+        corpus = self.epoch_corpus(p.epoch, p.batching.seed)
         return [collate(corpus, b, pin_memory=self.ddp.device.type == "cuda") for b in batches]
 
     def train_step(self, group: list[Batch]) -> bool:
@@ -536,7 +537,7 @@ class Trainer:
                     "optimizer": u.optimizer.state_dict(),
                     "scheduler": u.scheduler.state_dict(),
                     "scaler": u.scaler.state_dict(),
-                    "progress": vars(self.progress).copy(),
+                    "progress": self.progress.stored(),
                     "rng": states,
                     "config": config_to_dict(self.cfg),
                     "tokenizer": tokenizer_to_tensors(self.tokenizer.protos()),

@@ -117,6 +117,7 @@ def worker(args, work: Path) -> None:
     ]  # int8: float32 activations between quantized matmuls
     loaded = load_checkpoint((work / "checkpoint").read_text())  # in its own dtype: each engine casts it (to_dtype below)
     model, tokenizer, cfg = loaded.model.to(device), loaded.tokenizer, loaded.config
+    del loaded  # its entries (the weights as read) are not the engine's memory
     lines = (work / "src.txt").read_text(encoding="utf-8").splitlines()
     ids = tokenizer.encode_src(lines)
     forced = args.forced_len
