@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .config import BEAM, ConfigError, DecodeConfig
+from .config import BEAM, LENGTH_PENALTY, ConfigError, DecodeConfig
 from .core.beams import Steering
 from .core.search import output_limits
 from .fields import MAX_INT, Range
@@ -88,12 +88,23 @@ class Job:
     src_prefix: tuple[int, ...] = ()
 
 
-def _number(body: dict, name: str, default, kind: type, low, high):
-    value = body.get(name, default)
+def _number(body: dict, name: str, default, kind: type, allowed: Range):
+    """The request's ``name`` as ``kind``, or ``default`` (the checkpoint's setting, which its config
+    already checked) where the request does not give it.
+
+    Raises:
+        RequestError: the request's value is not a number (an integer for ``kind`` int: JSON's ``5.0``
+            counts as 5) or lies outside ``allowed``, the range the config gives the setting.
+    """
+    if name not in body:
+        return default
+    value = body[name]
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
         raise RequestError(f"{name} must be {'a number' if kind is float else 'an integer'}, got {json.dumps(value)}")
-    if not (low <= value <= high):
-        raise RequestError(f"{name} must be between {low} and {high}, got {value}")
+    if value not in allowed:
+        raise RequestError(f"{name} must be {allowed}, got {value}")
     return kind(value)
 
 
@@ -158,13 +169,13 @@ def _search_settings(body: dict, default: DecodeConfig, limits: Limits) -> Decod
     Raises:
         RequestError: a value out of its range, or one the limits let through but the search refuses (the request's fault).
     """
-    beam_size = _number(body, "beam_size", min(default.beam_size, limits.max_beam_size), int, 1, limits.max_beam_size)
+    beam_size = _number(body, "beam_size", min(default.beam_size, limits.max_beam_size), int, Range(1, limits.max_beam_size))
     try:
         return replace(
             default,
             beam_size=beam_size,
-            length_penalty=_number(body, "length_penalty", default.length_penalty, float, 0.0, 10.0),
-            n_best=_number(body, "n_best", 1, int, 1, beam_size),
+            length_penalty=_number(body, "length_penalty", default.length_penalty, float, LENGTH_PENALTY),
+            n_best=_number(body, "n_best", 1, int, Range(1, beam_size)),
             max_tokens=limits.max_batch_tokens,
             max_input_pieces=limits.max_input_pieces,
         )

@@ -144,15 +144,15 @@ BAD = [
     (b'{"text": []}', 422, "string or a non-empty list"),
     (b'{"text": ["a", null]}', 422, "string or a non-empty list"),
     (b'{"text": "a", "beam": 2}', 422, 'unknown field(s) "beam"'),
-    (b'{"text": "a", "beam_size": 0}', 422, "beam_size must be between 1 and 6"),
-    (b'{"text": "a", "beam_size": 7}', 422, "beam_size must be between 1 and 6"),
+    (b'{"text": "a", "beam_size": 0}', 422, "beam_size must be in [1, 6], got 0"),
+    (b'{"text": "a", "beam_size": 7}', 422, "beam_size must be in [1, 6], got 7"),
     (b'{"text": "a", "beam_size": "2"}', 422, "beam_size must be an integer"),
     (b'{"text": "a", "beam_size": true}', 422, "beam_size must be an integer"),
     (b'{"text": "a", "beam_size": 2.5}', 422, "beam_size must be an integer"),
-    (b'{"text": "a", "beam_size": 2, "n_best": 3}', 422, "n_best must be between 1 and 2"),
+    (b'{"text": "a", "beam_size": 2, "n_best": 3}', 422, "n_best must be in [1, 2], got 3"),
     (b'{"text": "a", "length_penalty": "x"}', 422, "length_penalty must be a number"),
-    (b'{"text": "a", "length_penalty": NaN}', 422, "length_penalty must be between"),
-    (b'{"text": "a", "length_penalty": -1}', 422, "length_penalty must be between"),
+    (b'{"text": "a", "length_penalty": NaN}', 422, "length_penalty must be in [-10, 10], got nan"),
+    (b'{"text": "a", "length_penalty": -11}', 422, "length_penalty must be in [-10, 10], got -11"),
     (json.dumps({"text": ["a"] * 9}).encode(), 413, "9 lines in one request; the limit is 8 (--max-lines)"),
     (json.dumps({"text": ["a", "the dog " * 30]}).encode(), 413, "text[1] has"),
     (b'{"text": "' + b"a" * (1 << 20) + b'"}', 413, "larger than"),
@@ -639,3 +639,24 @@ def test_alignment_answers_are_bounded_by_the_weights_they_could_hold(translator
     monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", weights)
     with pytest.raises(RequestError, match=rf"could hold {2 * (n + 1) * (forced + 4 + 1):,} weights"):
         parse_request(json.dumps(prefixed).encode(), translator, Limits())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(alpha=st.floats(-10, 10), beam=st.integers(1, 6), asked=st.one_of(st.none(), st.floats(-12, 12)))
+def test_a_checkpoint_setting_in_its_configs_range_is_served_and_a_request_is_judged_by_the_same_range(translator, alpha, beam, asked):
+    """A checkpoint whose own decode.length_penalty was negative (the config allows it, tune-decode may choose it)
+    was answered 422 on every request: the server checked it against a narrower range of its own."""
+    from nmt.config import LENGTH_PENALTY
+    from nmt.serve_api import RequestError, parse_request
+
+    served = replace(
+        translator,
+        inference=replace(translator.inference, cfg=replace(translator.cfg, decode=replace(translator.cfg.decode, length_penalty=alpha, beam_size=beam))),
+    )
+    body = {"text": "a dog .", **({"length_penalty": asked} if asked is not None else {}), "n_best": 1.0}  # JSON's 1.0 is the integer 1
+    if asked is None or asked in LENGTH_PENALTY:
+        job = parse_request(json.dumps(body).encode(), served, Limits())
+        assert job.decode.length_penalty == (alpha if asked is None else asked) and job.decode.n_best == 1
+    else:
+        with pytest.raises(RequestError, match=r"^length_penalty must be in \[-10, 10\]"):
+            parse_request(json.dumps(body).encode(), served, Limits())
