@@ -49,8 +49,29 @@ def _names(ctx: typer.Context) -> Callable[[str], str]:
     return lambda key: names.get(key, key)
 
 
+#: What to lower when a command runs out of memory, by command (``nmt train`` names the config keys).
+SMALLER = {
+    "train": "lower train.max_tokens (train.update_freq keeps the batch an update sees), or the model's size",
+    "translate": "lower --max-tokens, --beam-size or --buffer-size",
+    "evaluate": "lower --max-tokens or --beam-size",
+    "tune-decode": "lower --max-tokens, the beam sizes or --max-sentences",
+    "serve": "lower --max-batch-tokens or --max-beam-size",
+    "profile": "lower --batch, --src-len, --tgt-len or --beam-size",
+}
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says that memory ran out: Python's ``MemoryError``, torch's ``OutOfMemoryError`` (a
+    GPU's), or the ``RuntimeError`` torch's CPU allocator raises ("can't allocate memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text or "out of memory" in text.lower())
+
+
 class Command(TyperCommand):
-    """A command whose user errors print as one line, ``error: ...``, with exit code 2."""
+    """A command whose user errors print as one line, ``error: ...``, with exit code 2; so does running
+    out of memory, naming what to lower (:data:`SMALLER`)."""
 
     def invoke(self, ctx: typer.Context):
         """Run the command; a user error becomes its one line on stderr and exit code 2."""
@@ -58,6 +79,13 @@ class Command(TyperCommand):
             return super().invoke(ctx)
         except NmtError as exc:
             typer.echo(f"error: {exc.render(_names(ctx))}", err=True)
+            raise typer.Exit(code=2) from None
+        except (MemoryError, RuntimeError) as exc:
+            if not out_of_memory(exc):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            advice = SMALLER.get(ctx.info_name, "give it less to hold at once")
+            typer.echo(f"error: nmt {ctx.info_name} ran out of memory ({first[:200]}); {advice}", err=True)
             raise typer.Exit(code=2) from None
 
 

@@ -6,6 +6,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 from conftest import ROOT, TOY
 from typer.testing import CliRunner
 
@@ -1049,3 +1050,39 @@ def test_chinese_piped_into_evaluate_scores_as_from_a_file_in_the_c_locale(tmp_p
     assert piped.returncode == 0, piped.stderr.decode()
     scores = json.loads(piped.stdout)
     assert scores == json.loads(from_file.stdout) and 0 < scores["bleu"] < 100
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        MemoryError(),
+        RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes."),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    ],
+    ids=["MemoryError", "cpu-allocator", "cuda"],
+)
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_running_out_of_memory_is_one_line_naming_what_to_lower_and_leaves_the_output_as_it_was(trained_run, tmp_path, monkeypatch, error, command):
+    """A process that ran out of memory printed a 187-line traceback."""
+    from nmt.inference import Inference
+
+    def exhausted(self, lines, *args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(Inference, "translate", exhausted)
+    (tmp_path / "src.en").write_text("a dog .\n")
+    (tmp_path / "ref.de").write_text("ein hund .\n")
+    out = tmp_path / "hyp.de"
+    out.write_text("kept\n")
+    args = ["-i", tmp_path / "src.en"] if command == "translate" else ["--src", tmp_path / "src.en", "--ref", tmp_path / "ref.de"]
+    result = invoke(command, "--checkpoint", trained_run, *args, "-o", out)
+    line = _one_line_error(result)
+    assert result.exit_code == 2 and line.startswith(f"error: nmt {command} ran out of memory (") and "lower --max-tokens" in line
+    assert out.read_text() == "kept\n" and sorted(p.name for p in tmp_path.iterdir()) == ["hyp.de", "ref.de", "src.en"]
+
+
+def test_other_runtime_errors_are_not_taken_for_running_out_of_memory():
+    from nmt.cli import out_of_memory
+
+    assert out_of_memory(MemoryError()) and out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) and not out_of_memory(ValueError("out of memory"))
