@@ -222,6 +222,9 @@ class TrainConfig(Checked):
     nonfinite_loss: Literal["stop", "skip"] = setting(
         "stop", "a NaN or infinite gradient: stop the run before that update (saving last.pt), or skip the update"
     )
+    max_skipped_updates: int = setting(
+        100, "updates skipped in a row (non-finite gradients with nonfinite_loss: skip, fp16 overflow) after which the run stops", AT_LEAST_1
+    )
     label_smoothing: float = setting(0.1, "share of probability spread over the other pieces (the paper's ε_ls)", PROBABILITY)
     log_every: int = setting(100, "steps between log lines", AT_LEAST_1)
     validate_every: int = setting(1000, "steps between validations", AT_LEAST_1)

@@ -33,7 +33,7 @@ from .core.model import Transformer
 from .errors import Key, NmtError
 from .files import OutputError, os_error, reason
 from .marian import MarianError, Rows, to_marian
-from .temporaries import held_temporary, remove_abandoned_temporaries, temporary_name
+from .temporaries import replace_directory, temporary_name
 from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from .vocab import MarianTokenizer
 
@@ -213,29 +213,21 @@ def _write_failure(exc: BaseException, out: Path) -> OutputError | None:
 @contextlib.contextmanager
 def directory_in_place(out: Path):
     """Yield an empty directory beside ``out`` to write into; when the block ends, it replaces ``out``
-    (an earlier export there is removed). If the block fails, or the process is killed, ``out`` is as it was.
+    (:func:`nmt.temporaries.replace_directory`: never a partial export, and never none).
 
     Raises:
         OutputError: ``out`` cannot be written (checked first, see :func:`_check_directory`), or the disk filled up.
     """
     out = Path(os.path.abspath(out))  # "." has no name to write beside
     _check_directory(out)
-    old = out.with_name(f"{out.name}.old")
-    for place in (out, old):  # what killed exports to the same place left
-        remove_abandoned_temporaries(place.parent, place.name)
-    displaced = temporary_name(old)
     try:
-        with held_temporary(out, directory=True) as (tmp, _):
+        with replace_directory(out) as tmp:
             yield tmp
-            if out.exists():
-                os.rename(out, displaced)
-            os.rename(tmp, out)
-    except BaseException as exc:
-        failure = _write_failure(exc, out) if isinstance(exc, Exception) else None
+    except Exception as exc:
+        failure = _write_failure(exc, out)
         if failure is not None:
             raise failure from None
         raise
-    shutil.rmtree(displaced, ignore_errors=True)
 
 
 def export_huggingface(

@@ -61,8 +61,11 @@ def os_error(exc: BaseException) -> OSError | None:
     return exc
 
 
-def reason(exc: OSError) -> str:
-    """A short reason for a failed write, in words (``no space left on the device``)."""
+def reason(exc: OSError, path: Path | None = None) -> str:
+    """A short reason for a failed write of ``path``, in words (``no space left on the device``); for a
+    file whose directory is gone, that the directory was removed while nmt ran."""
+    if exc.errno == errno.ENOENT and path is not None and not Path(path).parent.is_dir():
+        return f"its directory {Path(path).parent} no longer exists (removed while nmt was writing to it?); nothing more was written there"
     return _REASONS.get(exc.errno, exc.strerror or str(exc))
 
 
@@ -248,7 +251,7 @@ def _raise_output_error(exc: Exception, path: Path):
         raise exc
     if cause.errno == errno.EPIPE:  # the reader of a FIFO left: as a pipe's reader leaving, not an error of ours
         raise BrokenPipeError(errno.EPIPE, f"the reader of {path} left") from None
-    raise OutputError(f"cannot write {path}: {reason(cause)}") from None
+    raise OutputError(f"cannot write {path}: {reason(cause, path)}") from None
 
 
 def check_not_an_input(output: Path, inputs: list[tuple[str, Path]], what: str = "--output") -> None:
@@ -284,4 +287,4 @@ def append_line(path: Path, line: str) -> None:
         with open(path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
     except OSError as exc:
-        raise OutputError(f"cannot write {path}: {reason(exc)}") from None
+        raise OutputError(f"cannot write {path}: {reason(exc, path)}") from None

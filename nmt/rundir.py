@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -122,9 +123,12 @@ class RunDir:
         """
         if self.lock_file is None:
             return
-        if self.created and [p.name for p in self.path.iterdir()] == [".lock"]:
-            (self.path / ".lock").unlink()
-            self.path.rmdir()
+        # A directory deleted or made unreadable under the run is not release's to report: the
+        # error that stopped the run (a checkpoint or record that could not be written) says so.
+        with contextlib.suppress(OSError):
+            if self.created and [p.name for p in self.path.iterdir()] == [".lock"]:
+                (self.path / ".lock").unlink()
+                self.path.rmdir()
         self.lock_file.close()
         self.lock_file = None
 
@@ -150,7 +154,7 @@ class RunDir:
             nmt.checkpoint.CheckpointError: no checkpoint is usable (the newest one's reason).
         """
         order = {"last.pt": 2, "best.pt": 0}
-        steps = {path: _peek_step(path) for path in self.checkpoints()}
+        steps = {path: _peek(path)[0] for path in self.checkpoints()}
         if not steps:
             raise ConfigError(
                 f"--resume: {self.path} holds no checkpoint (the run stopped before its first one, or never started); run without --resume to start afresh"
@@ -165,11 +169,31 @@ class RunDir:
                 del steps[path]
         for path in sorted(steps, key=lambda p: (steps[p], order.get(p.name, 1)), reverse=True):
             try:
-                return path, load_checkpoint(path, training=True)
+                payload = load_checkpoint(path, training=True)
+                self._check_one_run(path, payload)
+                return path, payload
             except CheckpointError as exc:
                 log.warning("skipping %s: %s", path, exc)
                 first_error = first_error or exc
         raise first_error
+
+    def _check_one_run(self, path: Path, payload: dict) -> None:
+        """Refuse to resume from ``path`` when it was written by another run than the directory's other
+        checkpoints (a ``last.pt`` copied in from elsewhere): its steps would be appended to this run's
+        records, and ``best.pt`` would stay the other run's.
+
+        Raises:
+            ConfigError: naming the checkpoint, both runs and what to do.
+        """
+        ours = (payload.get("run") or {}).get("id")
+        others = {p.name: run for p in self.checkpoints() if p != path and (run := _peek(p)[1]) is not None}
+        strangers = sorted(name for name, run in others.items() if run != ours)
+        if ours is not None and strangers:
+            started = (payload.get("run") or {}).get("dir", "elsewhere")
+            raise ConfigError(
+                f"--resume: {path} was written by another run (started in {started}) than {', '.join(strangers)} of {self.path}; "
+                "put this run's own checkpoint back, or resume that run in a directory of its own"
+            )
 
     def keep_history_until(self, step: int) -> None:
         """Remove metrics records and step checkpoints after ``step``: an abandoned history, or
@@ -241,12 +265,15 @@ def _try_lock(f) -> bool:
     return True
 
 
-def _peek_step(path: Path) -> int:
-    """A checkpoint's step, read lazily (tensors are not loaded); -1 if it cannot be read."""
+def _peek(path: Path) -> tuple[int, str | None]:
+    """A checkpoint's step and the id of the run that wrote it, read lazily (tensors are not loaded);
+    ``(-1, None)`` if it cannot be read, a None id where it records none (an older nmt's)."""
     try:
-        return int(torch.load(path, mmap=True, weights_only=True, map_location="cpu")["progress"]["step"])
+        payload = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+        run = payload.get("run")
+        return int(payload["progress"]["step"]), run.get("id") if isinstance(run, dict) else None
     except Exception:  # damaged or foreign files sort last; loading them reports why
-        return -1
+        return -1, None
 
 
 _NOT_A_RECORD = 1 << 62  # the "step" of a line that is not a record: after every history, so never kept

@@ -11,13 +11,16 @@ writes it. :func:`nmt.files.atomic_write` writes every output through one.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
+import logging
 import os
 import re
 import secrets
 import shutil
 import socket
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +28,8 @@ try:  # POSIX
     import fcntl
 except ImportError:  # Windows: no flock; a temporary is judged by its process id
     fcntl = None
+
+log = logging.getLogger("nmt.files")
 
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown"
 
@@ -152,3 +157,55 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError, OSError):
         return True
     return True
+
+
+@contextlib.contextmanager
+def replace_directory(out: Path) -> Iterator[Path]:
+    """Yield an empty directory beside ``out`` (an absolute path) to write into; when the block ends,
+    it replaces ``out`` (the earlier directory there is removed). If the block fails, or the process is
+    killed at any moment, ``out`` is as it was or is the new directory, never missing: the two are
+    exchanged in one step where the system can (Linux's ``renameat2``); elsewhere the earlier one is
+    moved aside first, and a later call that finds it moved aside with no ``out`` (its writer was
+    killed in between) puts it back. Temporaries killed writers left beside ``out`` are removed."""
+    old = out.with_name(f"{out.name}.old")
+    _restore_displaced(out, old)
+    for place in (out, old):  # what killed exports to the same place left
+        remove_abandoned_temporaries(place.parent, place.name)
+    displaced = temporary_name(old)
+    with held_temporary(out, directory=True) as (tmp, _):
+        yield tmp
+        if out.exists() and _exchange(tmp, out):
+            displaced = tmp  # the earlier directory, now at the temporary's name
+        else:
+            if out.exists():
+                os.rename(out, displaced)
+            os.rename(tmp, out)
+    shutil.rmtree(displaced, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap directories ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or file system cannot, changing nothing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it (musl before 1.2.?, glibc before 2.28)
+        return False
+    call.argtypes, call.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint], ctypes.c_int
+    at_cwd, rename_exchange = -100, 2
+    return call(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _restore_displaced(out: Path, old: Path) -> None:
+    """Put back the earlier directory that a killed writer moved aside (``.NAME.old.tmp...``) before it could
+    rename its own into place, when nothing is at ``out``: the newest such directory."""
+    if out.exists() or out.is_symlink():
+        return
+    aside = sorted(out.parent.glob(f".{glob.escape(old.name)}.tmp*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for candidate in aside:
+        if candidate.is_dir() and not candidate.is_symlink():
+            with contextlib.suppress(OSError):
+                os.rename(candidate, out)
+                log.warning("%s was missing (a writer was stopped between its two renames): the earlier one is back in place", out)
+                return

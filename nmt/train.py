@@ -18,7 +18,7 @@ should stop, finish). Under ``torchrun`` every stop and validate decision is one
 processes agree on (:mod:`nmt.distributed`).
 """
 
-# Size: module at most 570 lines: the Trainer is one class of about 420 lines, since its named steps share one state (progress, batches, model, updater).
+# Size: module at most 590 lines: the Trainer is one class of about 440 lines, since its named steps share one state (progress, batches, model, updater).
 
 from __future__ import annotations
 
@@ -173,7 +173,8 @@ class Trainer:
         self._batches: tuple[int, list] = (-1, [])
         self.epoch_batches()  # fewer batches than processes fails here, before any step
         self.window = Window(ddp.device)
-        self.diverged = False  # a non-finite gradient stops the run (train.nonfinite_loss: stop)
+        self.diverged = False  # a non-finite gradient stops the run (train.nonfinite_loss: stop), or too many skipped updates in a row
+        self.skipped_in_a_row = 0  # updates skipped since the last one made (train.max_skipped_updates)
         self.lowest_loss: tuple[float, int] | None = None  # the lowest logged training loss and its step, to notice divergence
         self.warned_divergence = False
         self.last_validation = run.last_validation() if opened.payload else None  # the newest validation record, for the result
@@ -397,12 +398,33 @@ class Trainer:
                     action,
                 )
             self.diverged = self.cfg.train.nonfinite_loss == "stop"
-            return False
+            return self._count_skipped()
         for out in outs:
             self.window.add(out)
         self.window.tokens += self.updater.last_tokens
         self.progress.step += 0 if self.updater.skipped else 1
-        return not self.updater.skipped
+        return self._count_skipped() if self.updater.skipped else self._made()
+
+    def _made(self) -> bool:
+        self.skipped_in_a_row = 0
+        return True
+
+    def _count_skipped(self) -> bool:
+        """Count a skipped update; past ``train.max_skipped_updates`` in a row the run cannot progress
+        (weights that give non-finite values whatever the batch) and stops as a diverged run does."""
+        self.skipped_in_a_row += 1
+        limit = self.cfg.train.max_skipped_updates
+        if self.skipped_in_a_row >= limit and not self.diverged:
+            self.diverged = True
+            if self.ddp.main:
+                log.warning(
+                    "warning: step %d: %d updates in a row were skipped (train.max_skipped_updates): the run cannot progress; stopping, last.pt "
+                    "keeps the weights of step %d; resume from an earlier checkpoint with a lower learning rate (train.lr_scale, train.lr)",
+                    self.progress.step + 1,
+                    limit,
+                    self.progress.step,
+                )
+        return False
 
     def maybe_log(self, bar) -> None:
         """Every ``train.log_every`` steps: log the window's loss, perplexity, lr and tokens/s, and record them."""

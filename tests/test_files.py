@@ -296,3 +296,45 @@ def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_writer_removes(tm
     assert held.read_bytes() == b"partial" and not out.exists()
     atomic_write(out, b"whole")
     assert out.read_bytes() == b"whole" and sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt"]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(exchange=st.booleans(), killed_at=st.integers(0, 2))
+def test_a_directory_replaced_by_a_writer_that_stops_at_any_moment_is_never_missing(tmp_path_factory, exchange, killed_at):
+    """An export that replaced an earlier one and was killed between its two renames left no output directory
+    (old and new both hidden), and the next export deleted both."""
+    from nmt import temporaries as module
+    from nmt.temporaries import replace_directory as directory_in_place
+
+    place = tmp_path_factory.mktemp("place")
+    out = place / "hf"
+    with directory_in_place(out) as tmp:
+        (tmp / "config.json").write_text("first")
+    renames = {"n": 0}
+    real_rename, real_exchange = os.rename, module._exchange
+
+    def stopped(original):
+        def call(*args):
+            renames["n"] += 1
+            if renames["n"] == killed_at + 1:
+                raise KeyboardInterrupt  # the process stops here (a kill leaves the same files)
+            return original(*args)
+
+        return call
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "_exchange", stopped(real_exchange) if exchange else lambda a, b: False)
+        patch.setattr(os, "rename", stopped(real_rename))
+        try:
+            with directory_in_place(out) as tmp:
+                (tmp / "config.json").write_text("second")
+        except KeyboardInterrupt:
+            pass
+    if exchange:  # one step: the place holds one complete export whenever it stops
+        assert (out / "config.json").read_text() in ("first", "second")
+    with directory_in_place(place / "other"):  # any later export (here: elsewhere) leaves it be
+        pass
+    with directory_in_place(out) as tmp:  # the next export to the place finds an export there or puts it back first
+        assert (out / "config.json").read_text() in ("first", "second")
+        (tmp / "config.json").write_text("third")
+    assert (out / "config.json").read_text() == "third" and sorted(p.name for p in place.iterdir()) == ["hf", "other"]

@@ -9,6 +9,8 @@ import time
 import pytest
 import torch
 from conftest import TOY
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nmt.checkpoint import CheckpointError, load_checkpoint
 from nmt.config import ConfigError, config_from_dict
@@ -799,3 +801,74 @@ def test_init_from_refuses_another_architecture_and_resume_before_writing(tmp_pa
         train(tiny_run_config(data, tmp_path / "base", 1), resume=True, init_from=tmp_path / "base" / "last.pt")
     assert err.value.render({"resume": "--resume", "init_from": "--init-from"}.get).startswith("--resume and --init-from cannot go together")
     assert not (tmp_path / "tuned").exists()
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(limit=st.integers(1, 4), good_first=st.integers(0, 2), interrupted=st.integers(0, 2))
+def test_a_run_whose_updates_are_skipped_in_a_row_stops_at_the_limit_and_a_made_update_resets_the_count(tmp_path_factory, limit, good_first, interrupted):
+    """With train.nonfinite_loss: skip and weights that give a non-finite loss every time, training skipped
+    368 updates in a row at step 1 for 579 s, saving nothing, until it was killed."""
+    from nmt.core.update import Updater
+
+    tmp_path = tmp_path_factory.mktemp("skips")
+    data = small_corpus(tmp_path, n=40)
+    calls = {"n": 0}
+    finite = Updater._gradients_finite
+    # good_first updates are made, then `interrupted` skipped ones and one made (fewer than the limit in a row), then only skipped ones.
+    pattern = [True] * good_first + [False] * min(interrupted, limit - 1) + [True]
+
+    def scripted(self):
+        calls["n"] += 1
+        ok = pattern[calls["n"] - 1] if calls["n"] <= len(pattern) else False
+        return finite(self) and ok
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Updater, "_gradients_finite", scripted)
+        result = train(tiny_run_config(data, tmp_path / "run", 50, nonfinite_loss="skip", max_skipped_updates=limit))
+    made = pattern.count(True)
+    assert result["stopped_by"] == "nonfinite" and result["step"] == made
+    assert calls["n"] == len(pattern) + limit  # it stopped at the limit's skipped update, not after
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == made
+
+
+@pytest.mark.parametrize("at_step", [0, 1, 2])
+def test_a_run_directory_removed_during_training_ends_in_one_error_naming_it(tmp_path, monkeypatch, at_step):
+    """A run directory deleted during training ended in a 144-line double traceback (releasing the
+    lock listed the directory again and raised over the error that stopped the run)."""
+    import shutil
+
+    from nmt.files import OutputError
+    from nmt.train import Trainer
+
+    data = small_corpus(tmp_path, n=40)
+    run, step = tmp_path / "run", Trainer.train_step
+
+    def removed(self, group):
+        if self.progress.step == at_step:
+            shutil.rmtree(run)
+        return step(self, group)
+
+    monkeypatch.setattr(Trainer, "train_step", removed)
+    with pytest.raises(OutputError, match=rf"^cannot write {run}/\S+: its directory {run} no longer exists \(removed while nmt was writing to it\?\)"):
+        train(tiny_run_config(data, run, 4, save_every=1))
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("foreign", ["last.pt", "best.pt"])
+def test_a_checkpoint_of_another_run_in_the_run_directory_is_refused_on_resume(tmp_path, foreign):
+    """A last.pt replaced by another run's checkpoint resumed silently (exit 0): metrics.jsonl then mixed two
+    runs and best.pt belonged to the first."""
+    import shutil
+
+    from nmt.config import ConfigError
+
+    data = small_corpus(tmp_path, n=40)
+    train(tiny_run_config(data, tmp_path / "run", 2, save_every=1, validate_every=2))
+    train(tiny_run_config(data, tmp_path / "other", 3, validate_every=3))
+    records = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    shutil.copyfile(tmp_path / "other" / "last.pt", tmp_path / "run" / foreign)  # step 3: newer than this run's own
+    with pytest.raises(ConfigError, match=rf"^--resume: {tmp_path / 'run'}/\S+ was written by another run \(started in {tmp_path / 'other'}\) than"):
+        train(tiny_run_config(data, tmp_path / "run", 2), resume=True, overrides=["train.max_steps=4"])
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == records  # nothing of the other run was appended
+    train(tiny_run_config(data, tmp_path / "other", 3), resume=True, overrides=["train.max_steps=4"])
+    assert load_checkpoint(tmp_path / "other" / "last.pt")["progress"]["step"] == 4
