@@ -634,7 +634,8 @@ def test_alignment_answers_are_bounded_by_the_weights_they_could_hold(translator
     parse_request(json.dumps({"text": [SENTENCES[1]] * 2}).encode(), translator, Limits())  # without alignment: no such bound
     prefixed = {"text": [SENTENCES[1]] * 2, "alignment": True, "prefix": [" ".join(SENTENCES * 2)] * 2}  # a prefix longer than the limit
     monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", 10**9)
-    forced = len(parse_request(json.dumps(prefixed).encode(), translator, Limits()).steering[0].prefix)
+    steered = parse_request(json.dumps(prefixed).encode(), translator, Limits()).steering[0]
+    forced = len(steered.prefix) + len(steered.fragment)  # the whole words, and at most a piece for each state of the cut last one
     assert forced > n + 1  # so the output limit grows to hold it, and the bound with it
     monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", weights)
     with pytest.raises(RequestError, match=rf"could hold {2 * (n + 1) * (forced + 4 + 1):,} weights"):

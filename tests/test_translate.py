@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import random_sources
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from nmt.config import ConfigError, DecodeConfig
@@ -45,16 +47,18 @@ def test_int8_names_its_limits():
 def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
     from conftest import cached_tokenizer
 
+    from nmt.core.beams import FRAGMENT_DONE
     from nmt.inference import steering
     from nmt.tokenizer import EOS
 
     tok = cached_tokenizer(200, lines=2000)
     pieces = tok.tgt_pieces
     cut = steering(tok, prefix="the do")
-    *forced, last = cut.prefix
-    assert [pieces[i] for (i,) in forced] == [pieces[i] for i in tok.encode_tgt(["the do"])[0][:-1]]
-    typed = pieces[tok.encode_tgt(["the do"])[0][-1]]
-    assert {pieces[i] for i in last} == {p for p in pieces if p.startswith(typed)} and len(last) > 1  # the typed fragment, and the words it begins
+    assert [pieces[i] for (i,) in cut.prefix] == ["\u2581the"]  # whole words are forced; the last, cut one is a fragment
+    first = dict(cut.fragment[0])  # what may spell "▁do": a piece that holds it (and maybe goes on), or begins it
+    assert {pieces[i] for i, s in first.items() if s == FRAGMENT_DONE} == {p for p in pieces if p.startswith("\u2581do")}
+    assert {pieces[i] for i, s in first.items() if s != FRAGMENT_DONE} == {p for p in pieces if "\u2581do".startswith(p) and p != "\u2581do"}
+    assert len(first) > 1
     spaced = steering(tok, prefix="the dog ")
     assert [i for (i,) in spaced.prefix[:-1]] == tok.encode_tgt(["the dog"])[0]
     assert EOS in spaced.prefix[-1] and all(pieces[i].startswith("\u2581") for i in spaced.prefix[-1] if i != EOS)
@@ -154,3 +158,41 @@ def test_int8_per_matrix_weights_when_asked(model):
     int8 = to_dtype(model, torch.qint8, per_channel=False)
     quantized = [m for m in int8.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
     assert len(quantized) == 2 * 4 + 2 * 7 + 1 and all(m.weight().qscheme() == torch.per_tensor_affine for m in quantized)
+
+
+def _cut_words(tok):
+    """Words the target vocabulary holds as one piece whose beginnings it cuts into two or more (``▁Lehr`` as ``▁L ehr``)."""
+    found = []
+    for piece in tok.tgt_pieces:
+        word = piece[1:]
+        if piece.startswith("\u2581") and len(word) > 2 and word.isalpha():
+            cuts = [k for k in range(1, len(word)) if len(tok.encode_tgt([word[:k]])[0]) > 1]
+            if cuts:
+                found.append((word, cuts))
+    return found
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_a_prefix_that_ends_inside_a_word_lets_the_model_finish_the_word_however_the_fragment_was_cut(data):
+    """`zwei Lehr` (cut `▁L ehr`) gave `zwei Lehr sagen…`: the pieces the fragment was cut into were forced,
+    so the model could not write `▁Lehrer`, the one piece its vocabulary has for the word."""
+    from conftest import cached_tokenizer, tiny_config
+
+    from nmt.config import DecodeConfig
+    from nmt.core.model import Transformer
+    from nmt.inference import Decoding, Inference, steering
+
+    tok = cached_tokenizer(300, 3000, german=True)
+    word, cuts = data.draw(st.sampled_from(_cut_words(tok)))
+    cut = data.draw(st.sampled_from(cuts))
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval()
+    whole = tok.tgt_pieces.index("\u2581" + word)
+    favour = torch.zeros(300)
+    favour[whole] = 50.0  # the model would write the word in one piece, if it may
+    model.project = lambda h: F.linear(h, model.tgt_embed.weight) + favour
+    inference = Inference([model], tok, torch.device("cpu"))
+    decode = DecodeConfig(beam_size=3, max_len_a=0.0, max_len_b=4)
+    ((best, *_),) = inference.translate(["the dog ."], Decoding(decode), [steering(tok, prefix="der " + word[:cut])])
+    assert best.tokens[:2] == [tok.encode_tgt(["der"])[0][0], whole], (word, cut, [tok.tgt_pieces[i] for i in best.tokens])

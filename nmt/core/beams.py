@@ -24,7 +24,11 @@ class Steering:
     """What one sentence's translation must or must not hold, as target piece ids.
 
     ``prefix``: the pieces allowed at each of the first steps (one piece: it is forced; several:
-    any of them, as for a prefix that ends inside a word, see :func:`nmt.inference.steering`).
+    any of them, as for a prefix that ends with a space, after which a word starts).
+    ``fragment``: after the prefix, a word the output must begin with but may finish as the
+    model spells it (a prefix that ends inside a word, see :func:`nmt.inference.steering`), as
+    an automaton over pieces: state ``s`` (0 first) maps each piece allowed there to the next
+    state, or to :data:`FRAGMENT_DONE` once the fragment is written (then anything may follow).
     ``constraints``: phrases that must each appear, in any order, exactly as these pieces
     (a hypothesis may end only once all have; Hu et al. 2019). ``bans``: phrases that must
     never appear as these pieces (beyond the prefix, which the user wrote).
@@ -33,9 +37,23 @@ class Steering:
     prefix: tuple[tuple[int, ...], ...] = ()
     constraints: tuple[tuple[int, ...], ...] = ()
     bans: tuple[tuple[int, ...], ...] = ()
+    fragment: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.prefix or self.constraints or self.bans)
+        return bool(self.prefix or self.constraints or self.bans or self.fragment)
+
+    def fragment_state(self, written: list[int]) -> int:
+        """Where ``written`` (the pieces after the prefix) leaves the fragment's automaton: a state, or
+        :data:`FRAGMENT_DONE` (written, or no fragment)."""
+        state = 0 if self.fragment else FRAGMENT_DONE
+        for piece in written:
+            if state == FRAGMENT_DONE:
+                break
+            state = dict(self.fragment[state]).get(piece, FRAGMENT_DONE)
+        return state
+
+
+FRAGMENT_DONE = -1  # the state of a hypothesis that has written its fragment (see Steering)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from ..config import DecodeConfig
-from .beams import Beams
+from .beams import FRAGMENT_DONE, Beams, Steering
 from .pieces import BOS, EOS, PAD, UNK, OutputRules
 
 
@@ -49,7 +49,7 @@ class Restrictions:
         rows_per_sentence = lprobs.size(0) // len(beams)
         limit = beams.at_limit(step, rows_per_sentence, lprobs.device)  # (rows,) or None
         eos = lprobs[limit, EOS] if limit is not None else None
-        forced = [i for i, s in enumerate(beams.steering) if step < len(s.prefix)]
+        forced = [i for i, s in enumerate(beams.steering) if step < len(s.prefix) or (s.fragment and step < len(s.prefix) + _longest(s))]
         written = {i: lprobs[i * rows_per_sentence : (i + 1) * rows_per_sentence].clone() for i in forced}  # before any rule
         lprobs.index_fill_(1, self.banned, float("-inf"))
         if step < self.min_len:
@@ -68,11 +68,13 @@ class Restrictions:
         k = lprobs.size(0) // len(beams)
         for i, steering in enumerate(beams.steering):
             rows = slice(i * k, (i + 1) * k)
-            if i in written:
+            if i in written and step < len(steering.prefix):
                 allowed = torch.tensor(steering.prefix[step], device=lprobs.device)
                 lprobs[rows] = float("-inf")
                 lprobs[rows, allowed] = written[i][:, allowed]
                 continue
+            if i in written:
+                _follow_fragment(lprobs, beams.tokens, i * k, k, steering, written[i])
             for phrase in steering.bans:
                 if len(phrase) == 1:
                     lprobs[rows, phrase[0]] = float("-inf")
@@ -107,3 +109,20 @@ class Restrictions:
         separator = ((have == 2) & (lead == 0xE2) & (second == 0x80)).unsqueeze(1)  # E2 80 A8/A9: U+2028, U+2029
         allowed &= ~(separator & ((values == 0xA8) | (values == 0xA9)))
         lprobs[rows] = middle.masked_fill(~allowed, float("-inf"))
+
+
+def _longest(steering: Steering) -> int:
+    """The most pieces a fragment can take: one per state (each piece moves it on)."""
+    return len(steering.fragment)
+
+
+def _follow_fragment(lprobs: Tensor, tokens: Tensor, first: int, k: int, steering: Steering, written: Tensor) -> None:
+    """Rows ``first .. first+k-1`` of a sentence whose prefix is written: each row still spelling the
+    fragment may only take the pieces its state allows, at the model's own scores (as a prefix's)."""
+    after = tokens[first : first + k, 1 + len(steering.prefix) :].tolist()  # the pieces since the prefix
+    for row, pieces in enumerate(after):
+        state = steering.fragment_state(pieces)
+        if state != FRAGMENT_DONE:
+            allowed = torch.tensor([piece for piece, _ in steering.fragment[state]], device=lprobs.device)
+            lprobs[first + row] = float("-inf")
+            lprobs[first + row, allowed] = written[row, allowed]

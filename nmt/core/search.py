@@ -289,7 +289,7 @@ def output_limits(src_lens: Tensor, decode: DecodeConfig, steering: list[Steerin
     prefix and constraints plus ``max_len_b``."""
     max_lens = (decode.max_len_a * src_lens.double() + decode.max_len_b).long()
     if steering:
-        needed = torch.tensor([len(s.prefix) + sum(map(len, s.constraints)) for s in steering], device=max_lens.device)
+        needed = torch.tensor([len(s.prefix) + len(s.fragment) + sum(map(len, s.constraints)) for s in steering], device=max_lens.device)
         max_lens = torch.maximum(max_lens, needed + decode.max_len_b)
     return max_lens
 
