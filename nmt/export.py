@@ -275,19 +275,22 @@ def write_huggingface(
     name: str | Path,
     languages: tuple[str, str] | None = None,
     tags: tuple[str, ...] = (),
+    say: bool = True,
 ) -> None:
-    """:func:`export_huggingface`'s files, written into the empty directory ``tmp``; messages name ``name``."""
+    """:func:`export_huggingface`'s files, written into the empty directory ``tmp``; messages name ``name``,
+    and with ``say`` say what a user of the directory (of ``generate()``, ``MarianTokenizer``) should know."""
     from transformers import GenerationConfig
     from transformers import MarianTokenizer as HFMarianTokenizer
 
     imported = isinstance(tokenizer, MarianTokenizer)
     decode = decode or DecodeConfig()
     hf = marian_model(model, tokenizer, max_positions)
-    values, notes = generation_settings(decode, tokenizer, max_positions, tags)
+    values, said = generation_settings(decode, tokenizer, max_positions, tags)
     hf.generation_config = GenerationConfig(**values)
-    for note in notes:
+    for note in said if say else ():
         log.warning("warning: %s: %s", name, note)
-    hf.save_pretrained(tmp)
+    with quiet_transformers():
+        hf.save_pretrained(tmp)
     if imported:
         spec = tokenizer.spec
         vocab, target_vocab = spec["vocab"], spec.get("target_vocab")
@@ -317,6 +320,8 @@ def write_huggingface(
         files["target_vocab_file"].write_text(json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8")
         options["separate_vocabs"] = True
     HFMarianTokenizer(**{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options).save_pretrained(tmp)
+    if not say:
+        return
     if tags:
         log.warning(
             "%s: a multilingual model: start each input with its target's tag (%s), as for OPUS-MT's multi-target models; MarianTokenizer "
@@ -426,6 +431,23 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
         ct2t._MODEL_LOADERS["MarianConfig"] = stock
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """Within the block, transformers shows no progress bars ("Writing model shards", "Loading weights") and logs
+    only errors: nmt says what concerns its user itself."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, out: str) -> str:
     """The README written beside a CTranslate2 model: where it came from and the Python lines that translate with it."""
     imported = isinstance(tokenizer, MarianTokenizer)
@@ -516,9 +538,11 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
             return
         with directory_in_place(out) as tmp:  # the Marian directory it is converted from is written inside, then removed
             (tmp / "huggingface").mkdir()
-            write_huggingface(model, tokenizer, tmp / "huggingface", max_positions, cfg.decode, out, languages, tag_list)
+            # The Marian directory is a step of the conversion: what its own users should know does not concern this one's.
+            write_huggingface(model, tokenizer, tmp / "huggingface", max_positions, cfg.decode, out, languages, tag_list, say=False)
             try:
-                export_ctranslate2(tmp / "huggingface", tmp / "ctranslate2", quantization)
+                with quiet_transformers():
+                    export_ctranslate2(tmp / "huggingface", tmp / "ctranslate2", quantization)
             except ValueError as exc:  # CTranslate2 rejects an unknown quantization with a ValueError
                 if quantization is None:
                     raise

@@ -1086,3 +1086,24 @@ def test_other_runtime_errors_are_not_taken_for_running_out_of_memory():
 
     assert out_of_memory(MemoryError()) and out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert not out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) and not out_of_memory(ValueError("out of memory"))
+
+
+def test_export_ctranslate2_says_only_what_concerns_a_ctranslate2_user(trained_run, tmp_path):
+    """`export --format ctranslate2` printed warnings about generate(), generation_config.json and MarianTokenizer
+    (of the Marian directory it converts from, which it then removes) and a library's progress bars."""
+    pytest.importorskip("ctranslate2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt", "export", str(tmp_path / "ct2"), "--checkpoint", str(trained_run), "--format", "ctranslate2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr
+    for foreign in ("generate()", "generation_config.json", "MarianTokenizer", "Writing model shards", "Loading weights", "it/s"):
+        assert foreign not in said, said
+    hf = subprocess.run(
+        [sys.executable, "-m", "nmt", "export", str(tmp_path / "hf"), "--checkpoint", str(trained_run)], capture_output=True, text=True, timeout=300
+    )
+    assert hf.returncode == 0 and "MarianTokenizer" in hf.stderr and "Writing model shards" not in hf.stderr  # the directory's own users are told
