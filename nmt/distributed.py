@@ -21,6 +21,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from .errors import NmtError
+
 log = logging.getLogger("nmt.train")
 
 # How long ranks wait for rank 0's preparation or validation: tokenizer training and
@@ -28,6 +30,21 @@ log = logging.getLogger("nmt.train")
 # (10 minutes with NCCL). A crashed rank 0 still ends the wait at once: Gloo notices the
 # closed connection, and torchrun stops the other processes.
 RANK0_WORK_TIMEOUT = datetime.timedelta(hours=24)
+
+
+#: What Gloo and NCCL say when another process of the job died or left: its connection broke, or a
+#: collective waited for it in vain. Matched in an error's text: the backends raise RuntimeError or
+#: torch.distributed.DistError with these words, not a type of their own.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout", "DistNetworkError", "communicator was aborted")
+
+
+class PeerLost(NmtError, RuntimeError):
+    """Another process of the job stopped, so this one cannot go on (one line, exit 2)."""
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective operation failing because another process of the job is gone."""
+    return isinstance(exc, (RuntimeError, dist.DistError)) and any(words in str(exc) for words in PEER_LOST)
 
 
 class Distributed:

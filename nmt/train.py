@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -38,7 +39,7 @@ from .core.batching import Batch, TokenBatchSampler, collate
 from .core.model import Transformer, count_parameters
 from .core.update import Updater, Window
 from .corpus import DataError
-from .distributed import Distributed, Interrupted, StopSignal
+from .distributed import PEER_LOST, Distributed, Interrupted, PeerLost, StopSignal, lost_peer
 from .encoded import EncodedCorpus
 from .errors import Key
 from .memory import keep_freed_memory
@@ -127,6 +128,13 @@ def train(cfg: Config, resume: bool = False, overrides: list[str] | None = None,
                 log.info("%s", opened.done["message"])
             return result_line(opened.done["step"], 0.0, opened.done["best_bleu"], "done", run.last_validation(), direction_names(opened.cfg))
         return Trainer(opened, ddp, run).run()
+    except (RuntimeError, dist.DistError) as exc:
+        if not (ddp.enabled and lost_peer(exc)):
+            raise
+        raise PeerLost(
+            f"another process of this run stopped, so rank {ddp.rank} stops too ({next(w for w in PEER_LOST if w in str(exc))}); "
+            f"once every process can run, continue with nmt train --run-dir {run.path} --resume (last.pt keeps the last checkpoint)"
+        ) from None
     finally:
         run.release()
         ddp.close()

@@ -216,3 +216,17 @@ def test_with_subword_sampling_rank_0_cuts_every_epoch_for_both(tmp_path, corpus
     assert len(steps) == 12 and steps[12] >= 1  # an epoch boundary crossed: a second cut, shared too
     cut = load_checkpoint(tmp_path / "ddp" / "last.pt")["subwords"]
     assert cut["epoch"] == steps[12] and len(cut["src_offsets"]) == 101  # every training pair, as rank 0 cut them
+
+
+def test_a_rank_killed_ends_the_survivor_in_one_line(tmp_path, corpus):
+    """A rank killed under torchrun left a 104-line traceback on the survivor (the run still resumed exactly)."""
+    run = tmp_path / "run"
+    procs = launch(run, common_args(*corpus, **{"train.max_steps": 100000}))
+    deadline = time.time() + HANG
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and len(records(run)) >= 3):
+        time.sleep(0.2)
+    procs[1].kill()
+    (code, err), _ = wait(procs)
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "another process of this run stopped" in lines[0], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
