@@ -3,6 +3,8 @@ import re
 import pytest
 import yaml
 from conftest import ROOT, random_sources
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nmt.config import ConfigError, DecodeConfig, config_from_dict
 from nmt.core.search import translate_batch
@@ -101,3 +103,33 @@ def test_tuning_refuses_test_sets_and_bad_grids_in_the_python_api_too(tmp_path):
         grid([0, 5], ["gnmt"], [1.0])
     with pytest.raises(ConfigError, match="^normalizations: unknown average; choose from gnmt, length, none$"):
         grid([1, 5], ["gnmt", "average"], [1.0])
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.data(),
+    scores=st.lists(st.tuples(st.sampled_from([20.0, 25.5]), st.sampled_from([50.0, 51.0])), min_size=2, max_size=8),
+    sentences=st.integers(1, 300),
+)
+def test_a_tie_keeps_the_checkpoints_own_setting_or_the_smallest_beam_and_says_so(data, scores, sentences, caplog):
+    """tune-decode on one sentence tied on every setting and picked the first in grid order."""
+    import logging
+
+    from nmt.commands.tune import FEW_SENTENCES, choose
+    from nmt.config import DecodeConfig
+
+    rows = [
+        {"beam_size": b, "length_normalization": "length", "length_penalty": a, "bleu": bleu, "chrf": chrf}
+        for (bleu, chrf), (b, a) in zip(scores, [(b, a) for b in (5, 1, 4, 2) for a in (0.6, 1.0)])
+    ]
+    own = data.draw(st.sampled_from(rows))
+    decode = DecodeConfig(beam_size=own["beam_size"], length_normalization="length", length_penalty=own["length_penalty"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nmt.tune"):
+        best = choose(rows, decode, sentences)
+    top = max((r["bleu"], r["chrf"]) for r in rows)
+    tied = [r for r in rows if (r["bleu"], r["chrf"]) == top]
+    assert (best["bleu"], best["chrf"]) == top
+    assert best is own if own in tied else best["beam_size"] == min(r["beam_size"] for r in tied)
+    assert ("settings tie" in caplog.text) == (len(tied) > 1)
+    assert ("cannot tell search settings apart" in caplog.text) == (sentences < FEW_SENTENCES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -75,7 +76,7 @@ def tune_decode(
     check_tokenizer(chosen)
     with progress_bar(quiet, total=len(src_lines) * len({s.beam_size for s in settings})) as bar:
         rows = run_grid(inference, src_lines, ref_lines, decode, settings, tokenize=chosen, progress=bar.update, src_prefix=goal.src_prefix)
-    best = max(rows, key=lambda r: r["bleu"])  # the first of equals: the smallest beam, in grid order
+    best = choose(rows, decode, len(src_lines))
     flags = f"--beam-size {best['beam_size']} --length-normalization {best['length_normalization']} --length-penalty {best['length_penalty']}"
     if as_json:
         typer.echo(json.dumps({"src": str(src), "ref": str(ref), "sentences": len(src_lines), "rows": rows, "best": best, "flags": flags}))
@@ -88,6 +89,34 @@ def tune_decode(
             f"{r['length_ratio']:>9.3f} {r['search_s']:>8}"
         )
     typer.echo(f"best: BLEU {best['bleu']:.2f} with {flags}")
+
+
+#: Fewer validation lines than this cannot tell search settings apart: a setting's BLEU moves by
+#: whole points with one sentence.
+FEW_SENTENCES = 100
+
+
+def choose(rows: list[dict], decode, sentences: int) -> dict:
+    """The best row: the highest BLEU, then chrF; among settings still equal, the checkpoint's own
+    (``decode``), else the smallest beam (the fastest), so that a tie never changes what is there
+    by the grid's order. Warns in one line when settings tie, and when ``sentences`` are too few to
+    tell them apart (:data:`FEW_SENTENCES`)."""
+    top = max((r["bleu"], r["chrf"]) for r in rows)
+    tied = [r for r in rows if (r["bleu"], r["chrf"]) == top]
+    own = lambda r: (r["beam_size"], r["length_normalization"], r["length_penalty"]) == (decode.beam_size, decode.length_normalization, decode.length_penalty)
+    best = next((r for r in tied if own(r)), min(tied, key=lambda r: r["beam_size"]))
+    log = logging.getLogger("nmt.tune")
+    if len(tied) > 1:
+        log.warning(
+            "warning: %d of %d settings tie at BLEU %.2f and chrF %.2f; kept %s",
+            len(tied),
+            len(rows),
+            *top,
+            "the checkpoint's own" if own(best) else "the smallest beam",
+        )
+    if sentences < FEW_SENTENCES:
+        log.warning("warning: %d sentences cannot tell search settings apart reliably; tune on a validation set of hundreds of lines", sentences)
+    return best
 
 
 def _csv(flag: str, text: str, kind: type) -> list:
