@@ -14,7 +14,7 @@ The resolved config is stored inside every checkpoint, so a checkpoint alone reb
 its model.
 """
 
-# Size: module at most 540 lines: every section's fields, with their ranges and help, are declared here, as the one place they are.
+# Size: module at most 550 lines: every section's fields, with their ranges and help, are declared here, as the one place they are.
 
 from __future__ import annotations
 
@@ -400,6 +400,17 @@ def validate(cfg: Config) -> None:
     _validate_directions(data, tk)
     if d.n_best > d.beam_size:
         raise ConfigError(Key("decode.n_best"), " must be <= ", Key("decode.beam_size"), f" (got {d.n_best} > {d.beam_size})")
+    if d.max_len_a == 0 and d.max_len_b == 0:
+        raise ConfigError(
+            Key("decode.max_len_a"), " and ", Key("decode.max_len_b"), " are both 0: every translation would be empty; raise ", Key("decode.max_len_b")
+        )
+    if d.max_len_a == 0 and d.min_len > d.max_len_b:
+        raise ConfigError(
+            Key("decode.min_len"),
+            f" {d.min_len} is above the output limit ",
+            Key("decode.max_len_b"),
+            f" {d.max_len_b}: every translation would be cut there; lower one or raise the other",
+        )
     if d.alignment_layer is not None and d.alignment_layer > m.n_decoder_layers:
         raise ConfigError(Key("decode.alignment_layer"), f" {d.alignment_layer} is beyond the model's {m.n_decoder_layers} decoder layers")
 

@@ -6,7 +6,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from nmt.config import SECTIONS, ConfigError, DecodeConfig, config_from_dict, config_to_dict, config_to_yaml, load_config
+from nmt.config import SECTIONS, Config, ConfigError, DecodeConfig, config_from_dict, config_to_dict, config_to_yaml, load_config, validate
 from nmt.errors import Key
 
 
@@ -418,6 +418,8 @@ def _valid_sections(draw):
             tokenizer["joint"] = True
             tokenizer.pop("src_model", None), tokenizer.pop("tgt_model", None)
     decode["n_best"] = min(decode.get("n_best", 1), decode.get("beam_size", 5))
+    if decode.get("max_len_a", 1.5) == 0:  # an output limit of max_len_b alone must leave room, above min_len
+        decode["max_len_b"] = max(decode.get("max_len_b", 10), decode.get("min_len", 0), 1)
     if decode.get("alignment_layer") is not None:
         decode["alignment_layer"] = 1  # within any model's decoder
     return raw
@@ -438,3 +440,16 @@ def test_config_yaml_keeps_yaml_line_breaks_in_keys_and_values(tmp_path):
     """Hypothesis found it: written with allow_unicode, a key of U+0085 (a YAML line break) read back as a space."""
     cfg = config_from_dict({"data": {"hf_dataset": "x", "hf_data_files": {"\x85": "a\u2028b"}, "cache_dir": "c\x85d"}})
     assert load_config(write(tmp_path, config_to_yaml(cfg))) == cfg
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.sampled_from([0.0, 0.5, 1.5]), b=st.integers(0, 12), min_len=st.integers(0, 15))
+def test_length_settings_that_can_only_give_empty_or_cut_output_are_refused(a, b, min_len):
+    """max_len_b 0 (with max_len_a 0) gave empty translations, and min_len above the limit cut every one, without a word."""
+    cfg = Config(decode=DecodeConfig(max_len_a=a, max_len_b=b, min_len=min_len))
+    impossible = a == 0 and (b == 0 or min_len > b)
+    if impossible:
+        with pytest.raises(ConfigError, match="every translation would be (empty|cut there)"):
+            validate(cfg)
+    else:
+        validate(cfg)
