@@ -14,7 +14,7 @@ The resolved config is stored inside every checkpoint, so a checkpoint alone reb
 its model.
 """
 
-# Size: module at most 550 lines: every section's fields, with their ranges and help, are declared here, as the one place they are.
+# Size: module at most 565 lines: every section's fields, with their ranges and help, are declared here, as the one place they are.
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from .fields import (
     did_you_mean,
     hints,
     kind,
+    looks_like_test_data,
     read,
     read_override,
     read_yaml,
@@ -137,6 +138,7 @@ class DataConfig(Checked):
     max_len: int = setting(128, "longest training pair kept, in pieces without BOS/EOS", AT_LEAST_1)
     max_len_ratio: float = setting(3.0, "largest length ratio of a training pair kept", Range(1))
     valid_max_sentences: int | None = setting(None, "validation sentences decoded for BLEU (null: all)", AT_LEAST_1)
+    allow_test_names: bool = setting(False, "validate on a split or files whose name says test (a validation set named like one, e.g. newstest2013)")
     workers: int = setting(0, "SentencePiece threads encoding the training text; 0: one per usable CPU, at most 16", AT_LEAST_0)
     cache_dir: str | None = setting(None, "encoded corpora (null: RUN_DIR/cache); share one across runs to encode once")
     directions: tuple[str, ...] | None = setting(
@@ -398,6 +400,13 @@ def validate(cfg: Config) -> None:
     if m.d_model % 2:
         raise ConfigError(Key("model.d_model"), f"={m.d_model} must be even for sinusoidal positions")
     _validate_directions(data, tk)
+    named = next((n for n in (data.valid_split, data.valid_src, data.valid_tgt) if n and looks_like_test_data(n)), None)
+    if named and not data.allow_test_names:
+        raise ConfigError(
+            Key("data.valid_split" if named == data.valid_split else "data.valid_src"),
+            f" {named} names test data: choosing checkpoints on it overstates "
+            "its score; validate on a validation split (e.g. val), or set data.allow_test_names=true if it is one named like a test set",
+        )
     if d.n_best > d.beam_size:
         raise ConfigError(Key("decode.n_best"), " must be <= ", Key("decode.beam_size"), f" (got {d.n_best} > {d.beam_size})")
     if d.max_len_a == 0 and d.max_len_b == 0:

@@ -348,3 +348,17 @@ def read_override(text: str, key: str) -> Any:
     """
     text = text.strip()
     return read_yaml(text, key=key)[0] if text.startswith(("[", "{", '"', "'")) else Plain(text)
+
+
+# A file name that says "test": test.de, test_2016_flickr.en.gz, newstest2014.de (but not latest.en).
+_TEST_NAME = re.compile(r"(?:^|[^a-z])(?:news)?test", re.IGNORECASE)
+
+
+def looks_like_test_data(path: str | Path) -> bool:
+    """Whether a file's (or a split's) name, not its directory, says it holds a test set.
+
+    A name check, not a guarantee: it guards against the common mistake of choosing settings
+    or checkpoints on the test set (validation and ``nmt tune-decode`` refuse such names), and
+    cannot know what a file really holds.
+    """
+    return bool(_TEST_NAME.search(Path(path).name))

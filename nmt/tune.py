@@ -13,7 +13,6 @@ ties between scores).
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -23,19 +22,8 @@ from .core.search import LENGTH_NORMALIZATIONS, Hypothesis, length_penalty
 from .corpus import read_lines
 from .errors import Key
 from .evaluate import score
+from .fields import looks_like_test_data
 from .inference import Decoding, Inference
-
-# A file name that says "test": test.de, test_2016_flickr.en.gz, newstest2014.de (but not latest.en).
-_TEST_NAME = re.compile(r"(?:^|[^a-z])(?:news)?test", re.IGNORECASE)
-
-
-def looks_like_test_data(path: str | Path) -> bool:
-    """Whether a file's name (not its directory) says it holds a test set.
-
-    A name check, not a guarantee: it guards against the common mistake of choosing
-    settings on the test set, and cannot know what a file really holds.
-    """
-    return bool(_TEST_NAME.search(Path(path).name))
 
 
 def validation_lines(src: str | Path, ref: str | Path, max_sentences: int | None = None, allow_test_names: bool = False) -> tuple[list[str], list[str]]:

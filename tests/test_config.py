@@ -453,3 +453,23 @@ def test_length_settings_that_can_only_give_empty_or_cut_output_are_refused(a, b
             validate(cfg)
     else:
         validate(cfg)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(["val", "valid", "dev", "latest", "test", "Test", "test_2016_flickr", "newstest2014", "dev_test", "tst"]),
+    where=st.sampled_from(["split", "files"]),
+    allowed=st.booleans(),
+)
+def test_validating_on_a_test_set_is_refused_by_the_rule_tune_decode_uses(name, where, allowed):
+    """The test split given as data.valid_split was accepted, while tune-decode refused test files."""
+    from nmt.config import DataConfig
+    from nmt.fields import looks_like_test_data
+
+    data = DataConfig(valid_split=name) if where == "split" else DataConfig(train_src="t.en", train_tgt="t.de", valid_src=f"{name}.en", valid_tgt=f"{name}.de")
+    cfg = Config(data=replace(data, allow_test_names=allowed))
+    if looks_like_test_data(name) and not allowed:
+        with pytest.raises(ConfigError, match="names test data: choosing checkpoints on it overstates its score"):
+            validate(cfg)
+    else:
+        validate(cfg)

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from nmt.config import ConfigError, DecodeConfig, config_from_dict
 from nmt.core.search import translate_batch
-from nmt.tune import Setting, grid, looks_like_test_data, rerank, validation_lines
+from nmt.fields import looks_like_test_data
+from nmt.tune import Setting, grid, rerank, validation_lines
 
 
 @pytest.mark.parametrize("beam", [2, 5])
