@@ -400,6 +400,14 @@ def validate(cfg: Config) -> None:
     if m.d_model % 2:
         raise ConfigError(Key("model.d_model"), f"={m.d_model} must be even for sinusoidal positions")
     _validate_directions(data, tk)
+    if data.src_lang == data.tgt_lang and not data.directions and not (data.train_src and data.valid_src):
+        raise ConfigError(
+            Key("data.src_lang"),
+            " and ",
+            Key("data.tgt_lang"),
+            f" are both {data.src_lang}: each split's one file would be read as source and target; "
+            "set the languages of the two sides, or give data.train_src/train_tgt and valid_src/valid_tgt",
+        )
     named = next((n for n in (data.valid_split, data.valid_src, data.valid_tgt) if n and looks_like_test_data(n)), None)
     if named and not data.allow_test_names:
         raise ConfigError(

@@ -5,14 +5,18 @@ lives in :mod:`nmt.clean`, the encoded-ids cache in :mod:`nmt.encoded`, batching
 :mod:`nmt.core.batching`. This module needs no torch.
 """
 
-# Size: module at most 460 lines: reading text (files, pipes, gzip, datasets) is one concern; split further it would cross-import.
+# Size: module at most 490 lines: reading text (files, pipes, compressed, datasets) is one concern; split further it would cross-import.
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import contextlib
+import functools
 import gzip
 import itertools
+import logging
+import lzma
 import os
 import select
 import stat
@@ -77,13 +81,31 @@ def _open_bytes(path: Path) -> Iterator[BinaryIO]:
             magic = head[:2]
             if magic in (b"\xff\xfe", b"\xfe\xff") or _utf16_without_bom(head):
                 raise DataError(f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
-            if magic == b"\x1f\x8b":
-                with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+            kind = compression(head)
+            if kind in DECOMPRESSORS:
+                with DECOMPRESSORS[kind](raw) as f:
                     yield f
+            elif kind is not None:
+                raise DataError(f"{path}: {kind}-compressed data, which nmt does not read; decompress it first ({kind} -d), or compress it with gzip")
             else:
                 yield raw
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if .gz, really gzip?") from None
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+        raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if compressed, really what its first bytes say?") from None
+
+
+#: A compressed file's first bytes, by the program that made it (what ``file(1)`` reads).
+MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
+#: The ones read as they are (the standard library's decompressors); the others are named in an error.
+DECOMPRESSORS = {
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+    "bzip2": lambda raw: bz2.BZ2File(raw, mode="rb"),
+    "xz": lambda raw: lzma.LZMAFile(raw, mode="rb"),
+}
+
+
+def compression(head: bytes) -> str | None:
+    """The compression whose magic bytes start ``head`` (:data:`MAGIC`), or None for other data."""
+    return next((kind for magic, kind in MAGIC.items() if head.startswith(magic)), None)
 
 
 def _utf16_without_bom(head: bytes) -> bool:
@@ -138,7 +160,9 @@ def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterat
     read = getattr(stream, "read1", stream.read)
     pending, lines, number, gunzip = bytearray(), [], 0, None
     while chunk := (os.read(fd, READ_BYTES) if fd is not None else read(READ_BYTES)):
-        if number == 0 and not pending and gunzip is None and chunk.startswith(b"\x1f\x8b"):
+        if number == 0 and not pending and gunzip is None and (kind := compression(chunk)) is not None:
+            if kind != "gzip":
+                raise DataError(f"{name}: {kind}-compressed data; decompress it on the way in ({kind} -dc FILE | ...), as gzip is read itself")
             gunzip = _Gunzip(name)
         pending += gunzip(chunk) if gunzip is not None else chunk
         start = 0
@@ -386,6 +410,11 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str]
     return ParallelText.files(src_path, tgt_path).read()
 
 
+@functools.cache
+def _warn_once(message: str) -> None:
+    logging.getLogger("nmt.data").warning("%s", message)
+
+
 def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
     """``{directory}/{split}.{lang}`` or its ``.gz``.
 
@@ -397,6 +426,8 @@ def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
         what = "not a directory" if os.path.lexists(directory) else "no such directory"
         raise DataError(f"data.dir {directory}: {what}; give the directory of the split files")
     candidates = [Path(directory) / f"{split}.{lang}", Path(directory) / f"{split}.{lang}.gz"]
+    if all(path.is_file() for path in candidates):
+        _warn_once(f"warning: {directory} holds both {candidates[0].name} and {candidates[1].name}; reading {candidates[0].name} (remove the one not meant)")
     for path in candidates:
         if path.is_file():
             return path

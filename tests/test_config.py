@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from nmt.config import SECTIONS, Config, ConfigError, DecodeConfig, config_from_dict, config_to_dict, config_to_yaml, load_config, validate
 from nmt.errors import Key
+from nmt.fields import looks_like_test_data
 
 
 def test_defaults_follow_the_paper():
@@ -417,6 +418,12 @@ def _valid_sections(draw):
                 data.pop(key, None)
             tokenizer["joint"] = True
             tokenizer.pop("src_model", None), tokenizer.pop("tgt_model", None)
+    if data.get("src_lang", "en") == data.get("tgt_lang", "de") and not data.get("directions") and not (data.get("train_src") and data.get("valid_src")):
+        data["tgt_lang"] = data.get("src_lang", "en") + "x"  # two languages, or each split's one file would be both sides
+    if not data.get("allow_test_names"):
+        for key in ("valid_split", "valid_src", "valid_tgt"):
+            if data.get(key) and looks_like_test_data(data[key]):
+                data[key] = "dev"
     decode["n_best"] = min(decode.get("n_best", 1), decode.get("beam_size", 5))
     if decode.get("max_len_a", 1.5) == 0:  # an output limit of max_len_b alone must leave room, above min_len
         decode["max_len_b"] = max(decode.get("max_len_b", 10), decode.get("min_len", 0), 1)
@@ -473,3 +480,19 @@ def test_validating_on_a_test_set_is_refused_by_the_rule_tune_decode_uses(name, 
             validate(cfg)
     else:
         validate(cfg)
+
+
+@settings(max_examples=40, deadline=None)
+@given(src=st.sampled_from(["en", "de", "fr"]), tgt=st.sampled_from(["en", "de", "fr"]), files=st.booleans())
+def test_one_language_on_both_sides_of_a_split_directory_is_refused(src, tgt, files):
+    """The same language on both sides read one file for both (a model that learns to copy)."""
+    from nmt.config import DataConfig
+
+    data = DataConfig(src_lang=src, tgt_lang=tgt)
+    if files:
+        data = replace(data, train_src="a.txt", train_tgt="b.txt", valid_src="c.txt", valid_tgt="d.txt")
+    if src == tgt and not files:
+        with pytest.raises(ConfigError, match=f"are both {src}: each split's one file would be read as source and target"):
+            validate(Config(data=data))
+    else:
+        validate(Config(data=data))

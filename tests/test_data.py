@@ -1,4 +1,5 @@
 import gzip
+import io
 import json
 import os
 from collections import Counter
@@ -7,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import AWKWARD_LINES, ROOT, TOY
-from hypothesis import example, given
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import nmt.encoded as encoded_module
@@ -614,3 +615,34 @@ def test_a_stored_cut_is_whole_or_refused(lengths, shift, cut, parts):
         return
     assert whole
     assert [corpus.src(i).tolist() for i in range(len(corpus))] == [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=20), min_size=1, max_size=6))
+def test_bzip2_and_xz_inputs_read_as_gzip_does_and_other_compressions_are_named(tmp_path_factory, lines):
+    """Input compressed with bzip2, xz or zstd was diagnosed as Latin-1 text ("invalid UTF-8 ... iconv -f latin1")."""
+    import bz2
+    import lzma
+
+    tmp = tmp_path_factory.mktemp("packed")
+    text = "".join(line + "\n" for line in lines).encode("utf-8")
+    for name, pack in (("t.gz", gzip.compress), ("t.bz2", bz2.compress), ("t.xz", lzma.compress), ("t.xz-named-txt.txt", lzma.compress)):
+        (tmp / name).write_bytes(pack(text))
+        assert read_lines(tmp / name) == lines and count_lines(tmp / name) == len(lines)  # by content, whatever the name
+    for kind, data in (("zstd", b"\x28\xb5\x2f\xfd" + bytes(20)), ("zip", b"PK\x03\x04" + bytes(20)), ("7z", b"7z\xbc\xaf\x27\x1c" + bytes(20))):
+        (tmp / f"t.{kind}").write_bytes(data)
+        with pytest.raises(DataError, match=rf"t\.{kind}: {kind}-compressed data, which nmt does not read; decompress it first"):
+            read_lines(tmp / f"t.{kind}")
+    with pytest.raises(DataError, match=r"<stdin>: xz-compressed data; decompress it on the way in \(xz -dc FILE \| \.\.\.\)"):
+        list(stream_buffers(io.BytesIO(lzma.compress(text)), 4))
+
+
+def test_a_split_both_plain_and_gzipped_is_read_plain_with_a_warning(tmp_path, caplog):
+    """train.en beside train.en.gz used the plain file without a word."""
+    from nmt.corpus import find_split_file
+
+    (tmp_path / "train.en").write_text("plain\n")
+    (tmp_path / "train.en.gz").write_bytes(gzip.compress(b"packed\n"))
+    with caplog.at_level("WARNING", logger="nmt.data"):
+        assert find_split_file(tmp_path, "train", "en") == tmp_path / "train.en"
+    assert f"{tmp_path} holds both train.en and train.en.gz; reading train.en" in caplog.text

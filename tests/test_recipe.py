@@ -115,6 +115,12 @@ def test_the_recipe_chooses_on_validation_and_reads_the_test_split_only_at_the_e
         (
             "other",
             ("--set", "data.valid_split=newstest2013"),
+            "data.valid_split newstest2013 names test data: choosing checkpoints on it overstates its score; validate on a validation split "
+            "(e.g. val), or set data.allow_test_names=true if it is one named like a test set",
+        ),
+        (
+            "other",
+            ("--set", "data.valid_split=newstest2013", "--set", "data.allow_test_names=true"),
             "the validation file DATA/newstest2013.en.gz's name says test data, which tune-decode refuses to tune on; "
             "if it is a validation set, give it a name without 'test'",
         ),
