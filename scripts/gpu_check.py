@@ -16,7 +16,11 @@ run cut short keeps what it measured:
             64 and 128 sentences a batch: nmt, Hugging Face generate, CTranslate2 float16
   multi30k  ``nmt train -c configs/multi30k_gpu.yaml`` for at most 5 minutes, then the
             average of the last step checkpoints or best.pt, whichever scores higher on
-            val, translates test_2016_flickr: BLEU and chrF
+            val, translates test_2016_flickr and test_2017_flickr once: BLEU and chrF
+  sweep     only with ``--sweep FILE`` (and then alone, unless ``--only`` says more): the
+            recipe's configurations in FILE trained at once on the one GPU, each one's
+            validation BLEU curve, and the best on val scored once on the test splits
+            (scripts/gpu_sweep.py)
 
 Steps share one budget (``--budget-s``, 8 minutes): each runs under the smaller of its own
 limit and what is left, and multi30k's training time shrinks to fit. A step that overruns
@@ -58,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 GPU_DATA = ROOT / "gpu_data"
-STEPS = ("env", "train", "decode", "multi30k")
+STEPS = ("env", "train", "decode", "multi30k", "sweep")  # sweep: only with --sweep
 # Modules every step needs (import name: distribution), then those of the comparison engines.
 REQUIRED = {"torch": "torch", "sentencepiece": "sentencepiece", "sacrebleu": "sacrebleu", "typer": "typer", "yaml": "pyyaml", "numpy": "numpy", "tqdm": "tqdm"}
 OPTIONAL = {"transformers": "transformers", "ctranslate2": "ctranslate2"}
@@ -183,16 +187,18 @@ class Data:
 
     dir: Path
     valid_split: str
-    test_split: str
+    test_split: str  # the one reported first
+    test_splits: tuple[str, ...] = ()  # every test split scored (the first is test_split)
 
     @classmethod
     def at(cls, directory: Path) -> Data:
-        """Multi30k's split names (val, test_2016_flickr) where its files are there, else nmt's (valid, test)."""
+        """Multi30k's split names (val; test_2016_flickr and test_2017_flickr) where its files are there, else nmt's (valid, test)."""
 
         def has(split: str) -> bool:
             return any((directory / f"{split}.en{gz}").is_file() for gz in ("", ".gz"))
 
-        return cls(directory.resolve(), "val" if has("val") else "valid", "test_2016_flickr" if has("test_2016_flickr") else "test")
+        tests = tuple(s for s in ("test_2016_flickr", "test_2017_flickr") if has(s)) or ("test",)
+        return cls(directory.resolve(), "val" if has("val") else "valid", tests[0], tests)
 
 
 def find_data(given: str | None, dry_run: bool) -> Data:
@@ -443,7 +449,7 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets:
             "--valid-split",
             data.valid_split,
             "--test-split",
-            data.test_split,
+            ",".join(data.test_splits or (data.test_split,)),
             "--device",
             plan.device,
             "--eval-lines",
@@ -460,6 +466,58 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets:
     record["status"] = not_ok[0] if not_ok else "ok" if "test_bleu" in record else "failed"
     results.add(record)
     return record
+
+
+def step_sweep(plan: Plan, data: Data, work: Path, left_s: float, sweep_file: Path, results: Results) -> dict:
+    """Train the sweep's configurations of the recipe at once for what the budget allows, then score
+    the one with the best validation BLEU on every test split (scripts/gpu_sweep.py); one record."""
+    sys.path.insert(0, str(SCRIPTS))
+    from gpu_sweep import chosen, curve, read_sweep, train_concurrently
+
+    configs = read_sweep(sweep_file)
+    train_s = min(plan.multi30k_train_s, left_s - plan.multi30k_reserve_s)
+    if train_s < 30:
+        record = {"step": "sweep", "status": "skipped", "seconds": 0.0, "error": f"{left_s:.0f} s of the budget left: too little to train"}
+        results.add(record)
+        return record
+    started, runs_dir = time.monotonic(), work / "sweep"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    common = [f"data.dir={data.dir}", f"data.valid_split={data.valid_split}", f"train.device={plan.device}", *plan.multi30k_sets]
+    base = ROOT / "configs" / "multi30k_gpu.yaml"
+    statuses = train_concurrently(configs, common, base, runs_dir, train_s, train_s + plan.multi30k_reserve_s / 2, results.env)
+    runs = {c["name"]: {"set": c["set"], "status": statuses[c["name"]], **curve(runs_dir / c["name"])} for c in configs}
+    record: dict = {"step": "sweep", "file": str(sweep_file), "concurrent": len(configs), "train_time_limit_s": round(train_s), "runs": runs}
+    best = chosen(runs)
+    record["chosen"] = best
+    if best is not None and (runs_dir / best / "best.pt").is_file():
+        cmd = [sys.executable, __file__, "--select", str(runs_dir / best), "--data", str(data.dir), "--valid-split", data.valid_split]
+        cmd += ["--test-split", ",".join(data.test_splits or (data.test_split,)), "--device", plan.device, "--eval-lines", str(plan.eval_lines)]
+        left = max(30.0, left_s - (time.monotonic() - started))
+        status, _, selected, tail = run_process(cmd, left, results.log, results.env)
+        if selected:
+            record["selection"] = selected[-1]
+        if tail:
+            record["error"] = tail
+        record["status"] = "ok" if status == "ok" and selected else status
+    else:
+        record["status"] = "failed"
+        record["error"] = "no configuration validated: " + "; ".join(f"{k}: {v['status']}" for k, v in runs.items())
+    record["seconds"] = round(time.monotonic() - started, 1)
+    results.add(record)
+    return record
+
+
+def sweep_summary(r: dict) -> list[str]:
+    """The sweep record's lines of the summary: each configuration's curve, and the chosen one's test scores."""
+    out = [f"sweep: {r.get('concurrent')} configurations at once for {r.get('train_time_limit_s')} s (each about 1/{r.get('concurrent')} of the GPU)"]
+    for name, run in r.get("runs", {}).items():
+        curve = " ".join(f"{v['step']}:{v['bleu']}" for v in run["validations"])
+        out.append(f"  {name:<16} {run['status']:<8} steps {run['steps']:>6}  val BLEU {curve}  ({' '.join(run['set']) or 'the recipe as it is'})")
+    selection = r.get("selection", {})
+    if selection:
+        tests = "; ".join(f"{k} BLEU {v['bleu']} chrF {v['chrf']}" for k, v in selection.get("tests", {}).items())
+        out.append(f"  chosen on val: {r['chosen']} ({selection['selected']}): {tests}")
+    return out
 
 
 def training_figures(run_dir: Path) -> dict:
@@ -576,7 +634,8 @@ def sdpa_probe(device, small: bool) -> dict:
 
 def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split: str, device_name: str, eval_lines: int, last: int = 5) -> dict:
     """Average the newest ``last`` step checkpoints, keep that or best.pt (whichever has the
-    higher val BLEU), and score its test translations (the multi30k step's second half)."""
+    higher val BLEU), and score its translations of each test split (``test_split``, comma-separated),
+    once: the multi30k step's second half."""
     import torch
 
     from nmt.average import average_checkpoints
@@ -609,9 +668,12 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
         candidates["average"] = run_dir / "average.pt"
     valid = {name: bleu(path, valid_split)["bleu"] for name, path in candidates.items()}
     chosen = max(valid, key=valid.get)
-    test = bleu(candidates[chosen], test_split)
+    splits = test_split.split(",")  # scored once each, the chosen checkpoint only
+    tests = {split: bleu(candidates[chosen], split) for split in splits}
+    test_split, test = splits[0], tests[splits[0]]
     dynamic = bleu(candidates[chosen], test_split, "dynamic")  # the same search with the dynamic cache: the same BLEU, in its time
     return {
+        "tests": {split: {"lines": len(lines(split, "en")), "bleu": round(t["bleu"], 2), "chrf": round(t["chrf"], 2)} for split, t in tests.items()},
         "averaged": [p.name for p in steps] if "average" in candidates else [],
         "valid_bleu": {k: round(v, 2) for k, v in valid.items()},
         "selected": chosen,
@@ -689,11 +751,14 @@ def summary(lines: list[dict]) -> str:
             elif "error" in e:
                 out.append(f"{r['step']} {e.get('engine', '')}: error {e['error']}")
         if r["step"] == "multi30k" and "test_bleu" in r:
+            others = "; ".join(f"{k} BLEU {v['bleu']}" for k, v in r.get("tests", {}).items() if k != r["test_split"])
             out.append(
                 f"multi30k: {r.get('steps')} steps in {r.get('train_seconds', 0):.0f} s, "
                 f"{r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']} in {r.get('test_decode_s')} s "
-                f"(dynamic cache: BLEU {r.get('test_bleu_dynamic_cache')} in {r.get('test_decode_s_dynamic_cache')} s)"
+                f"(dynamic cache: BLEU {r.get('test_bleu_dynamic_cache')} in {r.get('test_decode_s_dynamic_cache')} s){'; ' + others if others else ''}"
             )
+        if r["step"] == "sweep":
+            out += sweep_summary(r)
     return "\n".join(out)
 
 
@@ -703,7 +768,7 @@ def main() -> None:
     p.add_argument("--out", default=None, help="results file, one JSON line per step (default WORK/results.jsonl); the log goes beside it (.log)")
     p.add_argument("--work", default=None, help="folder for the training run and installed wheels (default runs/gpu_check/UTC-TIME)")
     p.add_argument("--data", default=None, help="Multi30k directory (see above)")
-    p.add_argument("--only", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(STEPS)} (default: all; with --sweep, only sweep)")
     p.add_argument("--budget-s", type=float, default=None, help="seconds for all steps after setup (default 480; dry run 900)")
     p.add_argument(
         "--train-engines",
@@ -712,6 +777,12 @@ def main() -> None:
     )
     p.add_argument(
         "--multi30k-set", action="append", default=[], metavar="KEY=VALUE", help="override configs/multi30k_gpu.yaml in the multi30k step (repeatable)"
+    )
+    p.add_argument(
+        "--sweep",
+        default=None,
+        metavar="FILE",
+        help="train the configurations of FILE (e.g. configs/multi30k_gpu_sweep.yaml) at once and score the best on val (the sweep step)",
     )
     p.add_argument("--prepare", action="store_true", help="copy the data into gpu_data/ and fetch wheels for the GPU machine, then stop")
     p.add_argument("--wheel-python", default="3.12", help="with --prepare: the GPU machine's Python version")
@@ -734,7 +805,9 @@ def main() -> None:
         return
 
     plan = DRY if args.dry_run else GPU
-    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    only = [s.strip() for s in (args.only or ("sweep" if args.sweep else ",".join(STEPS[:-1]))).split(",") if s.strip()]
+    if "sweep" in only and not args.sweep:
+        fail("--only sweep needs --sweep FILE (a YAML list of {name, set})")
     unknown = sorted(set(only) - set(STEPS))
     if unknown:
         fail(f"--only {','.join(unknown)}: not a step; choose from {','.join(STEPS)}")
@@ -782,6 +855,8 @@ def main() -> None:
         step_decode(plan, data, run)
     if "multi30k" in only:
         step_multi30k(plan, data, work, deadline - time.monotonic(), args.multi30k_set, results)
+    if "sweep" in only:
+        step_sweep(plan, data, work, deadline - time.monotonic(), Path(args.sweep), results)
     print(summary(results.lines), flush=True)
     failed = [r["step"] for r in results.lines if r["status"] != "ok" or any("error" in e for e in r.get("records", []))]
     if failed:

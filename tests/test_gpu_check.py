@@ -177,3 +177,43 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     assert m30k["test_lines"] == 16 and 0 <= m30k["test_bleu"] <= 100 and 0 < m30k["test_chrf"] <= 100
     assert "tok:13a" in m30k["bleu_signature"]
     assert m30k["test_bleu_dynamic_cache"] == m30k["test_bleu"] and m30k["test_decode_s"] > 0
+
+
+@pytest.mark.slow
+def test_dry_run_sweep_trains_configurations_at_once_and_scores_the_best_on_val(tmp_path):
+    """scripts/gpu_check.sh --sweep: K configurations of the recipe trained concurrently in one call,
+    each reporting its validation curve; the best on val is scored once on the test splits."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("- name: plain\n  set: []\n- name: sharper\n  set: [train.label_smoothing=0.0]\n", encoding="utf-8")
+    out = tmp_path / "results.jsonl"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--sweep", str(sweep), "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in lines] == ["setup", "sweep"]
+    (r,) = lines[1:]
+    assert r["status"] == "ok" and r["concurrent"] == 2 and set(r["runs"]) == {"plain", "sharper"}
+    for run in r["runs"].values():
+        assert run["status"] == "ok" and [v["step"] for v in run["validations"]] == [3, 6]
+    assert r["chosen"] == max(r["runs"], key=lambda k: r["runs"][k]["best_valid_bleu"])
+    assert r["selection"]["tests"] and all(t["lines"] > 0 for t in r["selection"]["tests"].values())  # each test split, once
+    assert "sweep:" in proc.stdout and "chosen on val" in proc.stdout
+
+
+def test_a_sweep_file_is_checked_before_anything_runs(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_sweep import chosen, read_sweep
+
+    for text, reason in (("name: x\n", "a YAML list"), ("- name: a\n- name: a\n", "repeated"), ("- set: []\n", "entry 0 must be")):
+        (tmp_path / "s.yaml").write_text(text, encoding="utf-8")
+        with pytest.raises(SystemExit, match=reason):
+            read_sweep(tmp_path / "s.yaml")
+    assert read_sweep(ROOT / "configs" / "multi30k_gpu_sweep.yaml")[0] == {"name": "recipe", "set": []}
+    runs = {"a": {"best_valid_bleu": 20.0}, "b": {"best_valid_bleu": 31.5}, "c": {"best_valid_bleu": None}}
+    assert chosen(runs) == "b" and chosen({"c": {"best_valid_bleu": None}}) is None
