@@ -60,15 +60,6 @@ SMALLER = {
 }
 
 
-def out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says that memory ran out: Python's ``MemoryError``, torch's ``OutOfMemoryError`` (a
-    GPU's), or the ``RuntimeError`` torch's CPU allocator raises ("can't allocate memory")."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text or "out of memory" in text.lower())
-
-
 class Command(TyperCommand):
     """A command whose user errors print as one line, ``error: ...``, with exit code 2; so does running
     out of memory, naming what to lower (:data:`SMALLER`)."""
@@ -81,6 +72,8 @@ class Command(TyperCommand):
             typer.echo(f"error: {exc.render(_names(ctx))}", err=True)
             raise typer.Exit(code=2) from None
         except (MemoryError, RuntimeError) as exc:
+            from .runtime import out_of_memory  # here: `nmt --help` loads without torch
+
             if not out_of_memory(exc):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -254,3 +254,58 @@ def decode_scorer(device: torch.device, columns: Tensor | None = None, cache: st
     if columns is not None or cache == "dynamic":
         return SCORERS["cached"]
     return StaticScorer if cache == "static" or (device.type == "cuda" and graphs_work()) else SCORERS["cached"]
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says that memory ran out: Python's ``MemoryError``, torch's ``OutOfMemoryError`` (a
+    GPU's), or the ``RuntimeError`` torch's CPU allocator raises ("can't allocate memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text or "out of memory" in text.lower())
+
+
+def check_fits(updater, batch, max_tokens: int) -> None:
+    """Run the forward and backward pass of ``batch`` (the epoch's largest under ``train.max_tokens``)
+    once before training, with the weights, optimizer and random generators left as they were; if it
+    runs out of memory, halve the batch until a part fits and say, in one line, what does.
+
+    Run on a GPU, where running out of memory is an error to recover from (a CPU's process is
+    more often killed than told); :class:`~nmt.core.update.Updater` does the pass (:meth:`trial`).
+
+    Raises:
+        ConfigError: naming ``train.max_tokens`` and the largest budget found to fit.
+    """
+    device = updater.device
+    states = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None)
+
+    def fits(part) -> bool:
+        try:
+            updater.trial(part)
+            return True
+        except (MemoryError, RuntimeError) as exc:
+            if not out_of_memory(exc):
+                raise
+            updater.optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            return False
+
+    try:
+        if fits(batch):
+            return
+        n = batch.src.size(0)
+        while n > 1:
+            n //= 2
+            part = type(batch)(batch.src[:n], batch.tgt_in[:n], batch.tgt_out[:n])
+            if fits(part):
+                fitting = n * max(part.src.size(1), part.tgt_in.size(1))
+                raise ConfigError(
+                    f"train.max_tokens {max_tokens} does not fit in the memory of {device}: a batch of {fitting} tokens does; "
+                    f"set train.max_tokens={fitting} or less (train.update_freq keeps the tokens an update sees)"
+                )
+        raise ConfigError(f"train.max_tokens {max_tokens}: not even one sentence of the largest batch fits in the memory of {device}; use a smaller model")
+    finally:
+        torch.set_rng_state(states[0])
+        if states[1] is not None:
+            torch.cuda.set_rng_state_all(states[1])

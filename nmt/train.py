@@ -18,7 +18,7 @@ should stop, finish). Under ``torchrun`` every stop and validate decision is one
 processes agree on (:mod:`nmt.distributed`).
 """
 
-# Size: module at most 590 lines: the Trainer is one class of about 440 lines, since its named steps share one state (progress, batches, model, updater).
+# Size: module at most 600 lines: the Trainer is one class of about 440 lines, since its named steps share one state (progress, batches, model, updater).
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from .multilingual import DirectionMix, directions
 from .opening import Opened, open_run, read_back
 from .progress import Batching, Progress, rng_state, set_rng_state
 from .rundir import RunDir, step_checkpoints
-from .runtime import attention_backends, for_training, resolve_device
+from .runtime import attention_backends, check_fits, for_training, resolve_device
 from .subwords import sampled_training_corpus
 from .validation import validate
 
@@ -270,6 +270,9 @@ class Trainer:
             disable=not (self.cfg.train.progress_bar and self.ddp.main) or None,
             dynamic_ncols=True,
         )
+        if self.ddp.device.type == "cuda":  # a budget the GPU cannot hold: one line now, not a CUDA traceback at some step
+            largest = max(self.epoch_batches(), key=lambda b: len(b) * int(self.corpus.src_lengths[b].max() + self.corpus.tgt_lengths[b].max()))
+            check_fits(self.updater, collate(self.epoch_corpus(self.progress.epoch, self.progress.batching.seed), largest), self.cfg.train.max_tokens)
         with StopSignal() as signals, logging_redirect_tqdm():
             self.maybe_validate(signals)  # resumed at a step whose validation a signal abandoned
             while (reason := self.should_stop(signals)) is None:

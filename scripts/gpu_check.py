@@ -782,7 +782,7 @@ def main() -> None:
         "--sweep",
         default=None,
         metavar="FILE",
-        help="train the configurations of FILE (e.g. configs/multi30k_gpu_sweep.yaml) at once and score the best on val (the sweep step)",
+        help="train the configurations of FILE (e.g. configs/sweeps/multi30k_gpu.yaml) at once and score the best on val (the sweep step)",
     )
     p.add_argument("--prepare", action="store_true", help="copy the data into gpu_data/ and fetch wheels for the GPU machine, then stop")
     p.add_argument("--wheel-python", default="3.12", help="with --prepare: the GPU machine's Python version")

@@ -1,7 +1,7 @@
 """The sweep step of scripts/gpu_check.py: K configurations of the 5-minute recipe trained at once on one GPU.
 
 GPU time comes in short, rare calls, so one call tunes the recipe: every configuration of the
-sweep file (``configs/multi30k_gpu_sweep.yaml``: a name and the ``--set`` overrides of
+sweep file (``configs/sweeps/multi30k_gpu.yaml``: a name and the ``--set`` overrides of
 ``configs/multi30k_gpu.yaml`` each) trains in a process of its own, all of them concurrently and
 for the same time, each reporting its validation BLEU curve. The configuration with the best
 validation BLEU (val only: the test sets are never read to choose) then has its best checkpoint,

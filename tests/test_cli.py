@@ -1082,7 +1082,7 @@ def test_running_out_of_memory_is_one_line_naming_what_to_lower_and_leaves_the_o
 
 
 def test_other_runtime_errors_are_not_taken_for_running_out_of_memory():
-    from nmt.cli import out_of_memory
+    from nmt.runtime import out_of_memory
 
     assert out_of_memory(MemoryError()) and out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert not out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) and not out_of_memory(ValueError("out of memory"))

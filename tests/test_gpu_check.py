@@ -214,6 +214,6 @@ def test_a_sweep_file_is_checked_before_anything_runs(tmp_path):
         (tmp_path / "s.yaml").write_text(text, encoding="utf-8")
         with pytest.raises(SystemExit, match=reason):
             read_sweep(tmp_path / "s.yaml")
-    assert read_sweep(ROOT / "configs" / "multi30k_gpu_sweep.yaml")[0] == {"name": "recipe", "set": []}
+    assert read_sweep(ROOT / "configs" / "sweeps" / "multi30k_gpu.yaml")[0] == {"name": "recipe", "set": []}
     runs = {"a": {"best_valid_bleu": 20.0}, "b": {"best_valid_bleu": 31.5}, "c": {"best_valid_bleu": None}}
     assert chosen(runs) == "b" and chosen({"c": {"best_valid_bleu": None}}) is None

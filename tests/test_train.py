@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import TOY
+from conftest import TOY, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -872,3 +873,43 @@ def test_a_checkpoint_of_another_run_in_the_run_directory_is_refused_on_resume(t
     assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == records  # nothing of the other run was appended
     train(tiny_run_config(data, tmp_path / "other", 3), resume=True, overrides=["train.max_steps=4"])
     assert load_checkpoint(tmp_path / "other" / "last.pt")["progress"]["step"] == 4
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 40), holds=st.integers(0, 45), seed=st.integers(0, 3))
+def test_a_token_budget_the_device_cannot_hold_is_one_line_naming_what_fits_and_nothing_changes(batch, holds, seed):
+    """train.max_tokens too large for a GPU ended in a CUDA traceback at some step; before the first step
+    the largest batch now runs once (weights, optimizer and generators untouched), and halving it finds what fits."""
+    from nmt.config import ConfigError, TrainConfig
+    from nmt.core.batching import Batch
+    from nmt.core.model import Transformer
+    from nmt.core.update import Updater
+    from nmt.runtime import check_fits
+
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config()).train()
+    updater = Updater(model, TrainConfig(warmup_steps=2), torch.device("cpu"))
+    src = torch.randint(4, 40, (batch, 7))
+    tgt = torch.randint(4, 40, (batch, 6))
+    largest = Batch(src, tgt[:, :-1], tgt[:, 1:])
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    trial = updater.trial
+
+    def limited(part):  # a device that holds at most `holds` sentences of this length
+        if part.src.size(0) > holds:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        trial(part)
+
+    updater.trial = limited
+    if batch <= holds:
+        check_fits(updater, largest, 7 * batch)
+    else:
+        fits = batch
+        while fits > holds:
+            fits //= 2
+        message = f"a batch of {fits * 7} tokens does; set train.max_tokens={fits * 7} or less" if fits else "not even one sentence"
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            check_fits(updater, largest, 7 * batch)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items()) and not updater.optimizer.state
+    assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())

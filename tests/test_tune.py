@@ -77,6 +77,9 @@ def test_shipped_configs_train_and_select_on_no_test_split():
         used = [data.train_split, data.valid_split, data.train_src, data.train_tgt, data.valid_src, data.valid_tgt]
         used += [f"{split}:{file}" for split, file in (data.hf_data_files or {}).items()]
         assert not [u for u in used if u and looks_like_test_data(u)], path
+    for path in sorted((ROOT / "configs" / "sweeps").glob("*.yaml")):  # a sweep's overrides choose on val too
+        sets = [s for entry in yaml.safe_load(path.read_text(encoding="utf-8")) for s in entry.get("set", [])]
+        assert not [s for s in sets if s.split("=")[0].startswith("data.") and looks_like_test_data(s.split("=", 1)[1])], path
 
 
 def test_shipped_scripts_train_and_tune_on_no_test_file():

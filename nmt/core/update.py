@@ -119,6 +119,21 @@ class Updater:
         self.optimizer.zero_grad(set_to_none=True)
         return outs
 
+    def trial(self, batch: Batch) -> None:
+        """The forward and backward pass of ``batch`` (host tensors) as a step runs them, with nothing
+        kept: the gradients are dropped, the weights, optimizer and schedule untouched (what
+        :func:`nmt.runtime.check_fits` runs to see whether a batch fits in memory). Random draws
+        (dropout) are consumed: a caller that needs them unchanged saves the generators' states."""
+        batch = batch.to(self.device)
+        self.model.train()
+        with (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None),
+            self.context(),
+        ):
+            logits = self.model(batch.src, batch.tgt_in)  # the model itself: DDP's wrapper would wait for the other processes
+        self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing).loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def _gradients_finite(self) -> bool:
         """Clip the gradients (``clip_norm``) and say whether their norm is finite. The norm is the
         same on every process (gradients are all-reduced), so all of them decide alike. With fp16
