@@ -23,12 +23,14 @@ that runs the model (torch releases the GIL while it computes, so the event loop
 accepting and queueing requests meanwhile; under load the next batch is already waiting).
 Each job's future is resolved with its own lines' results, in its input order.
 
-A bad request gets a 4xx answer ``{"error": "one line"}``; a client that leaves before its
-answer only loses the answer. When ``max_queued_requests`` requests already wait, a new one is
-answered 503 with ``Retry-After: 1`` at once (before its body is parsed).
+A bad request gets a 4xx answer ``{"error": "one line"}``; a body may come compressed
+(``Content-Encoding: gzip`` or ``deflate``, :class:`~nmt.serve_api.Body`; any other is a 415).
+A client that leaves before its answer only loses the answer. When ``max_queued_requests``
+requests already wait, a new one is answered 503 with ``Retry-After: 1`` at once (before its
+body is parsed).
 """
 
-# Size: create_app() at most 120 lines: the routes, the admission count and the error handler are closures over one batcher and translator (Starlette's idiom).
+# Size: create_app() at most 115 lines: the routes, the admission count and the error handler are closures over one batcher and translator (Starlette's idiom).
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ from .core.beams import Steering
 from .core.search import Hypothesis
 from .inference import Decoding, Inference
 from .multilingual import directions, target_languages
-from .serve_api import MAX_BODY_BYTES, Job, Limits, RequestError, parse_request
+from .serve_api import Body, Job, Limits, RequestError, parse_request
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("nmt.serve")
@@ -231,9 +233,9 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-def _error(message: str, status: int) -> JSONResponse:
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
     """``{"error": message}`` with ``status``; what a message repeats of the request is escaped if it is not valid Unicode."""
-    return JSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8")}, status_code=status)
+    return JSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8")}, status_code=status, headers=headers)
 
 
 def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:  # noqa: B008 (Limits is frozen)
@@ -261,9 +263,7 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
         answered, less the batch being translated: a slow upload holds its place as a queued job does."""
         waiting = batcher.admitted - batcher.running
         if waiting >= limits.max_queued_requests:
-            busy = _error(f"the server is busy: {waiting} requests wait for a batch (--max-queued-requests); retry later", 503)
-            busy.headers["Retry-After"] = "1"
-            return busy, None
+            return _error(f"the server is busy: {waiting} requests wait for a batch (--max-queued-requests); retry later", 503, {"Retry-After": "1"}), None
         batcher.admitted += 1
         try:
             return await admitted(request)
@@ -271,15 +271,13 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             batcher.admitted -= 1
 
     async def admitted(request: Request) -> tuple[JSONResponse, Job | None]:
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                return _error(f"the body is larger than {MAX_BODY_BYTES} bytes", 413), None
         try:
-            job = parse_request(raw, translator.inference, limits)
+            body = Body(", ".join(request.headers.getlist("content-encoding")))
+            async for chunk in request.stream():
+                body.add(chunk)
+            job = parse_request(body.finish(), translator.inference, limits)
         except RequestError as exc:
-            return _error(str(exc), exc.status), None
+            return _error(str(exc), exc.status, exc.headers), None
         job.future = asyncio.get_running_loop().create_future()
         await batcher.queue.put(job)
         gone = asyncio.ensure_future(_client_gone(request))
@@ -345,9 +343,7 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             batcher.executor.shutdown(wait=True)
 
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404, 405: the API's one error shape
-        response = _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code)
-        response.headers.update(exc.headers or {})
-        return response
+        return _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, exc.headers)
 
     routes = [Route("/translate", translate, methods=["POST"]), Route("/health", health), Route("/info", info), Route("/", index)]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})

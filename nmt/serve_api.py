@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -24,16 +25,66 @@ from .inference import Inference, UnwritableText, steering
 from .multilingual import target
 
 FIELDS = ("text", "beam_size", "length_penalty", "n_best", "alignment", "prefix", "constraints", "ban", "tgt_lang")
-MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway
+MAX_BODY_BYTES = 1 << 20  # read no further: a body this large is beyond every other limit anyway (a compressed one: as sent, and decompressed)
+CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # zlib's wbits for each (RFC 9110 §8.4.1)
 
 
 class RequestError(ValueError):
-    """A request the server refuses; ``status`` is the HTTP status to answer with. The message is
-    one line whatever the request held: line breaks and other controls it quotes are escaped."""
+    """A request the server refuses; ``status`` is the HTTP status to answer with, ``headers`` any
+    the answer must carry. The message is one line whatever the request held: line breaks and other
+    controls it quotes are escaped."""
 
-    def __init__(self, message: str, status: int = 422):
+    def __init__(self, message: str, status: int = 422, headers: dict[str, str] | None = None):
         super().__init__("".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in message))
         self.status = status
+        self.headers = headers
+
+
+class Body:
+    """A request's body as its chunks arrive, decompressed as its ``Content-Encoding`` says: ``gzip``
+    and ``deflate`` (zlib's format) are what HTTP clients that compress their requests send, and
+    such a client expects the answer it would get uncompressed; none, or ``identity``, is the body as sent.
+
+    The bytes sent and the bytes they decompress to are each held to :data:`MAX_BODY_BYTES` as they
+    arrive, never after: a few kilobytes of gzip can hold gigabytes of zeros, and a stream of empty
+    deflate blocks decompresses to nothing however long it runs.
+
+    Raises:
+        RequestError: 415 for any other coding, or several stacked (``Accept-Encoding`` names those
+            accepted, RFC 9110 §15.5.16); 413 past the limit; 400 for a body its coding cannot read
+            (damaged, cut short, or with bytes after the compressed stream's end).
+    """
+
+    def __init__(self, content_encoding: str = ""):
+        self.coding = content_encoding.strip().lower() or "identity"
+        if self.coding != "identity" and self.coding not in CODINGS:
+            message = f"Content-Encoding {json.dumps(content_encoding)} is not accepted; send the body as gzip, deflate or unencoded"
+            raise RequestError(message, 415, {"Accept-Encoding": "gzip, deflate"})
+        self._inflate = zlib.decompressobj(CODINGS[self.coding]) if self.coding in CODINGS else None
+        self.sent, self.data = 0, bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        """Take the next chunk as sent."""
+        self.sent += len(chunk)
+        if self.sent > MAX_BODY_BYTES:
+            raise RequestError(f"the body is larger than {MAX_BODY_BYTES} bytes", 413)
+        if self._inflate is None:
+            self.data += chunk
+            return
+        try:
+            self.data += self._inflate.decompress(chunk, MAX_BODY_BYTES + 1 - len(self.data))
+        except zlib.error as exc:
+            raise RequestError(f"the body is not valid {self.coding} (its Content-Encoding): {exc}", 400) from None
+        if len(self.data) > MAX_BODY_BYTES:  # so too where input is left unread: zlib stops only once it has written the bytes allowed
+            raise RequestError(f"the body is larger than {MAX_BODY_BYTES} bytes once decompressed ({self.coding})", 413)
+        if self._inflate.unused_data:
+            raise RequestError(f"the body has bytes after the end of its {self.coding} stream", 400)
+
+    def finish(self) -> bytearray:
+        """The whole body, decompressed."""
+        if self._inflate is not None and not self._inflate.eof:
+            raise RequestError(f"the body ends before its {self.coding} stream does", 400)
+        return self.data
 
 
 MAX_WAIT_MS = 10_000.0  # a lone request is answered after at most this wait: beyond it clients time out first

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -25,6 +26,7 @@ from nmt.config import Config, ConfigError, DataConfig, DecodeConfig, config_to_
 from nmt.core.model import Transformer
 from nmt.inference import Inference
 from nmt.serve import Limits, Translator, create_app
+from nmt.serve_api import MAX_BODY_BYTES, Body, RequestError
 from nmt.tokenizer import Tokenizer, train_sentencepiece
 
 SENTENCES = ["the dog sees a cat .", "the big man likes the small house .", "a woman .", "the old teacher gives the child a red book ."]
@@ -661,3 +663,95 @@ def test_a_checkpoint_setting_in_its_configs_range_is_served_and_a_request_is_ju
     else:
         with pytest.raises(RequestError, match=r"^length_penalty must be in \[-10, 10\]"):
             parse_request(json.dumps(body).encode(), served, Limits())
+
+
+def compressed(data: bytes, coding: str, empty_blocks: int = 0) -> bytes:
+    """``data`` as a client sends it with ``Content-Encoding: coding`` (deflate is zlib's format, RFC 9110
+    §8.4.1.2), after ``empty_blocks`` empty deflate blocks, which decompress to nothing."""
+    if coding.strip().lower() in ("", "identity"):
+        return data
+    stream = zlib.compressobj(6, zlib.DEFLATED, 31 if "gzip" in coding.lower() else 15)
+    head = stream.compress(b"") + stream.flush(zlib.Z_SYNC_FLUSH)  # the header and one empty stored block
+    return head + b"\x00\x00\x00\xff\xff" * empty_blocks + stream.compress(data) + stream.flush()
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    """``data`` cut at ``cuts`` (taken modulo its length) into the chunks a client sends it in."""
+    points = sorted({cut % (len(data) + 1) for cut in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)])]
+
+
+def read_body(coding: str, parts: list[bytes]) -> bytes | RequestError:
+    try:
+        body = Body(coding)
+        for part in parts:
+            body.add(part)
+        return bytes(body.finish())
+    except RequestError as exc:
+        return exc
+
+
+ACCEPTED = ["gzip", "deflate", "x-gzip", "GZip", " deflate ", "identity", ""]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    unit=st.binary(min_size=1, max_size=3),
+    size=st.integers(0, 3000) | st.integers(MAX_BODY_BYTES - 2, MAX_BODY_BYTES + 2) | st.integers(0, 3 * MAX_BODY_BYTES),
+    coding=st.sampled_from(ACCEPTED),
+    empty_blocks=st.integers(0, 2) | st.just(MAX_BODY_BYTES // 5 + 1),
+    damage=st.sampled_from(["none", "cut", "extra", "mislabelled"]),
+    cuts=st.lists(st.integers(0, 2**21), max_size=4),
+)
+def test_a_compressed_body_reads_as_sent_within_the_limit_both_as_sent_and_decompressed(unit, size, coding, empty_blocks, damage, cuts):
+    """A gzip body was read as JSON bytes and refused as invalid JSON. Any body, in any chunks, in each accepted
+    coding, reads as the bytes compressed; MAX_BODY_BYTES holds both for the bytes sent (a stream of empty
+    blocks decompresses to nothing however long) and for the bytes they decompress to (a bomb: a few kilobytes
+    of one repeated byte); a damaged stream is a 400."""
+    data = (unit * (size // len(unit) + 1))[:size]
+    plain = coding.strip().lower() in ("", "identity")
+    wire = compressed(data, coding, empty_blocks)
+    if not plain and damage == "cut":
+        wire = wire[: -1 - size % 4]  # into the checksum after the data
+    elif not plain and damage == "extra":
+        wire += unit
+    elif not plain and damage == "mislabelled":
+        wire = compressed(data, "deflate" if "gzip" in coding.lower() else "gzip", empty_blocks)
+    got = read_body(coding, chunked(wire, cuts))
+    if damage == "mislabelled" and not plain:  # refused at its header, unless the chunks before it passed the limit
+        assert isinstance(got, RequestError) and got.status in (400, 413) and (got.status == 400 or len(wire) > MAX_BODY_BYTES), got
+    elif len(wire) > MAX_BODY_BYTES or len(data) > MAX_BODY_BYTES:
+        assert isinstance(got, RequestError) and got.status == 413 and f"larger than {MAX_BODY_BYTES} bytes" in str(got), got
+    elif plain:
+        assert got == wire
+    elif damage != "none":
+        assert isinstance(got, RequestError) and got.status == 400 and coding.strip().lower() in str(got), got
+    else:
+        assert got == data
+
+
+@settings(max_examples=60, deadline=None)
+@given(coding=st.sampled_from(ACCEPTED + ["br", "zstd", "compress", "gzip, gzip", "gzip, deflate", "identity, gzip"]) | st.text(max_size=12))
+def test_a_content_coding_other_than_those_accepted_is_refused_415_naming_them(coding):
+    got = read_body(coding, [compressed(b'{"text": "a"}', coding)])
+    if coding.strip().lower() in ("", "identity", "gzip", "x-gzip", "deflate"):
+        assert got == b'{"text": "a"}'
+    else:
+        assert isinstance(got, RequestError) and got.status == 415 and got.headers == {"Accept-Encoding": "gzip, deflate"}
+        assert str(got).endswith("is not accepted; send the body as gzip, deflate or unencoded") and "\n" not in str(got)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=FIELD_VALUES, coding=st.sampled_from(ACCEPTED + ["br", "gzip, gzip"]))
+def test_a_compressed_request_is_answered_as_the_same_request_uncompressed(client, body, coding):
+    raw = json.dumps(body, ensure_ascii=True).encode()
+    plain = client.post("/translate", content=raw, headers={"content-type": "application/json"})
+    sent = client.post("/translate", content=compressed(raw, coding), headers={"content-type": "application/json", "content-encoding": coding})
+    if coding in ("br", "gzip, gzip"):
+        assert sent.status_code == 415 and sent.headers["accept-encoding"] == "gzip, deflate", sent.text
+        assert sent.json() == {"error": f'Content-Encoding "{coding}" is not accepted; send the body as gzip, deflate or unencoded'}
+    else:
+        assert (sent.status_code, sent.json()) == (plain.status_code, plain.json())
+    bomb = compressed(b" " * (MAX_BODY_BYTES + 1), "gzip")  # about a kilobyte
+    refused = client.post("/translate", content=bomb, headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert refused.status_code == 413 and refused.json() == {"error": f"the body is larger than {MAX_BODY_BYTES} bytes once decompressed (gzip)"}
