@@ -167,11 +167,13 @@ def parse_request(raw: bytes | bytearray, translator: Inference, limits: Limits)
     target ``tgt_lang`` chooses (:func:`nmt.multilingual.target`).
 
     Raises:
-        RequestError: invalid JSON (400), a missing, unknown or ill-typed field (422), too many
-            lines or a line with too many pieces (413).
+        RequestError: invalid JSON (400), an object that repeats a key, at any depth (422), a
+            missing, unknown or ill-typed field (422), too many lines or a line with too many pieces (413).
     """
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, object_pairs_hook=_object)
+    except RequestError:
+        raise
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"invalid JSON: {exc}", 400) from None
     except RecursionError:  # [[[...]]] nested beyond the parser's stack: no request of this API nests more than two levels
@@ -211,6 +213,21 @@ def parse_request(raw: bytes | bytearray, translator: Inference, limits: Limits)
         _check_attention_size(pieces, steered, len(goal.src_prefix), decode)
     tokens = sum(pieces) + len(pieces) * (1 + len(goal.src_prefix))
     return Job(lines, decode, tokens, alignment, steered, src_prefix=goal.src_prefix)
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object of the body: Python's JSON reader keeps a repeated key's last value, silently,
+    where the sender may have meant the first (or a proxy read the first), so a repeat is refused.
+
+    Raises:
+        RequestError: naming the repeated key.
+    """
+    found: dict = {}
+    for key, value in pairs:
+        if key in found:
+            raise RequestError(f"the key {json.dumps(key)} appears more than once in one object; send each key once")
+        found[key] = value
+    return found
 
 
 def _search_settings(body: dict, default: DecodeConfig, limits: Limits) -> DecodeConfig:

@@ -26,7 +26,7 @@ from nmt.config import Config, ConfigError, DataConfig, DecodeConfig, config_to_
 from nmt.core.model import Transformer
 from nmt.inference import Inference
 from nmt.serve import Limits, Translator, create_app
-from nmt.serve_api import MAX_BODY_BYTES, Body, RequestError
+from nmt.serve_api import MAX_BODY_BYTES, Body, RequestError, parse_request
 from nmt.tokenizer import Tokenizer, train_sentencepiece
 
 SENTENCES = ["the dog sees a cat .", "the big man likes the small house .", "a woman .", "the old teacher gives the child a red book ."]
@@ -160,6 +160,8 @@ BAD = [
     (b'{"text": "' + b"a" * (1 << 20) + b'"}', 413, "larger than"),
     (b"\xff\xfe", 400, "invalid JSON"),
     (b'{"text": "a", "alignment": "yes"}', 422, 'alignment must be true or false, got "yes"'),
+    (b'{"text": "a", "text": "b"}', 422, 'the key "text" appears more than once in one object'),
+    (b'{"text": ["a"], "ban": [{"x": 1, "x": 2}]}', 422, 'the key "x" appears more than once in one object'),
 ]
 
 
@@ -755,3 +757,51 @@ def test_a_compressed_request_is_answered_as_the_same_request_uncompressed(clien
     bomb = compressed(b" " * (MAX_BODY_BYTES + 1), "gzip")  # about a kilobyte
     refused = client.post("/translate", content=bomb, headers={"content-type": "application/json", "content-encoding": "gzip"})
     assert refused.status_code == 413 and refused.json() == {"error": f"the body is larger than {MAX_BODY_BYTES} bytes once decompressed (gzip)"}
+
+
+class Pairs(list):
+    """A JSON object written as these (key, value) pairs, in order, a key perhaps more than once."""
+
+
+def written(value) -> str:
+    """``value`` as JSON text, each :class:`Pairs` with every pair it holds."""
+    if isinstance(value, Pairs):
+        return "{" + ", ".join(f"{json.dumps(k)}: {written(v)}" for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(written, value)) + "]"
+    return json.dumps(value)
+
+
+def first_repeat(value) -> str | None:
+    """The repeated key a JSON reader meets first: an object ends after the objects inside it, in order."""
+    if isinstance(value, Pairs):
+        inner = next((key for key in (first_repeat(v) for _, v in value) if key is not None), None)
+        keys = [k for k, _ in value]
+        return inner if inner is not None else next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if isinstance(value, list):
+        return next((key for key in map(first_repeat, value) if key is not None), None)
+    return None
+
+
+KEYS = st.sampled_from(["text", "beam_size", "ban", "a", ""]) | st.text(max_size=3)
+DOCUMENTS = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.lists(st.tuples(KEYS, inner), max_size=4).map(Pairs),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=DOCUMENTS | st.lists(st.tuples(KEYS, DOCUMENTS), max_size=4).map(lambda pairs: Pairs([("text", "a dog ."), *pairs])))
+def test_a_key_repeated_in_any_object_at_any_depth_is_refused_naming_it(translator, body):
+    """``{"text": "a", "text": "b"}`` was taken silently, the last value winning."""
+    repeat = first_repeat(body)
+    try:
+        parse_request(written(body).encode(), translator, Limits())
+    except RequestError as exc:
+        if repeat is None:
+            assert "appears more than once" not in str(exc)
+        else:
+            assert exc.status == 422 and str(exc) == f"the key {json.dumps(repeat)} appears more than once in one object; send each key once"
+    else:
+        assert repeat is None
