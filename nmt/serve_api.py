@@ -1,4 +1,4 @@
-"""What a ``POST /translate`` request of ``nmt serve`` may ask for, and its checks.
+r"""What a ``POST /translate`` request of ``nmt serve`` may ask for, and its checks.
 
 A request is a JSON object: ``text`` (a string, or a list of strings), and optionally
 ``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, ``tgt_lang`` (the target
@@ -6,6 +6,14 @@ language, as ``nmt translate --tgt-lang``: required by a multilingual model), an
 ``constraints`` and ``ban`` (as ``nmt translate``'s files give them). :func:`parse_request`
 turns it into a :class:`Job`, or refuses it with a :class:`RequestError` whose status is a
 4xx and whose message is one line. The server (:mod:`nmt.serve`) runs the jobs.
+
+A line break inside a line of ``text`` (``\n``, ``\r``, or any other that ``str.splitlines``
+splits on) reads as a space, as ``nmt translate`` reads such characters inside a line of its
+input and training read them (:func:`nmt.tokenizer.controls_as_spaces`, and SentencePiece's
+``nmt_nfkc`` for U+2028 and U+2029): each line of the request is one line of the answer, the
+translation of its words on one line. Refusing it instead would turn away text that ``nmt
+translate`` takes (a subtitle's two rows, a segment with a soft break) for a break the model has
+never seen; splitting it would answer more lines than were sent.
 """
 
 from __future__ import annotations

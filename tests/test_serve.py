@@ -805,3 +805,34 @@ def test_a_key_repeated_in_any_object_at_any_depth_is_refused_naming_it(translat
             assert exc.status == 422 and str(exc) == f"the key {json.dumps(repeat)} appears more than once in one object; send each key once"
     else:
         assert repeat is None
+
+
+LINE_BREAKS = [c for c in map(chr, range(0x110000)) if len(f"a{c}b".splitlines()) == 2]  # \n, \r, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029
+WORDS = sorted({word for sentence in SENTENCES for word in sentence.split()})
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    words=st.lists(st.sampled_from(WORDS), max_size=8),
+    breaks=st.lists(st.tuples(st.integers(0, 60), st.sampled_from([*LINE_BREAKS, "\r\n"])), min_size=1, max_size=3),
+    prefix=st.sampled_from(["", "die ", "der Hund "]),
+)
+def test_a_line_break_inside_a_line_reads_as_a_space_and_the_line_stays_one_line(client, words, breaks, prefix):
+    r"""``"text": ["a\nb"]`` had no stated meaning. A break of any kind str.splitlines knows, anywhere in a line or its
+    prefix, is read as a space (as nmt translate reads a line): the answer is the one for the line with spaces there,
+    one line for the line, attention included."""
+
+    def broken(text: str, space: bool) -> str:
+        for at, brk in sorted(((at % (len(text) + 1), brk) for at, brk in breaks), reverse=True):
+            text = text[:at] + (" " if space else brk) + text[at:]
+        return text
+
+    line = " ".join(words)
+    asked = [
+        {"text": [broken(line, space), SENTENCES[2]], "prefix": [broken(prefix, space), ""], "beam_size": 2, "n_best": 2, "alignment": True}
+        for space in (False, True)
+    ]
+    got, want = (client.post("/translate", content=json.dumps(body).encode(), headers={"content-type": "application/json"}) for body in asked)
+    assert got.status_code == want.status_code == 200, got.text
+    assert got.json() == want.json() and len(got.json()["translations"]) == 2
+    assert all(len(entry["text"].splitlines()) <= 1 for t in got.json()["translations"] for entry in t["n_best"])
