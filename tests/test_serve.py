@@ -12,6 +12,7 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -382,17 +383,36 @@ def find_chromium() -> str | None:
     return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 
+def behind_prefix(app, prefix: str):
+    """``app`` as a reverse proxy serves it under ``prefix`` (nginx's ``location /mt/ { proxy_pass http://127.0.0.1:8000/; }``):
+    the prefix is taken off each request's path, and a request for a path outside it is answered 404 without reaching ``app``."""
+
+    async def proxy(scope, receive, send):
+        if scope["type"] == "http":
+            if scope["path"] != prefix and not scope["path"].startswith(prefix + "/"):
+                await send({"type": "http.response.start", "status": 404, "headers": []})
+                return await send({"type": "http.response.body", "body": b"outside the prefix"})
+            path = scope["path"][len(prefix) :] or "/"
+            scope = {**scope, "path": path, "raw_path": path.encode()}
+        await app(scope, receive, send)
+
+    return proxy
+
+
 @pytest.mark.slow
 def test_page_in_a_real_browser(translator):
-    """Load the page in headless chromium, type, click Translate, read the translation off the page."""
+    """Load the page in headless chromium, type, click Translate, read the translation off the page. The server is behind
+    a reverse proxy that serves it under a prefix: the page's requests went to absolute paths (/info, /translate), past the
+    prefix; every request it makes now stays under it, loaded with its trailing slash or without."""
     executable = find_chromium()
     if executable is None:
         pytest.skip("no chromium on PATH: install Debian's chromium package (apt-get install chromium) to run the browser test")
     import uvicorn
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(translator, Limits(max_beam_size=6)), host="127.0.0.1", port=port, log_level="warning"))
+    port, prefix = free_port(), "/mt/v1"
+    app = behind_prefix(create_app(translator, Limits(max_beam_size=6)), prefix)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -403,7 +423,9 @@ def test_page_in_a_real_browser(translator):
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{port}/")
+            requested = []
+            page.on("request", lambda request: requested.append(urlparse(request.url).path))
+            page.goto(f"http://127.0.0.1:{port}{prefix}/")
             page.wait_for_function("document.getElementById('pair').textContent.includes('→')")
             assert page.text_content("#pair") == "en → de"
             page.fill("#source", "\n".join(SENTENCES[:2]))
@@ -437,7 +459,11 @@ def test_page_in_a_real_browser(translator):
             page.click("#translate")
             page.wait_for_function("document.getElementById('error').textContent.length > 0")
             assert "beam_size must be in [1, 6], got 99" in page.text_content("#error")
+            page.goto(f"http://127.0.0.1:{port}{prefix}")  # without the trailing slash
+            page.wait_for_function("document.getElementById('pair').textContent.includes('→')")
             browser.close()
+        assert {f"{prefix}/", f"{prefix}/info", f"{prefix}/translate", prefix} <= set(requested)
+        assert all(path == prefix or path.startswith(f"{prefix}/") for path in requested), requested
     finally:
         server.should_exit = True
         thread.join(timeout=30)
