@@ -25,9 +25,10 @@ Each job's future is resolved with its own lines' results, in its input order.
 
 A bad request gets a 4xx answer ``{"error": "one line"}``; a body may come compressed
 (``Content-Encoding: gzip`` or ``deflate``, :class:`~nmt.serve_api.Body`; any other is a 415).
-A client that leaves before its answer only loses the answer. When ``max_queued_requests``
-requests already wait, a new one is answered 503 with ``Retry-After: 1`` at once (before its
-body is parsed).
+A client that leaves before its answer, while it sends its body or while its lines wait, only
+loses the answer: its request is logged in one line as 499 (nginx's "client closed request"),
+never as a traceback. When ``max_queued_requests`` requests already wait, a new one is
+answered 503 with ``Retry-After: 1`` at once (before its body is parsed).
 """
 
 # Size: create_app() at most 115 lines: the routes, the admission count and the error handler are closures over one batcher and translator (Starlette's idiom).
@@ -48,7 +49,7 @@ from pathlib import Path
 import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
@@ -278,6 +279,8 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             job = parse_request(body.finish(), translator.inference, limits)
         except RequestError as exc:
             return _error(str(exc), exc.status, exc.headers), None
+        except ClientDisconnect:  # a client that leaves while it sends is no fault of the server's: one line, 499, as below
+            return _error("the client closed the connection before its body arrived", CLIENT_GONE), None
         job.future = asyncio.get_running_loop().create_future()
         await batcher.queue.put(job)
         gone = asyncio.ensure_future(_client_gone(request))

@@ -1,5 +1,6 @@
 import asyncio
 import json
+import logging
 import os
 import re
 import shutil
@@ -54,11 +55,23 @@ def client(translator):
         yield c
 
 
-async def asgi_call(app, path: str, body: dict | None = None, leaves: bool = False, uploaded: asyncio.Event | None = None) -> list:
+async def asgi_call(
+    app,
+    path: str,
+    body: dict | None = None,
+    leaves: bool = False,
+    uploaded: asyncio.Event | None = None,
+    parts: list[bytes] | None = None,
+    leaves_after: int | None = None,
+) -> list:
     """One request straight to the ASGI ``app`` (GET without ``body``, else a JSON POST); the messages it
     sent back. ``leaves``: the client disconnects right after sending, instead of after its answer;
-    ``uploaded``: the body arrives only once this event is set (a slow upload)."""
-    messages = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b"", "more_body": False}]
+    ``uploaded``: the body arrives only once this event is set (a slow upload); ``parts``: the body sent
+    as these chunks instead of ``body``; ``leaves_after``: the client leaves once it has sent that many of them."""
+    method = "GET" if body is None and parts is None else "POST"
+    parts = parts if parts is not None else [json.dumps(body).encode() if body is not None else b""]
+    messages = [{"type": "http.request", "body": part, "more_body": i + 1 < len(parts)} for i, part in enumerate(parts)][:leaves_after]
+    leaves = leaves or leaves_after is not None
     sent, done = [], asyncio.Event()
 
     async def receive():
@@ -75,7 +88,6 @@ async def asgi_call(app, path: str, body: dict | None = None, leaves: bool = Fal
         if message["type"] == "http.response.body" and not message.get("more_body"):
             done.set()
 
-    method = "GET" if body is None else "POST"
     scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", b"application/json")], "query_string": b""}
     await app(scope, receive, send)
     return sent
@@ -336,6 +348,12 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint, translat
         while (health := httpx.get(f"{url}/health", timeout=10).json())["batches"] == 0 or health["running_requests"]:
             assert time.monotonic() < deadline, "the abandoned request was never translated"
             time.sleep(0.02)
+        # Nor does one that leaves halfway through its body: one line in the log, no traceback (asserted below).
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as s:
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body[:9]))
+            while httpx.get(f"{url}/health", timeout=10).json()["queued_requests"] == 0:  # admitted, its body not yet whole
+                assert time.monotonic() < deadline, "the half-sent request was never admitted"
+                time.sleep(0.02)
 
         # 4 lines of 250 pieces, beam 4: the translation takes seconds, so it is
         # still running when SIGTERM arrives right after /health reports it started.
@@ -365,6 +383,7 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint, translat
     assert response.status_code == 200 and len(response.json()["translations"]) == 4
     assert answer["at"] > terminated_at  # answered after the signal, not before it
     assert "Shutting down" in output and "Traceback" not in output
+    assert re.search(r"POST /translate 499 0 lines 0 tokens \d+ ms", output), output
 
 
 def test_serve_cli_errors_are_one_line_exit_2(tmp_path):
@@ -862,3 +881,27 @@ def test_a_line_break_inside_a_line_reads_as_a_space_and_the_line_stays_one_line
     assert got.status_code == want.status_code == 200, got.text
     assert got.json() == want.json() and len(got.json()["translations"]) == 2
     assert all(len(entry["text"].splitlines()) <= 1 for t in got.json()["translations"] for entry in t["n_best"])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=FIELD_VALUES | JSON, cuts=st.lists(st.integers(0, 2**10), max_size=3), leaves_after=st.integers(0, 4))
+def test_a_client_that_leaves_at_any_point_of_its_request_costs_one_log_line(translator, caplog, body, cuts, leaves_after):
+    """Each client that disconnected while it sent its body wrote a 46-line ClientDisconnect traceback. Leaving
+    before any chunk or between any two is one line, 499; once all were sent, one line too (499 while its lines
+    wait, the request's own 4xx, or 200 where its answer was ready first); the app raises nothing and goes on serving."""
+    parts = chunked(json.dumps(body, ensure_ascii=True).encode(), cuts)
+    leaves_after = min(leaves_after, len(parts))
+    app = create_app(translator, Limits(max_wait_ms=0.0))
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            return await asgi_call(app, "/translate", parts=parts, leaves_after=leaves_after), await asgi_call(app, "/translate", {"text": "a woman ."})
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        gone, stayed = asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and r.name.startswith(("nmt", "uvicorn", "starlette"))]
+    assert len(lines) == 2 and all(re.fullmatch(r"POST /translate \d{3} \d+ lines \d+ tokens \d+ ms", line) for line in lines), lines
+    assert not any(r.exc_info for r in caplog.records)
+    assert lines[0].startswith(f"POST /translate {gone[0]['status']} ") and stayed[0]["status"] == 200
+    assert gone[0]["status"] == 499 if leaves_after < len(parts) else gone[0]["status"] in (200, 499) or 400 <= gone[0]["status"] < 500
