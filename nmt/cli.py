@@ -4,11 +4,13 @@ Each command (a module of :mod:`nmt.commands`) parses its options and calls the 
 that does the work; the rules that protect users live in those functions, so the Python
 API has them too. Every user error is an :class:`~nmt.errors.NmtError`, reported here
 once, by :class:`Command`, as one line, ``error: ...``, exit code 2, naming the flag the
-user typed for each key the error names. Usage errors (a misspelt flag) are one line too.
+user typed for each key the error names. Usage errors (a misspelt flag, an option that is not
+repeatable given twice) are one line too.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import difflib
 import errno
@@ -69,9 +71,33 @@ def out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text or "out of memory" in text.lower())
 
 
+def refuse_repeated_options(command: TyperCommand, ctx: typer.Context, args: list[str]) -> None:
+    """Refuse an option that is not repeatable given more than once, in any spelling (``--hyp a --hyp=b``,
+    ``-o a --output b``, ``--allow-unk --no-allow-unk``): the parser would keep the last without a word.
+    Repeatable options (``multiple``: ``--ref``, ``--set``) and those the command never sees (``--help``) may repeat.
+
+    Raises:
+        click.BadOptionUsage: naming the option by all its spellings (a usage error: one line, exit code 2).
+    """
+    _, _, order = command.make_parser(ctx).parse_args(args=list(args))  # the occurrences in order, one per spelling given
+    given = collections.Counter(p for p in order if p.param_type_name == "option" and p.expose_value and not p.multiple and not getattr(p, "count", False))
+    for param, times in given.items():
+        if times > 1:
+            spellings = "/".join(sorted(param.opts, key=len, reverse=True) + param.secondary_opts)  # --output/-o, --allow-unk/--no-allow-unk
+            raise click_errors.BadOptionUsage(
+                param.name, f"option {spellings} is given {'twice' if times == 2 else f'{times} times'}; it is not repeatable: give it once", ctx=ctx
+            )
+
+
 class Command(TyperCommand):
     """A command whose user errors print as one line, ``error: ...``, with exit code 2; so does running
-    out of memory, naming what to lower (:data:`SMALLER`)."""
+    out of memory, naming what to lower (:data:`SMALLER`), and an option given twice that takes one value."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        """Parse the command line, refusing an option given twice that is not repeatable (:func:`refuse_repeated_options`)."""
+        if not ctx.resilient_parsing:
+            refuse_repeated_options(self, ctx, args)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: typer.Context):
         """Run the command; a user error becomes its one line on stderr and exit code 2."""

@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import ROOT, TOY
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from nmt.cli import app
@@ -1107,3 +1109,67 @@ def test_export_ctranslate2_says_only_what_concerns_a_ctranslate2_user(trained_r
         [sys.executable, "-m", "nmt", "export", str(tmp_path / "hf"), "--checkpoint", str(trained_run)], capture_output=True, text=True, timeout=300
     )
     assert hf.returncode == 0 and "MarianTokenizer" in hf.stderr and "Writing model shards" not in hf.stderr  # the directory's own users are told
+
+
+def _commands():
+    """Every command of the app as (the words that run it, its Click command), plot's subcommands included."""
+    import typer.main
+
+    def walk(words, command):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk([*words, name], sub)
+        else:
+            yield words, command
+
+    return list(walk([], typer.main.get_command(app)))
+
+
+def _options(repeatable: bool):
+    """(words, option) for every option of every command that the command sees: repeatable (``multiple``) or not."""
+    return [(words, p) for words, command in _commands() for p in command.params if p.param_type_name == "option" and p.multiple == repeatable]
+
+
+def _occurrence(draw, option):
+    """One occurrence of ``option`` on a command line, in any spelling: --long VALUE, --long=VALUE, -s VALUE, -sVALUE, or a flag's names."""
+    spelling = draw(st.sampled_from([*option.opts, *option.secondary_opts]))
+    if option.is_flag:
+        return [spelling]
+    value = draw(st.text("abc~/._-0123456789", min_size=1, max_size=6).filter(lambda v: not v.startswith("-")))
+    if spelling.startswith("--"):
+        return draw(st.sampled_from([[spelling, value], [f"{spelling}={value}"]]))
+    return draw(st.sampled_from([[spelling, value], [spelling + value]]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_an_option_that_is_not_repeatable_given_twice_in_any_spelling_is_one_line_naming_it(data):
+    """`nmt evaluate --hyp a --hyp b` scored b alone, silently; so did every option that takes one value, in every command."""
+    words, option = data.draw(st.sampled_from(_options(repeatable=False)))
+    times = data.draw(st.integers(2, 3))
+    args = [arg for _ in range(times) for arg in _occurrence(data.draw, option)]
+    spellings = "/".join(sorted(option.opts, key=len, reverse=True) + option.secondary_opts)
+    count = "twice" if times == 2 else f"{times} times"
+    line = _one_line_error(invoke(*words, *args))
+    assert line == f"error: option {spellings} is given {count}; it is not repeatable: give it once (see root {' '.join(words)} --help)"
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data())
+def test_a_repeatable_option_given_twice_is_taken(data):
+    words, option = data.draw(st.sampled_from(_options(repeatable=True)))
+    args = [arg for _ in range(2) for arg in _occurrence(data.draw, option)]
+    result = invoke(*words, *args, "--help")  # help, not the work: the command line was taken
+    assert result.exit_code == 0 and result.output.startswith(f"Usage: root {' '.join(words)} "), result.output
+
+
+def test_the_reported_repeated_hyp_is_refused_and_repeated_refs_are_scored(tmp_path):
+    hyp, ref, other = tmp_path / "hyp.de", tmp_path / "ref.de", tmp_path / "other.de"
+    hyp.write_text("der Hund sieht eine Katze .\n", encoding="utf-8")
+    ref.write_text("der Hund sieht eine Katze .\n", encoding="utf-8")
+    other.write_text("ein Hund sieht die Katze .\n", encoding="utf-8")
+    line = _one_line_error(invoke("evaluate", "--hyp", other, "--hyp", hyp, "--ref", ref))
+    assert line == "error: option --hyp is given twice; it is not repeatable: give it once (see root evaluate --help)"
+    scored = invoke("evaluate", "--hyp", hyp, "--ref", other, "--ref", ref, "--json")
+    assert scored.exit_code == 0 and json.loads(scored.stdout)["bleu"] == pytest.approx(100.0)
+    assert len(_options(repeatable=False)) > 100 and {p.opts[0] for _, p in _options(repeatable=True)} == {"--ref", "--checkpoint", "--set", "--ban"}
