@@ -17,6 +17,7 @@ import errno
 import os
 import sys
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Annotated
 
 import typer
@@ -71,15 +72,15 @@ def out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text or "out of memory" in text.lower())
 
 
-def refuse_repeated_options(command: TyperCommand, ctx: typer.Context, args: list[str]) -> None:
-    """Refuse an option that is not repeatable given more than once, in any spelling (``--hyp a --hyp=b``,
-    ``-o a --output b``, ``--allow-unk --no-allow-unk``): the parser would keep the last without a word.
-    Repeatable options (``multiple``: ``--ref``, ``--set``) and those the command never sees (``--help``) may repeat.
+def refuse_repeated_options(ctx: typer.Context, order: list) -> None:
+    """Refuse an option that is not repeatable given more than once (``order``: the parser's options as given, one
+    per occurrence), in any spelling (``--hyp a --hyp=b``, ``-o a --output b``, ``--allow-unk --no-allow-unk``):
+    the parser would keep the last without a word. Repeatable options (``multiple``: ``--ref``, ``--set``) and
+    those the command never sees (``--help``) may repeat.
 
     Raises:
         click.BadOptionUsage: naming the option by all its spellings (a usage error: one line, exit code 2).
     """
-    _, _, order = command.make_parser(ctx).parse_args(args=list(args))  # the occurrences in order, one per spelling given
     given = collections.Counter(p for p in order if p.param_type_name == "option" and p.expose_value and not p.multiple and not getattr(p, "count", False))
     for param, times in given.items():
         if times > 1:
@@ -89,15 +90,36 @@ def refuse_repeated_options(command: TyperCommand, ctx: typer.Context, args: lis
             )
 
 
+def expand_home(ctx: typer.Context, typed: dict) -> None:
+    """Expand a leading ``~`` or ``~user`` in every path of ``ctx.params`` (a ``Path``) as a shell expands it, from the text
+    ``typed`` for it (by parameter name); the shell itself leaves ``~`` in a quoted word and after ``--flag=``
+    (``--output=~/hyp.de``). ``./~`` stays the directory named ``~``. Config paths are expanded where they are read
+    (:data:`nmt.fields.PathText`)."""
+    for name, value in ctx.params.items():
+        many = isinstance(value, (list, tuple))
+        texts = typed.get(name) if many else [typed.get(name)]
+        values = value if many else [value]
+        if texts is None or len(texts) != len(values):
+            continue
+        values = [type(v)(os.path.expanduser(t)) if isinstance(v, PurePath) and isinstance(t, str) and t.startswith("~") else v for v, t in zip(values, texts)]
+        ctx.params[name] = type(value)(values) if many else values[0]
+
+
 class Command(TyperCommand):
     """A command whose user errors print as one line, ``error: ...``, with exit code 2; so does running
-    out of memory, naming what to lower (:data:`SMALLER`), and an option given twice that takes one value."""
+    out of memory, naming what to lower (:data:`SMALLER`), and an option given twice that takes one value.
+    Paths given with a leading ``~`` are expanded (:func:`expand_home`)."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        """Parse the command line, refusing an option given twice that is not repeatable (:func:`refuse_repeated_options`)."""
-        if not ctx.resilient_parsing:
-            refuse_repeated_options(self, ctx, args)
-        return super().parse_args(ctx, args)
+        """Parse the command line, refusing an option given twice that is not repeatable (:func:`refuse_repeated_options`)
+        and expanding ``~`` in paths (:func:`expand_home`)."""
+        if ctx.resilient_parsing:  # shell completion
+            return super().parse_args(ctx, args)
+        typed, _, order = self.make_parser(ctx).parse_args(args=list(args))  # the text given for each parameter, before conversion
+        refuse_repeated_options(ctx, order)
+        rest = super().parse_args(ctx, args)
+        expand_home(ctx, typed)
+        return rest
 
     def invoke(self, ctx: typer.Context):
         """Run the command; a user error becomes its one line on stderr and exit code 2."""

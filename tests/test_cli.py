@@ -1173,3 +1173,64 @@ def test_the_reported_repeated_hyp_is_refused_and_repeated_refs_are_scored(tmp_p
     scored = invoke("evaluate", "--hyp", hyp, "--ref", other, "--ref", ref, "--json")
     assert scored.exit_code == 0 and json.loads(scored.stdout)["bleu"] == pytest.approx(100.0)
     assert len(_options(repeatable=False)) > 100 and {p.opts[0] for _, p in _options(repeatable=True)} == {"--ref", "--checkpoint", "--set", "--ban"}
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    start=st.sampled_from(["~", "~USER", "~no_such_user_here", "./~"]),
+    rest=st.sampled_from(["", "/", "/runs/x", "/a b/é.de"]),
+    attached=st.booleans(),
+)
+def test_a_leading_tilde_in_every_path_of_every_command_is_the_home_directory(start, rest, attached):
+    """A shell leaves ~ as written in a quoted word and after --flag= (`--output=~/hyp.de`): every path a command takes,
+    option or argument, expands it as the shell would have; text that is not a path (--host, --ban) is left as written."""
+    import getpass
+    import pwd
+    from pathlib import Path
+
+    start = start.replace("USER", getpass.getuser())
+    given_path = start + rest
+    home = {"~": "/home/of/the/test", f"~{getpass.getuser()}": pwd.getpwnam(getpass.getuser()).pw_dir}.get(start)
+    expected = Path(home + rest if home is not None else given_path)
+    paths = 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", "/home/of/the/test")
+        for words, command in _commands():
+            for param in command.params:
+                if getattr(param, "is_flag", False):
+                    continue
+                required = [p for p in command.params if p.required and p is not param]
+                args = [a for p in required if p.param_type_name == "option" for a in (p.opts[0], "req")]
+                args += ["req" for p in required if p.param_type_name == "argument"]
+                if param.param_type_name == "argument":
+                    args.append(given_path)
+                else:
+                    long = max(param.opts, key=len)
+                    args += [f"{long}={given_path}"] if attached else [long, given_path]
+                try:
+                    value = command.make_context(words[-1], args).params[param.name]
+                except Exception as exc:  # a number's option: not a path
+                    assert type(exc).__name__ == "BadParameter", (words, param.name, exc)
+                    continue
+                values = value if isinstance(value, (list, tuple)) else [value]
+                if isinstance(values[-1], Path):
+                    paths += 1
+                    assert values[-1] == expected, (words, param.name, values)
+                else:
+                    assert values[-1] == given_path, (words, param.name, values)  # text is not a path
+    assert paths >= 35
+
+
+def test_a_run_directory_under_home_written_with_a_tilde_is_under_home(tmp_path, monkeypatch):
+    """`run_dir: ~/runs/x` in a config made ./~/runs/x and exited 0."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "taken").write_text("a file\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  dir: {TOY}\ntrain:\n  run_dir: ~/taken\n")
+    line = _one_line_error(invoke("train", "--config", config))
+    assert line == f"error: train.run_dir {tmp_path / 'home' / 'taken'} is a file; choose a directory"
+    line = _one_line_error(invoke("train", "--config", config, "--run-dir=~/taken"))
+    assert line == f"error: --run-dir {tmp_path / 'home' / 'taken'} is a file; choose a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "home"]  # no ./~
