@@ -209,8 +209,23 @@ def test_plot_writes_a_png(trained_run, tmp_path):
     assert result.exit_code == 2 and "metrics.jsonl: not found" in result.output
 
 
+def _earlier_step(run, tmp_path):
+    """A checkpoint of ``run`` at step 2, other weights than its last.pt's (step 4), as its step_2.pt would be."""
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+
+    earlier = dict(load_checkpoint(run / "last.pt"))
+    earlier["model"] = {k: t * 0.5 if t.is_floating_point() else t for k, t in earlier["model"].items()}
+    save_checkpoint({**earlier, "progress": {**earlier["progress"], "step": 2}}, tmp_path / "step_2.pt")
+    return tmp_path / "step_2.pt"
+
+
 def test_average_command(trained_run, tmp_path):
-    result = invoke("average", trained_run / "last.pt", trained_run / "best.pt", "--out", tmp_path / "avg.pt")
+    line = _one_line_error(invoke("average", trained_run / "last.pt", trained_run / "best.pt", "--out", tmp_path / "avg.pt"))
+    assert line == (
+        f"error: {trained_run / 'best.pt'} is given twice (as {trained_run / 'last.pt'} too: the same run, {trained_run}, at step 4); "
+        "each checkpoint counts once in an average, so give each once"
+    )  # both written at the last step: one checkpoint
+    result = invoke("average", _earlier_step(trained_run, tmp_path), trained_run / "last.pt", "--out", tmp_path / "avg.pt")
     assert result.exit_code == 0, result.output
     result = invoke("translate", "--checkpoint", tmp_path / "avg.pt", "--beam-size", "2", "--max-len-b", "3", input="a dog .\n")
     assert result.exit_code == 0 and len(result.stdout.splitlines()) == 1
@@ -426,7 +441,7 @@ def test_info_describes_a_checkpoint(trained_run, tmp_path):
     assert "optimizer state: yes" in text and "\n  model:\n    preset: tiny\n" in text
     assert "not found" in _one_line_error(invoke("info", tmp_path / "none.pt"))
     # An average's step and best BLEU are its last input's, and say so.
-    assert invoke("average", trained_run / "last.pt", trained_run / "best.pt", "--out", tmp_path / "avg.pt").exit_code == 0
+    assert invoke("average", _earlier_step(trained_run, tmp_path), trained_run / "last.pt", "--out", tmp_path / "avg.pt").exit_code == 0
     averaged = invoke("info", tmp_path / "avg.pt").stdout
     assert "step: 4 (epoch 0) (of the last checkpoint averaged, not of the average)" in averaged and "averaged from: " in averaged
 
