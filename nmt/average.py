@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -54,10 +55,12 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     before anything is written, and ``out`` may not replace a run's own ``last.pt``,
     ``best.pt`` or ``step_N.pt`` (``--resume`` and ``translate`` read them). Checkpoints of
     two trainings of one architecture are refused (their weights need not lie near each
-    other, so their average need not translate) unless ``different_runs``.
+    other, so their average need not translate) unless ``different_runs``; so is one checkpoint
+    given twice, which would count double (:func:`_refuse_given_twice`).
 
     Raises:
-        CheckpointError: no input, an input given twice, ``out`` among the inputs, an input missing, damaged
+        CheckpointError: no input, an input given twice (by another name, through a link or a run directory,
+            or as a copy), ``out`` among the inputs, an input missing, damaged
             or inconsistent, inputs that differ in model config or tokenizer (the
             message names the difference), or inputs of different runs.
         nmt.files.OutputError: ``out`` cannot be written, or would replace a file of a run
@@ -68,19 +71,12 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     if not paths:
         raise CheckpointError(NOTHING)
     check_not_an_input(Path(out), [("an input", Path(p)) for p in paths], "--out")
-    seen: dict[tuple[int, int], Path] = {}  # (device, inode): the same file twice (also through a link or --run-dir) would count double
-    for path in paths:
-        try:
-            st = os.stat(checkpoint_file(path))  # a run directory is its best.pt
-        except OSError:
-            continue  # load_checkpoint names a missing input below
-        if (st.st_dev, st.st_ino) in seen:
-            raise CheckpointError(f"{path} is given twice (also as {seen[st.st_dev, st.st_ino]}): each checkpoint counts once in an average; give it once")
-        seen[st.st_dev, st.st_ino] = Path(path)
     sums: dict[str, torch.Tensor] = {}
     first = first_path = None
+    seen: dict[tuple, Path] = {}
     for path in paths:
         last = load_checkpoint(path)
+        _refuse_given_twice(path, last, seen)
         if first is None:
             first, first_path = last, path
         _check_compatible(first, first_path, last, path, different_runs)
@@ -103,6 +99,37 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
         payload["run"] = last["run"]
     save_checkpoint(payload, Path(out))
     return payload
+
+
+def _refuse_given_twice(path: Path, payload: dict, seen: dict[tuple, Path]) -> None:
+    """Refuse checkpoint ``payload`` (given as ``path``) when it is one of those ``seen`` (what makes each the one
+    it is, by the path that gave it first; ``seen`` gets this one's): the same file (another name, a link, a run
+    directory's best.pt), the same recorded run at the same step (a copy, such as best.pt beside the step_N.pt it copies;
+    an average records no step of its own), or identical weights (any other copy).
+
+    Raises:
+        CheckpointError: naming both paths and why they are one checkpoint.
+    """
+    st = os.stat(checkpoint_file(path))  # a run directory is its best.pt
+    run, step = payload.get("run", {}), payload.get("progress", {}).get("step")
+    identities = [(("file", st.st_dev, st.st_ino), "the same file")]
+    if run.get("id") and isinstance(step, int) and "averaged_from" not in payload:
+        identities.append((("run", run["id"], step), f"the same run, {run.get('dir') or run['id']}, at step {step}"))
+    identities.append((("weights", _weights_digest(payload["model"])), "identical weights"))
+    for identity, why in identities:
+        if identity in seen:
+            raise CheckpointError(f"{path} is given twice (as {seen[identity]} too: {why}); each checkpoint counts once in an average, so give each once")
+    seen.update((identity, Path(path)) for identity, _ in identities)
+
+
+def _weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """A hash of every tensor of ``state``: name, dtype, shape and bytes."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 def run_of(payload: dict) -> tuple[str, str]:

@@ -4,17 +4,20 @@ Each command (a module of :mod:`nmt.commands`) parses its options and calls the 
 that does the work; the rules that protect users live in those functions, so the Python
 API has them too. Every user error is an :class:`~nmt.errors.NmtError`, reported here
 once, by :class:`Command`, as one line, ``error: ...``, exit code 2, naming the flag the
-user typed for each key the error names. Usage errors (a misspelt flag) are one line too.
+user typed for each key the error names. Usage errors (a misspelt flag, an option that is not
+repeatable given twice) are one line too.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import difflib
 import errno
 import os
 import sys
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Annotated
 
 import typer
@@ -60,9 +63,54 @@ SMALLER = {
 }
 
 
+def refuse_repeated_options(ctx: typer.Context, order: list) -> None:
+    """Refuse an option that is not repeatable given more than once (``order``: the parser's options as given, one
+    per occurrence), in any spelling (``--hyp a --hyp=b``, ``-o a --output b``, ``--allow-unk --no-allow-unk``):
+    the parser would keep the last without a word. Repeatable options (``multiple``: ``--ref``, ``--set``) and
+    those the command never sees (``--help``) may repeat.
+
+    Raises:
+        click.BadOptionUsage: naming the option by all its spellings (a usage error: one line, exit code 2).
+    """
+    given = collections.Counter(p for p in order if p.param_type_name == "option" and p.expose_value and not p.multiple and not getattr(p, "count", False))
+    for param, times in given.items():
+        if times > 1:
+            spellings = "/".join(sorted(param.opts, key=len, reverse=True) + param.secondary_opts)  # --output/-o, --allow-unk/--no-allow-unk
+            raise click_errors.BadOptionUsage(
+                param.name, f"option {spellings} is given {'twice' if times == 2 else f'{times} times'}; it is not repeatable: give it once", ctx=ctx
+            )
+
+
+def expand_home(ctx: typer.Context, typed: dict) -> None:
+    """Expand a leading ``~`` or ``~user`` in every path of ``ctx.params`` (a ``Path``) as a shell expands it, from the text
+    ``typed`` for it (by parameter name); the shell itself leaves ``~`` in a quoted word and after ``--flag=``
+    (``--output=~/hyp.de``). ``./~`` stays the directory named ``~``. Config paths are expanded where they are read
+    (:data:`nmt.fields.PathText`)."""
+    for name, value in ctx.params.items():
+        many = isinstance(value, (list, tuple))
+        texts = typed.get(name) if many else [typed.get(name)]
+        values = value if many else [value]
+        if texts is None or len(texts) != len(values):
+            continue
+        values = [type(v)(os.path.expanduser(t)) if isinstance(v, PurePath) and isinstance(t, str) and t.startswith("~") else v for v, t in zip(values, texts)]
+        ctx.params[name] = type(value)(values) if many else values[0]
+
+
 class Command(TyperCommand):
     """A command whose user errors print as one line, ``error: ...``, with exit code 2; so does running
-    out of memory, naming what to lower (:data:`SMALLER`)."""
+    out of memory, naming what to lower (:data:`SMALLER`), and an option given twice that takes one value.
+    Paths given with a leading ``~`` are expanded (:func:`expand_home`)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        """Parse the command line, refusing an option given twice that is not repeatable (:func:`refuse_repeated_options`)
+        and expanding ``~`` in paths (:func:`expand_home`)."""
+        if ctx.resilient_parsing:  # shell completion
+            return super().parse_args(ctx, args)
+        typed, _, order = self.make_parser(ctx).parse_args(args=list(args))  # the text given for each parameter, before conversion
+        refuse_repeated_options(ctx, order)
+        rest = super().parse_args(ctx, args)
+        expand_home(ctx, typed)
+        return rest
 
     def invoke(self, ctx: typer.Context):
         """Run the command; a user error becomes its one line on stderr and exit code 2."""

@@ -34,6 +34,7 @@ from .fields import (
     PROBABILITY,
     Checked,
     ConfigError,
+    PathText,
     Plain,
     Range,
     did_you_mean,
@@ -125,22 +126,22 @@ class DataConfig(Checked):
 
     src_lang: str = setting("en", "source language code", pattern=LANGUAGE)
     tgt_lang: str = setting("de", "target language code (also picks the BLEU tokenizer when eval.tokenize is auto)", pattern=LANGUAGE)
-    dir: str | None = setting(None, "a directory of {split}.{lang} or {split}.{lang}.gz files")
+    dir: PathText | None = setting(None, "a directory of {split}.{lang} or {split}.{lang}.gz files")
     train_split: str = setting("train", "the training split's name in data.dir or data.hf_dataset")
     valid_split: str = setting("valid", "the validation split's name in data.dir or data.hf_dataset")
-    train_src: str | None = setting(None, "training source file (with data.train_tgt)")
-    train_tgt: str | None = setting(None, "training target file (with data.train_src)")
-    valid_src: str | None = setting(None, "validation source file (with data.valid_tgt)")
-    valid_tgt: str | None = setting(None, "validation target file (with data.valid_src)")
+    train_src: PathText | None = setting(None, "training source file (with data.train_tgt)")
+    train_tgt: PathText | None = setting(None, "training target file (with data.train_src)")
+    valid_src: PathText | None = setting(None, "validation source file (with data.valid_tgt)")
+    valid_tgt: PathText | None = setting(None, "validation target file (with data.valid_src)")
     hf_dataset: str | None = setting(None, "a Hugging Face dataset name, or a loader such as json or parquet")
     hf_config: str | None = setting(None, "the Hugging Face dataset's configuration name")
-    hf_data_files: dict[str, str] | None = setting(None, "files for a loader, by split: {train: a.jsonl, validation: b.jsonl}")
+    hf_data_files: dict[str, PathText] | None = setting(None, "files for a loader, by split: {train: a.jsonl, validation: b.jsonl}")
     max_len: int = setting(128, "longest training pair kept, in pieces without BOS/EOS", AT_LEAST_1)
     max_len_ratio: float = setting(3.0, "largest length ratio of a training pair kept", Range(1))
     valid_max_sentences: int | None = setting(None, "validation sentences decoded for BLEU (null: all)", AT_LEAST_1)
     allow_test_names: bool = setting(False, "validate on a split or files whose name says test (a validation set named like one, e.g. newstest2013)")
     workers: int = setting(0, "SentencePiece threads encoding the training text; 0: one per usable CPU, at most 16", AT_LEAST_0)
-    cache_dir: str | None = setting(None, "encoded corpora (null: RUN_DIR/cache); share one across runs to encode once")
+    cache_dir: PathText | None = setting(None, "encoded corpora (null: RUN_DIR/cache); share one across runs to encode once")
     directions: tuple[str, ...] | None = setting(
         None,
         "one model for several language pairs, SRC-TGT each ([en-de, en-fr]); replaces src_lang and tgt_lang",
@@ -174,9 +175,9 @@ class TokenizerConfig(Checked):
     character_coverage: Literal["auto"] | float = setting("auto", "share of characters covered, the rest UNK (auto: from the text)", Range(0, 1, low_open=True))
     byte_fallback: Literal["auto"] | bool = setting("auto", "byte pieces for characters outside the vocabulary (auto: when coverage < 1)")
     joint: bool = setting(True, "one model for both languages (else one per language)")
-    model: str | None = setting(None, "a trained joint .model file to reuse")
-    src_model: str | None = setting(None, "a trained source .model file to reuse (tokenizer.joint: false)")
-    tgt_model: str | None = setting(None, "a trained target .model file to reuse (tokenizer.joint: false)")
+    model: PathText | None = setting(None, "a trained joint .model file to reuse")
+    src_model: PathText | None = setting(None, "a trained source .model file to reuse (tokenizer.joint: false)")
+    tgt_model: PathText | None = setting(None, "a trained target .model file to reuse (tokenizer.joint: false)")
     subword_alpha: float = setting(
         0.0,
         "subword regularisation of the training pairs, cut anew every epoch: BPE-dropout's probability (type bpe) or unigram sampling's alpha; 0: off",
@@ -202,7 +203,7 @@ class TrainConfig(Checked):
 
     section = "train"
 
-    run_dir: str = setting("runs/default", "checkpoints, tokenizer, logs and cache of the run")
+    run_dir: PathText = setting("runs/default", "checkpoints, tokenizer, logs and cache of the run")
     seed: int = setting(1, "seed of every random choice", SEED)
     device: str = setting("auto", "where to train", pattern=(r"auto|cpu|cuda(:\d+)?|mps", "auto, cpu, cuda, cuda:N or mps"))
     threads: int = setting(0, "torch intra-op threads on the CPU; 0 keeps torch's default", THREADS)

@@ -9,6 +9,8 @@ Values are read by their field's type (:func:`read`), the same way from a YAML f
 from ``--set``: YAML's own guesses at types are not used, so ``tgt_lang: no`` is Norwegian.
 
 * text is taken as written; ``null``, ``~`` or nothing is null, where a key allows it;
+* a path (:data:`PathText`) is text whose leading ``~`` or ``~user`` is expanded as a shell
+  expands it (``~/runs/x``, quoted or not; ``~`` alone is null where a key allows it);
 * a boolean is ``true``/``false``, ``yes``/``no``, ``on``/``off`` or ``1``/``0``, in any case;
 * a number is written as in Python or JSON: ``5e-4``, ``1_000_000``, ``0x10``, ``.5``;
   ``2e4`` is a whole number; leading zeros are decimal (``010`` is 10, as in YAML 1.2);
@@ -23,12 +25,13 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NewType
 
 import yaml
 
@@ -66,6 +69,9 @@ def _show(x: float) -> str:
     """``x`` without a spurious ``.0`` or exponent: 4294967295, not 4.29497e+09."""
     return str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}"
 
+
+#: A config key that names a file or directory: text, its leading ``~`` or ``~user`` expanded as a shell expands it.
+PathText = NewType("PathText", str)
 
 MAX_INT = 2**31 - 1  # every whole number of a config, unless its range says otherwise: what SentencePiece's and the OS's C ints hold
 LANGUAGE = (r"[A-Za-z][A-Za-z0-9_-]*", "a language code: a letter, then letters, digits, _ or - (en, zh_TW, pt-BR)")
@@ -125,7 +131,7 @@ def _describe(tp: Any, allowed: Range | None) -> str:
         elif m in (int, float):
             noun = "an integer" if m is int else "a number"
             words.append(noun if allowed is None else str(allowed) if str(allowed).startswith("a ") else f"{noun} {allowed}")
-        elif m is str:
+        elif m in (str, PathText):
             words.append("text")
         elif origin is tuple and typing.get_args(m)[-1] is Ellipsis:
             words.append("a list of text (or text with commas: a,b)")
@@ -223,9 +229,9 @@ def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
             return _BOOLEANS[value.strip().lower()]
     elif tp in (int, float):
         return _number(value, tp is int)
-    elif tp is str:
+    elif tp in (str, PathText):
         if isinstance(value, str):
-            return str(value)
+            return os.path.expanduser(str(value)) if tp is PathText else str(value)
     elif origin is tuple and typing.get_args(tp)[-1] is Ellipsis:  # any length: a list, or text with commas (fairseq's --lang-pairs)
         items = ([v.strip() for v in value.split(",")] if value.strip() else []) if isinstance(value, str) else value  # an empty item is refused, not dropped
         if isinstance(items, (list, tuple)):
@@ -235,7 +241,7 @@ def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
             return tuple(read(v, t, f"{key}[{i}]", allowed) for i, (v, t) in enumerate(zip(value, typing.get_args(tp))))
     elif origin is dict:
         if isinstance(value, dict) and all(not isinstance(v, (dict, list, tuple)) and v is not None for v in value.values()):
-            return {str(k): str(v) for k, v in value.items()}
+            return {str(k): read(str(v), typing.get_args(tp)[1], f"{key}.{k}") for k, v in value.items()}
     raise _Mismatch
 
 
@@ -263,8 +269,9 @@ def read(value: Any, tp: Any, key: str, allowed: Range | None = None) -> Any:
             except _Mismatch:
                 pass
     hint = did_you_mean(value, _choices(tp)) if isinstance(value, str) else ""
-    if isinstance(value, Plain) and value.strip() in NULL and str in members:
-        hint = f"; write '{value.strip()}' in quotes to mean the text" if value.strip() else ""
+    if isinstance(value, Plain) and value.strip() in NULL and {str, PathText} & set(members):
+        meaning = "your home directory" if value.strip() == "~" and PathText in members else "the text"
+        hint = f"; write '{value.strip()}' in quotes to mean {meaning}" if value.strip() else ""
     raise ConfigError(Key(key), f" must be {_describe(tp, allowed)}, got {_shown(value)}{hint}")
 
 

@@ -1,7 +1,8 @@
 """Temporary files and directories beside an output, held by their writer until renamed into place.
 
 **Temporaries** (:func:`held_temporary`) are named ``.NAME.tmpPID-TOKEN-HOST``, unique even
-between processes of one process id (containers sharing a volume), and their writer holds
+between processes of one process id (containers sharing a volume); a NAME too long for that to
+fit the file system's limit on a name is cut, and a hash of the whole name added. Their writer holds
 an exclusive ``flock`` on them until it renames or removes them. A temporary that nobody
 holds was left by a writer that was killed (the kernel drops the lock with the process), and
 :func:`remove_abandoned_temporaries` removes it; one being written is never touched, whoever
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import glob
+import hashlib
 import logging
 import os
 import re
@@ -31,13 +33,39 @@ except ImportError:  # Windows: no flock; a temporary is judged by its process i
 
 log = logging.getLogger("nmt.files")
 
-_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown"
+_HOST = (re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown")[:64]
+# The most a temporary's name adds to NAME: ".", ".probe", a process id of 10 digits, "-", 8 hex digits, "-" and a host of 64.
+_ADDED = len("..probe") + 10 + 1 + 8 + 1 + 64
+_HASH = 16  # hex digits of the hash that stands for a name cut to fit
+
+
+def _name_max(directory: Path) -> int:
+    """The longest name, in bytes, that the file system of ``directory`` takes (255 where it cannot say)."""
+    try:
+        limit = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # a directory not made yet, or a system without pathconf
+        limit = -1
+    return limit if limit > 0 else 255
+
+
+def _stem(path: Path) -> str:
+    """``path``'s name as its temporaries carry it: the name itself, or, where a temporary's name would then be longer than
+    the file system takes, the name's start (whole characters) and ``~`` and a hash of the whole name, so that every writer
+    and sweeper of ``path`` names it alike and no two names share it."""
+    room = _name_max(path.parent) - _ADDED
+    if len(os.fsencode(path.name)) <= room:
+        return path.name
+    start = path.name
+    while start and len(os.fsencode(start)) > room - 1 - _HASH:
+        start = start[:-1]
+    return f"{start}~{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:_HASH]}"
 
 
 def temporary_name(path: Path, kind: str = "tmp") -> Path:
     """A new hidden name beside ``path``: ``.NAME.tmpPID-TOKEN-HOST`` (``kind`` ``probe`` for a probe), random
-    past the process id, and naming the machine, whose process ids alone mean something."""
-    return path.with_name(f".{path.name}.{kind}{os.getpid()}-{secrets.token_hex(4)}-{_HOST}")
+    past the process id, and naming the machine, whose process ids alone mean something. It fits the file
+    system's limit on a name whatever the length of ``path``'s (see :func:`_stem`)."""
+    return path.with_name(f".{_stem(path)}.{kind}{os.getpid()}-{secrets.token_hex(4)}-{_HOST}")
 
 
 @contextlib.contextmanager
@@ -91,7 +119,8 @@ def _keep_mode(path: Path, fd: int) -> None:
         os.fchmod(fd, stat.S_IMODE(mode) & 0o777)
 
 
-_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-(?P<token>[0-9a-f]{8})(?:-(?P<host>[A-Za-z0-9._]+))?)?")
+# DOTALL: a name may hold any character but / and NUL, a line break included.
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-(?P<token>[0-9a-f]{8})(?:-(?P<host>[A-Za-z0-9._]+))?)?", re.DOTALL)
 
 
 def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> None:
@@ -100,10 +129,11 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
 
     Where locks cannot be taken, a temporary counts as held while a process of its id runs here.
     """
-    pattern = f".{glob.escape(name)}.tmp*" if name is not None else ".*.tmp*"
+    stem = _stem(Path(directory) / name) if name is not None else None
+    pattern = f".{glob.escape(stem)}.tmp*" if stem is not None else ".*.tmp*"
     for tmp in Path(directory).glob(pattern):
         match = _TEMPORARY.fullmatch(tmp.name)
-        if match is None or (name is not None and match["name"] != name):
+        if match is None or (stem is not None and match["name"] != stem):
             continue
         try:
             fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO of that name does not wait for a writer
@@ -202,7 +232,7 @@ def _restore_displaced(out: Path, old: Path) -> None:
     rename its own into place, when nothing is at ``out``: the newest such directory."""
     if out.exists() or out.is_symlink():
         return
-    aside = sorted(out.parent.glob(f".{glob.escape(old.name)}.tmp*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    aside = sorted(out.parent.glob(f".{glob.escape(_stem(old))}.tmp*"), key=lambda p: p.stat().st_mtime, reverse=True)
     for candidate in aside:
         if candidate.is_dir() and not candidate.is_symlink():
             with contextlib.suppress(OSError):

@@ -1,6 +1,11 @@
+import os
+import shutil
+
 import pytest
 import torch
 from conftest import cached_tokenizer, tiny_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nmt.average import average_checkpoints, newest_step_checkpoints
 from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, tokenizer_to_tensors
@@ -9,14 +14,14 @@ from nmt.core.model import Transformer
 from nmt.files import OutputError
 
 
-def write(path, seed):
+def write(path, seed, **entries):
     torch.manual_seed(seed)
     model = Transformer(tiny_config())
     state = model.state_dict()
     cfg = config_from_dict(
         {"model": {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "src_vocab_size": 40, "tgt_vocab_size": 40}}
     )
-    save_checkpoint({"model": state, "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(cached_tokenizer(40).protos())}, path)
+    save_checkpoint({"model": state, "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(cached_tokenizer(40).protos()), **entries}, path)
     return state
 
 
@@ -126,8 +131,8 @@ def test_fewer_step_checkpoints_than_asked_are_warned_about(tmp_path, caplog):
 
 def test_checkpoints_of_two_runs_are_refused_unless_asked(tmp_path):
     """Two runs of one architecture were averaged without a word."""
-    for name, run in (("a.pt", "runs/one"), ("b.pt", "runs/two"), ("c.pt", "runs/one")):
-        write(tmp_path / name, 0)
+    for seed, (name, run) in enumerate((("a.pt", "runs/one"), ("b.pt", "runs/two"), ("c.pt", "runs/one"))):
+        write(tmp_path / name, seed)  # different weights: identical ones would be one checkpoint given twice
         payload = load_checkpoint(tmp_path / name)
         save_checkpoint({**payload, "run": {"id": run.replace("/", "-"), "dir": run}}, tmp_path / name)
     with pytest.raises(CheckpointError, match=r"come from different runs \(runs/one and runs/two\).*--allow-different-runs"):
@@ -152,3 +157,69 @@ def test_a_checkpoint_given_twice_is_refused_also_through_a_link_or_its_run_dire
         with pytest.raises(CheckpointError, match="is given twice"):
             average_checkpoints(twice, tmp_path / "avg.pt")
     assert not (tmp_path / "avg.pt").exists()
+
+
+RUN = {"id": "0123abcd", "dir": "runs/one"}
+TWICE = ["the same name", "a hard link", "a symbolic link", "its run directory", "a byte copy", "the same run and step", "the same weights", "another run's"]
+
+
+def _again(original, kind, place):
+    """A path that gives checkpoint ``original`` again, as ``kind`` says."""
+    if kind == "the same name":
+        return original
+    again = place / "again.pt"
+    if kind == "a hard link":
+        os.link(original, again)
+    elif kind == "a symbolic link":
+        again.symlink_to(original)
+    elif kind == "a byte copy":  # best.pt as training writes it: a copy of the step's file
+        shutil.copyfile(original, again)
+    elif kind == "its run directory":  # which stands for its best.pt, here a copy
+        again = place / "run"
+        again.mkdir()
+        shutil.copyfile(original, again / "best.pt")
+    else:
+        payload = dict(load_checkpoint(original))
+        if kind == "the same run and step":  # e.g. converted to another dtype: other bits, the same moment of the same run
+            payload["model"] = {k: t.to(torch.bfloat16).float() if t.is_floating_point() else t for k, t in payload["model"].items()}
+        elif kind == "the same weights":  # re-saved without the step
+            del payload["progress"]
+        else:  # the same weights recorded as another run's (averaged with --allow-different-runs)
+            payload["run"] = {"id": "4567cdef", "dir": "runs/two"}
+        save_checkpoint(payload, again)
+    return again
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 3), kind=st.sampled_from(TWICE), which=st.data(), after=st.booleans())
+def test_a_checkpoint_given_twice_in_any_form_is_refused_naming_both(tmp_path_factory, n, kind, which, after):
+    """`nmt average best.pt step_200.pt step_100.pt`, best.pt a copy of step_200.pt, gave step 200 two thirds of the weight."""
+    place = tmp_path_factory.mktemp("average")
+    states = [write(place / f"step_{100 * (i + 1)}.pt", seed=i, run=RUN, progress={"step": 100 * (i + 1)}) for i in range(n)]
+    paths = [place / f"step_{100 * (i + 1)}.pt" for i in range(n)]
+    average_checkpoints(paths, place / "avg.pt")  # each once: the mean
+    name = "decoder.0.ffn.fc1.weight"
+    torch.testing.assert_close(load_checkpoint(place / "avg.pt")["model"][name], sum(s[name] for s in states) / n)
+    i = which.draw(st.integers(0, n - 1))
+    again = _again(paths[i], kind, place)
+    given_paths = paths[: i + 1] + [again] + paths[i + 1 :] if after else paths[:i] + [again] + paths[i:]
+    first, second = (paths[i], again) if after else (again, paths[i])
+    why = dict.fromkeys(["a hard link", "a symbolic link", "the same name"], "the same file")
+    why |= dict.fromkeys(["the same weights", "another run's"], "identical weights")
+    with pytest.raises(CheckpointError) as err:
+        average_checkpoints(given_paths, place / "avg2.pt", different_runs=kind == "another run's")
+    assert str(err.value) == (
+        f"{second} is given twice (as {first} too: {why.get(kind, f'the same run, runs/one, at step {100 * (i + 1)}')}); "
+        "each checkpoint counts once in an average, so give each once"
+    )
+    assert not (place / "avg2.pt").exists()
+
+
+def test_an_average_beside_one_of_its_inputs_is_not_one_checkpoint_twice(tmp_path):
+    """An average records the run and step of its last input, but holds other weights: not a copy of it."""
+    for step in (100, 200):
+        write(tmp_path / f"step_{step}.pt", seed=step, run=RUN, progress={"step": step})
+    average_checkpoints([tmp_path / "step_100.pt", tmp_path / "step_200.pt"], tmp_path / "avg.pt")
+    assert load_checkpoint(tmp_path / "avg.pt")["progress"]["step"] == 200
+    mixed = average_checkpoints([tmp_path / "avg.pt", tmp_path / "step_200.pt"], tmp_path / "avg2.pt")
+    assert mixed["averaged_from"] == [str(tmp_path / "avg.pt"), str(tmp_path / "step_200.pt")]

@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import ROOT, TOY
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from nmt.cli import app
@@ -207,8 +209,23 @@ def test_plot_writes_a_png(trained_run, tmp_path):
     assert result.exit_code == 2 and "metrics.jsonl: not found" in result.output
 
 
+def _earlier_step(run, tmp_path):
+    """A checkpoint of ``run`` at step 2, other weights than its last.pt's (step 4), as its step_2.pt would be."""
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+
+    earlier = dict(load_checkpoint(run / "last.pt"))
+    earlier["model"] = {k: t * 0.5 if t.is_floating_point() else t for k, t in earlier["model"].items()}
+    save_checkpoint({**earlier, "progress": {**earlier["progress"], "step": 2}}, tmp_path / "step_2.pt")
+    return tmp_path / "step_2.pt"
+
+
 def test_average_command(trained_run, tmp_path):
-    result = invoke("average", trained_run / "last.pt", trained_run / "best.pt", "--out", tmp_path / "avg.pt")
+    line = _one_line_error(invoke("average", trained_run / "last.pt", trained_run / "best.pt", "--out", tmp_path / "avg.pt"))
+    assert line == (
+        f"error: {trained_run / 'best.pt'} is given twice (as {trained_run / 'last.pt'} too: the same run, {trained_run}, at step 4); "
+        "each checkpoint counts once in an average, so give each once"
+    )  # both written at the last step: one checkpoint
+    result = invoke("average", _earlier_step(trained_run, tmp_path), trained_run / "last.pt", "--out", tmp_path / "avg.pt")
     assert result.exit_code == 0, result.output
     result = invoke("translate", "--checkpoint", tmp_path / "avg.pt", "--beam-size", "2", "--max-len-b", "3", input="a dog .\n")
     assert result.exit_code == 0 and len(result.stdout.splitlines()) == 1
@@ -424,7 +441,7 @@ def test_info_describes_a_checkpoint(trained_run, tmp_path):
     assert "optimizer state: yes" in text and "\n  model:\n    preset: tiny\n" in text
     assert "not found" in _one_line_error(invoke("info", tmp_path / "none.pt"))
     # An average's step and best BLEU are its last input's, and say so.
-    assert invoke("average", trained_run / "last.pt", trained_run / "best.pt", "--out", tmp_path / "avg.pt").exit_code == 0
+    assert invoke("average", _earlier_step(trained_run, tmp_path), trained_run / "last.pt", "--out", tmp_path / "avg.pt").exit_code == 0
     averaged = invoke("info", tmp_path / "avg.pt").stdout
     assert "step: 4 (epoch 0) (of the last checkpoint averaged, not of the average)" in averaged and "averaged from: " in averaged
 
@@ -1107,3 +1124,128 @@ def test_export_ctranslate2_says_only_what_concerns_a_ctranslate2_user(trained_r
         [sys.executable, "-m", "nmt", "export", str(tmp_path / "hf"), "--checkpoint", str(trained_run)], capture_output=True, text=True, timeout=300
     )
     assert hf.returncode == 0 and "MarianTokenizer" in hf.stderr and "Writing model shards" not in hf.stderr  # the directory's own users are told
+
+
+def _commands():
+    """Every command of the app as (the words that run it, its Click command), plot's subcommands included."""
+    import typer.main
+
+    def walk(words, command):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk([*words, name], sub)
+        else:
+            yield words, command
+
+    return list(walk([], typer.main.get_command(app)))
+
+
+def _options(repeatable: bool):
+    """(words, option) for every option of every command that the command sees: repeatable (``multiple``) or not."""
+    return [(words, p) for words, command in _commands() for p in command.params if p.param_type_name == "option" and p.multiple == repeatable]
+
+
+def _occurrence(draw, option):
+    """One occurrence of ``option`` on a command line, in any spelling: --long VALUE, --long=VALUE, -s VALUE, -sVALUE, or a flag's names."""
+    spelling = draw(st.sampled_from([*option.opts, *option.secondary_opts]))
+    if option.is_flag:
+        return [spelling]
+    value = draw(st.text("abc~/._-0123456789", min_size=1, max_size=6).filter(lambda v: not v.startswith("-")))
+    if spelling.startswith("--"):
+        return draw(st.sampled_from([[spelling, value], [f"{spelling}={value}"]]))
+    return draw(st.sampled_from([[spelling, value], [spelling + value]]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_an_option_that_is_not_repeatable_given_twice_in_any_spelling_is_one_line_naming_it(data):
+    """`nmt evaluate --hyp a --hyp b` scored b alone, silently; so did every option that takes one value, in every command."""
+    words, option = data.draw(st.sampled_from(_options(repeatable=False)))
+    times = data.draw(st.integers(2, 3))
+    args = [arg for _ in range(times) for arg in _occurrence(data.draw, option)]
+    spellings = "/".join(sorted(option.opts, key=len, reverse=True) + option.secondary_opts)
+    count = "twice" if times == 2 else f"{times} times"
+    line = _one_line_error(invoke(*words, *args))
+    assert line == f"error: option {spellings} is given {count}; it is not repeatable: give it once (see root {' '.join(words)} --help)"
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data())
+def test_a_repeatable_option_given_twice_is_taken(data):
+    words, option = data.draw(st.sampled_from(_options(repeatable=True)))
+    args = [arg for _ in range(2) for arg in _occurrence(data.draw, option)]
+    result = invoke(*words, *args, "--help")  # help, not the work: the command line was taken
+    assert result.exit_code == 0 and result.output.startswith(f"Usage: root {' '.join(words)} "), result.output
+
+
+def test_the_reported_repeated_hyp_is_refused_and_repeated_refs_are_scored(tmp_path):
+    hyp, ref, other = tmp_path / "hyp.de", tmp_path / "ref.de", tmp_path / "other.de"
+    hyp.write_text("der Hund sieht eine Katze .\n", encoding="utf-8")
+    ref.write_text("der Hund sieht eine Katze .\n", encoding="utf-8")
+    other.write_text("ein Hund sieht die Katze .\n", encoding="utf-8")
+    line = _one_line_error(invoke("evaluate", "--hyp", other, "--hyp", hyp, "--ref", ref))
+    assert line == "error: option --hyp is given twice; it is not repeatable: give it once (see root evaluate --help)"
+    scored = invoke("evaluate", "--hyp", hyp, "--ref", other, "--ref", ref, "--json")
+    assert scored.exit_code == 0 and json.loads(scored.stdout)["bleu"] == pytest.approx(100.0)
+    assert len(_options(repeatable=False)) > 100 and {p.opts[0] for _, p in _options(repeatable=True)} == {"--ref", "--checkpoint", "--set", "--ban"}
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    start=st.sampled_from(["~", "~USER", "~no_such_user_here", "./~"]),
+    rest=st.sampled_from(["", "/", "/runs/x", "/a b/é.de"]),
+    attached=st.booleans(),
+)
+def test_a_leading_tilde_in_every_path_of_every_command_is_the_home_directory(start, rest, attached):
+    """A shell leaves ~ as written in a quoted word and after --flag= (`--output=~/hyp.de`): every path a command takes,
+    option or argument, expands it as the shell would have; text that is not a path (--host, --ban) is left as written."""
+    import getpass
+    import pwd
+    from pathlib import Path
+
+    start = start.replace("USER", getpass.getuser())
+    given_path = start + rest
+    home = {"~": "/home/of/the/test", f"~{getpass.getuser()}": pwd.getpwnam(getpass.getuser()).pw_dir}.get(start)
+    expected = Path(home + rest if home is not None else given_path)
+    paths = 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", "/home/of/the/test")
+        for words, command in _commands():
+            for param in command.params:
+                if getattr(param, "is_flag", False):
+                    continue
+                required = [p for p in command.params if p.required and p is not param]
+                args = [a for p in required if p.param_type_name == "option" for a in (p.opts[0], "req")]
+                args += ["req" for p in required if p.param_type_name == "argument"]
+                if param.param_type_name == "argument":
+                    args.append(given_path)
+                else:
+                    long = max(param.opts, key=len)
+                    args += [f"{long}={given_path}"] if attached else [long, given_path]
+                try:
+                    value = command.make_context(words[-1], args).params[param.name]
+                except Exception as exc:  # a number's option: not a path
+                    assert type(exc).__name__ == "BadParameter", (words, param.name, exc)
+                    continue
+                values = value if isinstance(value, (list, tuple)) else [value]
+                if isinstance(values[-1], Path):
+                    paths += 1
+                    assert values[-1] == expected, (words, param.name, values)
+                else:
+                    assert values[-1] == given_path, (words, param.name, values)  # text is not a path
+    assert paths >= 35
+
+
+def test_a_run_directory_under_home_written_with_a_tilde_is_under_home(tmp_path, monkeypatch):
+    """`run_dir: ~/runs/x` in a config made ./~/runs/x and exited 0."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "taken").write_text("a file\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  dir: {TOY}\ntrain:\n  run_dir: ~/taken\n")
+    line = _one_line_error(invoke("train", "--config", config))
+    assert line == f"error: train.run_dir {tmp_path / 'home' / 'taken'} is a file; choose a directory"
+    line = _one_line_error(invoke("train", "--config", config, "--run-dir=~/taken"))
+    assert line == f"error: --run-dir {tmp_path / 'home' / 'taken'} is a file; choose a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "home"]  # no ./~

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from nmt.config import SECTIONS, Config, ConfigError, DecodeConfig, config_from_dict, config_to_dict, config_to_yaml, load_config, validate
 from nmt.errors import Key
-from nmt.fields import looks_like_test_data
+from nmt.fields import PathText, looks_like_test_data
 
 
 def test_defaults_follow_the_paper():
@@ -379,7 +379,7 @@ def _valid_value(f, tp):
             options.append(st.floats(low, high, exclude_min=allowed.low_open, exclude_max=allowed.high_open))
         elif member is str and f.metadata["pattern"]:
             options.append(st.from_regex(f.metadata["pattern"][0], fullmatch=True))
-        elif member is str:
+        elif member in (str, PathText):
             # PyYAML writes U+0085 so that it reads back as a space; text is never blank (a config error)
             options.append(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=10).filter(str.strip))
         elif member is type(None):
@@ -496,3 +496,61 @@ def test_one_language_on_both_sides_of_a_split_directory_is_refused(src, tgt, fi
             validate(Config(data=data))
     else:
         validate(Config(data=data))
+
+
+def _path_keys() -> list[str]:
+    """Every config key whose value names a file or directory (a PathText, or a mapping to them), read from the sections' types."""
+    from nmt.fields import _members, hints
+
+    found = []
+    for section, cls in SECTIONS.items():
+        for f in fields(cls):
+            members = _members(hints(cls)[f.name])
+            if PathText in members or any(typing.get_origin(m) is dict and typing.get_args(m)[1] is PathText for m in members):
+                found.append(f"{section}.{f.name}")
+    return found
+
+
+def _home_of(user: str) -> str:
+    import pwd
+
+    return pwd.getpwnam(user).pw_dir
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    key=st.sampled_from(_path_keys()),
+    start=st.sampled_from(["~", "~USER", "~no_such_user_here", "./~", "a/~"]),
+    rest=st.sampled_from(["", "/", "/runs/x", "/dir with spaces/é.de"]),
+    how=st.sampled_from(["yaml", "quoted yaml", "set", "quoted set"]),
+)
+def test_a_leading_tilde_in_any_path_setting_is_the_home_directory_as_a_shell_reads_it(tmp_path, key, start, rest, how):
+    """`run_dir: ~/runs/x` made ./~/runs/x. A leading ~ or ~user is the home directory, in the file and in --set, quoted or not;
+    ~ of no such user, and ~ that does not lead, stay as written (as in a shell)."""
+    import getpass
+
+    start = start.replace("USER", getpass.getuser())
+    if start + rest == "~" and how in ("yaml", "set"):  # unquoted ~ alone is YAML's null
+        rest = "/"
+    text = start + rest
+    home = {"~": "/home/of/the/test", f"~{getpass.getuser()}": _home_of(getpass.getuser())}.get(start)
+    expected = home + rest if home is not None else text
+    written = f'"{text}"' if how.startswith("quoted") else text
+    if key == "data.hf_data_files":
+        written, expected = f"{{train: {written}}}", {"train": expected}
+    values = {key: written}
+    for pair in (("data.train_src", "data.train_tgt"), ("data.valid_src", "data.valid_tgt"), ("tokenizer.src_model", "tokenizer.tgt_model")):
+        if key in pair:  # keys that go together, given the same path
+            values |= dict.fromkeys(pair, written) | ({"tokenizer.joint": "false", "model.share_embeddings": "false"} if "tokenizer" in key else {})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", "/home/of/the/test")
+        if how.endswith("yaml"):
+            sections = {}
+            for k, v in values.items():
+                sections.setdefault(k.split(".")[0], []).append(f"  {k.split('.')[1]}: {v}")
+            cfg = load_config(write(tmp_path, "".join(f"{s}:\n" + "\n".join(lines) + "\n" for s, lines in sections.items())))
+        else:
+            cfg = load_config(None, [f"{k}={v}" for k, v in values.items()])
+    section, name = key.split(".")
+    assert getattr(getattr(cfg, section), name) == expected
+    assert len(_path_keys()) == 11 and "train.run_dir" in _path_keys()

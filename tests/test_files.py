@@ -6,6 +6,7 @@ system's /dev entries.
 
 import os
 import stat
+import tempfile
 import threading
 
 import pytest
@@ -338,3 +339,69 @@ def test_a_directory_replaced_by_a_writer_that_stops_at_any_moment_is_never_miss
         assert (out / "config.json").read_text() in ("first", "second")
         (tmp / "config.json").write_text("third")
     assert (out / "config.json").read_text() == "third" and sorted(p.name for p in place.iterdir()) == ["hf", "other"]
+
+
+NAME_MAX = os.pathconf(tempfile.gettempdir(), "PC_NAME_MAX")  # where pytest makes its directories
+
+
+@st.composite
+def output_names(draw):
+    """A file name of any length in bytes up to the file system's limit, of one- to four-byte UTF-8 characters."""
+    length = draw(st.integers(1, NAME_MAX))
+    chars = draw(st.lists(st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1, max_size=4))
+    name, i = "", 0
+    while len((name + chars[i % len(chars)]).encode()) <= length:
+        name, i = name + chars[i % len(chars)], i + 1
+    name += "a" * (length - len(name.encode()))  # exactly `length` bytes
+    return name if name not in (".", "..") else "a" * length
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=output_names(), kind=st.sampled_from(["file", "directory"]), exchange=st.booleans())
+def test_an_output_of_any_name_the_file_system_takes_is_written_and_its_abandoned_temporaries_swept(tmp_path_factory, name, kind, exchange):
+    """An output named near the 255-byte limit was refused (File name too long): its temporary, `.NAME.tmpPID-TOKEN-HOST`,
+    is about 25 bytes longer. Every temporary fits, a writer still sweeps what a killed one left of the same output, and
+    no other file, however it is named, is touched."""
+    import fcntl
+
+    from nmt import temporaries
+    from nmt.temporaries import held_temporary, remove_abandoned_temporaries, replace_directory, temporary_name
+
+    root = tmp_path_factory.mktemp("names")
+    out = root / name
+    assert len(os.fsencode(out.name)) <= NAME_MAX
+    for kind_of_name in ("tmp", "probe"):
+        made = temporary_name(out, kind_of_name)
+        assert len(os.fsencode(made.name)) <= NAME_MAX and made.parent == root
+    assert temporary_name(out) != temporary_name(out)  # unique
+    stem = temporaries._TEMPORARY.fullmatch(temporary_name(out).name)["name"]
+    assert stem == name or len(os.fsencode(name)) > NAME_MAX - temporaries._ADDED  # the name itself wherever it fits
+    left = temporary_name(out)  # what a killed writer left: nobody holds it
+    left.mkdir() if kind == "directory" else left.write_bytes(b"partial")
+    others = [root / f".{stem}.tmp", root / f".{stem}.tmpnotes"]  # look alike, but no nmt temporary
+    for other in others:
+        other.write_bytes(b"mine")
+    held = temporary_name(out)  # a writer at work
+    held.write_bytes(b"writing")
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        check_writable(out)
+        if kind == "file":
+            atomic_write(out, b"complete")
+            assert out.read_bytes() == b"complete"
+        else:
+            with pytest.MonkeyPatch.context() as patch:
+                if not exchange:
+                    patch.setattr(temporaries, "_exchange", lambda a, b: False)
+                for content in ("first", "second"):  # the second replaces the first
+                    with replace_directory(out) as tmp:
+                        (tmp / "config.json").write_text(content)
+            assert (out / "config.json").read_text() == "second"
+        assert sorted(p.name for p in root.iterdir()) == sorted([name, held.name, *(p.name for p in others)])
+    finally:
+        os.close(fd)
+    remove_abandoned_temporaries(root, name)
+    assert sorted(p.name for p in root.iterdir()) == sorted([name, *(p.name for p in others)])
+    with held_temporary(out) as (mine, _):
+        assert len(os.fsencode(mine.name)) <= NAME_MAX

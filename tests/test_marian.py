@@ -396,6 +396,8 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
             "--set",
             "train.validate_every=3",
             "--set",
+            "train.save_every=2",  # a step_2.pt to average with last.pt (best.pt is last.pt: both of step 3)
+            "--set",
             "data.valid_max_sentences=4",
             "--set",
             "train.valid_beam_size=1",
@@ -428,7 +430,7 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
     assert runner.invoke(app, ["evaluate", "--checkpoint", str(run / "last.pt"), "--src", str(src), "--ref", str(ref), "--max-len-b", "8"]).exit_code == 0
     tuned = runner.invoke(app, ["tune-decode", "--checkpoint", str(tmp_path / "m.pt"), "--src", str(src), "--ref", str(ref), "--beam-sizes", "1,2"])
     assert tuned.exit_code == 0, tuned.output
-    averaged = runner.invoke(app, ["average", str(run / "last.pt"), str(run / "best.pt"), "--out", str(tmp_path / "avg.pt")])
+    averaged = runner.invoke(app, ["average", str(run / "step_2.pt"), str(run / "last.pt"), "--out", str(tmp_path / "avg.pt")])
     assert averaged.exit_code == 0, averaged.output
     assert load_checkpoint(tmp_path / "avg.pt")["imported_from"]["path"] == str(small_opus)
     assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "avg.pt"), "--format", "nmt", str(tmp_path / "slim.pt")]).exit_code == 0

@@ -166,13 +166,13 @@ def text_keys() -> list[str]:
     import dataclasses
 
     from nmt.config import Config
-    from nmt.fields import _members, hints
+    from nmt.fields import PathText, _members, hints
 
     return [
         f"{section.name}.{f.name}"
         for section in dataclasses.fields(Config)
         for f in dataclasses.fields(section.default_factory)
-        if str in _members(hints(section.default_factory)[f.name])
+        if {str, PathText} & set(_members(hints(section.default_factory)[f.name]))
     ]
 
 
