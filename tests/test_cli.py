@@ -1205,11 +1205,11 @@ def test_a_leading_tilde_in_every_path_of_every_command_is_the_home_directory(st
 
     start = start.replace("USER", getpass.getuser())
     given_path = start + rest
-    home = {"~": "/home/of/the/test", f"~{getpass.getuser()}": pwd.getpwnam(getpass.getuser()).pw_dir}.get(start)
+    home = {"~": "/home/of/a/user", f"~{getpass.getuser()}": pwd.getpwnam(getpass.getuser()).pw_dir}.get(start)
     expected = Path(home + rest if home is not None else given_path)
     paths = 0
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", "/home/of/the/test")
+        patch.setenv("HOME", "/home/of/a/user")
         for words, command in _commands():
             for param in command.params:
                 if getattr(param, "is_flag", False):

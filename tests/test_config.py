@@ -533,7 +533,7 @@ def test_a_leading_tilde_in_any_path_setting_is_the_home_directory_as_a_shell_re
     if start + rest == "~" and how in ("yaml", "set"):  # unquoted ~ alone is YAML's null
         rest = "/"
     text = start + rest
-    home = {"~": "/home/of/the/test", f"~{getpass.getuser()}": _home_of(getpass.getuser())}.get(start)
+    home = {"~": "/home/of/a/user", f"~{getpass.getuser()}": _home_of(getpass.getuser())}.get(start)
     expected = home + rest if home is not None else text
     written = f'"{text}"' if how.startswith("quoted") else text
     if key == "data.hf_data_files":
@@ -543,7 +543,7 @@ def test_a_leading_tilde_in_any_path_setting_is_the_home_directory_as_a_shell_re
         if key in pair:  # keys that go together, given the same path
             values |= dict.fromkeys(pair, written) | ({"tokenizer.joint": "false", "model.share_embeddings": "false"} if "tokenizer" in key else {})
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", "/home/of/the/test")
+        patch.setenv("HOME", "/home/of/a/user")
         if how.endswith("yaml"):
             sections = {}
             for k, v in values.items():
