@@ -238,6 +238,9 @@ class TrainConfig(Checked):
     precision: Literal["fp32", "bf16", "fp16"] = setting("fp32", "fp32, bf16 (autocast) or fp16 (autocast and gradient scaling)")
     update_freq: int = setting(1, "micro-batches accumulated per optimizer step", AT_LEAST_1)
     compile: bool = setting(False, "torch.compile the training forward and backward (dynamic shapes)")
+    pad_to_multiple: int = setting(
+        1, "round each batch's lengths up to a multiple of this (8: a GPU's tensor-core tiles, fewer shapes to compile); 1: no more padding", Range(1, 128)
+    )
     progress_bar: bool = setting(True, "a progress bar on a terminal")
     tensorboard: bool = setting(True, "scalars under run_dir/tensorboard when the tensorboard package is installed")
 

@@ -272,7 +272,8 @@ class Trainer:
         )
         if self.ddp.device.type == "cuda":  # a budget the GPU cannot hold: one line now, not a CUDA traceback at some step
             largest = max(self.epoch_batches(), key=lambda b: len(b) * int(self.corpus.src_lengths[b].max() + self.corpus.tgt_lengths[b].max()))
-            check_fits(self.updater, collate(self.epoch_corpus(self.progress.epoch, self.progress.batching.seed), largest), self.cfg.train.max_tokens)
+            corpus = self.epoch_corpus(self.progress.epoch, self.progress.batching.seed)
+            check_fits(self.updater, collate(corpus, largest, multiple=self.cfg.train.pad_to_multiple), self.cfg.train.max_tokens)
         with StopSignal() as signals, logging_redirect_tqdm():
             self.maybe_validate(signals)  # resumed at a step whose validation a signal abandoned
             while (reason := self.should_stop(signals)) is None:
@@ -388,7 +389,7 @@ class Trainer:
             raise
         p.batch_in_epoch += len(batches)
         corpus = self.epoch_corpus(p.epoch, p.batching.seed)
-        return [collate(corpus, b, pin_memory=self.ddp.device.type == "cuda") for b in batches]
+        return [collate(corpus, b, self.ddp.device.type == "cuda", self.cfg.train.pad_to_multiple) for b in batches]
 
     def train_step(self, group: list[Batch]) -> bool:
         """One update; False when it was skipped (no step counted, the schedule unmoved): by fp16

@@ -122,7 +122,7 @@ def child(args) -> None:
         epoch += 1
     indices = indices[: args.warmup + args.steps]
     pin = device.type == "cuda"
-    batches = [collate(corpus, b, pin_memory=pin) for b in indices]
+    batches = [collate(corpus, b, pin_memory=pin, multiple=args.pad_to_multiple) for b in indices]
     overrides = {
         "model": {"preset": args.preset, "dropout": 0.1},
         "train": {"precision": args.precision, "compile": args.engine == "nmt-compile", "warmup_steps": 4000},
@@ -294,6 +294,7 @@ def main() -> None:
     parser.add_argument(
         "--profile-steps", type=int, default=0, help="on a GPU, profile N more steps of each engine: where the GPU's time goes (kernels, idling)"
     )
+    parser.add_argument("--pad-to-multiple", type=int, default=1, help="round each batch's lengths up to a multiple of this (train.pad_to_multiple)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -913,3 +913,37 @@ def test_a_token_budget_the_device_cannot_hold_is_one_line_naming_what_fits_and_
             check_fits(updater, largest, 7 * batch)
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items()) and not updater.optimizer.state
     assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), min_size=1, max_size=6), multiple=st.integers(2, 16), seed=st.integers(0, 3))
+def test_lengths_padded_to_a_multiple_give_the_same_loss_and_gradients(lengths, multiple, seed):
+    """train.pad_to_multiple only adds PAD: masked keys, positions past EOS and ignored targets change nothing."""
+    from nmt.core.batching import collate
+    from nmt.core.loss import label_smoothed_loss
+    from nmt.core.model import Transformer
+
+    g = torch.Generator().manual_seed(seed)
+
+    class Pairs:
+        def src(self, i):
+            return torch.randint(4, 40, (lengths[i][0],), generator=torch.Generator().manual_seed(seed * 100 + i)).numpy()
+
+        def tgt(self, i):
+            return torch.randint(4, 40, (lengths[i][1],), generator=torch.Generator().manual_seed(seed * 100 + 50 + i)).numpy()
+
+    torch.manual_seed(int(torch.randint(0, 1000, (1,), generator=g)))
+    model = Transformer(tiny_config(dropout=0.0)).train()
+    results = []
+    for m in (1, multiple):
+        batch = collate(Pairs(), list(range(len(lengths))), multiple=m)
+        assert batch.src.size(1) % m == 0 and batch.tgt_in.size(1) % m == 0
+        model.zero_grad()
+        out = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+        out.loss.backward()
+        results.append((out.loss.detach(), int(out.n_tokens), [p.grad.clone() for p in model.parameters()]))
+    (loss, n, grads), (padded_loss, padded_n, padded_grads) = results
+    assert n == padded_n
+    torch.testing.assert_close(padded_loss, loss, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, padded_grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)

@@ -127,13 +127,19 @@ class Batch:
         return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
 
 
-def pad_sources(seqs: list[np.ndarray | list[int]], pin_memory: bool = False) -> torch.Tensor:
-    """Append EOS to each source and right-pad with PAD: ``(batch, src_len)``.
+def _width(longest: int, multiple: int) -> int:
+    """``longest`` rounded up to a multiple of ``multiple``."""
+    return -(-longest // multiple) * multiple
+
+
+def pad_sources(seqs: list[np.ndarray | list[int]], pin_memory: bool = False, multiple: int = 1) -> torch.Tensor:
+    """Append EOS to each source and right-pad with PAD: ``(batch, src_len)``, ``src_len`` a
+    multiple of ``multiple`` (fewer distinct shapes, and a GPU's tensor cores' tiles).
 
     ``pin_memory`` allocates page-locked host memory, so a later ``.to("cuda",
     non_blocking=True)`` copies asynchronously.
     """
-    width = max(len(s) for s in seqs) + 1
+    width = _width(max(len(s) for s in seqs) + 1, multiple)
     out = torch.full((len(seqs), width), PAD, dtype=torch.long, pin_memory=pin_memory)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
@@ -141,11 +147,12 @@ def pad_sources(seqs: list[np.ndarray | list[int]], pin_memory: bool = False) ->
     return out
 
 
-def collate(corpus: Pairs, indices: np.ndarray, pin_memory: bool = False) -> Batch:
-    """The padded :class:`Batch` of examples ``indices`` (page-locked with ``pin_memory``)."""
-    src = pad_sources([corpus.src(i) for i in indices], pin_memory)
+def collate(corpus: Pairs, indices: np.ndarray, pin_memory: bool = False, multiple: int = 1) -> Batch:
+    """The padded :class:`Batch` of examples ``indices`` (page-locked with ``pin_memory``), both lengths
+    rounded up to a multiple of ``multiple`` (``train.pad_to_multiple``)."""
+    src = pad_sources([corpus.src(i) for i in indices], pin_memory, multiple)
     tgts = [corpus.tgt(i) for i in indices]
-    width = max(len(t) for t in tgts) + 1
+    width = _width(max(len(t) for t in tgts) + 1, multiple)
     tgt_in = torch.full((len(tgts), width), PAD, dtype=torch.long, pin_memory=pin_memory)
     tgt_out = torch.full((len(tgts), width), PAD, dtype=torch.long, pin_memory=pin_memory)
     for i, t in enumerate(tgts):
