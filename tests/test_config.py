@@ -426,7 +426,8 @@ def _valid_sections(draw):
                 data[key] = "dev"
     decode["n_best"] = min(decode.get("n_best", 1), decode.get("beam_size", 5))
     if decode.get("max_len_a", 1.5) == 0:  # an output limit of max_len_b alone must leave room, above min_len
-        decode["max_len_b"] = max(decode.get("max_len_b", 10), decode.get("min_len", 0), 1)
+        decode["max_len_b"] = max(decode.get("max_len_b", 10), 1)
+        decode["min_len"] = min(decode.get("min_len", 0), decode["max_len_b"])
     if decode.get("alignment_layer") is not None:
         decode["alignment_layer"] = 1  # within any model's decoder
     return raw
