@@ -110,7 +110,25 @@ def _validation_set(
     if write:
         capped = f"; the first {len(vsrc)} used (data.valid_max_sentences)" if len(vsrc) < vreport.kept else ""
         log.info("valid%s: %s%s", f" {name}" if name else "", vreport, capped)
+        _warn_if_unsegmented(cfg, vtgt, tgt_lang, text.name)
     return ValidationSet(corpus, vsrc, vtgt, name, tgt_lang, prefix)
+
+
+def _warn_if_unsegmented(cfg: Config, references: list[str], tgt_lang: str, name: str) -> None:
+    """Warn in one line when validation references (of the files ``name``) look like Chinese, Japanese or Korean text
+    but their language code ``tgt_lang`` chooses 13a (:func:`nmt.evaluate.cjk_language` places no such language in it),
+    which scores such text near 0: best.pt and ``train.patience`` would follow a meaningless score."""
+    guessed = evaluate.guess_cjk_language(references) if cfg.eval.tokenize == "auto" and evaluate.config_tokenizer(cfg, tgt_lang) == "13a" else None
+    if guessed:
+        log.warning(
+            "warning: the validation references (%s) look like %s text, but their language code %s chooses BLEU tokenizer 13a, which scores it near 0 "
+            "and best.pt and train.patience would follow that: set eval.tokenize=%s, or name the language as nmt knows it (%s)",
+            name,
+            guessed,
+            tgt_lang,
+            evaluate.LANGUAGE_TOKENIZERS[guessed],
+            guessed,
+        )
 
 
 @dataclass
