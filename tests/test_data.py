@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import AWKWARD_LINES, ROOT, TOY
+from conftest import AWKWARD_LINES, NO_TEXT_LINES, ROOT, TOY, format_tokenizer
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 import nmt.encoded as encoded_module
-from nmt.clean import CleanReport, clean_pairs, encode_rows, report_of, strip_pairs
+from nmt.clean import CleanReport, clean_pairs, encode_rows, has_text, report_of, strip_pairs
 from nmt.config import DataConfig
 from nmt.core.batching import TokenBatchSampler, collate, token_batches
 from nmt.corpus import DataError, ParallelText, check_inputs, count_lines, load_split, read_lines, read_parallel, stream_buffers
@@ -324,6 +324,36 @@ def test_lines_with_no_pieces_are_dropped_and_counted(toy_tokenizer):
     assert reason.tolist() == [0, 1, 1, 1, 1, 0] and [src_ids[0], src_ids[5]] == kept.src_ids
     corpus, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=100, max_len_ratio=3.0)
     assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
+
+
+PAIRS_OF_TEXT = [("the dog .", "der Hund ."), ("a cat sees the man .", "eine Katze sieht den Mann .")]
+
+
+@given(
+    pairs=st.lists(
+        st.one_of(st.sampled_from(PAIRS_OF_TEXT), st.tuples(NO_TEXT_LINES, st.just("der Hund .")), st.tuples(st.just("the dog ."), NO_TEXT_LINES)),
+        min_size=1,
+        max_size=10,
+    ),
+    chunk_lines=st.integers(1, 4),
+)
+def test_a_side_with_no_text_is_dropped_and_counted_as_empty_whatever_the_tokenizer_made_of_it(tmp_path_factory, pairs, chunk_lines):
+    """A side of only U+202E, a piece of its own for a tokenizer whose training text held it, was kept: the model learnt
+    to answer it with an invented sentence. A side with no character but format, control and space characters is now
+    empty, in the cleaning that comes before the tokenizer (strip_pairs), after it (clean_pairs), and in the cache."""
+    src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
+    kept_pairs = [(s, t) for s, t in pairs if (s, t) in PAIRS_OF_TEXT]
+    tok = format_tokenizer()
+    kept = clean_pairs(tok, src, tgt)
+    assert list(zip(kept.src, kept.tgt)) == kept_pairs and kept.report == CleanReport(total=len(pairs), empty=len(pairs) - len(kept_pairs))
+    assert strip_pairs(src, tgt) == (kept.src, kept.tgt, kept.report)
+    corpus, report = encode_corpus(ParallelText.lists(src, tgt), tok, tmp_path_factory.mktemp("cache"), max_len=100, max_len_ratio=9.0, chunk_lines=chunk_lines)
+    assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
+
+
+def test_has_text_sees_one_character_of_text_among_any_others():
+    assert not any(has_text(line) for line in ["", " \t", "\u202e", "\u200b\u2066 \x01\u2029", "\ud800", "\u3000"])
+    assert all(has_text(line) for line in ["a", "\u202eabc", "😀", "\u0301", "\ue000", "\ufffd", "!"])  # a private-use or unassigned one counts
 
 
 _ENCODE_SCRIPT = """
