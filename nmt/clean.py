@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import unicodedata
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +92,28 @@ def stripped_side(text: ParallelText, side: int) -> Iterator[str]:
         yield from lines
     if kept == 0:
         raise DataError("the training data has no pair with text on both sides; check the training files")
+
+
+@dataclass
+class Unknowns:
+    """How much of some lines a tokenizer encodes to the unknown piece (:func:`unknowns`)."""
+
+    lines: int  # lines measured
+    pieces: float  # share of their pieces that are UNK
+    holding: float  # share of the lines that hold an UNK
+    missing: Counter  # each character that encodes to UNK: its occurrences in the lines
+
+
+def unknowns(encode: Callable[[list[str]], list[list[int]]], lines: list[str]) -> Unknowns:
+    """What ``encode`` (a tokenizer side's ``encode_src`` or ``encode_tgt``) leaves unknown of ``lines``: the shares of
+    pieces and lines, and the characters it cannot spell (each, alone, encodes to UNK), counted in ``lines``."""
+    ids = encode(lines)
+    pieces, unknown = sum(map(len, ids)), sum(seq.count(UNK) for seq in ids)
+    held = Counter(ch for line, seq in zip(lines, ids) if UNK in seq for ch in line if not ch.isspace())
+    alone = list(held)
+    missing = Counter({ch: held[ch] for ch, seq in zip(alone, encode(alone) if alone else []) if UNK in seq})
+    holding = sum(UNK in seq for seq in ids)
+    return Unknowns(len(lines), unknown / max(1, pieces), holding / max(1, len(lines)), missing)
 
 
 def flatten(seqs: list[list[int]]) -> Flat:
