@@ -433,7 +433,7 @@ def test_page_in_a_real_browser(translator):
             page.fill("#beam_size", "99")
             page.click("#translate")
             page.wait_for_function("document.getElementById('error').textContent.length > 0")
-            assert "beam_size must be between 1 and 6" in page.text_content("#error")
+            assert "beam_size must be in [1, 6], got 99" in page.text_content("#error")
             browser.close()
     finally:
         server.should_exit = True
