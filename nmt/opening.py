@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import evaluate
 from .checkpoint import checkpoint_file, load_checkpoint
-from .clean import clean_pairs, stripped_side
+from .clean import clean_pairs, stripped_side, unknowns
 from .config import Config, ConfigError, config_from_dict, config_to_yaml, with_vocab
 from .corpus import DataError, ParallelText, check_inputs
 from .encoded import EncodedCorpus, encode_corpus, encoding_threads
@@ -22,11 +22,18 @@ from .multilingual import check_tags, directions, split_text, tag_ids, tags, tra
 from .progress import Progress
 from .rundir import RunDir, absolute_paths, init_config, resume_config
 from .temporaries import remove_abandoned_temporaries
-from .tokenizer import Tokenizer, tokenizer_from_config, train_tokenizer
+from .tokenizer import Tokenizer, reservoir_sample, tokenizer_from_config, train_tokenizer
 from .validation import ValidationSet
 from .vocab import tokenizer_from_dir
 
 log = logging.getLogger("nmt.train")
+
+#: Training pairs, drawn through the whole text, on which a tokenizer not trained on it is measured (:func:`warn_if_uncovered`) ...
+COVERAGE_SAMPLE = 10_000
+#: ... and the share of a side's lines holding the unknown piece from which the run is warned: a tokenizer trained on its own
+#: text leaves none (character coverage 1.0, or byte fallback), one of the same language pair from elsewhere well under
+#: this, one of another language most lines (an English-German one on French: 98.5%).
+MATERIAL_UNKNOWN_LINES = 0.01
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ class Prepared:
     valid: list[ValidationSet]
 
 
-def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True) -> Prepared:
+def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool = True, foreign: tuple[str, str] | None = None) -> Prepared:
     """Read and clean the data, train (or reuse) the tokenizer and encode both splits of every direction.
 
     Training text is streamed: the tokenizer trains on a stream (SentencePiece samples
@@ -48,7 +55,12 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
     the tokenizer is saved in ``run_dir`` and encodings cached under ``run_dir/cache``
     (rank 0 does this; other ranks then read them back). Several directions
     (:mod:`nmt.multilingual`) give one training corpus of them all, one after another, and a
-    validation set each.
+    validation set each. A tokenizer not trained on this text, ``tokenizer`` with ``foreign`` (where it
+    came from, and what to do instead: ``--init-from``) or one the config names, is measured on it
+    first (:func:`warn_if_uncovered`).
+
+    Raises:
+        DataError: as :func:`nmt.corpus.check_inputs`, or no training pair is left after cleaning.
     """
     started = time.perf_counter()
     texts = [(d, split_text(cfg.data, d, "train"), split_text(cfg.data, d, "valid")) for d in directions(cfg.data)]
@@ -57,6 +69,7 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
             check_inputs(train_text, valid_text)
     if tokenizer is None:
         tokenizer = tokenizer_from_config(cfg.tokenizer)
+        foreign = (f"given by {_named_models(cfg.tokenizer)}", "leave those keys unset") if tokenizer is not None else None
     if tokenizer is None:
         log.info(
             "training SentencePiece %s tokenizer (vocab %d, %s)", cfg.tokenizer.type, cfg.tokenizer.vocab_size, "joint" if cfg.tokenizer.joint else "separate"
@@ -67,6 +80,9 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
             tokenizer = train_multilingual_tokenizer([(d, t) for d, t, _ in texts], cfg.tokenizer, cfg.train.seed, tags(cfg.data))
         log.info("tokenizer trained in %.1f s", time.perf_counter() - started)
     check_tags(tokenizer, cfg.data)
+    if write and foreign:
+        for _, train_text, _ in texts:
+            warn_if_uncovered(train_text, tokenizer, *foreign, cfg.train.seed)
     if write:
         tokenizer.save(run_dir)
     cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
@@ -77,6 +93,42 @@ def prepare(cfg: Config, run_dir: Path, tokenizer: Tokenizer | None, write: bool
         corpora.append(_encode_training_text(cfg, train_text, tokenizer, cache, write, name, prefix))
         valid.append(_validation_set(cfg, valid_text, tokenizer, cache, write, name, direction.tgt, prefix))
     return Prepared(tokenizer, EncodedCorpus.joined(corpora), valid)
+
+
+def _named_models(tk) -> str:
+    """The keys of a :class:`~nmt.config.TokenizerConfig` that name its SentencePiece models, with the files."""
+    return f"tokenizer.model {tk.model}" if tk.joint else f"tokenizer.src_model {tk.src_model} and tokenizer.tgt_model {tk.tgt_model}"
+
+
+def warn_if_uncovered(text: ParallelText, tokenizer: Tokenizer, origin: str, instead: str, seed: int) -> None:
+    """Warn in one line for each side of ``text`` (training pairs) of which ``tokenizer``, not trained on it, encodes
+    :data:`MATERIAL_UNKNOWN_LINES` of the lines or more to the unknown piece (:func:`nmt.clean.unknowns`, on
+    :data:`COVERAGE_SAMPLE` pairs drawn with ``seed``): a model can never write what its target tokenizer cannot spell,
+    nor read it in a source. ``origin`` says where the tokenizer came from, ``instead`` how to train one on this text.
+
+    Raises:
+        DataError: as :func:`nmt.clean.stripped_side`.
+    """
+    sample = reservoir_sample(zip(stripped_side(text, 0), stripped_side(text, 1)), COVERAGE_SAMPLE, seed)
+    for k, (side, encode, path, effect) in enumerate(
+        (("source", tokenizer.encode_src, text.src_path, "read"), ("target", tokenizer.encode_tgt, text.tgt_path, "write"))
+    ):
+        found = unknowns(encode, [pair[k] for pair in sample])
+        if found.holding >= MATERIAL_UNKNOWN_LINES:
+            top = ", ".join(f"{ch} (U+{ord(ch):04X}) {n:,}" for ch, n in found.missing.most_common(5)) or "none alone: pieces outside the vocabulary"
+            log.warning(
+                "warning: the tokenizer %s was not trained on this text: %.1f%% of the %s side's pieces (%s) are unknown, in %.1f%% of its lines "
+                "(%s lines sampled); most frequent missing characters: %s; the model can never %s them: train a tokenizer on this text (%s), or accept it",
+                origin,
+                100 * found.pieces,
+                side,
+                path or text.name,
+                100 * found.holding,
+                f"{found.lines:,}",
+                top,
+                effect,
+                instead,
+            )
 
 
 def _encode_training_text(cfg: Config, text: ParallelText, tokenizer: Tokenizer, cache: Path, write: bool, name: str, prefix: tuple[int, ...]) -> EncodedCorpus:
@@ -110,7 +162,25 @@ def _validation_set(
     if write:
         capped = f"; the first {len(vsrc)} used (data.valid_max_sentences)" if len(vsrc) < vreport.kept else ""
         log.info("valid%s: %s%s", f" {name}" if name else "", vreport, capped)
+        _warn_if_unsegmented(cfg, vtgt, tgt_lang, text.name)
     return ValidationSet(corpus, vsrc, vtgt, name, tgt_lang, prefix)
+
+
+def _warn_if_unsegmented(cfg: Config, references: list[str], tgt_lang: str, name: str) -> None:
+    """Warn in one line when validation references (of the files ``name``) look like Chinese, Japanese or Korean text
+    but their language code ``tgt_lang`` chooses 13a (:func:`nmt.evaluate.cjk_language` places no such language in it),
+    which scores such text near 0: best.pt and ``train.patience`` would follow a meaningless score."""
+    guessed = evaluate.guess_cjk_language(references) if cfg.eval.tokenize == "auto" and evaluate.config_tokenizer(cfg, tgt_lang) == "13a" else None
+    if guessed:
+        log.warning(
+            "warning: the validation references (%s) look like %s text, but their language code %s chooses BLEU tokenizer 13a, which scores it near 0 "
+            "and best.pt and train.patience would follow that: set eval.tokenize=%s, or name the language as nmt knows it (%s)",
+            name,
+            guessed,
+            tgt_lang,
+            evaluate.LANGUAGE_TOKENIZERS[guessed],
+            guessed,
+        )
 
 
 @dataclass
@@ -209,7 +279,8 @@ def open_run(run: RunDir, cfg: Config, resume: bool, overrides: list[str], confi
     evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))  # now, not at the first validation
     given = opened.payload or opened.init
     tokenizer = given.tokenizer if given else None
-    opened.data = prepare(opened.cfg, run.path, tokenizer)
+    foreign = (f"from --init-from {init_from}", "start without --init-from") if opened.init is not None else None  # a resumed run's is its own
+    opened.data = prepare(opened.cfg, run.path, tokenizer, foreign=foreign)
     run.keep_history_until(start)
     opened.cfg = with_vocab(opened.cfg, opened.data.tokenizer.src.get_piece_size(), opened.data.tokenizer.tgt.get_piece_size())
     atomic_write(run.path / "config.yaml", config_to_yaml(opened.cfg))

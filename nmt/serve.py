@@ -116,7 +116,7 @@ class Translator:
         self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None, src_prefix: tuple[int, ...] = ()
     ) -> list[list[Hypothesis]]:
         """Each line's n-best list, in input order (:meth:`nmt.inference.Inference.translate`); the lines
-        left untranslated (only unknown characters) are counted in ``skipped``, for ``/health``."""
+        left untranslated (only unknown characters, or no text) are counted in ``skipped``, for ``/health``."""
         return self.inference.translate(lines, Decoding(decode, alignment=alignment, src_prefix=src_prefix), steering, skipped=self.skipped)
 
     def attention(self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()) -> dict:
@@ -307,7 +307,7 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
                 "queued_requests": batcher.admitted - batcher.running,
                 "running_requests": batcher.running,
                 "batches": batcher.batches,
-                "untranslated_lines": {"unknown_only": translator.skipped["unknown"]},
+                "untranslated_lines": {"unknown_only": translator.skipped["unknown"], "no_text": translator.skipped["no_text"]},
             }
         )
 

@@ -2,17 +2,18 @@ import gzip
 import io
 import json
 import os
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import AWKWARD_LINES, ROOT, TOY
+from conftest import AWKWARD_LINES, NO_TEXT_LINES, ROOT, TOY, format_tokenizer
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import nmt.encoded as encoded_module
-from nmt.clean import CleanReport, clean_pairs, encode_rows, report_of, strip_pairs
+from nmt.clean import CleanReport, clean_pairs, encode_rows, has_text, report_of, strip_pairs
 from nmt.config import DataConfig
 from nmt.core.batching import TokenBatchSampler, collate, token_batches
 from nmt.corpus import DataError, ParallelText, check_inputs, count_lines, load_split, read_lines, read_parallel, stream_buffers
@@ -325,6 +326,80 @@ def test_lines_with_no_pieces_are_dropped_and_counted(toy_tokenizer):
     assert reason.tolist() == [0, 1, 1, 1, 1, 0] and [src_ids[0], src_ids[5]] == kept.src_ids
     corpus, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=100, max_len_ratio=3.0)
     assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
+
+
+PAIRS_OF_TEXT = [("the dog .", "der Hund ."), ("a cat sees the man .", "eine Katze sieht den Mann .")]
+
+
+@given(
+    pairs=st.lists(
+        st.one_of(st.sampled_from(PAIRS_OF_TEXT), st.tuples(NO_TEXT_LINES, st.just("der Hund .")), st.tuples(st.just("the dog ."), NO_TEXT_LINES)),
+        min_size=1,
+        max_size=10,
+    ),
+    chunk_lines=st.integers(1, 4),
+)
+def test_a_side_with_no_text_is_dropped_and_counted_as_empty_whatever_the_tokenizer_made_of_it(tmp_path_factory, pairs, chunk_lines):
+    """A side of only U+202E, a piece of its own for a tokenizer whose training text held it, was kept: the model learnt
+    to answer it with an invented sentence. A side with no character but format, control and space characters is now
+    empty, in the cleaning that comes before the tokenizer (strip_pairs), after it (clean_pairs), and in the cache."""
+    src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
+    kept_pairs = [(s, t) for s, t in pairs if (s, t) in PAIRS_OF_TEXT]
+    tok = format_tokenizer()
+    kept = clean_pairs(tok, src, tgt)
+    assert list(zip(kept.src, kept.tgt)) == kept_pairs and kept.report == CleanReport(total=len(pairs), empty=len(pairs) - len(kept_pairs))
+    assert strip_pairs(src, tgt) == (kept.src, kept.tgt, kept.report)
+    corpus, report = encode_corpus(ParallelText.lists(src, tgt), tok, tmp_path_factory.mktemp("cache"), max_len=100, max_len_ratio=9.0, chunk_lines=chunk_lines)
+    assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
+
+
+def test_has_text_sees_one_character_of_text_among_any_others():
+    assert not any(has_text(line) for line in ["", " \t", "\u202e", "\u200b\u2066 \x01\u2029", "\ud800", "\u3000"])
+    assert all(has_text(line) for line in ["a", "\u202eabc", "😀", "\u0301", "\ue000", "\ufffd", "!"])  # a private-use or unassigned one counts
+
+
+def _covered(tokenizer) -> set[str]:
+    """The characters some piece of ``tokenizer`` spells."""
+    return {ch for piece in tokenizer.tgt_pieces for ch in piece}
+
+
+TOY_LINES = read_lines(TOY / "train.de")[:200]
+
+
+@given(data=st.data(), n=st.integers(1, 200))
+def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_about(toy_tokenizer, caplog, data, n):
+    """Fine-tuning an English-German checkpoint on French left 7.5% of the target pieces unknown, in 98.5% of lines,
+    and nothing said so. Characters outside the toy tokenizer (upper case, other scripts, symbols), each inserted as a
+    word into some of n toy lines: the shares and the missing characters are counted exactly, and a side is warned
+    about when 1% of its lines or more hold one."""
+    from collections import Counter
+
+    from nmt.clean import unknowns
+    from nmt.opening import MATERIAL_UNKNOWN_LINES, warn_if_uncovered
+
+    known = _covered(toy_tokenizer)
+    outside = st.characters(categories=["Lu", "Ll", "Lo", "Nd", "Po", "Sm", "Sc", "So"]).filter(
+        lambda ch: ch not in known and unicodedata.normalize("NFKC", ch) == ch and ch not in "\u2581\ufffd"  # U+FFFD: a space to SentencePiece
+    )
+    inserted = data.draw(st.lists(st.lists(outside, max_size=3), min_size=n, max_size=n))
+    lines = [" ".join([*line.split()[:2], *chars, *line.split()[2:]]) for line, chars in zip(TOY_LINES, inserted)]
+    found = unknowns(toy_tokenizer.encode_tgt, lines)
+    holding = sum(map(bool, inserted))
+    assert found.lines == n and found.holding == holding / n and found.missing == Counter(ch for chars in inserted for ch in chars)
+    assert found.pieces * sum(map(len, toy_tokenizer.encode_tgt(lines))) == pytest.approx(sum(map(len, inserted)))  # one UNK a character
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nmt.train"):
+        warn_if_uncovered(ParallelText.lists(TOY_LINES[:n], lines, name="fr"), toy_tokenizer, "from --init-from ende.pt", "start without --init-from", 1)
+    if holding / n < MATERIAL_UNKNOWN_LINES:
+        assert caplog.records == []
+        return
+    (record,) = caplog.records
+    top = ", ".join(f"{ch} (U+{ord(ch):04X}) {count:,}" for ch, count in found.missing.most_common(5))
+    assert record.getMessage() == (
+        f"warning: the tokenizer from --init-from ende.pt was not trained on this text: {100 * found.pieces:.1f}% of the target side's pieces (fr) "
+        f"are unknown, in {100 * holding / n:.1f}% of its lines ({n} lines sampled); most frequent missing characters: {top}; "
+        "the model can never write them: train a tokenizer on this text (start without --init-from), or accept it"
+    )
 
 
 _ENCODE_SCRIPT = """

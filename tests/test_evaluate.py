@@ -1,12 +1,26 @@
+import json
 import math
 import sys
 import unicodedata
 
 import pytest
 import sacrebleu
+from hypothesis import given
+from hypothesis import strategies as st
 from sacrebleu.metrics import BLEU
 
-from nmt.evaluate import LANGUAGE_TOKENIZERS, TOKENIZERS, EvaluationError, bleu_tokenizer, check_inputs, check_tokenizer, guess_cjk_language, score
+from nmt.evaluate import (
+    CJK_LANGUAGES,
+    LANGUAGE_TOKENIZERS,
+    TOKENIZERS,
+    EvaluationError,
+    bleu_tokenizer,
+    check_inputs,
+    check_tokenizer,
+    cjk_language,
+    guess_cjk_language,
+    score,
+)
 
 
 def test_perfect_and_signature():
@@ -124,6 +138,94 @@ def test_scores_are_not_rounded():
 def test_tokenizer_from_target_language(lang, expected):
     assert bleu_tokenizer(None, lang) == bleu_tokenizer("auto", lang) == expected
     assert bleu_tokenizer("char", lang) == "char"  # an explicit choice wins
+
+
+# Language codes as the field writes them: ISO 639-1/2/3 (FLORES-200's first part), then maybe a script (ISO 15924) and a
+# region, joined by - or _, each letter in either case. (tokenizer, codes, scripts, regions); None: no such subtag.
+OTHER_LANGUAGES = st.sampled_from(["de", "deu", "ger", "en", "eng", "fr", "fra", "ru", "rus", "ar", "arb", "hi", "vi", "th", "tha"]) | st.from_regex(
+    r"[a-z]{2,3}", fullmatch=True
+).filter(lambda code: code not in CJK_LANGUAGES)
+SPELLINGS = [
+    ("zh", st.sampled_from(["zh", "chi", "zho", "cmn", "yue", "wuu", "nan", "hak", "lzh"]), [None, "Hans", "Hant", "Hani"], [None, "CN", "TW", "HK", "MO"]),
+    ("ja-mecab", st.sampled_from(["ja", "jpn"]), [None, "Jpan", "Hira", "Kana", "Hrkt"], [None, "JP"]),
+    ("ko-mecab", st.sampled_from(["ko", "kor"]), [None, "Hang", "Kore"], [None, "KR", "KP"]),
+    ("13a", OTHER_LANGUAGES, [None, "Latn", "Cyrl", "Arab", "Deva", "Thai"], [None, "DE", "US", "IN"]),
+    ("13a", st.sampled_from(["zh", "zho", "cmn", "ja", "jpn", "ko", "kor"]), ["Latn"], [None, "CN", "JP", "KR"]),  # pinyin, romaji: spaced words
+]
+
+
+def spelled(tokenize: str, codes, scripts: list, regions: list):
+    """``(tokenize, code)``: a spelling of one of ``codes`` and the BLEU tokenizer it must choose."""
+    parts = st.tuples(codes, st.sampled_from(scripts), st.sampled_from(regions), st.sampled_from("-_"))
+    joined = parts.map(lambda p: p[3].join(subtag for subtag in p[:3] if subtag))
+    cased = st.tuples(joined, st.integers(0, 2**12)).map(lambda t: "".join(c.upper() if t[1] >> i & 1 else c.lower() for i, c in enumerate(t[0])))
+    return st.tuples(st.just(tokenize), cased)
+
+
+CODES = st.one_of(*(spelled(*spelling) for spelling in SPELLINGS))
+
+
+@given(case=CODES)
+def test_every_spelling_of_a_language_code_chooses_its_tokenizer(case):
+    """``-l zho_Hans`` (FLORES-200) scored Chinese with 13a: only the part before - or _ was read, and only as ISO 639-1."""
+    tokenize, code = case
+    assert bleu_tokenizer(None, code) == bleu_tokenizer("auto", code) == tokenize, code
+    assert bleu_tokenizer(None, code.lower()) == bleu_tokenizer(None, code.upper()) == tokenize
+
+
+@pytest.fixture(scope="module")
+def cjk_files(tmp_path_factory):
+    """Hypothesis and reference files of each tokenizer's text; 13a's are the Chinese ones, which it should not score."""
+    texts = {"zh": (ZH_HYP, ZH_REF), "ja-mecab": (JA_HYP, JA_REF), "ko-mecab": (KO_HYP, KO_REF), "13a": (ZH_HYP, ZH_REF)}
+    directory, files = tmp_path_factory.mktemp("cjk"), {}
+    for tokenize, (hyp, ref) in texts.items():
+        files[tokenize] = directory / f"{tokenize}.hyp", directory / f"{tokenize}.ref"
+        for path, lines in zip(files[tokenize], (hyp, ref)):
+            path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return files
+
+
+@given(case=CODES)
+def test_nmt_evaluate_scores_every_spelling_as_its_language_and_warns_when_13a_meets_unsegmented_text(cjk_files, case):
+    """``nmt evaluate -l zho_Hans`` gave BLEU 0.00 and no warning: any -l silenced the warning about Chinese references
+    scored with 13a. Now the code chooses the tokenizer, and 13a on such references is warned about whatever -l said."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    tokenize, code = case
+    hyp, ref = cjk_files[tokenize]
+    result = CliRunner().invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tgt-lang", code, "--json"])
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.stdout)
+    expected = {"zh": 57.97, "ja-mecab": 63.68, "ko-mecab": 46.39, "13a": 0.0}[tokenize]  # as test_chinese_needs_the_zh_tokenizer and sacreBLEU
+    assert scored["tokenize"] == tokenize and round(scored["bleu"], 2) == expected and f"|tok:{tokenize}" in scored["bleu_signature"]
+    warning = (
+        f"warning: the references look like zh text, which sacreBLEU scores with tokenizer zh, not 13a "
+        f"(language code {code} is none nmt knows for Chinese, Japanese or Korean): pass --tgt-lang zh (or --tokenize NAME)"
+    )
+    assert result.stderr == (warning + "\n" if tokenize == "13a" else "")
+
+
+def test_13a_asked_for_by_name_is_not_warned_about(cjk_files):
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    hyp, ref = cjk_files["zh"]
+    for flags in (["--tokenize", "13a"], ["--tokenize", "13a", "--tgt-lang", "zh"]):
+        result = CliRunner().invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json", *flags])
+        assert result.exit_code == 0 and json.loads(result.stdout)["bleu"] == 0.0 and result.stderr == ""
+    result = CliRunner().invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json"])
+    warning = "warning: the references look like zh text, which sacreBLEU scores with tokenizer zh, not 13a: pass --tgt-lang zh (or --tokenize NAME)"
+    assert result.stderr == warning + "\n"
+
+
+@pytest.mark.parametrize("code", ["zho_Hans", "zho_Hant", "yue_Hant", "zh-Hans", "zh-Hant-TW", "zh_CN", "cmn", "chi", "ZHO", "und-Hans"])
+def test_the_codes_reported_choose_zh(code):
+    assert bleu_tokenizer(None, code) == "zh" and cjk_language(code) == "zh"
+    assert bleu_tokenizer(None, "jpn_Jpan") == "ja-mecab" and bleu_tokenizer(None, "kor_Hang") == "ko-mecab" and bleu_tokenizer(None, "ja-JP") == "ja-mecab"
+    assert bleu_tokenizer(None, "zh-Latn") == bleu_tokenizer(None, "deu_Latn") == bleu_tokenizer(None, "fra") == "13a"
 
 
 def test_language_map_is_sacrebleus():

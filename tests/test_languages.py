@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT
+from hypothesis import given
+from hypothesis import strategies as st
 from sentencepiece import sentencepiece_model_pb2
 from test_cli import invoke
+from test_evaluate import CODES
 
 import nmt.core.search
 from nmt.config import ConfigError, TokenizerConfig, load_config
@@ -172,6 +175,68 @@ def test_missing_mecab_stops_evaluate_and_train_before_any_work(tmp_path, monkey
     assert result.output.strip() == 'error: BLEU tokenizer ja-mecab needs MeCab and its dictionary (MeCab is not installed): pip install "nmt[ja]"'
     result = invoke("train", "--run-dir", tmp_path / "run", "--set", f"data.dir={TOY_ZH}", "--set", "data.tgt_lang=ja")
     assert result.exit_code == 2 and 'pip install "nmt[ja]"' in result.output and not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def validation_model():
+    """A tiny untrained model, the toy tokenizer and three sources: validation only needs something to score."""
+    from conftest import cached_tokenizer, tiny_config
+
+    from nmt.core.model import Transformer
+
+    tokenizer = cached_tokenizer(300, 3000, german=True)
+    torch.manual_seed(0)
+    return Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval(), tokenizer, ["the dog .", "a man .", "the house ."]
+
+
+@given(case=CODES, per_direction=st.booleans())
+def test_validation_scores_every_spelling_of_its_language_code_as_that_language(validation_model, case, per_direction):
+    """A run with ``data.tgt_lang: zho_Hans`` validated Chinese with 13a: best.pt and early stopping followed BLEU near 0.
+    The code is read where validation reads it, as ``data.tgt_lang`` or as a direction's target."""
+    from test_evaluate import JA_REF, KO_REF, ZH_REF
+
+    from nmt.config import Config, DataConfig, DecodeConfig, TrainConfig
+    from nmt.encoded import EncodedCorpus
+    from nmt.validation import ValidationSet, validate
+
+    tokenize, code = case
+    model, tokenizer, sources = validation_model
+    refs = {"ja-mecab": JA_REF, "ko-mecab": KO_REF}.get(tokenize, ZH_REF)
+    corpus = EncodedCorpus.from_lists(tokenizer.encode_src(sources), tokenizer.encode_tgt(refs))
+    valid = ValidationSet(corpus, sources, refs, "en-x" if per_direction else "", code if per_direction else None)
+    data = DataConfig(src_lang="en", tgt_lang="de" if per_direction else code)
+    cfg = Config(model=model.cfg, data=data, decode=DecodeConfig(max_len_b=3), train=TrainConfig(valid_beam_size=1))
+    result = validate(model, tokenizer, [valid], cfg, torch.device("cpu"))
+    signature = result["bleu_signature/en-x" if per_direction else "bleu_signature"]
+    assert f"|tok:{tokenize}" in signature, (code, signature)
+
+
+def test_a_run_is_warned_when_its_language_code_leaves_chinese_validation_to_13a(tmp_path, caplog):
+    from nmt.opening import prepare
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "valid"):
+        (data / f"{split}.en").write_text((TOY_ZH / f"{split}.en").read_text(encoding="utf-8"), encoding="utf-8")
+        for code in ("xyz", "zho_Hans"):
+            (data / f"{split}.{code}").write_text((TOY_ZH / f"{split}.zh").read_text(encoding="utf-8"), encoding="utf-8")
+    for code, warned in (("xyz", True), ("zho_Hans", False)):
+        caplog.clear()
+        cfg = load_config(None, [f"data.dir={data}", "data.src_lang=en", f"data.tgt_lang={code}", "tokenizer.vocab_size=150", "data.workers=1"])
+        (tmp_path / code).mkdir()
+        with caplog.at_level("INFO"):
+            prepared = prepare(cfg, tmp_path / code, None, write=True)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert prepared.valid[0].tgt_lang == code
+        assert warnings == (
+            [
+                f"warning: the validation references ({data}/valid.en and {data}/valid.{code}) look like zh text, but their language code {code} "
+                "chooses BLEU tokenizer 13a, which scores it near 0 and best.pt and train.patience would follow that: "
+                "set eval.tokenize=zh, or name the language as nmt knows it (zh)"
+            ]
+            if warned
+            else []
+        )
 
 
 def test_auto_character_coverage_by_script():

@@ -228,13 +228,14 @@ def test_model_error_is_500_for_that_request_only(translator, monkeypatch):
         assert c.post("/translate", json={"text": "a dog ."}).status_code == 200
 
 
-def test_lines_of_unknown_characters_are_answered_empty_and_counted(client, translator):
-    before = client.get("/health").json()["untranslated_lines"]["unknown_only"]
-    response = client.post("/translate", json={"text": ["😀😀😀", SENTENCES[2]]})
+def test_lines_of_unknown_characters_or_no_text_are_answered_empty_and_counted(client, translator):
+    before = client.get("/health").json()["untranslated_lines"]
+    response = client.post("/translate", json={"text": ["😀😀😀", SENTENCES[2], "\u202e\u200b", ""]})
     assert response.status_code == 200
-    first, second = response.json()["translations"]
-    assert first == {"text": "", "score": 0.0, "log_prob": 0.0, "n_best": []} and second["text"]
-    assert client.get("/health").json()["untranslated_lines"]["unknown_only"] == before + 1
+    first, second, third, fourth = response.json()["translations"]
+    assert first == third == fourth == {"text": "", "score": 0.0, "log_prob": 0.0, "n_best": []} and second["text"]
+    after = client.get("/health").json()["untranslated_lines"]
+    assert after == {"unknown_only": before["unknown_only"] + 1, "no_text": before["no_text"] + 1}  # a blank line is not counted
 
 
 def test_health_and_info(client, translator):

@@ -769,6 +769,34 @@ def test_init_from_starts_a_new_run_at_step_1_with_fresh_adam_by_default(tmp_pat
     assert all(torch.equal(tuned["tokenizer"][k], base["tokenizer"][k]) for k in base["tokenizer"])  # no tokenizer trained
 
 
+def test_a_tokenizer_not_trained_on_the_run_s_text_is_measured_on_it_before_training(tmp_path, caplog):
+    """Fine-tuning into text the tokenizer does not cover (here upper-case German, the toy tokenizer knowing lower case
+    only) said nothing; the model could never write those characters. Measured now when the tokenizer comes from
+    --init-from or the config, never when the run trains its own or resumes."""
+    data = small_corpus(tmp_path, n=40)
+    upper = tmp_path / "upper"
+    upper.mkdir()
+    for split in ("train", "valid"):
+        (upper / f"{split}.en").write_text((data / f"{split}.en").read_text(encoding="utf-8"), encoding="utf-8")
+        (upper / f"{split}.de").write_text((data / f"{split}.de").read_text(encoding="utf-8").upper(), encoding="utf-8")
+    with caplog.at_level("WARNING", logger="nmt.train"):
+        train(tiny_run_config(data, tmp_path / "base", 1))
+        train(tiny_run_config(upper, tmp_path / "own", 1))  # its own tokenizer, trained on the upper-case text
+        assert [r for r in caplog.records if "was not trained on this text" in r.getMessage()] == []
+        train(tiny_run_config(upper, tmp_path / "tuned", 1), init_from=tmp_path / "base" / "last.pt")
+        (tuned,) = [r.getMessage() for r in caplog.records if "was not trained on this text" in r.getMessage()]
+        caplog.clear()
+        train(tiny_run_config(upper, tmp_path / "tuned", 1), resume=True, overrides=["train.max_steps=2"])
+        given = tiny_run_config(upper, tmp_path / "given", 1)
+        train(overridden(given, [f"tokenizer.model={tmp_path / 'base' / 'spm.model'}"]), overrides=[f"tokenizer.model={tmp_path / 'base' / 'spm.model'}"])
+    (named,) = [r.getMessage() for r in caplog.records if "was not trained on this text" in r.getMessage()]
+    assert tuned.startswith(f"warning: the tokenizer from --init-from {tmp_path / 'base' / 'last.pt'} was not trained on this text: ")
+    assert f"of the target side's pieces ({upper / 'train.de'}) are unknown, in 100.0% of its lines (40 lines sampled); " in tuned
+    assert tuned.endswith("the model can never write them: train a tokenizer on this text (start without --init-from), or accept it")
+    assert named.startswith(f"warning: the tokenizer given by tokenizer.model {tmp_path / 'base' / 'spm.model'} was not trained on this text: ")
+    assert named.endswith("train a tokenizer on this text (leave those keys unset), or accept it") and "100.0% of its lines" in named
+
+
 def test_init_from_keeps_adams_moments_when_asked(tmp_path):
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "base", 3))

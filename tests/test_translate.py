@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_sources
+from conftest import FORMAT_CHARACTERS, NO_TEXT_LINES, random_sources
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -107,6 +107,49 @@ def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_se
     assert [bool(r) for r in results] == [True, False, False, False, True] and skipped == Counter(unknown=2)
     assert [r.getMessage()[:13] for r in caplog.records] == ["input line 2 ", "input line 3 "]
     assert "only characters the model does not know" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def format_model():
+    from conftest import format_tokenizer, tiny_config
+
+    from nmt.core.model import Transformer
+
+    torch.manual_seed(0)
+    return Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval(), format_tokenizer()
+
+
+def test_format_characters_the_tokenizer_kept_are_pieces_a_model_would_read(format_model):
+    _, tok = format_model
+    kept = [c for c in FORMAT_CHARACTERS if tok.encode_src([c])[0]]
+    assert kept == ["\u202e", "\u202d", "\u2066", "\u2069", "\u00ad", "\u200d", "\u2060"]  # U+200E, U+200F, U+FEFF, U+061C and U+200B are removed
+    assert [tok.src.id_to_piece(i) for i in tok.encode_src(["\u202e"])[0]] == ["▁\u202e"]  # one piece: a word to the model
+
+
+SENTENCES = st.sampled_from(["the dog .", "a cat sees the man ."]).map(lambda line: (line, True))
+
+
+@given(marked=st.lists(st.one_of(NO_TEXT_LINES.map(lambda line: (line, False)), SENTENCES), min_size=1, max_size=8))
+def test_a_line_with_no_text_is_not_translated_into_an_invented_sentence(format_model, caplog, marked):
+    """A line of only U+202E, which the training text held at the start of some lines, was translated into an
+    invented sentence: it was one piece of its own, neither blank nor unknown. A line of no character but format,
+    control and space characters now gives an empty output line, with a warning if it is not blank, whatever
+    the tokenizer made of it."""
+    from collections import Counter
+
+    from conftest import translate_lines
+
+    model, tok = format_model
+    lines, texts = [line for line, _ in marked], [text for _, text in marked]
+    skipped = Counter()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nmt.translate"):
+        results = translate_lines(model, tok, lines, DecodeConfig(beam_size=2, max_len_b=3), torch.device("cpu"), skipped=skipped)
+    assert [bool(r) for r in results] == texts
+    warned = [i + 1 for i, line in enumerate(lines) if not texts[i] and line.strip()]
+    assert skipped == Counter(no_text=len(warned)) if warned else skipped == Counter()
+    messages = [r.getMessage() for r in caplog.records]
+    assert [int(m.split()[2]) for m in messages] == warned and all("has no text (only format, control or space characters, such as U+" in m for m in messages)
 
 
 @pytest.mark.skipif(not onednn_linear_works(), reason="this torch build has no oneDNN linear")

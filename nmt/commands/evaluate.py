@@ -97,6 +97,7 @@ def evaluate(
     references = [read(r) for r in ref]
     ref_names = tuple("<stdin>" if r == STDIN else str(r) for r in ref)
     chosen = bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None  # with a checkpoint, --tgt-lang chooses the direction
+    named = tokenize not in (None, "auto")  # a tokenizer asked for by name, not chosen by a language
     if chosen is not None:
         check_tokenizer(chosen)  # before translating, not after
     if checkpoint:
@@ -108,6 +109,7 @@ def evaluate(
         cfg, tokenizer = inference.cfg, inference.tokenizer
         goal = target(cfg, tokenizer, tgt_lang)
         chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this direction
+        named, tgt_lang = named or cfg.eval.tokenize != "auto", goal.lang  # the language that chose, for the warning below
         check_tokenizer(chosen)
         sources = read(src)
         check_line_counts(len(sources), "source lines", references, ref_names)  # before translating, not after
@@ -120,18 +122,25 @@ def evaluate(
     else:
         hyps = read(hyp)
     result = score(hyps, references, ref_names, chosen)
-    guessed = guess_cjk_language(references[0]) if tokenize is None and tgt_lang is None and chosen == "13a" else None
-    if guessed:
-        typer.echo(
-            f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {LANGUAGE_TOKENIZERS[guessed]}, not 13a: "
-            f"pass --tgt-lang {guessed} (or --tokenize NAME)",
-            err=True,
-        )
+    if not named:
+        _warn_if_unsegmented(references[0], chosen, tgt_lang, bool(checkpoint))
     if as_json:
         typer.echo(json.dumps(result))
     else:
         # sacreBLEU's BLEU line already starts with "BLEU = score": print it, not a second score line.
         typer.echo(f"{result['bleu_detail']}\n  signature: {result['bleu_signature']}\nchrF = {result['chrf']:.2f}\n  signature: {result['chrf_signature']}")
+
+
+def _warn_if_unsegmented(references: list[str], chosen: str, tgt_lang: str | None, checkpoint: bool) -> None:
+    """Warn in one line when ``references`` look like Chinese, Japanese or Korean text (:func:`nmt.evaluate.guess_cjk_language`)
+    and the tokenizer chosen for them is 13a, whatever ``tgt_lang`` (``--tgt-lang``, or the checkpoint's) said: a code that names no such language
+    (:func:`nmt.evaluate.cjk_language`) chooses 13a, which scores such text, unsegmented, near 0."""
+    guessed = guess_cjk_language(references) if chosen == "13a" else None
+    if guessed:
+        said = f" (language code {tgt_lang} is none nmt knows for Chinese, Japanese or Korean)" if tgt_lang else ""
+        tokenizer = LANGUAGE_TOKENIZERS[guessed]
+        fix = f"pass --tokenize {tokenizer}" if checkpoint else f"pass --tgt-lang {guessed} (or --tokenize NAME)"
+        typer.echo(f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {tokenizer}, not 13a{said}: {fix}", err=True)
 
 
 def _reader(inputs: list[tuple[str, Path | None]]):

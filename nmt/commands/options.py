@@ -45,8 +45,8 @@ TgtLang = Annotated[
     typer.Option(
         "--tgt-lang",
         "-l",
-        help=f"{TGT_LANG_HELP} Also picks the BLEU tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a "
-        "(with --checkpoint, as validation scored that direction).",
+        help=f"{TGT_LANG_HELP} Also picks the BLEU tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a, "
+        "any spelling (zho, cmn, zho_Hans, zh-Hant-TW, jpn_Jpan, kor_Hang) (with --checkpoint, as validation scored that direction).",
     ),
 ]
 TranslateTgtLang = Annotated[str | None, typer.Option("--tgt-lang", "-l", help=TGT_LANG_HELP)]

@@ -84,16 +84,17 @@ def sentence_attention(inference, sentence: str, decode, src_prefix: tuple[int, 
     (:meth:`nmt.inference.Inference.attention`).
 
     Raises:
-        ConfigError: the sentence is blank, has more than ``decode.max_input_pieces`` pieces, or only
+        ConfigError: the sentence has no text (:func:`nmt.clean.has_text`), has more than ``decode.max_input_pieces`` pieces, or only
             unknown ones: what ``nmt translate`` leaves untranslated (:meth:`nmt.inference.Inference.translate`).
     """
     from dataclasses import replace
 
+    from ..clean import has_text
     from ..inference import Decoding
     from ..tokenizer import unknown_only
 
-    if not sentence.strip():
-        raise ConfigError("the sentence to translate is empty")
+    if not has_text(sentence):
+        raise ConfigError("the sentence to translate has no text" if sentence.strip() else "the sentence to translate is empty")
     encoded = inference.tokenizer.encode_src([sentence.strip()])[0]
     if len(encoded) > decode.max_input_pieces:
         raise ConfigError(f"the sentence has {len(encoded)} pieces, over the limit of {decode.max_input_pieces} (--max-input-pieces); give a shorter one")
