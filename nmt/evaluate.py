@@ -122,6 +122,78 @@ def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[s
             )
 
 
+#: The escapes Moses' ``escape-special-chars.perl`` writes (its tokenizer does so by default), with the character each
+#: stands for. sacreBLEU's 13a undoes ``&quot;``, ``&amp;``, ``&lt;`` and ``&gt;`` only, and chrF none of them.
+MOSES_ESCAPES = {"&amp;": "&", "&#124;": "|", "&lt;": "<", "&gt;": ">", "&apos;": "'", "&quot;": '"', "&#91;": "[", "&#93;": "]"}
+
+
+def _format_characters(line: str) -> set[str]:
+    """The format characters (Unicode category Cf: U+FEFF byte-order mark, zero-width space and joiners, direction marks) of ``line``."""
+    return {ch for ch in line if unicodedata.category(ch) == "Cf"} if not line.isascii() else set()
+
+
+def _escapes_against(line: str, other: str) -> set[str]:
+    """Escapes of :data:`MOSES_ESCAPES` in ``line`` that ``other`` does not hold but holds the character of."""
+    if "&" not in line:
+        return set()
+    plain = other
+    for e in MOSES_ESCAPES:
+        plain = plain.replace(e, "")
+    return {e for e, ch in MOSES_ESCAPES.items() if e in line and e not in other and ch in plain}
+
+
+def hidden_differences(hypotheses: list[str], reference: list[str]) -> dict[str, tuple[int, tuple[int, str] | None]]:
+    """Lines where a hypothesis and its reference differ in text that does not read as written, and that
+    sacreBLEU scores as written: ``"invisible"``, a format character (:func:`_format_characters`; a byte-order
+    mark inside a file made by concatenating files, a zero-width space) on one side only, which joins the word
+    it touches into another word; ``"escaped"``, a Moses escape (:data:`MOSES_ESCAPES`, ``&apos;``) on one side
+    where the other writes its character (``'``).
+
+    Returns:
+        For each kind, how many lines show it and the first as ``(1-based line, the characters or escapes)``.
+    """
+    found = {"invisible": [0, None], "escaped": [0, None]}
+    for number, (hyp, ref) in enumerate(zip(hypotheses, reference), start=1):
+        if hyp == ref:
+            continue
+        for kind, differing in (
+            ("invisible", _format_characters(hyp) ^ _format_characters(ref)),
+            ("escaped", _escapes_against(hyp, ref) | _escapes_against(ref, hyp)),
+        ):
+            if differing:
+                found[kind][0] += 1
+                found[kind][1] = found[kind][1] or (number, "".join(sorted(differing)))
+    return {kind: (count, first) for kind, (count, first) in found.items()}
+
+
+def warn_if_hidden_differences(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]) -> None:
+    """Log one warning a kind and reference stream for :func:`hidden_differences`: they lower BLEU and chrF
+    silently, and the fix is to the files, not the score (sacreBLEU's scores stay comparable only on the text as given)."""
+    for name, ref in zip(names, references):
+        found = hidden_differences(hypotheses, ref)
+        count, first = found["invisible"]
+        if count:
+            log.warning(
+                "%d line(s) of the hypotheses and %s differ in invisible format characters (line %d: %s; U+FEFF is a byte-order mark "
+                "left inside a file made by joining files), which score as part of the word they touch; delete them from both first "
+                "(in Python: ''.join(c for c in line if unicodedata.category(c) != 'Cf'))",
+                count,
+                name,
+                first[0],
+                ascii(first[1]),
+            )
+        count, first = found["escaped"]
+        if count:
+            log.warning(
+                "%d line(s) of the hypotheses and %s differ in Moses escapes (line %d: %s on one side, the character on the other), "
+                "which score as different words; unescape both first (html.unescape in Python, or Moses' deescape-special-chars.perl)",
+                count,
+                name,
+                first[0],
+                first[1],
+            )
+
+
 def cjk_language(code: str | None) -> str | None:
     """``"zh"``, ``"ja"`` or ``"ko"`` when the language code ``code`` names Chinese, Japanese or Korean text, in
     any spelling the field uses and any case: ISO 639-1, 639-2 or 639-3 (:data:`CJK_LANGUAGES`), with a
@@ -242,6 +314,7 @@ def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, 
         raise EvaluationError("nothing to score: there are no hypothesis lines")
     check_line_counts(len(hypotheses), "hypotheses", references, names)
     warn_if_normalisation_differs(hypotheses, references, names)
+    warn_if_hidden_differences(hypotheses, references, names)
     check_tokenizer(bleu_tokenizer(tokenize, None))
     bleu, chrf = BLEU(tokenize=tokenize), CHRF()
     b = bleu.corpus_score(hypotheses, references)

@@ -13,12 +13,14 @@ from nmt.evaluate import (
     CJK_LANGUAGES,
     LANGUAGE_TOKENIZERS,
     TOKENIZERS,
+    MOSES_ESCAPES,
     EvaluationError,
     bleu_tokenizer,
     check_inputs,
     check_tokenizer,
     cjk_language,
     guess_cjk_language,
+    hidden_differences,
     score,
 )
 
@@ -79,6 +81,56 @@ def test_differing_unicode_normalisation_is_warned_about(caplog):
     # Differences only NFKC removes (a ligature, full-width digits) were not warned about at all.
     score(["Die Datei ist ﬁnal um １０ Uhr ."], [["Die Datei ist final um 10 Uhr ."]], ("ref.de",))
     assert "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: '\\ufb01nal' against 'final')" in caplog.text
+
+
+
+def test_a_byte_order_mark_inside_a_reference_is_warned_about(caplog):
+    # Two files joined by cat keep the second's byte-order mark at the start of a line. 13a reads \ufeffA as one
+    # word: unigrams match 3/4, bigrams 2/3, trigrams 1/2, 4-grams 0/1 (exp smoothing: 1/2), so
+    # BLEU = (3/4 · 2/3 · 1/2 · 1/2)^(1/4) = 0.125^(1/4) = 59.46 where the text reads the same.
+    hyp, ref = ["Ein Hund läuft .", "A man sleeps ."], ["Ein Hund läuft .", "\ufeffA man sleeps ."]
+    assert round(score(hyp[1:], [ref[1:]])["bleu"], 2) == 59.46
+    score(hyp, [ref], ("ref.de",))
+    assert "1 line(s) of the hypotheses and ref.de differ in invisible format characters (line 2: '\\ufeff'" in caplog.text
+    caplog.clear()
+    score(ref, [ref], ("ref.de",))  # the same marks on both sides score as equal: nothing to say
+    score(["Ein Hund l\u00e4uft ."], [["Ein Hund l\u00e4uft ."]])
+    assert caplog.text == ""
+
+
+def test_moses_escaped_references_are_warned_about(caplog):
+    # 13a undoes &quot; but not &apos;, and splits the escape at & and ;: the reference is 8 words (It isn & apos ; t
+    # red .), the hypothesis 4 (It isn't red .). Unigrams match 3/4, bigrams 1/3, trigrams 0/2 and 4-grams 0/1 (exp
+    # smoothing: 1/4 and 1/4), and the brevity penalty is exp(1 - 8/4): BLEU = e^-1 · (3/4 · 1/3 · 1/4 · 1/4)^(1/4) = 13.01.
+    hyp, ref = ["It isn't red ."], ["It isn&apos;t red ."]
+    assert round(score(hyp, [ref], ("ref.en",))["bleu"], 2) == 13.01
+    assert "1 line(s) of the hypotheses and ref.en differ in Moses escapes (line 1: &apos; on one side" in caplog.text
+    caplog.clear()
+    score(["a &quot; b"], [["a \" b"]], ("ref.en",))  # escaped hypotheses (a model trained on escaped text) too
+    assert "differ in Moses escapes (line 1: &quot;" in caplog.text
+    caplog.clear()
+    score(["Tom &amp; Jerry &apos;s"], [["Tom &amp; Jerry &apos;s"]])  # escaped alike: scored alike
+    score(["It is red ."], [["It isn&apos;t red ."]])  # no ' in the hypothesis: a different word, not a different spelling
+    assert caplog.text == ""
+
+
+@given(st.text(alphabet=st.characters(exclude_characters="&"), max_size=40), st.sampled_from(sorted(MOSES_ESCAPES.values())))
+def test_every_line_escaped_as_moses_does_is_found(line, char):
+    # Any line holding a character Moses escapes, against its escaped form; & is escaped first, so a line without &
+    # escapes character by character.
+    line = line + char
+    escaped = "".join({ch: e for e, ch in MOSES_ESCAPES.items()}.get(c, c) for c in line)
+    assert hidden_differences([line], [escaped])["escaped"][0] == 1
+    assert hidden_differences([escaped], [line])["escaped"][0] == 1
+    assert hidden_differences([escaped], [escaped]) == hidden_differences([line], [line]) == {"invisible": (0, None), "escaped": (0, None)}
+
+
+@given(st.text(max_size=40), st.characters(categories=["Cf"]), st.integers(0, 40))
+def test_every_format_character_on_one_side_is_found(line, mark, at):
+    # A format character (the byte-order mark, a zero-width space, a direction mark) inserted anywhere in a line that
+    # does not hold it already.
+    marked = line[:at] + mark + line[at:]
+    assert hidden_differences([line], [marked])["invisible"] == ((0, None) if mark in line else (1, (1, mark)))
 
 
 # Three Chinese sentences that differ from their references in one word each: sacreBLEU's
