@@ -1,16 +1,16 @@
 """Source-target piece alignments read off the decoder's cross-attention.
 
 Which attention: ``decode.alignment_layer`` if set, else the penultimate decoder layer of a
-decoder of three or more layers and the last layer of a shallower one, with its heads averaged. Garg et al. 2019 ("Jointly Learning to Align and Translate with
-Transformer Models", §3 and Table 2) found the penultimate layer's attention the closest
-to human alignments in a Transformer trained without alignment supervision, while the last
-layer attends more to what helps predict the next word than to the word being translated.
-Single heads specialise (some look at the source EOS or at neighbouring pieces); their
-average is what fairseq's ``--print-alignment`` uses too. An ensemble averages its models'
-matrices. In a two-layer decoder the penultimate layer is the first, which reads the source
-before the decoder has formed its target-side states: on a perfectly translated toy sentence
-4 of its 10 links were right while the second layer's attention was a clean diagonal, so two
-layers use the last. Choose another with ``--alignment-layer`` after looking at ``nmt plot
+decoder of three or more layers and the last layer of a shallower one, with its heads averaged. Garg
+et al. 2019 ("Jointly Learning to Align and Translate with Transformer Models", §3 and Table 2)
+found the penultimate layer's attention the closest to human alignments in a Transformer trained
+without alignment supervision, while the last layer attends more to what helps predict the next word
+than to the word being translated. Single heads specialise (some look at the source EOS or at
+neighbouring pieces); their average is what fairseq's ``--print-alignment`` uses too. An ensemble
+averages its models' matrices. In a two-layer decoder the penultimate layer is the first, which
+reads the source before the decoder has formed its target-side states: on a perfectly translated toy
+sentence 4 of its 10 links were right while the second layer's attention was a clean diagonal, so
+two layers use the last. Choose another with ``--alignment-layer`` after looking at ``nmt plot
 attention``: the layer whose heatmap is closest to a one-to-one diagonal on sentences whose
 word order you know is the one to read.
 
@@ -33,16 +33,18 @@ from .tokenizer import BOS, PAD
 
 
 def alignment_layer(n_layers: int, chosen: int | None = None) -> int:
-    """The 0-based decoder layer alignments are read from: ``chosen`` (1-based, ``decode.alignment_layer``),
-    else the penultimate of three or more layers, the last of fewer (see the module docstring)."""
+    """The 0-based decoder layer alignments are read from: ``chosen`` (1-based,
+    ``decode.alignment_layer``), else the penultimate of three or more layers, the last of fewer
+    (see the module docstring)."""
     if chosen is not None:
         return chosen - 1
     return n_layers - 2 if n_layers >= 3 else n_layers - 1
 
 
 def attention_matrix(models, src: Tensor, tgt_in: Tensor, layer: int | None = None) -> Tensor:
-    """Heads-averaged cross-attention of decoder layer ``layer`` (1-based; default :func:`alignment_layer`'s),
-    averaged over ``models``: ``(batch, tgt_len, src_len)`` for ``src`` ``(batch, src_len)`` and
+    """Heads-averaged cross-attention of decoder layer ``layer`` (1-based; default
+    :func:`alignment_layer`'s), averaged over ``models``: ``(batch, tgt_len, src_len)`` for ``src``
+    ``(batch, src_len)`` and
     ``tgt_in`` ``(batch, tgt_len)`` (starting with BOS)."""
     matrices = []
     for model in models:
@@ -65,7 +67,13 @@ def format_alignment(pairs: tuple[tuple[int, int], ...]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-def add_alignments(models, sources: list[list[int]], results: list[list[Hypothesis]], device, layer: int | None = None) -> list[list[Hypothesis]]:
+def add_alignments(
+    models,
+    sources: list[list[int]],
+    results: list[list[Hypothesis]],
+    device,
+    layer: int | None = None,
+) -> list[list[Hypothesis]]:
     """``results`` with every hypothesis's :attr:`~nmt.core.search.Hypothesis.alignment` filled in.
 
     ``sources``: each sentence's source piece ids (EOS not included); ``layer``: the decoder
@@ -76,7 +84,12 @@ def add_alignments(models, sources: list[list[int]], results: list[list[Hypothes
     if not pairs:
         return results
     src = pad_sources([sources[s] for s, _ in pairs]).to(device)
-    tgt_in = pad_sequence([torch.tensor([BOS, *h.tokens]) for _, h in pairs], batch_first=True, padding_value=PAD).to(device)
+    tgt_in = pad_sequence(
+        [torch.tensor([BOS, *h.tokens]) for _, h in pairs], batch_first=True, padding_value=PAD
+    ).to(device)
     attention = attention_matrix(models, src, tgt_in, layer)
-    aligned = iter(replace(h, alignment=hard_alignment(a, len(sources[s]), len(h.tokens))) for (s, h), a in zip(pairs, attention))
+    aligned = iter(
+        replace(h, alignment=hard_alignment(a, len(sources[s]), len(h.tokens)))
+        for (s, h), a in zip(pairs, attention)
+    )
     return [[next(aligned) for _ in hyps] for hyps in results]

@@ -1,4 +1,5 @@
-"""Checkpoint averaging (Vaswani et al. 2017, §6.1: the base models average the last 5 checkpoints)."""
+"""Checkpoint averaging (Vaswani et al. 2017, §6.1: the base models average the last 5
+checkpoints)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def newest_step_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
     return found
 
 
-NOTHING = "nothing to average: give checkpoints, or a run directory with step_N.pt files (a run writes one every train.save_every steps)"
+NOTHING = (
+    "nothing to average: give checkpoints, or a run directory with step_N.pt files (a run "
+    "writes one every train.save_every steps)"
+)
 
 
 def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = False) -> dict:
@@ -59,8 +63,8 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     given twice, which would count double (:func:`_refuse_given_twice`).
 
     Raises:
-        CheckpointError: no input, an input given twice (by another name, through a link or a run directory,
-            or as a copy), ``out`` among the inputs, an input missing, damaged
+        CheckpointError: no input, an input given twice (by another name, through a link or a run
+            directory, or as a copy), ``out`` among the inputs, an input missing, damaged
             or inconsistent, inputs that differ in model config or tokenizer (the
             message names the difference), or inputs of different runs.
         nmt.files.OutputError: ``out`` cannot be written, or would replace a file of a run
@@ -93,8 +97,15 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
         if key not in by_storage:  # tied weights: one averaged tensor shared by every name
             by_storage[key] = (sums[name] / len(paths)).to(tensor.dtype)
         averaged[name] = by_storage[key]
-    payload = {"model": averaged, "config": last["config"], "tokenizer": last["tokenizer"], "averaged_from": [str(p) for p in paths]}
-    payload |= {key: last[key] for key in ("progress", "init_from", "imported_from") if key in last}  # where the weights came from, for nmt info
+    payload = {
+        "model": averaged,
+        "config": last["config"],
+        "tokenizer": last["tokenizer"],
+        "averaged_from": [str(p) for p in paths],
+    }
+    payload |= {
+        key: last[key] for key in ("progress", "init_from", "imported_from") if key in last
+    }  # where the weights came from, for nmt info
     if "run" in last and not different_runs:
         payload["run"] = last["run"]
     save_checkpoint(payload, Path(out))
@@ -102,10 +113,11 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
 
 
 def _refuse_given_twice(path: Path, payload: dict, seen: dict[tuple, Path]) -> None:
-    """Refuse checkpoint ``payload`` (given as ``path``) when it is one of those ``seen`` (what makes each the one
-    it is, by the path that gave it first; ``seen`` gets this one's): the same file (another name, a link, a run
-    directory's best.pt), the same recorded run at the same step (a copy, such as best.pt beside the step_N.pt it copies;
-    an average records no step of its own), or identical weights (any other copy).
+    """Refuse checkpoint ``payload`` (given as ``path``) when it is one of those ``seen`` (what
+    makes each the one it is, by the path that gave it first; ``seen`` gets this one's): the same
+    file (another name, a link, a run directory's best.pt), the same recorded run at the same step
+    (a copy, such as best.pt beside the step_N.pt it copies; an average records no step of its own),
+    or identical weights (any other copy).
 
     Raises:
         CheckpointError: naming both paths and why they are one checkpoint.
@@ -114,11 +126,19 @@ def _refuse_given_twice(path: Path, payload: dict, seen: dict[tuple, Path]) -> N
     run, step = payload.get("run", {}), payload.get("progress", {}).get("step")
     identities = [(("file", st.st_dev, st.st_ino), "the same file")]
     if run.get("id") and isinstance(step, int) and "averaged_from" not in payload:
-        identities.append((("run", run["id"], step), f"the same run, {run.get('dir') or run['id']}, at step {step}"))
+        identities.append(
+            (
+                ("run", run["id"], step),
+                f"the same run, {run.get('dir') or run['id']}, at step {step}",
+            )
+        )
     identities.append((("weights", _weights_digest(payload["model"])), "identical weights"))
     for identity, why in identities:
         if identity in seen:
-            raise CheckpointError(f"{path} is given twice (as {seen[identity]} too: {why}); each checkpoint counts once in an average, so give each once")
+            raise CheckpointError(
+                f"{path} is given twice (as {seen[identity]} too: {why}); each checkpoint counts "
+                "once in an average, so give each once"
+            )
     seen.update((identity, Path(path)) for identity, _ in identities)
 
 
@@ -133,28 +153,41 @@ def _weights_digest(state: dict[str, torch.Tensor]) -> str:
 
 
 def run_of(payload: dict) -> tuple[str, str]:
-    """``(id, run directory)`` of the training a checkpoint comes from: its recorded run, or, for one
-    written before runs were recorded, its config's run directory."""
+    """``(id, run directory)`` of the training a checkpoint comes from: its recorded run, or, for
+    one written before runs were recorded, its config's run directory."""
     run = payload.get("run") or {}
     directory = run.get("dir") or payload["config"].get("train", {}).get("run_dir", "")
     return run.get("id") or directory, directory
 
 
-def _check_compatible(a: dict, a_path: Path, b: dict, b_path: Path, different_runs: bool = False) -> None:
-    """Refuse to average checkpoints of different models or tokenizers (same shapes can hide either), or of different runs."""
+def _check_compatible(
+    a: dict, a_path: Path, b: dict, b_path: Path, different_runs: bool = False
+) -> None:
+    """Refuse to average checkpoints of different models or tokenizers (same shapes can hide
+    either), or of different runs."""
     model_a, model_b = a["config"].get("model", {}), b["config"].get("model", {})
     differ = [
-        f"model.{k} {model_a.get(k)!r} vs {model_b.get(k)!r}" for k in sorted(set(model_a) | set(model_b)) if k != "preset" and model_a.get(k) != model_b.get(k)
+        f"model.{k} {model_a.get(k)!r} vs {model_b.get(k)!r}"
+        for k in sorted(set(model_a) | set(model_b))
+        if k != "preset" and model_a.get(k) != model_b.get(k)
     ]
     if differ:
-        raise CheckpointError(f"{a_path} and {b_path} are different models ({', '.join(differ)}); average checkpoints of one run")
+        raise CheckpointError(
+            f"{a_path} and {b_path} are different models ({', '.join(differ)}); average "
+            "checkpoints of one run"
+        )
     tok_a, tok_b = a["tokenizer"], b["tokenizer"]
     if set(tok_a) != set(tok_b) or any(not torch.equal(tok_a[k], tok_b[k]) for k in tok_a):
-        raise CheckpointError(f"{a_path} and {b_path} have different tokenizers (the same ids mean different pieces); average checkpoints of one run")
+        raise CheckpointError(
+            f"{a_path} and {b_path} have different tokenizers (the same ids mean different "
+            "pieces); average checkpoints of one run"
+        )
     (id_a, dir_a), (id_b, dir_b) = run_of(a), run_of(b)
     if not different_runs and id_a != id_b:
         raise CheckpointError(
-            f"{a_path} and {b_path} come from different runs ({dir_a or 'unknown'} and {dir_b or 'unknown'}): two trainings' weights "
-            "need not lie near each other, so their average need not translate; average one run's checkpoints, or pass "
+            f"{a_path} and {b_path} come from different runs ({dir_a or 'unknown'} and "
+            f"{dir_b or 'unknown'}): two trainings' weights "
+            "need not lie near each other, so their average need not translate; average one run's "
+            "checkpoints, or pass "
             "--allow-different-runs"
         )

@@ -10,6 +10,10 @@ the step, the sampler's position and every process's RNG states, so that ``nmt t
 --resume`` continues exactly where the run stopped.
 """
 
+# Size: module at most 445 lines, check_payload() at most 80: one file format written, verified and
+# read; check_payload() states each entry's rule once, a few lines each, in the order the file holds
+# them.
+
 from __future__ import annotations
 
 import re
@@ -28,7 +32,12 @@ from .progress import Progress
 from .tokenizer import TokenizerError
 from .vocab import tokenizer_from_protos
 
-TRAINING_STATE = ("optimizer", "scheduler", "progress", "rng")  # what --resume needs beyond the model
+TRAINING_STATE = (
+    "optimizer",
+    "scheduler",
+    "progress",
+    "rng",
+)  # what --resume needs beyond the model
 # A tokenizer's entries: one SentencePiece model, one per side, or (an imported Marian model's) one
 # segmenter per side and the vocabulary that numbers their pieces (nmt.vocab).
 TOKENIZER_ENTRIES = ({"joint"}, {"src", "tgt"}, {"src", "tgt", "vocab"})
@@ -46,7 +55,13 @@ class Checkpoint(dict):
 
     def __init__(self, payload: dict[str, Any], path: Path, config, tokenizer, model):
         super().__init__(payload)
-        self.path, self.config, self.tokenizer, self._model, self._filled = path, config, tokenizer, model, False
+        self.path, self.config, self.tokenizer, self._model, self._filled = (
+            path,
+            config,
+            tokenizer,
+            model,
+            False,
+        )
 
     @property
     def model(self):
@@ -88,13 +103,19 @@ def checkpoint_file(path: str | Path) -> Path:
         return path / "best.pt"
     if (path / "last.pt").is_file():
         raise CheckpointError(
-            f"{path} has no best.pt (no validation has run yet); pass --checkpoint {path / 'last.pt'} (its latest weights),"
+            f"{path} has no best.pt (no validation has run yet); pass --checkpoint "
+            f"{path / 'last.pt'} (its latest weights),"
             f" or train on until a validation: nmt train --run-dir {path} --resume"
         )
-    raise CheckpointError(f"{path} is a directory with no nmt checkpoint (no best.pt or last.pt); give a run directory of nmt train or a .pt file")
+    raise CheckpointError(
+        f"{path} is a directory with no nmt checkpoint (no best.pt or last.pt); give a run "
+        "directory of nmt train or a .pt file"
+    )
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", training: bool = False) -> Checkpoint:
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", training: bool = False
+) -> Checkpoint:
     """Load and verify a checkpoint written by :func:`save_checkpoint`: its config parsed, its
     tokenizer loaded and its model built once, into one :class:`Checkpoint`.
 
@@ -113,9 +134,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for foreign archives
-        if "weights_only" in str(exc):  # torch's advice (weights_only=False) would run arbitrary code
-            raise CheckpointError(f"{path} is not an nmt checkpoint: it holds objects other than tensors and plain values (not written by nmt)") from None
-        raise CheckpointError(f"{path} is not an nmt checkpoint: a zip archive torch cannot read ({_first_line(exc)})") from None
+        if "weights_only" in str(
+            exc
+        ):  # torch's advice (weights_only=False) would run arbitrary code
+            raise CheckpointError(
+                f"{path} is not an nmt checkpoint: it holds objects other than tensors and plain "
+                "values (not written by nmt)"
+            ) from None
+        raise CheckpointError(
+            f"{path} is not an nmt checkpoint: a zip archive torch cannot read ({_first_line(exc)})"
+        ) from None
     return check_payload(payload, path, training)
 
 
@@ -133,11 +161,19 @@ def _verify_archive(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
-    except Exception as exc:  # a damaged directory surfaces as many types (BadZipFile, zlib.error, RuntimeError "encrypted", ...)
+    # a damaged directory surfaces as many types (BadZipFile, zlib.error, RuntimeError "encrypted",
+    # ...)
+    except Exception as exc:
         size = path.stat().st_size
-        raise CheckpointError(f"damaged checkpoint: {path} ({_first_line(exc)}; {size:,} bytes, probably truncated or overwritten)") from None
+        raise CheckpointError(
+            f"damaged checkpoint: {path} ({_first_line(exc)}; {size:,} bytes, probably truncated "
+            "or overwritten)"
+        ) from None
     if bad is not None:
-        raise CheckpointError(f"damaged checkpoint: {path} (entry {bad} does not match its checksum: the file changed after it was written)")
+        raise CheckpointError(
+            f"damaged checkpoint: {path} (entry {bad} does not match its checksum: the file "
+            "changed after it was written)"
+        )
 
 
 def describe_file(path: Path, head: bytes) -> str:
@@ -179,29 +215,55 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> Checkpoin
             and the nmt version that wrote the file.
     """
     if not isinstance(payload, dict):
-        raise CheckpointError(f"{path} is not an nmt checkpoint: it holds a {type(payload).__name__}, not a dict of entries")
+        raise CheckpointError(
+            f"{path} is not an nmt checkpoint: it holds a {type(payload).__name__}, not a dict of "
+            "entries"
+        )
     missing = [k for k in ("model", "config", "tokenizer") if k not in payload]
-    if len(missing) == 3 and "nmt_version" not in payload:  # nothing of nmt's: another program's file
+    if (
+        len(missing) == 3 and "nmt_version" not in payload
+    ):  # nothing of nmt's: another program's file
         keys = ", ".join(map(repr, list(payload)[:5])) or "none"
-        raise CheckpointError(f"{path} is not an nmt checkpoint: a dict without nmt's model, config and tokenizer entries (its keys: {keys})")
+        raise CheckpointError(
+            f"{path} is not an nmt checkpoint: a dict without nmt's model, config and tokenizer "
+            f"entries (its keys: {keys})"
+        )
     if missing:
-        raise CheckpointError(f"{path} is not an nmt checkpoint or is incomplete: no {', '.join(missing)} entry (written by {written_by(payload)})")
+        raise CheckpointError(
+            f"{path} is not an nmt checkpoint or is incomplete: no {', '.join(missing)} entry "
+            f"(written by {written_by(payload)})"
+        )
     problems = []
-    if not isinstance(payload["model"], dict) or not all(isinstance(v, torch.Tensor) for v in payload["model"].values()):
+    if not isinstance(payload["model"], dict) or not all(
+        isinstance(v, torch.Tensor) for v in payload["model"].values()
+    ):
         problems.append("'model' is not a dict of tensors")
     if not isinstance(payload["config"], dict):
         problems.append("'config' is not a dict")
     tok = payload["tokenizer"]
-    if not isinstance(tok, dict) or set(tok) not in TOKENIZER_ENTRIES or not all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in tok.values()):
-        problems.append("'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint; src and tgt; or src, tgt and vocab)")
+    if (
+        not isinstance(tok, dict)
+        or set(tok) not in TOKENIZER_ENTRIES
+        or not all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in tok.values())
+    ):
+        problems.append(
+            "'tokenizer' is not the serialized SentencePiece model(s) nmt stores (joint; src and "
+            "tgt; or src, tgt and vocab)"
+        )
     problems += _entry_problems(payload, training)
     if problems:
-        raise CheckpointError(f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by {written_by(payload)})")
+        raise CheckpointError(
+            f"{path}: inconsistent checkpoint: {'; '.join(problems)} (written by "
+            f"{written_by(payload)})"
+        )
     cfg = _config(payload, path)
     tokenizer = _check_tokenizer(payload, cfg, path)
     wrong = size_mismatches(cfg.model, payload["model"], STATE_LAYERS, STATE_WIDTHS)
     if wrong:
-        raise CheckpointError(f"{path}: the tensors do not fit the model its config describes ({'; '.join(wrong)}; written by {written_by(payload)})")
+        raise CheckpointError(
+            f"{path}: the tensors do not fit the model its config describes ({'; '.join(wrong)}; "
+            f"written by {written_by(payload)})"
+        )
     model = uninitialised_model(cfg.model)  # names and shapes now; the weights fill it on first use
     check_state_fits(model.state_dict(), payload["model"], path, written_by(payload))
     seen: set[tuple[int, int]] = set()  # tied weights (one matrix under two names) are named once
@@ -213,15 +275,18 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> Checkpoin
         seen.add(where)
     if broken:
         raise CheckpointError(
-            f"{path}: {len(broken)} weight tensor(s) hold nan or inf ({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): "
-            "the training diverged before this checkpoint was written; use an earlier one, or train again with a lower train.lr_scale"
+            f"{path}: {len(broken)} weight tensor(s) hold nan or inf "
+            f"({', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}): "
+            "the training diverged before this checkpoint was written; use an earlier one, or "
+            "train again with a lower train.lr_scale"
         )
     if training:
         absent = [k for k in TRAINING_STATE if k not in payload]
         if absent:
             origin = " (an nmt average output)" if "averaged_from" in payload else ""
             raise CheckpointError(
-                f"{path} holds no training state{origin}: no {', '.join(absent)} entry (written by {written_by(payload)}); "
+                f"{path} holds no training state{origin}: no {', '.join(absent)} entry (written by "
+                f"{written_by(payload)}); "
                 "--resume needs a checkpoint nmt train wrote (last.pt, best.pt or step_N.pt)"
             )
     return Checkpoint(payload, path, cfg, tokenizer, model)
@@ -241,11 +306,13 @@ _ENTRY_TYPES = {
 
 
 def _entry_problems(payload: dict[str, Any], training: bool = False) -> list[str]:
-    """What is wrong with the optional entries (of the wrong type; ``progress`` with fields that are not whole
-    numbers or, for ``best_bleu``, a number), each in words. A ``progress`` field this version does not know
-    (a newer nmt's) matters only to ``training`` (``--resume``), which would have to continue it."""
+    """What is wrong with the optional entries (of the wrong type; ``progress`` with fields that are
+    not whole numbers or, for ``best_bleu``, a number), each in words. A ``progress`` field this
+    version does not know (a newer nmt's) matters only to ``training`` (``--resume``), which would
+    have to continue it."""
     problems = [
-        f"{key!r} is a {type(payload[key]).__name__}, not a {getattr(kind, '__name__', 'dict or list')}"
+        f"{key!r} is a {type(payload[key]).__name__}, not a "
+        f"{getattr(kind, '__name__', 'dict or list')}"
         for key, kind in _ENTRY_TYPES.items()
         if key in payload and not isinstance(payload[key], kind)
     ]
@@ -256,7 +323,10 @@ def _entry_problems(payload: dict[str, Any], training: bool = False) -> list[str
             number = (int, float) if key == "best_bleu" else int
             if key not in known:
                 if training:
-                    problems.append(f"'progress' has {key!r}, which this nmt does not know (a newer nmt wrote it?)")
+                    problems.append(
+                        f"'progress' has {key!r}, which this nmt does not know (a newer nmt wrote "
+                        "it?)"
+                    )
             elif key != "batching" and (isinstance(value, bool) or not isinstance(value, number)):
                 problems.append(f"'progress' has {key!r}: {value!r}")
     return problems
@@ -266,11 +336,14 @@ def _config(payload: dict[str, Any], path: Path):
     try:
         return config_from_dict(payload["config"])  # the message below names the file
     except ConfigError as exc:
-        raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
+        raise CheckpointError(
+            f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})"
+        ) from None
 
 
 def _check_tokenizer(payload: dict[str, Any], cfg, path: Path):
-    """The stored tokenizer, checked: it loads as SentencePiece and its vocabularies are the model's.
+    """The stored tokenizer, checked: it loads as SentencePiece and its vocabularies are the
+    model's.
 
     Raises:
         CheckpointError: naming what is wrong and the version that wrote the file.
@@ -278,18 +351,29 @@ def _check_tokenizer(payload: dict[str, Any], cfg, path: Path):
     try:
         tokenizer = tokenizer_from_protos(tokenizer_from_tensors(payload["tokenizer"]))
     except TokenizerError as exc:
-        raise CheckpointError(f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})") from None
+        raise CheckpointError(
+            f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})"
+        ) from None
     sizes = (tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
     if sizes != (cfg.model.src_vocab_size, cfg.model.tgt_vocab_size):
         raise CheckpointError(
-            f"{path}: inconsistent checkpoint: its tokenizer has {sizes[0]} source and {sizes[1]} target pieces, its model "
-            f"{cfg.model.src_vocab_size} and {cfg.model.tgt_vocab_size} (written by {written_by(payload)})"
+            f"{path}: inconsistent checkpoint: its tokenizer has {sizes[0]} source and {sizes[1]} "
+            "target pieces, its model "
+            f"{cfg.model.src_vocab_size} and {cfg.model.tgt_vocab_size} (written by "
+            f"{written_by(payload)})"
         )
     return tokenizer
 
 
-def size_mismatches(model_cfg: Any, state: dict[str, Any], layers: dict[str, str], widths: dict[str, tuple[str, int]], config: str = "the config") -> list[str]:
-    """The sizes of ``model_cfg`` (layer counts, widths) larger than the tensors of ``state`` show, as
+def size_mismatches(
+    model_cfg: Any,
+    state: dict[str, Any],
+    layers: dict[str, str],
+    widths: dict[str, tuple[str, int]],
+    config: str = "the config",
+) -> list[str]:
+    """The sizes of ``model_cfg`` (layer counts, widths) larger than the tensors of ``state`` show,
+    as
     ``"model.d_model 1048576 in the config vs 128 in the tensors"``; empty when none is.
 
     Run before anything of the config's size is built: a damaged or hand-edited config (``d_model``
@@ -310,25 +394,48 @@ def size_mismatches(model_cfg: Any, state: dict[str, Any], layers: dict[str, str
         tensor = state.get(name)
         if isinstance(tensor, torch.Tensor) and tensor.dim() > dim:
             shown[key] = int(tensor.shape[dim])
-    return [f"model.{key} {getattr(model_cfg, key)} in {config} vs {value} in the tensors" for key, value in shown.items() if getattr(model_cfg, key) > value]
+    return [
+        f"model.{key} {getattr(model_cfg, key)} in {config} vs {value} in the tensors"
+        for key, value in shown.items()
+        if getattr(model_cfg, key) > value
+    ]
 
 
-def check_state_fits(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], path: Path, writer: str) -> None:
-    """Raise :class:`CheckpointError` naming every tensor of ``state`` that does not fit ``expected``."""
+def check_state_fits(
+    expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], path: Path, writer: str
+) -> None:
+    """Raise :class:`CheckpointError` naming every tensor of ``state`` that does not fit
+    ``expected``."""
 
     def listed(names: list[str]) -> str:
         return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
     unexpected = sorted(set(state) - set(expected))
     missing = sorted(set(expected) - set(state))
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}" for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
-    parts = [f"{label}: {listed(names)}" for label, names in (("unexpected", unexpected), ("missing", missing), ("shape in file vs config", shapes)) if names]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}"
+        for k in sorted(set(state) & set(expected))
+        if state[k].shape != expected[k].shape
+    ]
+    parts = [
+        f"{label}: {listed(names)}"
+        for label, names in (
+            ("unexpected", unexpected),
+            ("missing", missing),
+            ("shape in file vs config", shapes),
+        )
+        if names
+    ]
     if parts:
-        raise CheckpointError(f"{path}: the tensors do not fit the model its config describes ({'; '.join(parts)}; written by {writer})")
+        raise CheckpointError(
+            f"{path}: the tensors do not fit the model its config describes ({'; '.join(parts)}; "
+            f"written by {writer})"
+        )
 
 
 def tokenizer_to_tensors(protos: dict[str, bytes]) -> dict[str, torch.Tensor]:
-    """SentencePiece model protos (and a vocabulary's JSON) as uint8 tensors (a checkpoint holds only tensors and plain values)."""
+    """SentencePiece model protos (and a vocabulary's JSON) as uint8 tensors (a checkpoint holds
+    only tensors and plain values)."""
     return {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in protos.items()}
 
 

@@ -1,4 +1,5 @@
-"""The ``nmt`` command line: train, translate, evaluate, tune-decode, average, plot, info, export, import, serve, profile, shortlist.
+"""The ``nmt`` command line: train, translate, evaluate, tune-decode, average, plot, info, export,
+import, serve, profile, shortlist.
 
 Each command (a module of :mod:`nmt.commands`) parses its options and calls the function
 that does the work; the rules that protect users live in those functions, so the Python
@@ -23,7 +24,20 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from .commands import average, evaluate, export, import_, info, plot, profile, serve, shortlist, train, translate, tune
+from .commands import (
+    average,
+    evaluate,
+    export,
+    import_,
+    info,
+    plot,
+    profile,
+    serve,
+    shortlist,
+    train,
+    translate,
+    tune,
+)
 from .commands.options import DECODE_KEYS, on_command_line
 from .errors import NmtError
 from .files import reason
@@ -42,19 +56,28 @@ CONFIG_KEYS = {"run_dir": "train.run_dir", **{name: f"decode.{name}" for name in
 
 
 def _names(ctx: typer.Context) -> Callable[[str], str]:
-    """How errors name each key in ``ctx``'s command: argument names and config keys (see CONFIG_KEYS) by their flags."""
+    """How errors name each key in ``ctx``'s command: argument names and config keys (see
+    CONFIG_KEYS) by their flags."""
     names = {}
     for param in ctx.command.params:
-        flag = max(param.opts, key=len) if param.param_type_name == "option" else param.metavar or param.name.upper()
+        flag = (
+            max(param.opts, key=len)
+            if param.param_type_name == "option"
+            else param.metavar or param.name.upper()
+        )
         names[param.name] = flag
-        if param.name in CONFIG_KEYS and (on_command_line(ctx, param.name) or "config" not in ctx.params):
+        if param.name in CONFIG_KEYS and (
+            on_command_line(ctx, param.name) or "config" not in ctx.params
+        ):
             names[CONFIG_KEYS[param.name]] = flag
     return lambda key: names.get(key, key)
 
 
-#: What to lower when a command runs out of memory, by command (``nmt train`` names the config keys).
+#: What to lower when a command runs out of memory, by command (``nmt train`` names the config
+#: keys).
 SMALLER = {
-    "train": "lower train.max_tokens (train.update_freq keeps the batch an update sees), or the model's size",
+    "train": "lower train.max_tokens (train.update_freq keeps the batch an update sees), or the "
+    "model's size",
     "translate": "lower --max-tokens, --beam-size or --buffer-size",
     "evaluate": "lower --max-tokens or --beam-size",
     "tune-decode": "lower --max-tokens, the beam sizes or --max-sentences",
@@ -64,49 +87,71 @@ SMALLER = {
 
 
 def refuse_repeated_options(ctx: typer.Context, order: list) -> None:
-    """Refuse an option that is not repeatable given more than once (``order``: the parser's options as given, one
-    per occurrence), in any spelling (``--hyp a --hyp=b``, ``-o a --output b``, ``--allow-unk --no-allow-unk``):
-    the parser would keep the last without a word. Repeatable options (``multiple``: ``--ref``, ``--set``) and
-    those the command never sees (``--help``) may repeat.
+    """Refuse an option that is not repeatable given more than once (``order``: the parser's options
+    as given, one per occurrence), in any spelling (``--hyp a --hyp=b``, ``-o a --output b``,
+    ``--allow-unk --no-allow-unk``): the parser would keep the last without a word. Repeatable
+    options (``multiple``: ``--ref``, ``--set``) and those the command never sees (``--help``) may
+    repeat.
 
     Raises:
-        click.BadOptionUsage: naming the option by all its spellings (a usage error: one line, exit code 2).
+        click.BadOptionUsage: naming the option by all its spellings (a usage error: one line, exit
+            code 2).
     """
-    given = collections.Counter(p for p in order if p.param_type_name == "option" and p.expose_value and not p.multiple and not getattr(p, "count", False))
+    given = collections.Counter(
+        p
+        for p in order
+        if p.param_type_name == "option"
+        and p.expose_value
+        and not p.multiple
+        and not getattr(p, "count", False)
+    )
     for param, times in given.items():
         if times > 1:
-            spellings = "/".join(sorted(param.opts, key=len, reverse=True) + param.secondary_opts)  # --output/-o, --allow-unk/--no-allow-unk
+            spellings = "/".join(
+                sorted(param.opts, key=len, reverse=True) + param.secondary_opts
+            )  # --output/-o, --allow-unk/--no-allow-unk
             raise click_errors.BadOptionUsage(
-                param.name, f"option {spellings} is given {'twice' if times == 2 else f'{times} times'}; it is not repeatable: give it once", ctx=ctx
+                param.name,
+                f"option {spellings} is given {'twice' if times == 2 else f'{times} times'}; it is "
+                "not repeatable: give it once",
+                ctx=ctx,
             )
 
 
 def expand_home(ctx: typer.Context, typed: dict) -> None:
-    """Expand a leading ``~`` or ``~user`` in every path of ``ctx.params`` (a ``Path``) as a shell expands it, from the text
-    ``typed`` for it (by parameter name); the shell itself leaves ``~`` in a quoted word and after ``--flag=``
-    (``--output=~/hyp.de``). ``./~`` stays the directory named ``~``. Config paths are expanded where they are read
-    (:data:`nmt.fields.PathText`)."""
+    """Expand a leading ``~`` or ``~user`` in every path of ``ctx.params`` (a ``Path``) as a shell
+    expands it, from the text
+    ``typed`` for it (by parameter name); the shell itself leaves ``~`` in a quoted word and after
+    ``--flag=`` (``--output=~/hyp.de``). ``./~`` stays the directory named ``~``. Config paths are
+    expanded where they are read (:data:`nmt.fields.PathText`)."""
     for name, value in ctx.params.items():
         many = isinstance(value, (list, tuple))
         texts = typed.get(name) if many else [typed.get(name)]
         values = value if many else [value]
         if texts is None or len(texts) != len(values):
             continue
-        values = [type(v)(os.path.expanduser(t)) if isinstance(v, PurePath) and isinstance(t, str) and t.startswith("~") else v for v, t in zip(values, texts)]
+        values = [
+            type(v)(os.path.expanduser(t))
+            if isinstance(v, PurePath) and isinstance(t, str) and t.startswith("~")
+            else v
+            for v, t in zip(values, texts)
+        ]
         ctx.params[name] = type(value)(values) if many else values[0]
 
 
 class Command(TyperCommand):
-    """A command whose user errors print as one line, ``error: ...``, with exit code 2; so does running
-    out of memory, naming what to lower (:data:`SMALLER`), and an option given twice that takes one value.
-    Paths given with a leading ``~`` are expanded (:func:`expand_home`)."""
+    """A command whose user errors print as one line, ``error: ...``, with exit code 2; so does
+    running out of memory, naming what to lower (:data:`SMALLER`), and an option given twice that
+    takes one value. Paths given with a leading ``~`` are expanded (:func:`expand_home`)."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        """Parse the command line, refusing an option given twice that is not repeatable (:func:`refuse_repeated_options`)
-        and expanding ``~`` in paths (:func:`expand_home`)."""
+        """Parse the command line, refusing an option given twice that is not repeatable
+        (:func:`refuse_repeated_options`) and expanding ``~`` in paths (:func:`expand_home`)."""
         if ctx.resilient_parsing:  # shell completion
             return super().parse_args(ctx, args)
-        typed, _, order = self.make_parser(ctx).parse_args(args=list(args))  # the text given for each parameter, before conversion
+        typed, _, order = self.make_parser(ctx).parse_args(
+            args=list(args)
+        )  # the text given for each parameter, before conversion
         refuse_repeated_options(ctx, order)
         rest = super().parse_args(ctx, args)
         expand_home(ctx, typed)
@@ -126,23 +171,36 @@ class Command(TyperCommand):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             advice = SMALLER.get(ctx.info_name, "give it less to hold at once")
-            typer.echo(f"error: nmt {ctx.info_name} ran out of memory ({first[:200]}); {advice}", err=True)
+            typer.echo(
+                f"error: nmt {ctx.info_name} ran out of memory ({first[:200]}); {advice}", err=True
+            )
             raise typer.Exit(code=2) from None
 
 
 @contextlib.contextmanager
 def _usage_errors(ctx: typer.Context):
-    """Report a usage error (a misspelt flag, a missing option) as one line, exit code 2, like every user error."""
+    """Report a usage error (a misspelt flag, a missing option) as one line, exit code 2, like every
+    user error."""
     try:
         yield
-    except getattr(click_errors, "NoArgsIsHelpError", ()):  # `nmt plot` alone, which prints help (click 8.2+)
+    except getattr(
+        click_errors, "NoArgsIsHelpError", ()
+    ):  # `nmt plot` alone, which prints help (click 8.2+)
         raise
     except click_errors.UsageError as exc:
         message = exc.format_message().rstrip(".")
-        if getattr(exc, "possibilities", None):  # a misspelt flag: the closest of click's candidates
-            (closest,) = difflib.get_close_matches(exc.option_name, exc.possibilities, n=1, cutoff=0)
+        if getattr(
+            exc, "possibilities", None
+        ):  # a misspelt flag: the closest of click's candidates
+            (closest,) = difflib.get_close_matches(
+                exc.option_name, exc.possibilities, n=1, cutoff=0
+            )
             message = f"no such option: {exc.option_name}; did you mean {closest}?"
-        typer.echo(f"error: {message[:1].lower()}{message[1:]} (see {(exc.ctx or ctx).command_path} --help)", err=True)
+        typer.echo(
+            f"error: {message[:1].lower()}{message[1:]} (see {(exc.ctx or ctx).command_path} "
+            "--help)",
+            err=True,
+        )
         raise typer.Exit(code=2) from None
 
 
@@ -172,7 +230,11 @@ class _PlotGroup(Group):
 
 # Plain help, not Rich panels: typer 0.29's Rich panel prints a `<bool>` type after every flag
 # (`--resume <bool>`, as if it took a value), while its plain formatter leaves flags bare.
-SETTINGS = {"no_args_is_help": True, "rich_markup_mode": None, "context_settings": {"max_content_width": 120}}
+SETTINGS = {
+    "no_args_is_help": True,
+    "rich_markup_mode": None,
+    "context_settings": {"max_content_width": 120},
+}
 app = typer.Typer(cls=Group, add_completion=False, **SETTINGS)
 plot_app = typer.Typer(
     cls=_PlotGroup,
@@ -214,17 +276,26 @@ def _print_version(value: bool) -> None:
     if value:
         from importlib.metadata import version
 
-        typer.echo(f"nmt {_package_version()} (torch {version('torch')}, Python {sys.version.split()[0]})")
+        typer.echo(
+            f"nmt {_package_version()} (torch {version('torch')}, Python {sys.version.split()[0]})"
+        )
         raise typer.Exit()
 
 
 @app.callback()
 def options(
     version: Annotated[
-        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print nmt's version (and torch's, Python's) and exit.")
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print nmt's version (and torch's, Python's) and exit.",
+        ),
     ] = False,
 ) -> None:
-    """nmt: train Transformer translation models, translate with them, score the output, export them."""
+    """nmt: train Transformer translation models, translate with them, score the output, export
+    them."""
 
 
 def main() -> None:
@@ -233,17 +304,26 @@ def main() -> None:
     cannot make a translation fail after the work, or write a file in another encoding."""
     for stream in (sys.stdout, sys.stderr):
         if stream is not None and hasattr(stream, "reconfigure"):
-            # surrogateescape: a file name that is not UTF-8 (as the OS decoded it) is printed as its own bytes, as ls does
-            stream.reconfigure(encoding="utf-8", errors="surrogateescape" if stream is sys.stdout else "backslashreplace")
+            # surrogateescape: a file name that is not UTF-8 (as the OS decoded it) is printed as
+            # its own bytes, as ls does
+            stream.reconfigure(
+                encoding="utf-8",
+                errors="surrogateescape" if stream is sys.stdout else "backslashreplace",
+            )
     try:
         try:
             app()
         finally:
             if sys.stdout is not None:
-                sys.stdout.flush()  # here, where a failure can still be reported, not at the interpreter's exit
-    except OSError as exc:  # standard output on a full disk or a failing device (`> /dev/full`): files nmt writes say so themselves
+                # here, where a failure can still be reported, not at the interpreter's exit
+                sys.stdout.flush()
+    # standard output on a full disk or a failing device (`> /dev/full`): files nmt writes say so
+    # themselves
+    except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
             raise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is still buffered goes nowhere, quietly
+        os.dup2(
+            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
+        )  # what is still buffered goes nowhere, quietly
         typer.echo(f"error: cannot write standard output: {reason(exc)}", err=True)
         raise SystemExit(2) from None

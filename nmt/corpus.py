@@ -5,7 +5,8 @@ lives in :mod:`nmt.clean`, the encoded-ids cache in :mod:`nmt.encoded`, batching
 :mod:`nmt.core.batching`. This module needs no torch.
 """
 
-# Size: module at most 490 lines: reading text (files, pipes, compressed, datasets) is one concern; split further it would cross-import.
+# Size: module at most 585 lines: reading text (files, pipes, compressed, datasets) is one concern;
+# split further it would cross-import.
 
 from __future__ import annotations
 
@@ -31,7 +32,11 @@ from .files import is_stream
 
 CHUNK_LINES = 50_000  # pairs read, cleaned and encoded at a time
 READ_BYTES = 1 << 16  # read size when streaming standard input
-MAX_LINE_BYTES = 1 << 26  # 64 MiB: a "line" longer than this is not a sentence (/dev/zero, a file without newlines); refused before memory runs out
+MAX_LINE_BYTES = (
+    1 << 26
+    # 64 MiB: a "line" longer than this is not a sentence (/dev/zero, a file without newlines);
+    # refused before memory runs out
+)
 
 
 class DataError(NmtError, ValueError):
@@ -65,7 +70,10 @@ def iter_lines(path: str | Path, once: bool = False) -> Iterator[str]:
 
 
 def _too_long(name, number: int) -> DataError:
-    return DataError(f"{name}:{number}: the line is longer than {MAX_LINE_BYTES >> 20} MiB without a newline; give text with one sentence a line")
+    return DataError(
+        f"{name}:{number}: the line is longer than {MAX_LINE_BYTES >> 20} MiB without a newline; "
+        "give text with one sentence a line"
+    )
 
 
 @contextlib.contextmanager
@@ -76,26 +84,44 @@ def _open_bytes(path: Path) -> Iterator[BinaryIO]:
         DataError: UTF-16 text, or the file cannot be read or decompressed (also while reading).
     """
     try:
-        with open(path, "rb") as raw:  # opened once and peeked at, so that a pipe's first bytes are not lost
+        with open(
+            path, "rb"
+        ) as raw:  # opened once and peeked at, so that a pipe's first bytes are not lost
             head = raw.peek(64)[:64]
             magic = head[:2]
             if magic in (b"\xff\xfe", b"\xfe\xff") or _utf16_without_bom(head):
-                raise DataError(f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)")
+                raise DataError(
+                    f"{path}: UTF-16 text; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)"
+                )
             kind = compression(head)
             if kind in DECOMPRESSORS:
                 with DECOMPRESSORS[kind](raw) as f:
                     yield f
             elif kind is not None:
-                raise DataError(f"{path}: {kind}-compressed data, which nmt does not read; decompress it first ({kind} -d), or compress it with gzip")
+                raise DataError(
+                    f"{path}: {kind}-compressed data, which nmt does not read; decompress it first "
+                    f"({kind} -d), or compress it with gzip"
+                )
             else:
                 yield raw
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
-        raise DataError(f"{path}: cannot read ({exc}); is the file complete and, if compressed, really what its first bytes say?") from None
+        raise DataError(
+            f"{path}: cannot read ({exc}); is the file complete and, if compressed, really what "
+            "its first bytes say?"
+        ) from None
 
 
 #: A compressed file's first bytes, by the program that made it (what ``file(1)`` reads).
-MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
-#: The ones read as they are (the standard library's decompressors); the others are named in an error.
+MAGIC = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+    b"7z\xbc\xaf\x27\x1c": "7z",
+}
+#: The ones read as they are (the standard library's decompressors); the others are named in an
+#: error.
 DECOMPRESSORS = {
     "gzip": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
     "bzip2": lambda raw: bz2.BZ2File(raw, mode="rb"),
@@ -113,7 +139,9 @@ def _utf16_without_bom(head: bytes) -> bool:
     byte (the high half of Latin text's code units), which UTF-8 text has nowhere."""
     pairs = len(head) // 2
     halves = [head[start : 2 * pairs : 2] for start in (0, 1)]
-    return pairs >= 4 and any(not any(zeros) and any(other) for zeros, other in (halves, halves[::-1]))  # NULs only: no text at all
+    return pairs >= 4 and any(
+        not any(zeros) and any(other) for zeros, other in (halves, halves[::-1])
+    )  # NULs only: no text at all
 
 
 def decode_line(raw: bytes, number: int, name) -> str:
@@ -132,7 +160,10 @@ def decode_line(raw: bytes, number: int, name) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{name}:{number}: invalid UTF-8 at byte {exc.start} of the line; convert the text to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise DataError(
+            f"{name}:{number}: invalid UTF-8 at byte {exc.start} of the line; convert the text to "
+            "UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
 
 
 def buffers(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -160,9 +191,17 @@ def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterat
     read = getattr(stream, "read1", stream.read)
     pending, lines, number, gunzip = bytearray(), [], 0, None
     while chunk := (os.read(fd, READ_BYTES) if fd is not None else read(READ_BYTES)):
-        if number == 0 and not pending and gunzip is None and (kind := compression(chunk)) is not None:
+        if (
+            number == 0
+            and not pending
+            and gunzip is None
+            and (kind := compression(chunk)) is not None
+        ):
             if kind != "gzip":
-                raise DataError(f"{name}: {kind}-compressed data; decompress it on the way in ({kind} -dc FILE | ...), as gzip is read itself")
+                raise DataError(
+                    f"{name}: {kind}-compressed data; decompress it on the way in ({kind} -dc FILE "
+                    "| ...), as gzip is read itself"
+                )
             gunzip = _Gunzip(name)
         pending += gunzip(chunk) if gunzip is not None else chunk
         start = 0
@@ -190,10 +229,15 @@ def stream_buffers(stream: BinaryIO, size: int, name: str = "<stdin>") -> Iterat
 
 
 class _Gunzip:
-    """Incremental gzip decompression of a stream, member after member (``cat a.gz b.gz`` is gzip too)."""
+    """Incremental gzip decompression of a stream, member after member (``cat a.gz b.gz`` is gzip
+    too)."""
 
     def __init__(self, name: str):
-        self.name, self.inflate, self.padding = name, zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), False
+        self.name, self.inflate, self.padding = (
+            name,
+            zlib.decompressobj(wbits=16 + zlib.MAX_WBITS),
+            False,
+        )
 
     def __call__(self, data: bytes) -> bytes:
         out = bytearray()
@@ -205,7 +249,9 @@ class _Gunzip:
             except zlib.error as exc:
                 raise DataError(f"{self.name}: damaged gzip data ({exc})") from None
             data = self.inflate.unused_data
-            if data[:1] == b"\0":  # zeros after a member (tape blocks, a padded image): gzip -d ignores them too
+            if (
+                data[:1] == b"\0"
+            ):  # zeros after a member (tape blocks, a padded image): gzip -d ignores them too
                 self.padding = True
                 data = self._zeros(data)
             elif data:  # the next member begins
@@ -262,7 +308,9 @@ def count_lines(path: str | Path) -> int:
                 pass
     for _ in iter_lines(path):  # raises the error that names the line
         pass
-    raise DataError(f"{path}: invalid UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    raise DataError(
+        f"{path}: invalid UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+    )
 
 
 def check_file(path: str | Path, once: bool = False) -> Path:
@@ -270,17 +318,22 @@ def check_file(path: str | Path, once: bool = False) -> Path:
     ``once``, also a pipe, FIFO, socket or character device (``/dev/stdin``, ``<(zcat f.gz)``).
 
     Raises:
-        DataError: naming what ``path`` is instead (a directory, nothing, a link to nothing, or a pipe where the text
-            is read more than once, as training reads it).
+        DataError: naming what ``path`` is instead (a directory, nothing, a link to nothing, or a
+            pipe where the text is read more than once, as training reads it).
     """
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a text file")
     if not path.exists():
-        raise DataError(f"{path}: a link to nothing (or a loop of links); give the file it should name" if path.is_symlink() else f"{path}: file not found")
+        raise DataError(
+            f"{path}: a link to nothing (or a loop of links); give the file it should name"
+            if path.is_symlink()
+            else f"{path}: file not found"
+        )
     if not path.is_file() and not (once and is_stream(path)):
         raise DataError(
-            f"{path}: not a regular file (a pipe?); nmt train reads its text more than once (to check it, train the tokenizer and "
+            f"{path}: not a regular file (a pipe?); nmt train reads its text more than once (to "
+            "check it, train the tokenizer and "
             "encode it), so give a file, e.g. zcat f.gz > f"
         )
     return path
@@ -308,17 +361,27 @@ class ParallelText:
     @classmethod
     def files(cls, src_path: str | Path, tgt_path: str | Path) -> ParallelText:
         """The pairs of two aligned text files (not read yet)."""
-        return cls(src_path=Path(src_path), tgt_path=Path(tgt_path), name=f"{src_path} and {tgt_path}")
+        return cls(
+            src_path=Path(src_path), tgt_path=Path(tgt_path), name=f"{src_path} and {tgt_path}"
+        )
 
     @classmethod
-    def lists(cls, src: list[str], tgt: list[str], name: str = "the in-memory corpus") -> ParallelText:
+    def lists(
+        cls, src: list[str], tgt: list[str], name: str = "the in-memory corpus"
+    ) -> ParallelText:
         """The pairs of two lists of lines. Raises :class:`DataError` if their lengths differ."""
         if len(src) != len(tgt):
-            raise DataError(f"{name}: {len(src)} source lines but {len(tgt)} target lines: a parallel corpus needs one target line per source line")
+            raise DataError(
+                f"{name}: {len(src)} source lines but {len(tgt)} target lines: a parallel corpus "
+                "needs one target line per source line"
+            )
         return cls(src_lines=src, tgt_lines=tgt, name=name)
 
     def _misaligned(self, n_src: int, n_tgt: int) -> DataError:
-        return DataError(f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: a parallel corpus needs one target line per source line")
+        return DataError(
+            f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}: a parallel corpus "
+            "needs one target line per source line"
+        )
 
     def check(self) -> int:
         """Read all of the text once and return its number of pairs, without keeping it.
@@ -382,7 +445,9 @@ class ParallelText:
                     digest.update(data)
             return
         for path in (self.src_path, self.tgt_path):
-            digest.update(path.stat().st_size.to_bytes(8, "little"))  # sizes first: no two file pairs hash alike
+            digest.update(
+                path.stat().st_size.to_bytes(8, "little")
+            )  # sizes first: no two file pairs hash alike
             with open(path, "rb") as f:
                 while block := f.read(1 << 20):
                     digest.update(block)
@@ -402,7 +467,10 @@ def check_inputs(train: ParallelText, valid: ParallelText) -> None:
     train.check()
     n = valid.check()
     if not any(s.strip() and t.strip() for s, t in valid.pairs()):
-        raise DataError(f"the validation set ({valid.name}) has no pair with text on both sides (all {n} have a blank side); check those files")
+        raise DataError(
+            f"the validation set ({valid.name}) has no pair with text on both sides (all {n} have "
+            "a blank side); check those files"
+        )
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
@@ -419,15 +487,19 @@ def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
     """``{directory}/{split}.{lang}`` or its ``.gz``.
 
     Raises:
-        DataError: ``directory`` is not a directory, neither file exists, or the one there cannot be read
-            more than once (a FIFO, a directory, a link to nothing or a loop of links: :func:`check_file`).
+        DataError: ``directory`` is not a directory, neither file exists, or the one there cannot be
+            read more than once (a FIFO, a directory, a link to nothing or a loop of links:
+            :func:`check_file`).
     """
     if not Path(directory).is_dir():
         what = "not a directory" if os.path.lexists(directory) else "no such directory"
         raise DataError(f"data.dir {directory}: {what}; give the directory of the split files")
     candidates = [Path(directory) / f"{split}.{lang}", Path(directory) / f"{split}.{lang}.gz"]
     if all(path.is_file() for path in candidates):
-        _warn_once(f"warning: {directory} holds both {candidates[0].name} and {candidates[1].name}; reading {candidates[0].name} (remove the one not meant)")
+        _warn_once(
+            f"warning: {directory} holds both {candidates[0].name} and {candidates[1].name}; "
+            f"reading {candidates[0].name} (remove the one not meant)"
+        )
     for path in candidates:
         if path.is_file():
             return path
@@ -435,13 +507,29 @@ def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
         if os.path.lexists(path):  # a FIFO, a directory, a link to nothing: named for what it is
             return check_file(path)
     splits = sorted(
-        {p.name.removesuffix(".gz").removesuffix(f".{lang}") for p in Path(directory).glob(f"*.{lang}*") if p.name.removesuffix(".gz").endswith(f".{lang}")}
+        {
+            p.name.removesuffix(".gz").removesuffix(f".{lang}")
+            for p in Path(directory).glob(f"*.{lang}*")
+            if p.name.removesuffix(".gz").endswith(f".{lang}")
+        }
     )
-    there = f" ({lang} files there are of the splits {', '.join(splits)}: choose with data.train_split and data.valid_split)" if splits else ""
+    there = (
+        f" ({lang} files there are of the splits {', '.join(splits)}: choose with data.train_split "
+        "and data.valid_split)"
+        if splits
+        else ""
+    )
     raise DataError(f"{directory}: neither {split}.{lang} nor {split}.{lang}.gz exists{there}")
 
 
-def load_hf_split(name: str, config: str | None, data_files: dict[str, str] | None, split: str, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
+def load_hf_split(
+    name: str,
+    config: str | None,
+    data_files: dict[str, str] | None,
+    split: str,
+    src_lang: str,
+    tgt_lang: str,
+) -> tuple[list[str], list[str]]:
     """Read a split through ``datasets.load_dataset``; rows carry ``translation[lang]``.
 
     Raises:
@@ -454,12 +542,18 @@ def load_hf_split(name: str, config: str | None, data_files: dict[str, str] | No
     except (FileNotFoundError, ValueError) as exc:
         raise DataError(f"dataset {name!r} split {split!r}: {exc}") from None
     if "translation" not in ds.column_names:
-        raise DataError(f"dataset {name!r} split {split!r}: no 'translation' column (columns: {ds.column_names})")
+        raise DataError(
+            f"dataset {name!r} split {split!r}: no 'translation' column (columns: "
+            f"{ds.column_names})"
+        )
     rows = ds["translation"]
     try:
         return [r[src_lang] or "" for r in rows], [r[tgt_lang] or "" for r in rows]
     except (KeyError, TypeError):
-        raise DataError(f"dataset {name!r} split {split!r}: translation entries need keys {src_lang!r} and {tgt_lang!r}") from None
+        raise DataError(
+            f"dataset {name!r} split {split!r}: translation entries need keys {src_lang!r} and "
+            f"{tgt_lang!r}"
+        ) from None
 
 
 def load_split(cfg, split: str) -> ParallelText:
@@ -468,14 +562,23 @@ def load_split(cfg, split: str) -> ParallelText:
     Raises:
         DataError: no source is configured, a file is missing, a dataset cannot be loaded.
     """
-    explicit = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+    explicit = (
+        (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+    )
     if explicit[0] and explicit[1]:
         return ParallelText.files(*(check_file(path) for path in explicit))
     if cfg.hf_dataset:
         name = cfg.train_split if split == "train" else cfg.valid_split
-        lines = load_hf_split(cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang)
+        lines = load_hf_split(
+            cfg.hf_dataset, cfg.hf_config, cfg.hf_data_files, name, cfg.src_lang, cfg.tgt_lang
+        )
         return ParallelText.lists(*lines, name=f"dataset {cfg.hf_dataset!r} split {name!r}")
     if cfg.dir:
         name = cfg.train_split if split == "train" else cfg.valid_split
-        return ParallelText.files(find_split_file(cfg.dir, name, cfg.src_lang), find_split_file(cfg.dir, name, cfg.tgt_lang))
-    raise DataError(f"no {split} data configured: set data.dir, data.{split}_src/{split}_tgt or data.hf_dataset")
+        return ParallelText.files(
+            find_split_file(cfg.dir, name, cfg.src_lang),
+            find_split_file(cfg.dir, name, cfg.tgt_lang),
+        )
+    raise DataError(
+        f"no {split} data configured: set data.dir, data.{split}_src/{split}_tgt or data.hf_dataset"
+    )

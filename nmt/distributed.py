@@ -35,7 +35,14 @@ RANK0_WORK_TIMEOUT = datetime.timedelta(hours=24)
 #: What Gloo and NCCL say when another process of the job died or left: its connection broke, or a
 #: collective waited for it in vain. Matched in an error's text: the backends raise RuntimeError or
 #: torch.distributed.DistError with these words, not a type of their own.
-PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout", "DistNetworkError", "communicator was aborted")
+PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Socket Timeout",
+    "DistNetworkError",
+    "communicator was aborted",
+)
 
 
 class PeerLost(NmtError, RuntimeError):
@@ -43,8 +50,11 @@ class PeerLost(NmtError, RuntimeError):
 
 
 def lost_peer(exc: BaseException) -> bool:
-    """Whether ``exc`` is a collective operation failing because another process of the job is gone."""
-    return isinstance(exc, (RuntimeError, dist.DistError)) and any(words in str(exc) for words in PEER_LOST)
+    """Whether ``exc`` is a collective operation failing because another process of the job is
+    gone."""
+    return isinstance(exc, (RuntimeError, dist.DistError)) and any(
+        words in str(exc) for words in PEER_LOST
+    )
 
 
 class Distributed:
@@ -81,7 +91,8 @@ class Distributed:
         return self.rank == 0
 
     def share(self, value: Any) -> Any:
-        """Rank 0's ``value`` (any picklable object) on every rank, waiting as long as rank 0 needs."""
+        """Rank 0's ``value`` (any picklable object) on every rank, waiting as long as rank 0
+        needs."""
         if not self.enabled:
             return value
         box = [value]
@@ -109,7 +120,8 @@ class Distributed:
         return dict(zip(flags, (bool(v) for v in values.tolist())))
 
     def on_main(self, work: Callable[[], Any]) -> Any:
-        """``work()`` on rank 0 (None elsewhere); its error is raised on every rank, so none waits for ever."""
+        """``work()`` on rank 0 (None elsewhere); its error is raised on every rank, so none waits
+        for ever."""
         result = error = None
         if self.main:
             try:
@@ -167,7 +179,10 @@ class StopSignal:
                 return
             raise KeyboardInterrupt
         self.received, self.received_at = signum, time.monotonic()
-        log.warning("%s received: stopping after saving last.pt (send it again to stop at once)", signal.Signals(signum).name)
+        log.warning(
+            "%s received: stopping after saving last.pt (send it again to stop at once)",
+            signal.Signals(signum).name,
+        )
         if self._interruptible:
             raise Interrupted
 

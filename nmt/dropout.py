@@ -41,7 +41,12 @@ def checked_rate(p: float | Tensor) -> float:
     return p
 
 
-def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> Tensor:
+def dropout_mask(
+    shape: torch.Size | tuple[int, ...],
+    p: float,
+    dtype: torch.dtype = torch.float32,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """A CPU mask of ``shape``: 0 with probability ``p``, ``1 / (1 - p)`` otherwise.
 
     Args:
@@ -58,11 +63,14 @@ def dropout_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dty
 
 def _mask(shape, p: float, dtype: torch.dtype, generator: torch.Generator | None = None) -> Tensor:
     """:func:`dropout_mask` for a rate already checked."""
-    drop = round(p * 2**32)  # elements whose uniform 32-bit integer is below this many of 2^32 are dropped
+    drop = round(
+        p * 2**32
+    )  # elements whose uniform 32-bit integer is below this many of 2^32 are dropped
     if drop == 2**32:
         return torch.zeros(shape, dtype=dtype)
     n = math.prod(shape)
-    # Two elements per 64-bit draw; random_(-2^63, None) draws the full 64-bit range (plain random_() leaves the sign bit 0).
+    # Two elements per 64-bit draw; random_(-2^63, None) draws the full 64-bit range (plain
+    # random_() leaves the sign bit 0).
     bits = torch.empty((n + 1) // 2, dtype=torch.int64).random_(-(2**63), None, generator=generator)
     bits = bits.view(torch.int32)[:n].view(shape)  # uniform over [-2^31, 2^31)
     mask = torch.empty(shape, dtype=dtype)
@@ -91,14 +99,16 @@ def _dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 
 class Dropout(nn.Module):
-    """:func:`dropout` as a module, in place of ``torch.nn.Dropout`` (same ``p``, same ``train()``/``eval()``)."""
+    """:func:`dropout` as a module, in place of ``torch.nn.Dropout`` (same ``p``, same
+    ``train()``/``eval()``)."""
 
     def __init__(self, p: float):
         super().__init__()
         self.p = checked_rate(p)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x`` with elements zeroed at rate ``p`` and the rest scaled by ``1 / (1 - p)`` (training only)."""
+        """``x`` with elements zeroed at rate ``p`` and the rest scaled by ``1 / (1 - p)`` (training
+        only)."""
         return _dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:

@@ -15,6 +15,9 @@ removes. See ``docs/performance.md``, "Data at scale". This module needs no torc
 lives in :mod:`nmt.core.batching`.
 """
 
+# Size: module at most 505 lines: one cache: its key, its Arrow file with a checksum, and the
+# encoding that writes it.
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +43,8 @@ log = logging.getLogger("nmt.encoded")
 # Part of every cache key: raise it whenever cleaning or encoding rules change, so that no
 # run maps a cache an older rule wrote. 2: emptiness by pieces; length-prefixed fingerprints;
 # 3: Arrow columns written by datasets; 4: control characters read as spaces; 5: sides of
-# unknown pieces only dropped; 6: one Arrow file of the kept pairs, with its CRC-32; 7: sides without text
-# (only format, control and space characters) dropped.
+# unknown pieces only dropped; 6: one Arrow file of the kept pairs, with its CRC-32; 7: sides
+# without text (only format, control and space characters) dropped.
 CACHE_FORMAT = 7
 
 
@@ -54,12 +57,20 @@ class EncodedCorpus:
     """
 
     def __init__(self, src_blocks: list[Flat], tgt_blocks: list[Flat], key: str = ""):
-        self.src_blocks, self.tgt_blocks, self.key = src_blocks, tgt_blocks, key  # key: the cache key
-        self.parts = (sum(len(offsets) - 1 for _, offsets in src_blocks),)  # examples of each corpus joined here (see joined)
+        self.src_blocks, self.tgt_blocks, self.key = (
+            src_blocks,
+            tgt_blocks,
+            key,
+        )  # key: the cache key
+        self.parts = (
+            sum(len(offsets) - 1 for _, offsets in src_blocks),
+        )  # examples of each corpus joined here (see joined)
         sizes = [len(offsets) - 1 for _, offsets in src_blocks]
         self.starts = np.zeros(len(sizes) + 1, dtype=np.int64)  # first example of each block
         np.cumsum(sizes, out=self.starts[1:])
-        self.src_lengths, self.tgt_lengths = (_lengths(blocks) for blocks in (src_blocks, tgt_blocks))
+        self.src_lengths, self.tgt_lengths = (
+            _lengths(blocks) for blocks in (src_blocks, tgt_blocks)
+        )
         if len(self.src_lengths) != len(self.tgt_lengths):
             raise ValueError(f"{len(self.src_lengths)} sources but {len(self.tgt_lengths)} targets")
 
@@ -88,16 +99,26 @@ class EncodedCorpus:
         if len(corpora) == 1:
             return corpora[0]
         key = hashlib.sha1("\0".join(c.key for c in corpora).encode()).hexdigest()[:16]
-        out = cls([b for c in corpora for b in c.src_blocks], [b for c in corpora for b in c.tgt_blocks], key)
+        out = cls(
+            [b for c in corpora for b in c.src_blocks],
+            [b for c in corpora for b in c.tgt_blocks],
+            key,
+        )
         out.parts = tuple(len(c) for c in corpora)
         return out
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """Each side as one block, ``{side}_ids`` (int32) and ``{side}_offsets`` (int64, ``(n + 1,)``)
-        for ``side`` src and tgt, and ``parts`` (int64): what :meth:`from_arrays` takes back."""
+        """Each side as one block, ``{side}_ids`` (int32) and ``{side}_offsets`` (int64, ``(n +
+        1,)``) for ``side`` src and tgt, and ``parts`` (int64): what :meth:`from_arrays` takes
+        back."""
         out = {"parts": np.asarray(self.parts, dtype=np.int64)}
-        for side, blocks, lengths in (("src", self.src_blocks, self.src_lengths), ("tgt", self.tgt_blocks, self.tgt_lengths)):
-            pieces = [ids[offsets[0] : offsets[-1]] for ids, offsets in blocks] or [np.zeros(0, np.int32)]
+        for side, blocks, lengths in (
+            ("src", self.src_blocks, self.src_lengths),
+            ("tgt", self.tgt_blocks, self.tgt_lengths),
+        ):
+            pieces = [ids[offsets[0] : offsets[-1]] for ids, offsets in blocks] or [
+                np.zeros(0, np.int32)
+            ]
             out[f"{side}_ids"] = np.concatenate(pieces).astype(np.int32, copy=False)
             out[f"{side}_offsets"] = np.zeros(len(self) + 1, dtype=np.int64)
             np.cumsum(lengths - 1, out=out[f"{side}_offsets"][1:])  # lengths count the EOS
@@ -114,9 +135,21 @@ class EncodedCorpus:
         """
         for side in ("src", "tgt"):
             ids, offsets = arrays[f"{side}_ids"], arrays[f"{side}_offsets"]
-            if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(ids) or np.any(np.diff(offsets) < 0):
-                raise ValueError(f"{side} offsets do not run from 0 to the end of its {len(ids)} ids")
-        out = cls([(arrays["src_ids"], arrays["src_offsets"])], [(arrays["tgt_ids"], arrays["tgt_offsets"])], key)
+            if (
+                offsets.ndim != 1
+                or len(offsets) == 0
+                or offsets[0] != 0
+                or offsets[-1] != len(ids)
+                or np.any(np.diff(offsets) < 0)
+            ):
+                raise ValueError(
+                    f"{side} offsets do not run from 0 to the end of its {len(ids)} ids"
+                )
+        out = cls(
+            [(arrays["src_ids"], arrays["src_offsets"])],
+            [(arrays["tgt_ids"], arrays["tgt_offsets"])],
+            key,
+        )
         out.parts = tuple(int(n) for n in arrays["parts"])
         if sum(out.parts) != len(out):
             raise ValueError(f"parts {list(out.parts)} do not add up to its {len(out)} pairs")
@@ -142,17 +175,32 @@ class EncodedCorpus:
             column = table.column(name)
             if column.type != pa.list_(pa.int32()):
                 raise ValueError(f"column {name} is {column.type}, not list<int32>")
-            return [(chunk.values.to_numpy(), chunk.offsets.to_numpy()) for chunk in column.chunks if len(chunk)]
+            return [
+                (chunk.values.to_numpy(), chunk.offsets.to_numpy())
+                for chunk in column.chunks
+                if len(chunk)
+            ]
 
         return cls(blocks("src_ids"), blocks("tgt_ids"), key)
 
 
 def _lengths(blocks: list[Flat]) -> np.ndarray:
     """Pieces per example plus one (EOS, or BOS on the decoder input), int64 ``(n,)``."""
-    return np.concatenate([np.diff(offsets) for _, offsets in blocks] or [np.zeros(0, np.int64)]).astype(np.int64) + 1
+    return (
+        np.concatenate(
+            [np.diff(offsets) for _, offsets in blocks] or [np.zeros(0, np.int64)]
+        ).astype(np.int64)
+        + 1
+    )
 
 
-def cache_key(text: ParallelText, tokenizer: Tokenizer, max_len: int | None, max_len_ratio: float | None, src_prefix: tuple[int, ...] = ()) -> str:
+def cache_key(
+    text: ParallelText,
+    tokenizer: Tokenizer,
+    max_len: int | None,
+    max_len_ratio: float | None,
+    src_prefix: tuple[int, ...] = (),
+) -> str:
     """16 hex digits hashing :data:`CACHE_FORMAT`, the text (file bytes or lines, length-prefixed),
     the tokenizer, the filter settings and the ids put before each source (a target tag): equal
     keys mean equal encodings. Without such ids the key is what it was before they existed."""
@@ -209,14 +257,18 @@ def encode_corpus(
     tmp = _temporary_directory(path if keep else None, name)
     try:
         try:
-            report = _write_ids(tmp, text, tokenizer, max_len, max_len_ratio, threads, chunk_lines, src_prefix)
+            report = _write_ids(
+                tmp, text, tokenizer, max_len, max_len_ratio, threads, chunk_lines, src_prefix
+            )
         except OSError as exc:
             raise _unwritable(tmp.parent, exc) from None
         if not keep:
             return _open(tmp, name, mapped=False), report
         try:
             os.replace(tmp, path)
-        except OSError:  # another process finished the same cache first (theirs is identical), or path is not a cache
+        # another process finished the same cache first (theirs is identical), or path is not a
+        # cache
+        except OSError:
             cached = _load_cache(path)  # moves anything but a complete cache aside
             if cached is not None:
                 return cached
@@ -244,33 +296,66 @@ def _temporary_directory(path: Path | None, name: str) -> Path:
 
 
 def _unwritable(where, exc: OSError) -> DataError:
-    """The one-line error for a cache that cannot be written under ``where`` (a full or read-only disk)."""
-    return DataError(f"cannot write the encoded corpus under {where} ({exc.strerror or exc}); free some space or set data.cache_dir elsewhere")
+    """The one-line error for a cache that cannot be written under ``where`` (a full or read-only
+    disk)."""
+    return DataError(
+        f"cannot write the encoded corpus under {where} ({exc.strerror or exc}); free some space "
+        "or set data.cache_dir elsewhere"
+    )
 
 
 def _write_ids(
-    directory: Path, text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, threads: int, chunk_lines: int, src_prefix: tuple[int, ...] = ()
+    directory: Path,
+    text: ParallelText,
+    tokenizer: Tokenizer,
+    max_len,
+    max_len_ratio,
+    threads: int,
+    chunk_lines: int,
+    src_prefix: tuple[int, ...] = (),
 ) -> CleanReport:
     """Write the kept pairs' ids to ``directory/ids.arrow`` (each source after ``src_prefix``), a
-    record batch a block of text, then ``report.json`` (last: it marks a complete cache) with the counts and the CRC-32."""
+    record batch a block of text, then ``report.json`` (last: it marks a complete cache) with the
+    counts and the CRC-32."""
     import pyarrow as pa
 
     schema = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32()))])
     reasons = [np.zeros(0, dtype=np.int8)]
-    with pa.OSFile(str(directory / "ids.arrow"), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        for _, _, src, tgt, reason in encoded_chunks(text, tokenizer, max_len, max_len_ratio, threads, chunk_lines):
+    with (
+        pa.OSFile(str(directory / "ids.arrow"), "wb") as sink,
+        pa.ipc.new_stream(sink, schema) as writer,
+    ):
+        for _, _, src, tgt, reason in encoded_chunks(
+            text, tokenizer, max_len, max_len_ratio, threads, chunk_lines
+        ):
             reasons.append(reason)
-            writer.write_batch(pa.record_batch([_list_array(side, reason == KEPT) for side in (prefixed(src, src_prefix), tgt)], schema=schema))
+            writer.write_batch(
+                pa.record_batch(
+                    [
+                        _list_array(side, reason == KEPT)
+                        for side in (prefixed(src, src_prefix), tgt)
+                    ],
+                    schema=schema,
+                )
+            )
     report = report_of(np.concatenate(reasons))
-    _write_synced(directory / "report.json", json.dumps({**asdict(report), "crc32": _crc32(directory / "ids.arrow")}))
+    _write_synced(
+        directory / "report.json",
+        json.dumps({**asdict(report), "crc32": _crc32(directory / "ids.arrow")}),
+    )
     return report
 
 
-def encoded_chunks(text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, threads: int, chunk_lines: int):
+def encoded_chunks(
+    text: ParallelText, tokenizer: Tokenizer, max_len, max_len_ratio, threads: int, chunk_lines: int
+):
     """Each block of ``chunk_lines`` pairs of ``text``: its source and target lines, their ids
     (:func:`nmt.clean.flatten`) and why each pair is dropped (:func:`nmt.clean.drop_reasons`)."""
     for src, tgt in text.chunks(chunk_lines):
-        flat = flatten(tokenizer.encode_src(src, threads)), flatten(tokenizer.encode_tgt(tgt, threads))
+        flat = (
+            flatten(tokenizer.encode_src(src, threads)),
+            flatten(tokenizer.encode_tgt(tgt, threads)),
+        )
         yield src, tgt, *flat, drop_reasons(tokenizer, (src, tgt), *flat, max_len, max_len_ratio)
 
 
@@ -282,8 +367,12 @@ def prefixed(flat: Flat, prefix: tuple[int, ...]) -> Flat:
     lines, k = len(offsets) - 1, len(prefix)
     out_offsets = offsets + k * np.arange(lines + 1, dtype=np.int64)
     out = np.empty(int(out_offsets[-1]), dtype=ids.dtype)
-    out[np.arange(len(ids)) + np.repeat(k * np.arange(1, lines + 1), np.diff(offsets))] = ids  # each line moves by the prefixes before and in it
-    out[(out_offsets[:-1, None] + np.arange(k)).ravel()] = np.tile(np.asarray(prefix, dtype=ids.dtype), lines)
+    out[np.arange(len(ids)) + np.repeat(k * np.arange(1, lines + 1), np.diff(offsets))] = (
+        ids  # each line moves by the prefixes before and in it
+    )
+    out[(out_offsets[:-1, None] + np.arange(k)).ravel()] = np.tile(
+        np.asarray(prefix, dtype=ids.dtype), lines
+    )
     return out, out_offsets
 
 
@@ -295,7 +384,10 @@ def _list_array(flat: Flat, keep: np.ndarray):
     lengths = np.diff(offsets)
     kept_offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
     np.cumsum(lengths[keep], out=kept_offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(kept_offsets.astype(np.int32)), pa.array(ids[np.repeat(keep, lengths)], type=pa.int32()))
+    return pa.ListArray.from_arrays(
+        pa.array(kept_offsets.astype(np.int32)),
+        pa.array(ids[np.repeat(keep, lengths)], type=pa.int32()),
+    )
 
 
 def _crc32(path: Path) -> int:
@@ -319,11 +411,18 @@ def _write_synced(path: Path, text: str) -> None:
 
 
 def _open(directory: Path, name: str, mapped: bool = True) -> EncodedCorpus:
-    """The corpus in ``directory/ids.arrow``, memory-mapped (or, not ``mapped``, read into memory)."""
+    """The corpus in ``directory/ids.arrow``, memory-mapped (or, not ``mapped``, read into
+    memory)."""
     import pyarrow as pa
 
-    with pa.memory_map(str(directory / "ids.arrow")) if mapped else pa.OSFile(str(directory / "ids.arrow")) as source:
-        table = pa.ipc.open_stream(source).read_all()  # a mapped table's buffers keep the mapping open
+    with (
+        pa.memory_map(str(directory / "ids.arrow"))
+        if mapped
+        else pa.OSFile(str(directory / "ids.arrow")) as source
+    ):
+        table = pa.ipc.open_stream(
+            source
+        ).read_all()  # a mapped table's buffers keep the mapping open
     return EncodedCorpus.from_table(table, key=name)
 
 
@@ -333,12 +432,21 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
     try:
         record = json.loads((path / "report.json").read_text())
         if _crc32(path / "ids.arrow") != record.pop("crc32"):
-            raise ValueError("ids.arrow does not match the CRC-32 written with it: the file changed after it was written")
+            raise ValueError(
+                "ids.arrow does not match the CRC-32 written with it: the file changed after it "
+                "was written"
+            )
         report = CleanReport(**record)
         corpus = _open(path, path.name)
         if len(corpus) != report.kept:
             raise ValueError(f"{len(corpus)} pairs, not the {report.kept} recorded")
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:  # pyarrow's errors are ValueError or OSError
+    except (
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+    ) as exc:  # pyarrow's errors are ValueError or OSError
         log.warning("cache %s is damaged (%s); encoding again", path, exc)
         trash = path.with_name(f"{_temporary_prefix(path.name)}damaged")
         try:

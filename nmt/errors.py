@@ -1,4 +1,5 @@
-"""User errors: one base class, so that the command line reports every one as one line and exit code 2.
+"""User errors: one base class, so that the command line reports every one as one line and exit code
+2.
 
 An error names what it is about as data, not only as text: :class:`Key` parts of its
 message are config keys (``decode.n_best``) or argument names (``out``). Python callers
@@ -27,9 +28,17 @@ class NmtError(Exception):
         line: the 1-based line of ``path``.
     """
 
-    def __init__(self, *parts: str, key: str | None = None, path: str | Path | None = None, line: int | None = None):
+    def __init__(
+        self,
+        *parts: str,
+        key: str | None = None,
+        path: str | Path | None = None,
+        line: int | None = None,
+    ):
         self.parts = parts
-        self.key = key if key is not None else next((str(p) for p in parts if isinstance(p, Key)), None)
+        self.key = (
+            key if key is not None else next((str(p) for p in parts if isinstance(p, Key)), None)
+        )
         self.path, self.line = path, line
         super().__init__(self.render())
 

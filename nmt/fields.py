@@ -20,6 +20,9 @@ from ``--set``: YAML's own guesses at types are not used, so ``tgt_lang: no`` is
 Errors name the key as :class:`~nmt.errors.Key` data and repeat the value as written.
 """
 
+# Size: module at most 515 lines: the field declaration and the one reader of values (YAML and
+# --set) with its limits, which every field's rule relies on.
+
 from __future__ import annotations
 
 import difflib
@@ -39,12 +42,14 @@ from .errors import Key, NmtError
 
 
 class ConfigError(NmtError, ValueError):
-    """A config value, key or file, or an option, is invalid; the message names it (as :class:`~nmt.errors.Key` data)."""
+    """A config value, key or file, or an option, is invalid; the message names it (as
+    :class:`~nmt.errors.Key` data)."""
 
 
 @dataclass(frozen=True)
 class Range:
-    """The values a number may take: ``low`` to ``high``, each end included unless ``*_open``; never inf or nan."""
+    """The values a number may take: ``low`` to ``high``, each end included unless ``*_open``; never
+    inf or nan."""
 
     low: float = -math.inf
     high: float = math.inf
@@ -61,7 +66,11 @@ class Range:
     def __str__(self) -> str:
         low, high = _show(self.low), _show(self.high)
         if self.high == math.inf:
-            return "a finite number" if self.low == -math.inf else f"{'>' if self.low_open else '>='} {low}"
+            return (
+                "a finite number"
+                if self.low == -math.inf
+                else f"{'>' if self.low_open else '>='} {low}"
+            )
         return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
 
 
@@ -70,15 +79,30 @@ def _show(x: float) -> str:
     return str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}"
 
 
-#: A config key that names a file or directory: text, its leading ``~`` or ``~user`` expanded as a shell expands it.
+#: A config key that names a file or directory: text, its leading ``~`` or ``~user`` expanded as a
+#: shell expands it.
 PathText = NewType("PathText", str)
 
-MAX_INT = 2**31 - 1  # every whole number of a config, unless its range says otherwise: what SentencePiece's and the OS's C ints hold
-LANGUAGE = (r"[A-Za-z][A-Za-z0-9_-]*", "a language code: a letter, then letters, digits, _ or - (en, zh_TW, pt-BR)")
-AT_LEAST_1, AT_LEAST_0, POSITIVE, PROBABILITY = Range(1), Range(0), Range(0, low_open=True), Range(0, 1, high_open=True)
+MAX_INT = (
+    2**31 - 1
+    # every whole number of a config, unless its range says otherwise: what SentencePiece's and the
+    # OS's C ints hold
+)
+LANGUAGE = (
+    r"[A-Za-z][A-Za-z0-9_-]*",
+    "a language code: a letter, then letters, digits, _ or - (en, zh_TW, pt-BR)",
+)
+AT_LEAST_1, AT_LEAST_0, POSITIVE, PROBABILITY = (
+    Range(1),
+    Range(0),
+    Range(0, low_open=True),
+    Range(0, 1, high_open=True),
+)
 
 
-def setting(default: Any, help: str, allowed: Range | None = None, pattern: tuple[str, str] | None = None) -> Any:
+def setting(
+    default: Any, help: str, allowed: Range | None = None, pattern: tuple[str, str] | None = None
+) -> Any:
     """A config field: its default, one line of help, and the values it may take beyond its type.
 
     Args:
@@ -89,13 +113,19 @@ def setting(default: Any, help: str, allowed: Range | None = None, pattern: tupl
 
 
 class Checked:
-    """A config section (``section`` names it) that checks every field against its choices, range and pattern when it is built."""
+    """A config section (``section`` names it) that checks every field against its choices, range
+    and pattern when it is built."""
 
     section: ClassVar[str]
 
     def __post_init__(self) -> None:
         for f in fields(self):  # type: ignore[arg-type]
-            _check(f"{self.section}.{f.name}", getattr(self, f.name), hints(type(self))[f.name], f.metadata)
+            _check(
+                f"{self.section}.{f.name}",
+                getattr(self, f.name),
+                hints(type(self))[f.name],
+                f.metadata,
+            )
 
 
 @functools.cache
@@ -106,12 +136,16 @@ def hints(cls: type) -> dict[str, Any]:
 
 def _members(tp: Any) -> tuple[Any, ...]:
     """The types a value of ``tp`` may have: a union's members, else ``tp`` itself."""
-    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return (
+        typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    )
 
 
 def _choices(tp: Any) -> tuple[str, ...]:
     """The text values a ``Literal`` in ``tp`` allows (empty if none)."""
-    return tuple(v for m in _members(tp) if typing.get_origin(m) is Literal for v in typing.get_args(m))
+    return tuple(
+        v for m in _members(tp) if typing.get_origin(m) is Literal for v in typing.get_args(m)
+    )
 
 
 def _either(words: list[str]) -> str:
@@ -130,7 +164,13 @@ def _describe(tp: Any, allowed: Range | None) -> str:
             words += ["true", "false"]
         elif m in (int, float):
             noun = "an integer" if m is int else "a number"
-            words.append(noun if allowed is None else str(allowed) if str(allowed).startswith("a ") else f"{noun} {allowed}")
+            words.append(
+                noun
+                if allowed is None
+                else str(allowed)
+                if str(allowed).startswith("a ")
+                else f"{noun} {allowed}"
+            )
         elif m in (str, PathText):
             words.append("text")
         elif origin is tuple and typing.get_args(m)[-1] is Ellipsis:
@@ -145,7 +185,8 @@ def _describe(tp: Any, allowed: Range | None) -> str:
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...], prefix: str = "") -> str:
-    """``"; did you mean X?"`` for the choices closest to ``word`` (all that are equally close; case does not count), or ``""``."""
+    """``"; did you mean X?"`` for the choices closest to ``word`` (all that are equally close; case
+    does not count), or ``""``."""
     lowered = {c.lower(): c for c in choices}
     close = difflib.get_close_matches(word.lower(), list(lowered), n=3)
     ratio = {lowered[c]: difflib.SequenceMatcher(None, word.lower(), c).ratio() for c in close}
@@ -164,20 +205,52 @@ def _check(key: str, value: Any, tp: Any, meta: Any) -> None:
         return
     if isinstance(value, str) and choices:
         if value not in choices:
-            raise ConfigError(Key(key), f" must be {_describe(tp, meta['range'])}, got {value!r}{did_you_mean(value, choices)}")
+            raise ConfigError(
+                Key(key),
+                f" must be {_describe(tp, meta['range'])}, got "
+                f"{value!r}{did_you_mean(value, choices)}",
+            )
         return
     allowed, pattern = meta["range"], meta["pattern"]
-    if isinstance(value, str) and not value.strip():  # a path or a name: "" would mean the current directory or "train."
-        raise ConfigError(Key(key), f" must not be empty, got {value!r}: write a value" + (", or null for none" if type(None) in _members(tp) else ""))
+    if (
+        isinstance(value, str) and not value.strip()
+    ):  # a path or a name: "" would mean the current directory or "train."
+        raise ConfigError(
+            Key(key),
+            f" must not be empty, got {value!r}: write a value"
+            + (", or null for none" if type(None) in _members(tp) else ""),
+        )
     for i, number in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
-        if allowed is not None and isinstance(number, (int, float)) and not isinstance(number, bool) and number not in allowed:
+        if (
+            allowed is not None
+            and isinstance(number, (int, float))
+            and not isinstance(number, bool)
+            and number not in allowed
+        ):
             where = key if i is None else f"{key}[{i}]"
-            raise ConfigError(Key(where), f" must be {_either([*choices, 'a number'])} {allowed}" if choices else f" must be {allowed}", f", got {number}")
-        if isinstance(number, int) and not isinstance(number, bool) and abs(number) > MAX_INT and allowed is not None and allowed.high == math.inf:
-            raise ConfigError(Key(key if i is None else f"{key}[{i}]"), f" must be at most {MAX_INT:,}, got {number}")
+            raise ConfigError(
+                Key(where),
+                f" must be {_either([*choices, 'a number'])} {allowed}"
+                if choices
+                else f" must be {allowed}",
+                f", got {number}",
+            )
+        if (
+            isinstance(number, int)
+            and not isinstance(number, bool)
+            and abs(number) > MAX_INT
+            and allowed is not None
+            and allowed.high == math.inf
+        ):
+            raise ConfigError(
+                Key(key if i is None else f"{key}[{i}]"),
+                f" must be at most {MAX_INT:,}, got {number}",
+            )
     for i, text in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
         if pattern is not None and isinstance(text, str) and not re.fullmatch(pattern[0], text):
-            raise ConfigError(Key(key if i is None else f"{key}[{i}]"), f" must be {pattern[1]}, got {text!r}")
+            raise ConfigError(
+                Key(key if i is None else f"{key}[{i}]"), f" must be {pattern[1]}, got {text!r}"
+            )
 
 
 class Plain(str):
@@ -185,7 +258,16 @@ class Plain(str):
 
 
 NULL = ("", "~", "null", "Null", "NULL")  # YAML 1.2's null, only where a key allows null
-_BOOLEANS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False, "1": True, "0": False}
+_BOOLEANS = {
+    "true": True,
+    "false": False,
+    "yes": True,
+    "no": False,
+    "on": True,
+    "off": False,
+    "1": True,
+    "0": False,
+}
 
 
 class _Mismatch(Exception):
@@ -193,7 +275,8 @@ class _Mismatch(Exception):
 
 
 def _number(value: Any, integer: bool) -> int | float:
-    """``value`` (a number, or text as Python or JSON writes it) as an int or a float; an integral float is an int."""
+    """``value`` (a number, or text as Python or JSON writes it) as an int or a float; an integral
+    float is an int."""
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -232,16 +315,31 @@ def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
     elif tp in (str, PathText):
         if isinstance(value, str):
             return os.path.expanduser(str(value)) if tp is PathText else str(value)
-    elif origin is tuple and typing.get_args(tp)[-1] is Ellipsis:  # any length: a list, or text with commas (fairseq's --lang-pairs)
-        items = ([v.strip() for v in value.split(",")] if value.strip() else []) if isinstance(value, str) else value  # an empty item is refused, not dropped
+    elif (
+        origin is tuple and typing.get_args(tp)[-1] is Ellipsis
+    ):  # any length: a list, or text with commas (fairseq's --lang-pairs)
+        items = (
+            ([v.strip() for v in value.split(",")] if value.strip() else [])
+            if isinstance(value, str)
+            else value
+        )  # an empty item is refused, not dropped
         if isinstance(items, (list, tuple)):
-            return tuple(read(v, typing.get_args(tp)[0], f"{key}[{i}]", allowed) for i, v in enumerate(items))
+            return tuple(
+                read(v, typing.get_args(tp)[0], f"{key}[{i}]", allowed) for i, v in enumerate(items)
+            )
     elif origin is tuple:
         if isinstance(value, (list, tuple)) and len(value) == len(typing.get_args(tp)):
-            return tuple(read(v, t, f"{key}[{i}]", allowed) for i, (v, t) in enumerate(zip(value, typing.get_args(tp))))
+            return tuple(
+                read(v, t, f"{key}[{i}]", allowed)
+                for i, (v, t) in enumerate(zip(value, typing.get_args(tp)))
+            )
     elif origin is dict:
-        if isinstance(value, dict) and all(not isinstance(v, (dict, list, tuple)) and v is not None for v in value.values()):
-            return {str(k): read(str(v), typing.get_args(tp)[1], f"{key}.{k}") for k, v in value.items()}
+        if isinstance(value, dict) and all(
+            not isinstance(v, (dict, list, tuple)) and v is not None for v in value.values()
+        ):
+            return {
+                str(k): read(str(v), typing.get_args(tp)[1], f"{key}.{k}") for k, v in value.items()
+            }
     raise _Mismatch
 
 
@@ -249,7 +347,13 @@ def _shown(value: Any) -> str:
     """``value`` as the user wrote it, for a message."""
     if isinstance(value, Plain) and value.strip() in NULL:
         return value.strip() or "nothing"
-    return repr(str(value) if isinstance(value, str) else [str(v) if isinstance(v, str) else v for v in value] if isinstance(value, list) else value)
+    return repr(
+        str(value)
+        if isinstance(value, str)
+        else [str(v) if isinstance(v, str) else v for v in value]
+        if isinstance(value, list)
+        else value
+    )
 
 
 def read(value: Any, tp: Any, key: str, allowed: Range | None = None) -> Any:
@@ -270,26 +374,44 @@ def read(value: Any, tp: Any, key: str, allowed: Range | None = None) -> Any:
                 pass
     hint = did_you_mean(value, _choices(tp)) if isinstance(value, str) else ""
     if isinstance(value, Plain) and value.strip() in NULL and {str, PathText} & set(members):
-        meaning = "your home directory" if value.strip() == "~" and PathText in members else "the text"
+        meaning = (
+            "your home directory" if value.strip() == "~" and PathText in members else "the text"
+        )
         hint = f"; write '{value.strip()}' in quotes to mean {meaning}" if value.strip() else ""
     raise ConfigError(Key(key), f" must be {_describe(tp, allowed)}, got {_shown(value)}{hint}")
 
 
 def written(name: str) -> str:
-    """A key as the user wrote it, quoted where it holds a line break or other unprintable character (a message is one line)."""
+    """A key as the user wrote it, quoted where it holds a line break or other unprintable character
+    (a message is one line)."""
     return name if name.isprintable() else repr(name)
 
 
 def kind(value: Any) -> str:
     """What sort of value ``value`` is, in words (``a list``, ``text``)."""
-    return {dict: "a mapping", list: "a list", type(None): "nothing"}.get(type(value), "text" if isinstance(value, str) else type(value).__name__)
+    return {dict: "a mapping", list: "a list", type(None): "nothing"}.get(
+        type(value), "text" if isinstance(value, str) else type(value).__name__
+    )
 
 
-MAX_YAML_VALUES, MAX_YAML_DEPTH = 100_000, 64  # far beyond any config; what aliases can reach past them (a list holding itself, "billion laughs") is refused
+MAX_YAML_VALUES, MAX_YAML_DEPTH = (
+    100_000,
+    64,
+    # far beyond any config; what aliases can reach past them (a list holding itself, "billion
+    # laughs") is refused
+)
 
 
-def _from_node(node: yaml.Node, path: Path | None, lines: dict[str, int], key: str = "", budget: list[int] | None = None, depth: int = 0) -> Any:
-    """A YAML node as Python values, every scalar as text (unquoted: :class:`Plain`); ``lines`` gets each key's line.
+def _from_node(
+    node: yaml.Node,
+    path: Path | None,
+    lines: dict[str, int],
+    key: str = "",
+    budget: list[int] | None = None,
+    depth: int = 0,
+) -> Any:
+    """A YAML node as Python values, every scalar as text (unquoted: :class:`Plain`); ``lines`` gets
+    each key's line.
 
     Raises:
         ConfigError: a key that is not text, one written twice in a mapping, or values nested
@@ -299,9 +421,15 @@ def _from_node(node: yaml.Node, path: Path | None, lines: dict[str, int], key: s
     budget = [MAX_YAML_VALUES] if budget is None else budget
     budget[0] -= 1
     if budget[0] < 0 or depth > MAX_YAML_DEPTH:
-        what = f"nests values deeper than {MAX_YAML_DEPTH} levels" if depth > MAX_YAML_DEPTH else f"expands to more than {MAX_YAML_VALUES:,} values"
+        what = (
+            f"nests values deeper than {MAX_YAML_DEPTH} levels"
+            if depth > MAX_YAML_DEPTH
+            else f"expands to more than {MAX_YAML_VALUES:,} values"
+        )
         raise ConfigError(
-            f"the YAML {what} (an alias that contains or repeats itself?); write the values out", path=path, line=node.start_mark.line + 1 if path else None
+            f"the YAML {what} (an alias that contains or repeats itself?); write the values out",
+            path=path,
+            line=node.start_mark.line + 1 if path else None,
         )
     if isinstance(node, yaml.ScalarNode):
         return Plain(node.value) if node.style is None else node.value
@@ -316,7 +444,12 @@ def _from_node(node: yaml.Node, path: Path | None, lines: dict[str, int], key: s
         if key_node.value in out:
             first = f" (first at line {lines[name]})" if path is not None else ""
             what = "key" if key else "section"
-            raise ConfigError(f"duplicate {what} {written(name)}{first}; write each once", key=name, path=path, line=line if path else None)
+            raise ConfigError(
+                f"duplicate {what} {written(name)}{first}; write each once",
+                key=name,
+                path=path,
+                line=line if path else None,
+            )
         lines[name] = line
         out[key_node.value] = _from_node(value_node, path, lines, name, budget, depth + 1)
     return out
@@ -328,27 +461,35 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def read_yaml(text: str, path: Path | None = None, key: str = "") -> tuple[Any, dict[str, int]]:
-    """``text`` (a YAML document) as Python values, every scalar as text (:class:`Plain` where unquoted), and the line of each key.
+    """``text`` (a YAML document) as Python values, every scalar as text (:class:`Plain` where
+    unquoted), and the line of each key.
 
     Args:
-        path: the file ``text`` comes from, named in errors with the line; None for the value of a ``--set``.
+        path: the file ``text`` comes from, named in errors with the line; None for the value of a
+            ``--set``.
         key: the key ``text`` is the value of (a ``--set``'s), for naming the keys inside it.
 
     Raises:
-        ConfigError: ``text`` is not YAML, or a mapping writes a key twice or has a key that is not text.
+        ConfigError: ``text`` is not YAML, or a mapping writes a key twice or has a key that is not
+            text.
     """
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else text[: getattr(exc, "position", 0)].count("\n") + 1  # a ReaderError (a control character) has a position
-        raise ConfigError(f"not valid YAML ({_yaml_problem(exc)})", path=path, line=line if path else None) from None
+        line = (
+            mark.line + 1 if mark else text[: getattr(exc, "position", 0)].count("\n") + 1
+        )  # a ReaderError (a control character) has a position
+        raise ConfigError(
+            f"not valid YAML ({_yaml_problem(exc)})", path=path, line=line if path else None
+        ) from None
     lines: dict[str, int] = {}
     return (None if node is None else _from_node(node, path, lines, key)), lines
 
 
 def read_override(text: str, key: str) -> Any:
-    """The value of a ``--set``: read as YAML where it starts as a list, a mapping or quoted text would, else the text as written.
+    """The value of a ``--set``: read as YAML where it starts as a list, a mapping or quoted text
+    would, else the text as written.
 
     Raises:
         ConfigError: a list, mapping or quoted text that is not valid YAML.
@@ -357,7 +498,8 @@ def read_override(text: str, key: str) -> Any:
     return read_yaml(text, key=key)[0] if text.startswith(("[", "{", '"', "'")) else Plain(text)
 
 
-# A file name that says "test": test.de, test_2016_flickr.en.gz, newstest2014.de (but not latest.en).
+# A file name that says "test": test.de, test_2016_flickr.en.gz, newstest2014.de (but not
+# latest.en).
 _TEST_NAME = re.compile(r"(?:^|[^a-z])(?:news)?test", re.IGNORECASE)
 
 

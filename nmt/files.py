@@ -49,7 +49,8 @@ _REASONS = {
 
 
 class OutputError(NmtError, RuntimeError):
-    """An output cannot be written (missing directory, read-only place, full disk); the message names the path."""
+    """An output cannot be written (missing directory, read-only place, full disk); the message
+    names the path."""
 
 
 def os_error(exc: BaseException) -> OSError | None:
@@ -62,15 +63,20 @@ def os_error(exc: BaseException) -> OSError | None:
 
 
 def reason(exc: OSError, path: Path | None = None) -> str:
-    """A short reason for a failed write of ``path``, in words (``no space left on the device``); for a
-    file whose directory is gone, that the directory was removed while nmt ran."""
+    """A short reason for a failed write of ``path``, in words (``no space left on the device``);
+    for a file whose directory is gone, that the directory was removed while nmt ran."""
     if exc.errno == errno.ENOENT and path is not None and not Path(path).parent.is_dir():
-        return f"its directory {Path(path).parent} no longer exists (removed while nmt was writing to it?); nothing more was written there"
+        return (
+            f"its directory {Path(path).parent} no longer exists (removed while nmt was "
+            "writing "
+            "to it?); nothing more was written there"
+        )
     return _REASONS.get(exc.errno, exc.strerror or str(exc))
 
 
 def is_stream(path: Path) -> bool:
-    """Whether ``path`` (after links) is a character device, FIFO or socket: written as it comes, never replaced."""
+    """Whether ``path`` (after links) is a character device, FIFO or socket: written as it comes,
+    never replaced."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -106,7 +112,8 @@ def inherited_fd(path: Path) -> int | None:
 
 
 def resolve_output(path: Path) -> Path:
-    """Where writing ``path`` lands: the final target of a symbolic link (which need not exist yet), else ``path``.
+    """Where writing ``path`` lands: the final target of a symbolic link (which need not exist yet),
+    else ``path``.
 
     Raises:
         OutputError: ``path`` is a loop of symbolic links (it leads nowhere to write).
@@ -116,16 +123,23 @@ def resolve_output(path: Path) -> Path:
         return path
     try:
         os.stat(path)
-    except OSError as exc:  # a dangling link is written through (its target made), as the shell's > does
+    except (
+        OSError
+    ) as exc:  # a dangling link is written through (its target made), as the shell's > does
         if exc.errno == errno.ELOOP:
-            raise OutputError(f"cannot write {path}: it is a loop of symbolic links; remove it or give another name") from None
+            raise OutputError(
+                f"cannot write {path}: it is a loop of symbolic links; remove it or give another "
+                "name"
+            ) from None
     return Path(os.path.realpath(path))
 
 
-#: What ``nmt train`` keeps in a run directory (:mod:`nmt.rundir`): its records, checkpoints, config,
-#: tokenizer and lock. Every writer refuses to replace one (:func:`check_not_a_run_file`).
+#: What ``nmt train`` keeps in a run directory (:mod:`nmt.rundir`): its records, checkpoints,
+#: config, tokenizer and lock. Every writer refuses to replace one (:func:`check_not_a_run_file`).
 METRICS = "metrics.jsonl"
-RUN_FILE = re.compile(r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock")
+RUN_FILE = re.compile(
+    r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock"
+)
 
 
 def check_not_a_run_file(target: Path, given: Path, what: str = "output") -> None:
@@ -137,14 +151,18 @@ def check_not_a_run_file(target: Path, given: Path, what: str = "output") -> Non
         OutputError: naming the run and another name to write to.
     """
     run = target.parent
-    if not RUN_FILE.fullmatch(target.name) or not ((run / METRICS).is_file() or (run / ".lock").is_file()):
+    if not RUN_FILE.fullmatch(target.name) or not (
+        (run / METRICS).is_file() or (run / ".lock").is_file()
+    ):
         return
     kind = "a training checkpoint" if target.suffix == ".pt" else "a file"
     via = "" if target == given else f" (through {given})"
     raise OutputError(
         what,
-        f" {given} would replace {kind} of the run in {run}{via} (--resume reads last.pt and translate best.pt, and both"
-        f" read the run's config and tokenizer); write to another name, e.g. {run / ('average.pt' if target.suffix == '.pt' else 'output.txt')}",
+        f" {given} would replace {kind} of the run in {run}{via} (--resume reads last.pt and "
+        "translate best.pt, and both"
+        " read the run's config and tokenizer); write to another name, e.g. "
+        f"{run / ('average.pt' if target.suffix == '.pt' else 'output.txt')}",
     )
 
 
@@ -157,7 +175,8 @@ def check_writable(path: Path, what: str = "output") -> None:
     beside it.
 
     Args:
-        what: how the message names the output: text, or a :class:`~nmt.errors.Key` (an argument name).
+        what: how the message names the output: text, or a :class:`~nmt.errors.Key` (an argument
+            name).
 
     Raises:
         OutputError: ``path`` is a directory, its directory is missing, nothing can be created
@@ -167,7 +186,9 @@ def check_writable(path: Path, what: str = "output") -> None:
     fd = inherited_fd(path)
     if fd is not None:
         if fcntl is not None and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
-            raise OutputError("cannot write ", what, f" {path}: descriptor {fd} is open for reading only")
+            raise OutputError(
+                "cannot write ", what, f" {path}: descriptor {fd} is open for reading only"
+            )
         return
     path = resolve_output(Path(path))
     if path.is_dir():
@@ -190,7 +211,8 @@ def check_writable(path: Path, what: str = "output") -> None:
 
 
 def atomic_write(path: Path, content: bytes | str | Callable[[BinaryIO], None]) -> None:
-    """Replace ``path`` with ``content`` (bytes, UTF-8 text, or a function writing to a binary file) atomically.
+    """Replace ``path`` with ``content`` (bytes, UTF-8 text, or a function writing to a binary file)
+    atomically.
 
     A symbolic link's target is replaced, the link kept; a device or FIFO is written
     directly (see the module docstring). Temporary files that killed writers of the same
@@ -214,7 +236,8 @@ def atomic_write(path: Path, content: bytes | str | Callable[[BinaryIO], None]) 
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-    except Exception as exc:  # torch.save reports a failed write as a RuntimeError raised while handling the OSError
+    # torch.save reports a failed write as a RuntimeError raised while handling the OSError
+    except Exception as exc:
         _raise_output_error(exc, path)
 
 
@@ -226,7 +249,8 @@ def _write(f: BinaryIO, content: bytes | str | Callable[[BinaryIO], None]) -> No
 
 
 def _write_through(path: Path, content) -> None:
-    """Write to a device or FIFO as it comes (opening a FIFO waits for its reader, as ``cat > fifo`` does)."""
+    """Write to a device or FIFO as it comes (opening a FIFO waits for its reader, as ``cat > fifo``
+    does)."""
     try:
         with open(path, "wb") as f:
             _write(f, content)
@@ -235,7 +259,8 @@ def _write_through(path: Path, content) -> None:
 
 
 def _write_to_descriptor(fd: int, path: Path, content) -> None:
-    """Write through this process's open descriptor ``fd`` (named by ``path``), in its own mode (append stays append)."""
+    """Write through this process's open descriptor ``fd`` (named by ``path``), in its own mode
+    (append stays append)."""
     if fd in (1, 2):
         (sys.stdout if fd == 1 else sys.stderr).flush()  # what was printed before comes first
     try:
@@ -249,12 +274,16 @@ def _raise_output_error(exc: Exception, path: Path):
     cause = os_error(exc)
     if cause is None:
         raise exc
-    if cause.errno == errno.EPIPE:  # the reader of a FIFO left: as a pipe's reader leaving, not an error of ours
+    if (
+        cause.errno == errno.EPIPE
+    ):  # the reader of a FIFO left: as a pipe's reader leaving, not an error of ours
         raise BrokenPipeError(errno.EPIPE, f"the reader of {path} left") from None
     raise OutputError(f"cannot write {path}: {reason(cause, path)}") from None
 
 
-def check_not_an_input(output: Path, inputs: list[tuple[str, Path]], what: str = "--output") -> None:
+def check_not_an_input(
+    output: Path, inputs: list[tuple[str, Path]], what: str = "--output"
+) -> None:
     """Refuse an ``output`` that is one of the ``inputs`` (``(flag, path)`` pairs): the same file by
     device and inode, through links and other names too, which writing would destroy before (or
     while) it is read.
@@ -274,7 +303,10 @@ def check_not_an_input(output: Path, inputs: list[tuple[str, Path]], what: str =
         except OSError:
             continue
         if same:
-            raise OutputError(f"{what} {output} is the same file as {flag} {path}: writing it would destroy the input; write to another file")
+            raise OutputError(
+                f"{what} {output} is the same file as {flag} {path}: writing it would destroy the "
+                "input; write to another file"
+            )
 
 
 def append_line(path: Path, line: str) -> None:

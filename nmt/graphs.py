@@ -25,6 +25,9 @@ to float32 rounding (attention over the capacity sums its zeros in another order
 the written positions, so the last bits may differ).
 """
 
+# Size: module at most 455 lines: the static cache, the arena, its slabs and the scorer that replays
+# them are one mechanism.
+
 from __future__ import annotations
 
 import logging
@@ -53,7 +56,8 @@ def round_up(n: int, multiple: int) -> int:
 
 
 class StaticCache:
-    """A decoder cache of fixed shapes: what :meth:`nmt.core.model.Transformer.decode_step` reads and extends.
+    """A decoder cache of fixed shapes: what :meth:`nmt.core.model.Transformer.decode_step` reads
+    and extends.
 
     ``self_kv``: ``(n_layers, 2, rows, n_heads, capacity, head_dim)``; ``cross_kv``:
     ``(n_layers, 2, sentences, n_heads, src_len, head_dim)``; ``src_mask``: ``(sentences, 1, 1,
@@ -65,8 +69,16 @@ class StaticCache:
 
     columns = None  # a shortlist changes the output width per batch: the dynamic path serves it
 
-    def __init__(self, self_kv: Tensor, cross_kv: Tensor, src_mask: Tensor, beam: int, length: Tensor):
-        self.self_kv, self.cross_kv, self.src_mask, self.beam, self.length = self_kv, cross_kv, src_mask, beam, length
+    def __init__(
+        self, self_kv: Tensor, cross_kv: Tensor, src_mask: Tensor, beam: int, length: Tensor
+    ):
+        self.self_kv, self.cross_kv, self.src_mask, self.beam, self.length = (
+            self_kv,
+            cross_kv,
+            src_mask,
+            beam,
+            length,
+        )
         self._positions = torch.arange(self_kv.size(4), device=self_kv.device)
         self._mask: Tensor | None = None
 
@@ -75,8 +87,9 @@ class StaticCache:
         return LayerCache(self, i)
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Write ``layer``'s keys and values ``(rows, n_heads, 1, head_dim)`` at position ``length``;
-        returns that layer's keys and values ``(rows, n_heads, capacity, head_dim)`` and the mask
+        """Write ``layer``'s keys and values ``(rows, n_heads, 1, head_dim)`` at position
+        ``length``; returns that layer's keys and values ``(rows, n_heads, capacity, head_dim)`` and
+        the mask
         ``(1, 1, 1, capacity)``, True at positions ``0..length``."""
         kv = self.self_kv[layer]
         kv[0].index_copy_(2, self.length, k)
@@ -105,7 +118,11 @@ class Arena:
     def __init__(self, model, dtype: torch.dtype, device: torch.device):
         cfg = model.cfg
         self.dtype, self.device = dtype, device
-        self.layers, self.heads, self.head_dim = cfg.n_decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.layers, self.heads, self.head_dim = (
+            cfg.n_decoder_layers,
+            cfg.n_heads,
+            cfg.d_model // cfg.n_heads,
+        )
         self.size = (0, 0, 0, 0)  # rows, capacity, sentences, src_len
         self.slabs: dict[tuple[int, int, int, int], Slab] = {}
         self.length = torch.zeros(1, dtype=torch.long, device=device)
@@ -113,7 +130,8 @@ class Arena:
         self.graph_bytes = 0  # GPU memory the captures reserved in the pool
 
     def slab(self, model, sentences: int, beam: int, src_len: int, capacity: int) -> Slab:
-        """The slab of this bucket, made on first use (after growing the arena if it is too small)."""
+        """The slab of this bucket, made on first use (after growing the arena if it is too
+        small)."""
         key = (sentences, beam, src_len, capacity)
         if key not in self.slabs:
             needed = (sentences * beam, capacity, sentences, src_len)
@@ -125,9 +143,14 @@ class Arena:
 
     def _grow(self, size: tuple[int, int, int, int]) -> None:
         rows, capacity, sentences, src_len = self.size = size
-        shape, options = (self.layers, 2, rows, self.heads, capacity, self.head_dim), dict(dtype=self.dtype, device=self.device)
+        shape, options = (
+            (self.layers, 2, rows, self.heads, capacity, self.head_dim),
+            dict(dtype=self.dtype, device=self.device),
+        )
         self.kv = [torch.zeros(shape, **options) for _ in range(2)]
-        self.cross_kv = torch.zeros(self.layers, 2, sentences, self.heads, src_len, self.head_dim, **options)
+        self.cross_kv = torch.zeros(
+            self.layers, 2, sentences, self.heads, src_len, self.head_dim, **options
+        )
         self.src_mask = torch.zeros(sentences, 1, 1, src_len, dtype=torch.bool, device=self.device)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.slabs = {}
@@ -136,7 +159,10 @@ class Arena:
         """Bytes of the arena's tensors."""
         if not self.slabs:
             return 0
-        return sum(t.numel() * t.element_size() for t in (self.tokens, self.length, *self.kv, self.cross_kv, self.src_mask))
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.tokens, self.length, *self.kv, self.cross_kv, self.src_mask)
+        )
 
 
 class Slab:
@@ -146,21 +172,32 @@ class Slab:
 
     def __init__(self, arena: Arena, sentences: int, beam: int, src_len: int, capacity: int):
         rows = sentences * beam
-        self.arena, self.sentences, self.beam, self.src_len, self.capacity = arena, sentences, beam, src_len, capacity
+        self.arena, self.sentences, self.beam, self.src_len, self.capacity = (
+            arena,
+            sentences,
+            beam,
+            src_len,
+            capacity,
+        )
         self.tokens, self.length = arena.tokens[:rows], arena.length
         self.kv = [kv[:, :, :rows, :, :capacity] for kv in arena.kv]
         self.cross_kv = arena.cross_kv[:, :, :sentences, :, :src_len]
         self.src_mask = arena.src_mask[:sentences, ..., :src_len]
-        self.caches = [StaticCache(kv, self.cross_kv, self.src_mask, beam, self.length) for kv in self.kv]
+        self.caches = [
+            StaticCache(kv, self.cross_kv, self.src_mask, beam, self.length) for kv in self.kv
+        ]
         self.graphs: list[torch.cuda.CUDAGraph | None] = [None, None]
         self.outputs: list[Tensor | None] = [None, None]
-        self.bound: tuple | None = None  # where the model's tensors were when the graphs were captured
+        self.bound: tuple | None = (
+            None  # where the model's tensors were when the graphs were captured
+        )
 
     def load(self, model, cross_kv: Tensor, src_mask: Tensor) -> None:
-        """A new batch of ``model``: its sentences' cross-attention keys/values ``(n_layers, 2, n, n_heads,
-        src_len, head_dim)`` and source mask ``(n, 1, 1, src_len)`` in the first ``n`` slots, nothing
-        written yet. Slots past ``n`` attend to one zero key, so that they compute finite values.
-        Graphs captured before the model's tensors moved are dropped (:func:`bound_memory`)."""
+        """A new batch of ``model``: its sentences' cross-attention keys/values ``(n_layers, 2, n,
+        n_heads, src_len, head_dim)`` and source mask ``(n, 1, 1, src_len)`` in the first ``n``
+        slots, nothing written yet. Slots past ``n`` attend to one zero key, so that they compute
+        finite values. Graphs captured before the model's tensors moved are dropped
+        (:func:`bound_memory`)."""
         if self.bound is not None and self.bound != bound_memory(model):
             self.graphs, self.outputs, self.bound = [None, None], [None, None], None
         n, src_len = src_mask.size(0), src_mask.size(-1)
@@ -172,9 +209,9 @@ class Slab:
         self.length.zero_()
 
     def run(self, model, which: int, graphs: bool) -> Tensor:
-        """One step from buffer ``which``: log-probabilities ``(rows, vocab)`` in float32 of ``tokens``.
-        With ``graphs`` the step is captured the first time and replayed after; the returned
-        tensor is then the graph's own output, valid until the next replay of any graph."""
+        """One step from buffer ``which``: log-probabilities ``(rows, vocab)`` in float32 of
+        ``tokens``. With ``graphs`` the step is captured the first time and replayed after; the
+        returned tensor is then the graph's own output, valid until the next replay of any graph."""
         if not graphs:
             return model.decode_step(self.tokens, self.caches[which])[0]
         if self.graphs[which] is None:
@@ -183,9 +220,9 @@ class Slab:
         return self.outputs[which]
 
     def _capture(self, model, which: int) -> None:
-        """Capture the step from buffer ``which`` into the arena's pool (after warm-up runs on a side
-        stream, as CUDA graphs need); the warm-up writes at positions not yet written, and ``length``
-        is restored."""
+        """Capture the step from buffer ``which`` into the arena's pool (after warm-up runs on a
+        side stream, as CUDA graphs need); the warm-up writes at positions not yet written, and
+        ``length`` is restored."""
         device = self.tokens.device
         saved = self.length.clone()
         reserved = torch.cuda.memory_reserved(device)
@@ -217,8 +254,18 @@ def bound_memory(model) -> tuple[int, ...]:
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def slab_for(model, sentences: int, beam: int, src_len: int, capacity: int, dtype: torch.dtype, device: torch.device, keep: bool) -> Slab:
-    """The slab of this bucket in the model's own arena (made on first use) when ``keep``, else in a new one."""
+def slab_for(
+    model,
+    sentences: int,
+    beam: int,
+    src_len: int,
+    capacity: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    keep: bool,
+) -> Slab:
+    """The slab of this bucket in the model's own arena (made on first use) when ``keep``, else in a
+    new one."""
     arena = _ARENAS.get(model) if keep else None
     if arena is None or arena.dtype != dtype or arena.device != device:
         arena = Arena(model, dtype, device)
@@ -264,31 +311,54 @@ class Slots:
 
 
 class StaticScorer:
-    """The :class:`~nmt.core.scorers.Scorer` over slabs: a step of fixed shapes, replayed as a CUDA graph on a GPU."""
+    """The :class:`~nmt.core.scorers.Scorer` over slabs: a step of fixed shapes, replayed as a CUDA
+    graph on a GPU."""
 
     def __init__(self, model, beam: int, graphs: bool):
         self.model, self.beam, self.graphs = model, beam, graphs
 
     @classmethod
-    def start(cls, model, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32, columns: Tensor | None = None):
-        """The scorer and its first :class:`Slots`: the batch's source side loaded into the slab of its bucket.
+    def start(
+        cls,
+        model,
+        memory: Tensor,
+        src_mask: Tensor,
+        beam: int,
+        capacity: int = 32,
+        columns: Tensor | None = None,
+    ):
+        """The scorer and its first :class:`Slots`: the batch's source side loaded into the slab of
+        its bucket.
 
         Raises:
             ValueError: ``columns`` (a shortlist): the dynamic path serves it.
         """
         if columns is not None:
-            raise ValueError("a shortlist changes the output width per batch; decode it with the dynamic cache (scorer 'cached')")
+            raise ValueError(
+                "a shortlist changes the output width per batch; decode it with the dynamic cache "
+                "(scorer 'cached')"
+            )
         graphs = memory.is_cuda and graphs_work()
         n, device = memory.size(0), memory.device
-        size = (sentence_bucket(n), beam, round_up(memory.size(1), SOURCE_MULTIPLE), round_up(capacity, CAPACITY_MULTIPLE))
+        size = (
+            sentence_bucket(n),
+            beam,
+            round_up(memory.size(1), SOURCE_MULTIPLE),
+            round_up(capacity, CAPACITY_MULTIPLE),
+        )
         slab = slab_for(model, *size, memory.dtype, device, keep=graphs)
-        cross_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in model.decoder])
+        cross_kv = torch.stack(
+            [torch.stack(layer.cross_attn.memory_kv(memory)) for layer in model.decoder]
+        )
         slab.load(model, cross_kv, src_mask)
         slot = torch.arange(n, device=device)
-        return cls(model, beam, graphs), Slots(slab, slot, beam_rows(slot, beam), whole=n == slab.sentences)
+        return cls(model, beam, graphs), Slots(
+            slab, slot, beam_rows(slot, beam), whole=n == slab.sentences
+        )
 
     def step(self, prefix: Tensor, state: Slots) -> tuple[Tensor, Slots]:
-        """See :meth:`~nmt.core.scorers.Scorer.step`: the slab's rows of finished sentences compute too, unread."""
+        """See :meth:`~nmt.core.scorers.Scorer.step`: the slab's rows of finished sentences compute
+        too, unread."""
         if state.written == state.slab.capacity:
             state = self._move(state, state.slot, state.slab.sentences, 2 * state.slab.capacity)
         slab, tokens = state.slab, prefix[:, -1]
@@ -298,7 +368,9 @@ class StaticScorer:
             slab.tokens.index_copy_(0, state.rows, tokens)
         try:
             out = slab.run(self.model, state.which, self.graphs)
-        except RuntimeError as exc:  # a capture this device or build cannot make: the step runs eagerly
+        except (
+            RuntimeError
+        ) as exc:  # a capture this device or build cannot make: the step runs eagerly
             if not self.graphs:
                 raise
             graphs_failed(exc)
@@ -310,21 +382,24 @@ class StaticScorer:
         return out.index_select(0, state.rows), state
 
     def reorder(self, state: Slots, index: Tensor) -> Slots:
-        """See :meth:`~nmt.core.scorers.Scorer.reorder`: the written positions of the slab's rows follow
-        the back-pointers into the other buffer (rows of finished sentences stay where they are)."""
+        """See :meth:`~nmt.core.scorers.Scorer.reorder`: the written positions of the slab's rows
+        follow the back-pointers into the other buffer (rows of finished sentences stay where they
+        are)."""
         slab = state.slab
         if state.whole:
             full = index
         else:
-            full = torch.arange(slab.sentences * slab.beam, device=index.device).index_copy_(0, state.rows, state.rows.index_select(0, index))
+            full = torch.arange(slab.sentences * slab.beam, device=index.device).index_copy_(
+                0, state.rows, state.rows.index_select(0, index)
+            )
         source, target, w = slab.kv[state.which], slab.kv[1 - state.which], state.written
         torch.index_select(source[..., :w, :], 2, full, out=target[..., :w, :])
         state.which = 1 - state.which
         return state
 
     def keep_sentences(self, state: Slots, keep: Tensor) -> Slots:
-        """See :meth:`~nmt.core.scorers.Scorer.keep_sentences`: finished sentences' rows stay until the live
-        ones fit a bucket of half the slots or less, which they then move to."""
+        """See :meth:`~nmt.core.scorers.Scorer.keep_sentences`: finished sentences' rows stay until
+        the live ones fit a bucket of half the slots or less, which they then move to."""
         slot = state.slot.index_select(0, keep)
         smaller = sentence_bucket(slot.numel())
         if smaller < state.slab.sentences:
@@ -338,23 +413,39 @@ class StaticScorer:
         old, w, n = state.slab, state.written, slot.numel()
         new = old.arena.slab(self.model, sentences, self.beam, old.src_len, capacity)
         new.load(self.model, old.cross_kv.index_select(2, slot), old.src_mask.index_select(0, slot))
-        rows, which = beam_rows(slot, self.beam), 1 - state.which  # the other buffer: the new slab may view the same memory
-        torch.index_select(old.kv[state.which][..., :w, :], 2, rows, out=new.kv[which][:, :, : rows.numel(), :, :w, :])
+        rows, which = (
+            beam_rows(slot, self.beam),
+            1 - state.which,
+        )  # the other buffer: the new slab may view the same memory
+        torch.index_select(
+            old.kv[state.which][..., :w, :],
+            2,
+            rows,
+            out=new.kv[which][:, :, : rows.numel(), :, :w, :],
+        )
         new.length.fill_(w)
         here = torch.arange(n, device=slot.device)
-        return Slots(new, here, beam_rows(here, self.beam), whole=n == sentences, which=which, written=w)
+        return Slots(
+            new, here, beam_rows(here, self.beam), whole=n == sentences, which=which, written=w
+        )
 
 
 _BROKEN: list[str] = []  # why CUDA graphs failed in this process, once they have
 
 
 def graphs_work() -> bool:
-    """Whether steps are captured as CUDA graphs: False once a capture has failed in this process."""
+    """Whether steps are captured as CUDA graphs: False once a capture has failed in this
+    process."""
     return not _BROKEN
 
 
 def graphs_failed(error: Exception) -> None:
     """Record a failed capture: decoding falls back to the dynamic cache, said once in one line."""
     if not _BROKEN:
-        _BROKEN.append(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
-        log.warning("warning: CUDA graph capture failed (%s); decoding with the dynamic cache instead", _BROKEN[0])
+        _BROKEN.append(
+            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        )
+        log.warning(
+            "warning: CUDA graph capture failed (%s); decoding with the dynamic cache instead",
+            _BROKEN[0],
+        )

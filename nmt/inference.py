@@ -3,6 +3,9 @@ and translates lines for every command (translate, evaluate, tune-decode, serve,
 during training), owning inference mode, the device's attention kernels and decode step
 (:mod:`nmt.runtime`), and batching; what a call asks travels as one :class:`Decoding`."""
 
+# Size: module at most 455 lines: the one way into decoding: loading, batching, steering, streaming
+# and attention share one value.
+
 from __future__ import annotations
 
 import bisect
@@ -68,7 +71,9 @@ class Inference:
     cfg: Config | None = None
 
     @classmethod
-    def load(cls, paths: list, device: torch.device, dtype: torch.dtype = torch.float32) -> Inference:
+    def load(
+        cls, paths: list, device: torch.device, dtype: torch.dtype = torch.float32
+    ) -> Inference:
         """Read each checkpoint (a file, or a run directory's ``best.pt``) once, onto ``device`` in
         ``dtype`` (:func:`nmt.runtime.to_dtype`).
 
@@ -80,7 +85,10 @@ class Inference:
         for path, other in zip(paths[1:], loaded[1:]):
             difference = tokenizer_difference(loaded[0].tokenizer, other.tokenizer)
             if difference:
-                raise CheckpointError(f"{path}: its tokenizer differs from {paths[0]}'s ({difference}); an ensemble needs one tokenizer")
+                raise CheckpointError(
+                    f"{path}: its tokenizer differs from {paths[0]}'s ({difference}); an ensemble "
+                    "needs one tokenizer"
+                )
         models = [to_dtype(c.model.to(device), dtype) for c in loaded]
         return cls(models, loaded[0].tokenizer, device, loaded[0].config)
 
@@ -113,16 +121,32 @@ class Inference:
 
         Args:
             decoding: the search settings and what this call adds (:class:`Decoding`).
-            steering: per line, its prefix, constraints and banned phrases (:func:`steering`); a line
-                whose length limit ended it before its constraints appeared is named in a warning.
-            first_index: the index of ``lines[0]`` in the whole input (:meth:`stream` calls this per buffer).
-            progress: told how many more lines are done, batch by batch (a progress bar's ``update``).
-            skipped: counts the lines left untranslated, by reason (``no_text``, ``too_long``, ``unknown``).
+            steering: per line, its prefix, constraints and banned phrases (:func:`steering`); a
+                line whose length limit ended it before its constraints appeared is named in a
+                warning.
+            first_index: the index of ``lines[0]`` in the whole input (:meth:`stream` calls this per
+                buffer).
+            progress: told how many more lines are done, batch by batch (a progress bar's
+                ``update``).
+            skipped: counts the lines left untranslated, by reason (``no_text``, ``too_long``,
+                ``unknown``).
         """
         decode, src_prefix = decoding.decode, decoding.src_prefix
-        encoded = self.tokenizer.encode_src(lines)  # SentencePiece's normalisation strips whitespace, as in training
-        present = self._translatable(lines, encoded, decode.max_input_pieces, first_index, skipped if skipped is not None else Counter())
-        ids = [[*src_prefix, *encoded[i]] for i in present] if src_prefix else [encoded[i] for i in present]
+        encoded = self.tokenizer.encode_src(
+            lines
+        )  # SentencePiece's normalisation strips whitespace, as in training
+        present = self._translatable(
+            lines,
+            encoded,
+            decode.max_input_pieces,
+            first_index,
+            skipped if skipped is not None else Counter(),
+        )
+        ids = (
+            [[*src_prefix, *encoded[i]] for i in present]
+            if src_prefix
+            else [encoded[i] for i in present]
+        )
         lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
         results: list[list[Hypothesis]] = [[] for _ in lines]
         if progress is not None:
@@ -134,7 +158,8 @@ class Inference:
                 results[present[i]] = h
                 if h and h[0].unmet:
                     log.warning(
-                        "input line %d: its length limit ended the translation before %d of its constraints appeared; raise --max-len-a or --max-len-b",
+                        "input line %d: its length limit ended the translation before %d of its "
+                        "constraints appeared; raise --max-len-a or --max-len-b",
                         first_index + present[i] + 1,
                         h[0].unmet,
                     )
@@ -142,53 +167,114 @@ class Inference:
                 progress(len(batch))
         return results
 
-    def _translatable(self, lines: list[str], encoded: list[list[int]], max_input_pieces: int, first_index: int, skipped: Counter) -> list[int]:
-        """The indices of the lines to translate (:meth:`translate`); each other line that is not blank is named in a
-        one-line warning and counted in ``skipped`` by reason: ``no_text``, ``too_long``, ``unknown``."""
+    def _translatable(
+        self,
+        lines: list[str],
+        encoded: list[list[int]],
+        max_input_pieces: int,
+        first_index: int,
+        skipped: Counter,
+    ) -> list[int]:
+        """The indices of the lines to translate (:meth:`translate`); each other line that is not
+        blank is named in a one-line warning and counted in ``skipped`` by reason: ``no_text``,
+        ``too_long``, ``unknown``."""
         present = []
         for i, (line, pieces) in enumerate(zip(lines, encoded)):
             number = first_index + i + 1
-            if not has_text(line):  # blank, or nothing but format, control and space characters: a piece of U+202E is no text
+            if not has_text(
+                line
+                # blank, or nothing but format, control and space characters: a piece of U+202E is
+                # no text
+            ):
                 if line.strip():
                     shown = next(f"U+{ord(ch):04X}" for ch in line if not ch.isspace())
                     log.warning(
-                        "input line %d has no text (only format, control or space characters, such as %s): its output line is left empty", number, shown
+                        "input line %d has no text (only format, control or space characters, such "
+                        "as %s): its output line is left empty",
+                        number,
+                        shown,
                     )
                     skipped["no_text"] += 1
             elif len(pieces) > max_input_pieces:  # one huge line must not take the others down
                 log.warning(
-                    "input line %d has %d pieces, over the limit of %d (--max-input-pieces): its output line is left empty",
+                    "input line %d has %d pieces, over the limit of %d (--max-input-pieces): its "
+                    "output line is left empty",
                     number,
                     len(pieces),
                     max_input_pieces,
                 )
                 skipped["too_long"] += 1
-            elif unknown_only(pieces, self.tokenizer.src):  # the model would see nothing and invent a sentence
-                log.warning("input line %d has only characters the model does not know (every piece is unknown): its output line is left empty", number)
+            elif unknown_only(
+                pieces, self.tokenizer.src
+            ):  # the model would see nothing and invent a sentence
+                log.warning(
+                    "input line %d has only characters the model does not know (every piece is "
+                    "unknown): its output line is left empty",
+                    number,
+                )
                 skipped["unknown"] += 1
             elif pieces:
                 present.append(i)
         return present
 
-    def _batch(self, ids: list[list[int]], present: list[int], batch, decoding: Decoding, steering, first_index: int) -> list[list[Hypothesis]]:
-        """The n-best lists of the lines ``present[i]`` for ``i`` in ``batch`` (``ids``: the present lines' pieces)."""
+    def _batch(
+        self,
+        ids: list[list[int]],
+        present: list[int],
+        batch,
+        decoding: Decoding,
+        steering,
+        first_index: int,
+    ) -> list[list[Hypothesis]]:
+        """The n-best lists of the lines ``present[i]`` for ``i`` in ``batch`` (``ids``: the present
+        lines' pieces)."""
         decode, sampling, prefix = decoding.decode, decoding.sampling, decoding.src_prefix
         sources = [ids[i] for i in batch]
         src = pad_sources(sources).to(self.device)
-        seeds = [sample_seed(sampling.seed, first_index + present[i]) for i in batch] if sampling is not None else None
+        seeds = (
+            [sample_seed(sampling.seed, first_index + present[i]) for i in batch]
+            if sampling is not None
+            else None
+        )
         steer = [steering[present[i]] for i in batch] if steering else None
-        columns = decoding.shortlist.columns(sources, steer) if decoding.shortlist is not None else None
+        columns = (
+            decoding.shortlist.columns(sources, steer) if decoding.shortlist is not None else None
+        )
         scorer = decode_scorer(self.device, columns, decode.cache)
         rules = self.tokenizer.output_rules
-        hyps = translate_batch(self.models, src, decode, sampling=sampling, seeds=seeds, rules=rules, steering=steer, columns=columns, scorer=scorer)
+        hyps = translate_batch(
+            self.models,
+            src,
+            decode,
+            sampling=sampling,
+            seeds=seeds,
+            rules=rules,
+            steering=steer,
+            columns=columns,
+            scorer=scorer,
+        )
         if decoding.alignment:
             hyps = add_alignments(self.models, sources, hyps, self.device, decode.alignment_layer)
             if prefix:
-                hyps = [[replace(h, alignment=tuple((i - len(prefix), j) for i, j in h.alignment if i >= len(prefix))) for h in line] for line in hyps]
+                hyps = [
+                    [
+                        replace(
+                            h,
+                            alignment=tuple(
+                                (i - len(prefix), j) for i, j in h.alignment if i >= len(prefix)
+                            ),
+                        )
+                        for h in line
+                    ]
+                    for line in hyps
+                ]
         return hyps
 
-    def attention(self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()) -> tuple[list[str], list[str], torch.Tensor]:
-        """What the first model's decoder read while writing ``hyp``, a translation of ``line`` (after
+    def attention(
+        self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()
+    ) -> tuple[list[str], list[str], torch.Tensor]:
+        """What the first model's decoder read while writing ``hyp``, a translation of ``line``
+        (after
         ``src_prefix``, a multilingual model's target tag): the source pieces and the output pieces
         (each ending in ``</s>``), and every decoder layer's cross-attention with heads averaged,
         ``(n_layers, tgt_len, src_len)`` in float32 on the CPU; row ``t`` is the step that produced
@@ -197,18 +283,29 @@ class Inference:
         with torch.inference_mode():
             src = pad_sources([ids]).to(self.device)
             tgt_in = torch.tensor([[BOS, *hyp.tokens]], device=self.device)
-            weights = self.model.cross_attention(src, tgt_in)[:, 0].mean(1)  # (n_layers, tgt_len, src_len)
+            weights = self.model.cross_attention(src, tgt_in)[:, 0].mean(
+                1
+            )  # (n_layers, tgt_len, src_len)
         pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
-        return pieces(self.tokenizer.src, ids), pieces(self.tokenizer.tgt, hyp.tokens), weights.float().cpu()
+        return (
+            pieces(self.tokenizer.src, ids),
+            pieces(self.tokenizer.tgt, hyp.tokens),
+            weights.float().cpu(),
+        )
 
     def stream(
-        self, buffers: Iterable[list[str]], decoding: Decoding, steering: Iterable[Steering] | None = None, **options
+        self,
+        buffers: Iterable[list[str]],
+        decoding: Decoding,
+        steering: Iterable[Steering] | None = None,
+        **options,
     ) -> Iterator[tuple[int, list[list[Hypothesis]]]]:
         """Translate input that arrives in buffers of lines, one buffer at a time, so that memory
         is bounded by a buffer and each buffer's output can be written before the next is read.
 
         Yields ``(index of the buffer's first line in the whole input, its n-best lists)``;
-        ``steering`` gives one :class:`~nmt.core.beams.Steering` per input line, read as the lines are;
+        ``steering`` gives one :class:`~nmt.core.beams.Steering` per input line, read as the lines
+        are;
         ``options`` are :meth:`translate`'s ``progress`` and ``skipped``.
         """
         first, steering = 0, iter(steering) if steering is not None else None
@@ -223,21 +320,29 @@ class Inference:
 
 
 class UnwritableText(DataError):
-    """A prefix or constraint the model cannot write; ``field`` says which (``prefix``, ``constraint``)."""
+    """A prefix or constraint the model cannot write; ``field`` says which (``prefix``,
+    ``constraint``)."""
 
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(message)
 
 
-def steering(tokenizer: Tokenizer, prefix: str = "", constraints: Iterable[str] = (), bans: Iterable[str] = ()) -> Steering:
-    """What one line's translation must start with, hold and avoid, from text (:class:`~nmt.core.beams.Steering`).
+def steering(
+    tokenizer: Tokenizer,
+    prefix: str = "",
+    constraints: Iterable[str] = (),
+    bans: Iterable[str] = (),
+) -> Steering:
+    """What one line's translation must start with, hold and avoid, from text
+    (:class:`~nmt.core.beams.Steering`).
 
     Each text is segmented with the target tokenizer, as the model writes it (a word that
     starts a phrase gets its word-initial piece, ``▁Hund``), so a constraint or ban matches the
     output's own pieces; an empty phrase is ignored. A prefix's whole words are forced, piece by
     piece. When it ends inside a word (no trailing space), that last word is a fragment the
-    search must spell but may spell in any pieces and finish as it likes (:func:`fragment_automaton`:
+    search must spell but may spell in any pieces and finish as it likes
+    (:func:`fragment_automaton`:
     ``zwei Lehr``, cut ``▁L ehr``, may become ``▁Lehrer``), rather than as the typed fragment was
     cut (what CTranslate2 calls a prefix "in the middle of a word"). After a prefix that ends with
     a space, the next piece starts a word (or the translation ends there).
@@ -250,8 +355,16 @@ def steering(tokenizer: Tokenizer, prefix: str = "", constraints: Iterable[str] 
     def pieces(text: str, field: str | None = None) -> tuple[int, ...]:
         ids = tuple(tokenizer.encode_tgt([text])[0]) if text.strip() else ()
         if field is not None and UNK in ids:  # it could only be written as ⁇, not as given
-            missing = "".join(dict.fromkeys(c for c in text if not c.isspace() and UNK in tokenizer.encode_tgt([c])[0]))
-            raise UnwritableText(field, f"{field} {text!r} has characters the target vocabulary lacks ({missing}); remove or replace them")
+            missing = "".join(
+                dict.fromkeys(
+                    c for c in text if not c.isspace() and UNK in tokenizer.encode_tgt([c])[0]
+                )
+            )
+            raise UnwritableText(
+                field,
+                f"{field} {text!r} has characters the target vocabulary lacks ({missing}); remove "
+                "or replace them",
+            )
         return ids
 
     steps: list[tuple[int, ...]] = [(i,) for i in pieces(prefix, "prefix")]
@@ -260,29 +373,52 @@ def steering(tokenizer: Tokenizer, prefix: str = "", constraints: Iterable[str] 
         steps.append(tuple(i for i, t in enumerate(texts) if t.startswith("\u2581")) + (EOS,))
     elif steps:  # the last word is a fragment: it is spelt by whatever pieces the model chooses
         start = max((k for k, (i,) in enumerate(steps) if texts[i].startswith("\u2581")), default=0)
-        fragment = fragment_automaton("".join(texts[i] for (i,) in steps[start:]), texts, tokenizer.tgt.is_control)
+        fragment = fragment_automaton(
+            "".join(texts[i] for (i,) in steps[start:]), texts, tokenizer.tgt.is_control
+        )
         steps = steps[:start]
     wanted = [(c, p) for c in constraints if (p := pieces(c, "constraint"))]
-    banned = [(b, p) for b in bans if (p := pieces(b))]  # a ban with UNK bans what is never written anyway
+    banned = [
+        (b, p) for b in bans if (p := pieces(b))
+    ]  # a ban with UNK bans what is never written anyway
     for c, need in wanted:
-        clash = next((b for b, ban in banned if any(need[i : i + len(ban)] == ban for i in range(len(need) - len(ban) + 1))), None)
+        clash = next(
+            (
+                b
+                for b, ban in banned
+                if any(need[i : i + len(ban)] == ban for i in range(len(need) - len(ban) + 1))
+            ),
+            None,
+        )
         if clash is not None:
-            raise UnwritableText("constraint", f"constraint {c!r} holds the banned phrase {clash!r}: no translation can meet both; drop one")
-    return Steering(tuple(steps), tuple(p for _, p in wanted), tuple(p for _, p in banned), fragment)
+            raise UnwritableText(
+                "constraint",
+                f"constraint {c!r} holds the banned phrase {clash!r}: no translation can meet "
+                "both; drop one",
+            )
+    return Steering(
+        tuple(steps), tuple(p for _, p in wanted), tuple(p for _, p in banned), fragment
+    )
 
 
-def fragment_automaton(fragment: str, texts: tuple[str, ...], is_control) -> tuple[tuple[tuple[int, int], ...], ...]:
+def fragment_automaton(
+    fragment: str, texts: tuple[str, ...], is_control
+) -> tuple[tuple[tuple[int, int], ...], ...]:
     """The automaton by which a search spells ``fragment`` (piece text, ``▁Lehr``) in any pieces of
-    ``texts`` (the target vocabulary's, by id), finishing the word as it likes: state ``s`` has spelt
-    ``fragment[:n_s]``; a piece that spells more of it moves to that state, a piece that spells the rest
-    (and maybe more: ``▁Lehrer``) to :data:`~nmt.core.beams.FRAGMENT_DONE`. Only states a piece reaches are made.
+    ``texts`` (the target vocabulary's, by id), finishing the word as it likes: state ``s`` has
+    spelt
+    ``fragment[:n_s]``; a piece that spells more of it moves to that state, a piece that spells the
+    rest (and maybe more: ``▁Lehrer``) to :data:`~nmt.core.beams.FRAGMENT_DONE`. Only states a piece
+    reaches are made.
     """
     ordered, by_text = _piece_index(texts, tuple(i for i in range(len(texts)) if is_control(i)))
     states, index, table = [0], {0: 0}, []
     for done in states:  # grows as states are found
         rest, moves = fragment[done:], []
         at = bisect.bisect_left(ordered, (rest, -1))
-        while at < len(ordered) and ordered[at][0].startswith(rest):  # spells the rest of the word, and maybe more
+        while at < len(ordered) and ordered[at][0].startswith(
+            rest
+        ):  # spells the rest of the word, and maybe more
             moves.append((ordered[at][1], FRAGMENT_DONE))
             at += 1
         for end in range(1, len(rest)):  # spells a beginning of the rest: a state further on
@@ -296,10 +432,14 @@ def fragment_automaton(fragment: str, texts: tuple[str, ...], is_control) -> tup
 
 
 @functools.lru_cache(maxsize=4)
-def _piece_index(texts: tuple[str, ...], controls: tuple[int, ...]) -> tuple[list[tuple[str, int]], dict[str, list[int]]]:
+def _piece_index(
+    texts: tuple[str, ...], controls: tuple[int, ...]
+) -> tuple[list[tuple[str, int]], dict[str, list[int]]]:
     """The pieces that may spell text (not controls, not empty), sorted by text, and by text."""
     skip = set(controls)
-    ordered = sorted((text, piece) for piece, text in enumerate(texts) if text and piece not in skip)
+    ordered = sorted(
+        (text, piece) for piece, text in enumerate(texts) if text and piece not in skip
+    )
     by_text: dict[str, list[int]] = {}
     for text, piece in ordered:
         by_text.setdefault(text, []).append(piece)

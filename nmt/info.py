@@ -1,5 +1,8 @@
 """``nmt info``: what a checkpoint holds, read without running the model."""
 
+# Size: format_info() at most 75: format_info() writes one line per field of a checkpoint, in the
+# order printed.
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,7 +52,8 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
         "dtype": str(weights[0].dtype).removeprefix("torch.") if weights else None,
         "tokenizer": {
             "type": cfg.tokenizer.type,
-            "vocabulary": "marian" if "vocab" in payload["tokenizer"] else "sentencepiece",  # marian: vocab.json's ids over two segmenters (nmt.vocab)
+            # marian: vocab.json's ids over two segmenters (nmt.vocab)
+            "vocabulary": "marian" if "vocab" in payload["tokenizer"] else "sentencepiece",
             "joint": cfg.tokenizer.joint,
             "src_vocab_size": cfg.model.src_vocab_size,
             "tgt_vocab_size": cfg.model.tgt_vocab_size,
@@ -74,23 +78,46 @@ def format_info(info: dict[str, Any]) -> str:
 
     tk = info["tokenizer"]
     m = info["config"]["model"]
-    # An average's progress record is its last input's: say so, as its own weights were never validated.
-    of_last = " (of the last checkpoint averaged, not of the average)" if "averaged_from" in info else ""
-    vocab = f"{tk['src_vocab_size']:,} pieces" if tk["joint"] else f"{tk['src_vocab_size']:,} source / {tk['tgt_vocab_size']:,} target pieces"
+    # An average's progress record is its last input's: say so, as its own weights were never
+    # validated.
+    of_last = (
+        " (of the last checkpoint averaged, not of the average)" if "averaged_from" in info else ""
+    )
+    vocab = (
+        f"{tk['src_vocab_size']:,} pieces"
+        if tk["joint"]
+        else f"{tk['src_vocab_size']:,} source / {tk['tgt_vocab_size']:,} target pieces"
+    )
     lines = [
         f"file: {info['file']} ({info['size_bytes'] / 1e6:.1f} MB)",
-        f"step: {info['step'] if info['step'] is not None else 'unknown'}" + (f" (epoch {info['epoch']})" if info["epoch"] is not None else "") + of_last,
-        (f"best validation BLEU: {info['best_bleu']:.2f}" if info["best_bleu"] is not None else "best validation BLEU: none (no validation yet)") + of_last,
-        f"parameters: {info['parameters']:,} ({info['dtype']}; d_model {m['d_model']}, d_ff {m['d_ff']}, {m['n_heads']} heads, "
+        f"step: {info['step'] if info['step'] is not None else 'unknown'}"
+        + (f" (epoch {info['epoch']})" if info["epoch"] is not None else "")
+        + of_last,
+        (
+            f"best validation BLEU: {info['best_bleu']:.2f}"
+            if info["best_bleu"] is not None
+            else "best validation BLEU: none (no validation yet)"
+        )
+        + of_last,
+        f"parameters: {info['parameters']:,} ({info['dtype']}; d_model {m['d_model']}, d_ff "
+        f"{m['d_ff']}, {m['n_heads']} heads, "
         f"{m['n_encoder_layers']}+{m['n_decoder_layers']} layers, {m['norm_position']}-LN)",
         f"tokenizer: {'joint' if tk['joint'] else 'separate'} SentencePiece {tk['type']}, {vocab}"
         if tk.get("vocabulary") != "marian"
-        else f"tokenizer: Marian's vocabulary ({'one for both sides' if tk['joint'] else 'one per side'}; {vocab}, nmt's padding row included) over source and "
+        else "tokenizer: Marian's vocabulary "
+        f"({'one for both sides' if tk['joint'] else 'one per side'}; {vocab}, nmt's padding "
+        "row included) over source and "
         f"target SentencePiece {tk['type']} segmenters",
-        "optimizer state: " + ("yes (nmt train --resume can continue from it)" if info["optimizer_state"] else "no (for translate and evaluate only)"),
+        "optimizer state: "
+        + (
+            "yes (nmt train --resume can continue from it)"
+            if info["optimizer_state"]
+            else "no (for translate and evaluate only)"
+        ),
         f"directions: {', '.join(info['directions'])}"
         + (
-            f" (into {', '.join(info['tgt_langs'])}: choose with --tgt-lang, the tags {', '.join(info['tags'])}; any other source language is zero-shot)"
+            f" (into {', '.join(info['tgt_langs'])}: choose with --tgt-lang, the tags "
+            f"{', '.join(info['tags'])}; any other source language is zero-shot)"
             if info["tags"]
             else ""
         ),
@@ -99,14 +126,22 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"averaged from: {', '.join(info['averaged_from'])}")
     if "init_from" in info:
         step = info["init_from"].get("step")
-        lines.append(f"initialised from: {info['init_from']['path']} ({f'step {step}' if step is not None else 'not trained by nmt'}; nmt train --init-from)")
+        lines.append(
+            f"initialised from: {info['init_from']['path']} "
+            f"({f'step {step}' if step is not None else 'not trained by nmt'}; nmt train "
+            "--init-from)"
+        )
     if "imported_from" in info:
         origin = info["imported_from"]
         lines.append(
-            f"imported from: {origin['path']} ({origin.get('format')} {origin.get('model_type', '')} {origin.get('name_or_path', '')}, "
+            f"imported from: {origin['path']} ({origin.get('format')} "
+            f"{origin.get('model_type', '')} {origin.get('name_or_path', '')}, "
             f"{origin.get('weights')}; nmt import)".replace("  ", " ")
         )
-        lines += [f"  not applied from its generation settings: {note}" for note in origin.get("not_applied", [])]
+        lines += [
+            f"  not applied from its generation settings: {note}"
+            for note in origin.get("not_applied", [])
+        ]
     lines.append("config:")
     lines += ["  " + line for line in yaml.safe_dump(info["config"], sort_keys=False).splitlines()]
     return "\n".join(lines)

@@ -26,7 +26,9 @@ trained keeps its own ids and starts from BOS when exported; an imported one get
 layout back, so export after import gives the weights it was imported from.
 """
 
-# Size: module at most 710 lines, model_config() at most 75: one weight map read both ways; Marian's config checked key by key.
+# Size: module at most 1025 lines, read_tokenizer() at most 75, model_config() at most 125,
+# import_huggingface() at most 75: one weight map read both ways; Marian's config and tokenizer
+# files checked key by key, each key with transformers' default and the reason a value is refused.
 
 from __future__ import annotations
 
@@ -39,7 +41,15 @@ from typing import Any
 
 import torch
 
-from .config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict, validate
+from .config import (
+    Config,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    TokenizerConfig,
+    config_to_dict,
+    validate,
+)
 from .errors import Key, NmtError
 from .fields import LANGUAGE
 from .tokenizer import BOS, PAD, TAG, UNK, Tokenizer, TokenizerError
@@ -68,12 +78,23 @@ MARIAN_DEFAULTS = {
     "tie_word_embeddings": True,
     "max_position_embeddings": 1024,
 }
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # transformers' name → nmt's (the same functions)
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "swish": "swish",
+    "silu": "swish",
+}  # transformers' name → nmt's (the same functions)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 class MarianError(NmtError, ValueError):
-    """A Hugging Face directory nmt cannot import, or a model nmt cannot export to Marian; the message names the file and key."""
+    """A Hugging Face directory nmt cannot import, or a model nmt cannot export to Marian; the
+    message names the file and key."""
 
 
 def permutation(d_model: int) -> torch.Tensor:
@@ -89,12 +110,16 @@ READS, WRITES, NORM = "reads", "writes", "norm"
 
 def links(cfg: ModelConfig) -> list[tuple[str, int, int, str, str]]:
     """Every linear map and LayerNorm as ``(nmt module, chunk, chunks, Marian module, role)``: the
-    Marian module is chunk ``chunk`` of ``chunks`` of the nmt module's output rows (nmt fuses Q/K/V)."""
+    Marian module is chunk ``chunk`` of ``chunks`` of the nmt module's output rows (nmt fuses
+    Q/K/V)."""
     out = []
 
     def attention(ours: str, theirs: str, fused: list[tuple[str, str]]) -> None:
         for name, parts in fused:
-            out.extend((f"{ours}.{name}", k, len(parts), f"{theirs}.{p}_proj", READS) for k, p in enumerate(parts))
+            out.extend(
+                (f"{ours}.{name}", k, len(parts), f"{theirs}.{p}_proj", READS)
+                for k, p in enumerate(parts)
+            )
         out.append((f"{ours}.out", 0, 1, f"{theirs}.out_proj", WRITES))
 
     for i in range(cfg.n_encoder_layers):
@@ -121,30 +146,44 @@ def links(cfg: ModelConfig) -> list[tuple[str, int, int, str, str]]:
 
 
 def _embedding_names(shared: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Marian's names of the source embedding and of the target embedding (with the output projection, tied to it)."""
+    """Marian's names of the source embedding and of the target embedding (with the output
+    projection, tied to it)."""
     if shared:
-        names = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+        names = (
+            "model.shared.weight",
+            "model.encoder.embed_tokens.weight",
+            "model.decoder.embed_tokens.weight",
+            "lm_head.weight",
+        )
         return names, names
-    return ("model.encoder.embed_tokens.weight",), ("model.decoder.embed_tokens.weight", "lm_head.weight")
+    return ("model.encoder.embed_tokens.weight",), (
+        "model.decoder.embed_tokens.weight",
+        "lm_head.weight",
+    )
 
 
 @dataclass(frozen=True)
 class Rows:
-    """How vocabulary rows meet: ``src``/``tgt`` hold, for each Marian id, its nmt id (None: the same ids, a model nmt trained)."""
+    """How vocabulary rows meet: ``src``/``tgt`` hold, for each Marian id, its nmt id (None: the
+    same ids, a model nmt trained)."""
 
     src: list[int] | None = None
     tgt: list[int] | None = None
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> Rows:
-        """The row maps of an imported model's tokenizer; None on both sides (the same ids) for a tokenizer nmt trained."""
+        """The row maps of an imported model's tokenizer; None on both sides (the same ids) for a
+        tokenizer nmt trained."""
         if isinstance(tokenizer, MarianTokenizer):
             return cls(tokenizer.src.layout.to_marian(), tokenizer.tgt.layout.to_marian())
         return cls()
 
 
-def to_marian(state: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows = Rows()) -> dict[str, torch.Tensor]:
-    """Nmt's weights ``state`` under Marian's names: the model dimension permuted, vocabulary rows in Marian's order.
+def to_marian(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows = Rows()
+) -> dict[str, torch.Tensor]:
+    """Nmt's weights ``state`` under Marian's names: the model dimension permuted, vocabulary rows
+    in Marian's order.
 
     ``final_logits_bias`` is the output bias (zeros for a model without one).
     """
@@ -159,14 +198,19 @@ def to_marian(state: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows = Row
         return (weight if order is None else weight[order])[:, perm].clone()
 
     src_names, tgt_names = _embedding_names(cfg.share_embeddings)
-    src, tgt = vocabulary(state["src_embed.weight"], rows.src), vocabulary(state["tgt_embed.weight"], rows.tgt)
+    src, tgt = (
+        vocabulary(state["src_embed.weight"], rows.src),
+        vocabulary(state["tgt_embed.weight"], rows.tgt),
+    )
     out |= dict.fromkeys(src_names, src) | dict.fromkeys(tgt_names, tgt)
     bias = state.get("output_bias", torch.zeros(cfg.tgt_vocab_size))
     out["final_logits_bias"] = (bias if rows.tgt is None else bias[rows.tgt]).clone().view(1, -1)
     return out
 
 
-def from_marian(marian: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows, path: Path | str = "weights") -> dict[str, torch.Tensor]:
+def from_marian(
+    marian: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows, path: Path | str = "weights"
+) -> dict[str, torch.Tensor]:
     """The inverse of :func:`to_marian`: Marian's weights ``marian`` as nmt's state dict (float32).
 
     Raises:
@@ -179,76 +223,136 @@ def from_marian(marian: dict[str, torch.Tensor], cfg: ModelConfig, rows: Rows, p
     for ours, k, n, theirs, role in links(cfg):
         w, b = marian[f"{theirs}.weight"].float(), marian[f"{theirs}.bias"].float()
         pair = parts.setdefault(ours, [[None] * n, [None] * n])
-        pair[0][k], pair[1][k] = (w[:, inverse] if role == READS else w[inverse]), (b if role == READS else b[inverse])
-    state = {f"{ours}.{suffix}": torch.cat(chunks) for ours, (weights, biases) in parts.items() for suffix, chunks in (("weight", weights), ("bias", biases))}
+        pair[0][k], pair[1][k] = (
+            (w[:, inverse] if role == READS else w[inverse]),
+            (b if role == READS else b[inverse]),
+        )
+    state = {
+        f"{ours}.{suffix}": torch.cat(chunks)
+        for ours, (weights, biases) in parts.items()
+        for suffix, chunks in (("weight", weights), ("bias", biases))
+    }
 
     def vocabulary(names: tuple[str, ...], order: list[int], size: int) -> torch.Tensor:
         given = [name for name in names if name in marian]
         first = marian[given[0]].float()
         for name in given[1:]:  # tied in Marian: one matrix under several names
             if not torch.equal(marian[name].float(), first):
-                raise MarianError(f"{path}: {name} differs from {given[0]}, which config.json ties it to; nmt ties them")
+                raise MarianError(
+                    f"{path}: {name} differs from {given[0]}, which config.json ties it to; nmt "
+                    "ties them"
+                )
         if first.shape != (len(order), cfg.d_model):
-            raise MarianError(f"{path}: {given[0]} has shape {tuple(first.shape)}, config.json and the vocabulary say ({len(order)}, {cfg.d_model})")
+            raise MarianError(
+                f"{path}: {given[0]} has shape {tuple(first.shape)}, config.json and the "
+                f"vocabulary say ({len(order)}, {cfg.d_model})"
+            )
         weight = torch.zeros(size, cfg.d_model)  # the PAD row nmt adds stays zero
         weight[order] = first[:, inverse]
         return weight
 
     src_names, tgt_names = _embedding_names(cfg.share_embeddings)
     state["src_embed.weight"] = vocabulary(src_names, rows.src, cfg.src_vocab_size)
-    state["tgt_embed.weight"] = state["src_embed.weight"] if cfg.share_embeddings else vocabulary(tgt_names, rows.tgt, cfg.tgt_vocab_size)
+    state["tgt_embed.weight"] = (
+        state["src_embed.weight"]
+        if cfg.share_embeddings
+        else vocabulary(tgt_names, rows.tgt, cfg.tgt_vocab_size)
+    )
     bias = marian["final_logits_bias"].float().view(-1)
     if bias.numel() != len(rows.tgt):
-        raise MarianError(f"{path}: final_logits_bias has {bias.numel()} entries, the target vocabulary {len(rows.tgt)}")
-    state["output_bias"] = torch.full((cfg.tgt_vocab_size,), NEVER)  # what no Marian row fills: the PAD row nmt adds, if it adds one
+        raise MarianError(
+            f"{path}: final_logits_bias has {bias.numel()} entries, the target vocabulary "
+            f"{len(rows.tgt)}"
+        )
+    state["output_bias"] = torch.full(
+        (cfg.tgt_vocab_size,), NEVER
+    )  # what no Marian row fills: the PAD row nmt adds, if it adds one
     state["output_bias"][rows.tgt] = bias
     _check_positions(marian, cfg.d_model, path)
     return state
 
 
-MARIAN_LAYERS = {"n_encoder_layers": r"model\.encoder\.layers\.(\d+)\.", "n_decoder_layers": r"model\.decoder\.layers\.(\d+)\."}
-MARIAN_WIDTHS = {"d_model": ("model.encoder.layers.0.fc1.weight", 1), "d_ff": ("model.encoder.layers.0.fc1.weight", 0)}
+MARIAN_LAYERS = {
+    "n_encoder_layers": r"model\.encoder\.layers\.(\d+)\.",
+    "n_decoder_layers": r"model\.decoder\.layers\.(\d+)\.",
+}
+MARIAN_WIDTHS = {
+    "d_model": ("model.encoder.layers.0.fc1.weight", 1),
+    "d_ff": ("model.encoder.layers.0.fc1.weight", 0),
+}
 
 
 def _check_names(marian: dict[str, torch.Tensor], cfg: ModelConfig, path) -> None:
-    """Refuse a state dict with tensors the model config does not describe, or without ones it does; sizes first,
-    before a layer count of config.json (10^9) is looped over (:func:`nmt.checkpoint.size_mismatches`)."""
+    """Refuse a state dict with tensors the model config does not describe, or without ones it does;
+    sizes first, before a layer count of config.json (10^9) is looped over
+    (:func:`nmt.checkpoint.size_mismatches`)."""
     from .checkpoint import size_mismatches
 
     wrong = size_mismatches(cfg, marian, MARIAN_LAYERS, MARIAN_WIDTHS, "config.json")
     if wrong:
-        raise MarianError(f"{path}: the weights do not fit the model config.json describes ({'; '.join(wrong)})")
+        raise MarianError(
+            f"{path}: the weights do not fit the model config.json describes ({'; '.join(wrong)})"
+        )
     src_names, tgt_names = _embedding_names(cfg.share_embeddings)
-    expected = {f"{theirs}.{s}" for _, _, _, theirs, _ in links(cfg) for s in ("weight", "bias")} | {"final_logits_bias"}
-    optional = {*src_names, *tgt_names, "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    expected = {
+        f"{theirs}.{s}" for _, _, _, theirs, _ in links(cfg) for s in ("weight", "bias")
+    } | {"final_logits_bias"}
+    optional = {
+        *src_names,
+        *tgt_names,
+        "model.encoder.embed_positions.weight",
+        "model.decoder.embed_positions.weight",
+    }
     unexpected = sorted(set(marian) - expected - optional)
     missing = sorted(expected - set(marian))
-    missing += [f"{names[0]} (or {', '.join(names[1:])})" for names in (src_names, tgt_names) if not any(n in marian for n in names)]
+    missing += [
+        f"{names[0]} (or {', '.join(names[1:])})"
+        for names in (src_names, tgt_names)
+        if not any(n in marian for n in names)
+    ]
     if unexpected or missing:
 
         def listed(names):
             return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
-        what = "; ".join(f"{label}: {listed(names)}" for label, names in (("unexpected", unexpected), ("missing", missing)) if names)
-        hint = " (an embedding or final LayerNorm, or another part nmt's Post-LN Transformer does not have)" if unexpected else ""
-        raise MarianError(f"{path}: the weights do not fit the model config.json describes ({what}){hint}")
+        what = "; ".join(
+            f"{label}: {listed(names)}"
+            for label, names in (("unexpected", unexpected), ("missing", missing))
+            if names
+        )
+        hint = (
+            " (an embedding or final LayerNorm, or another part nmt's Post-LN Transformer does not "
+            "have)"
+            if unexpected
+            else ""
+        )
+        raise MarianError(
+            f"{path}: the weights do not fit the model config.json describes ({what}){hint}"
+        )
 
 
 def marian_positions(length: int, d_model: int) -> torch.Tensor:
-    """``MarianSinusoidalPositionalEmbedding``'s table ``(length, d_model)``: sines in the first half, cosines in the second."""
+    """``MarianSinusoidalPositionalEmbedding``'s table ``(length, d_model)``: sines in the first
+    half, cosines in the second."""
     from .core.layers import sinusoidal_positions
 
     return sinusoidal_positions(length, d_model)[:, permutation(d_model)]
 
 
 def _check_positions(marian: dict[str, torch.Tensor], d_model: int, path) -> None:
-    """Stored position tables (older files have them) must be the sinusoids nmt computes: learned positions are refused."""
+    """Stored position tables (older files have them) must be the sinusoids nmt computes: learned
+    positions are refused."""
     for name in ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"):
         if name in marian:
             table = marian[name].float()
             expected = marian_positions(table.size(0), d_model)
-            if table.shape != expected.shape or (table - expected).abs().max() > 2e-3:  # 2e-3: float16 files round sin/cos
-                raise MarianError(f"{path}: {name} is not the sinusoidal table (learned positions?), which nmt computes and cannot replace")
+            if (
+                table.shape != expected.shape or (table - expected).abs().max() > 2e-3
+            ):  # 2e-3: float16 files round sin/cos
+                raise MarianError(
+                    f"{path}: {name} is not the sinusoidal table (learned positions?), which nmt "
+                    "computes and cannot replace"
+                )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,7 +363,8 @@ def _json(path: Path, required: bool = True) -> dict[str, Any]:
     if not path.is_file():
         if required:
             raise MarianError(
-                f"{path.parent}: no {path.name}; a Hugging Face Marian directory has config.json, vocab.json, source.spm, target.spm "
+                f"{path.parent}: no {path.name}; a Hugging Face Marian directory has config.json, "
+                "vocab.json, source.spm, target.spm "
                 "and model.safetensors or pytorch_model.bin"
             )
         return {}
@@ -273,25 +378,35 @@ def _json(path: Path, required: bool = True) -> dict[str, Any]:
 
 
 def resolve_directory(path: str | Path) -> Path:
-    """``path`` itself, or, for a Hugging Face cache entry (``models--ORG--NAME``), the snapshot ``refs/main`` names.
+    """``path`` itself, or, for a Hugging Face cache entry (``models--ORG--NAME``), the snapshot
+    ``refs/main`` names.
 
     Raises:
         MarianError: ``path`` is not a directory.
     """
     path = Path(path)
     if not path.is_dir():
-        raise MarianError(f"{path} is not a directory" + (" (give the directory that holds config.json)" if path.is_file() else ""))
+        raise MarianError(
+            f"{path} is not a directory"
+            + (" (give the directory that holds config.json)" if path.is_file() else "")
+        )
     ref = path / "refs" / "main"
-    if not (path / "config.json").is_file() and ref.is_file() and (path / "snapshots" / ref.read_text().strip()).is_dir():
+    if (
+        not (path / "config.json").is_file()
+        and ref.is_file()
+        and (path / "snapshots" / ref.read_text().strip()).is_dir()
+    ):
         return path / "snapshots" / ref.read_text().strip()
     return path
 
 
 def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
-    """The state dict of ``directory`` (``model.safetensors``, ``pytorch_model.bin``, or their sharded forms), and the file it came from.
+    """The state dict of ``directory`` (``model.safetensors``, ``pytorch_model.bin``, or their
+    sharded forms), and the file it came from.
 
     Raises:
-        MarianError: no weights file, one that cannot be read, or no ``safetensors`` package for a ``.safetensors`` file.
+        MarianError: no weights file, one that cannot be read, or no ``safetensors`` package for a
+            ``.safetensors`` file.
     """
     found = next((name for name in WEIGHT_FILES if (directory / name).is_file()), None)
     if found is None:
@@ -313,27 +428,53 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
             else:
                 part = torch.load(file, map_location="cpu", weights_only=True)
         except ImportError:
-            raise MarianError(f"{file}: reading .safetensors files needs the safetensors package: pip install safetensors") from None
-        except Exception as exc:  # safetensors, torch and zipfile raise several types for damaged files
-            raise MarianError(f"{file}: cannot read the weights ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
-        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise MarianError(
+                f"{file}: reading .safetensors files needs the safetensors package: pip install "
+                "safetensors"
+            ) from None
+        except (
+            Exception
+        ) as exc:  # safetensors, torch and zipfile raise several types for damaged files
+            raise MarianError(
+                f"{file}: cannot read the weights "
+                f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+            ) from None
+        if not isinstance(part, dict) or not all(
+            isinstance(v, torch.Tensor) for v in part.values()
+        ):
             raise MarianError(f"{file}: not a state dict of tensors")
         state.update(part)
-    if state and not any(k.startswith("model.") for k in state) and any(k.startswith(("encoder.", "decoder.", "shared.")) for k in state):
-        state = {k if k in ("final_logits_bias", "lm_head.weight") else f"model.{k}": v for k, v in state.items()}  # saved from MarianModel
+    if (
+        state
+        and not any(k.startswith("model.") for k in state)
+        and any(k.startswith(("encoder.", "decoder.", "shared.")) for k in state)
+    ):
+        state = {
+            k if k in ("final_logits_bias", "lm_head.weight") else f"model.{k}": v
+            for k, v in state.items()
+        }  # saved from MarianModel
     return state, found
 
 
 def _special_tokens(tok_config: dict, special_map: dict) -> dict[str, Any]:
-    """The special tokens' spellings (``MarianTokenizer``'s defaults where neither file names them) and the added tokens."""
+    """The special tokens' spellings (``MarianTokenizer``'s defaults where neither file names them)
+    and the added tokens."""
 
     def text(value):
         return value.get("content") if isinstance(value, dict) else value
 
     names = {}
     for key, default in (("eos", "</s>"), ("unk", "<unk>"), ("pad", "<pad>")):
-        names[key] = text(tok_config.get(f"{key}_token")) or text(special_map.get(f"{key}_token")) or default
-    extra = [text(t) for t in [*(tok_config.get("additional_special_tokens") or []), *(special_map.get("additional_special_tokens") or [])]]
+        names[key] = (
+            text(tok_config.get(f"{key}_token")) or text(special_map.get(f"{key}_token")) or default
+        )
+    extra = [
+        text(t)
+        for t in [
+            *(tok_config.get("additional_special_tokens") or []),
+            *(special_map.get("additional_special_tokens") or []),
+        ]
+    ]
     added = tok_config.get("added_tokens_decoder") or {}
     for entry in added.values():
         if isinstance(entry, dict):
@@ -342,7 +483,8 @@ def _special_tokens(tok_config: dict, special_map: dict) -> dict[str, Any]:
                     raise MarianError(
                         "tokenizer_config.json: ",
                         Key(f"added_tokens_decoder {entry.get('content')!r} {flag}"),
-                        " is true; nmt cuts text as MarianTokenizer does with plain special tokens only",
+                        " is true; nmt cuts text as MarianTokenizer does with plain special tokens "
+                        "only",
                     )
             extra.append(entry.get("content"))
     names["special"] = sorted({t for t in [*names.values(), *extra] if isinstance(t, str) and t})
@@ -350,8 +492,9 @@ def _special_tokens(tok_config: dict, special_map: dict) -> dict[str, Any]:
 
 
 def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> MarianTokenizer:
-    """The tokenizer of a Marian directory (``source.spm``, ``target.spm``, ``vocab.json``, ``target_vocab.json``, ``tokenizer_config.json``),
-    decoding from the piece ``config`` (config.json) names as ``decoder_start_token_id`` (its ``<pad>`` when there is none).
+    """The tokenizer of a Marian directory (``source.spm``, ``target.spm``, ``vocab.json``,
+    ``target_vocab.json``, ``tokenizer_config.json``), decoding from the piece ``config``
+    (config.json) names as ``decoder_start_token_id`` (its ``<pad>`` when there is none).
 
     Raises:
         MarianError: a file is missing or unusable, or ``decoder_start_token_id`` is no piece's id.
@@ -369,36 +512,65 @@ def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> Mar
     if tok_config.get("separate_vocabs"):
         spec["target_vocab"] = _json(directory / "target_vocab.json")
     for name, vocab in (("vocab.json", spec["vocab"]), ("target_vocab.json", spec["target_vocab"])):
-        bad = next(((k, v) for k, v in vocab.items() if type(v) is not int), None) if isinstance(vocab, dict) else None
+        bad = (
+            next(((k, v) for k, v in vocab.items() if type(v) is not int), None)
+            if isinstance(vocab, dict)
+            else None
+        )
         if bad is not None or (vocab is not None and not isinstance(vocab, dict)):
             what = f"the piece {bad[0]!r} has the id {bad[1]!r}" if bad else "it is not an object"
-            raise MarianError(f"{directory / name}: not a mapping of pieces to integer ids ({what}); it is Marian's vocabulary, as its converter writes it")
+            raise MarianError(
+                f"{directory / name}: not a mapping of pieces to integer ids ({what}); it is "
+                "Marian's vocabulary, as its converter writes it"
+            )
     protos = []
     for name in ("source.spm", "target.spm"):
         if not (directory / name).is_file():
-            raise MarianError(f"{directory}: no {name} (the SentencePiece model MarianTokenizer segments with)")
+            raise MarianError(
+                f"{directory}: no {name} (the SentencePiece model MarianTokenizer segments with)"
+            )
         protos.append((directory / name).read_bytes())
-    start = _typed(config or {}, "decoder_start_token_id", int, None, str(directory / "config.json"))
+    start = _typed(
+        config or {}, "decoder_start_token_id", int, None, str(directory / "config.json")
+    )
     if start is not None:
         pieces = {i: p for p, i in (spec["target_vocab"] or spec["vocab"]).items()}
         if start not in pieces or pieces[start] in (spec["eos"], spec["unk"]):
-            what = f"{pieces[start]!r}, which cannot start decoding" if start in pieces else "no piece's id in the vocabulary"
-            raise MarianError(Key("decoder_start_token_id"), f" {start} is {what} (Marian starts from <pad>)", path=directory / "config.json")
+            what = (
+                f"{pieces[start]!r}, which cannot start decoding"
+                if start in pieces
+                else "no piece's id in the vocabulary"
+            )
+            raise MarianError(
+                Key("decoder_start_token_id"),
+                f" {start} is {what} (Marian starts from <pad>)",
+                path=directory / "config.json",
+            )
         spec["start"] = None if pieces[start] == spec["pad"] else pieces[start]
     special = [t for t in spec["special"] if t not in spec["vocab"]]
     if special:
-        raise MarianError(f"{directory}: the special token(s) {', '.join(special)} are not in vocab.json; their ids would lie outside the model's vocabulary")
+        raise MarianError(
+            f"{directory}: the special token(s) {', '.join(special)} are not in vocab.json; their "
+            "ids would lie outside the model's vocabulary"
+        )
     try:
         tokenizer = MarianTokenizer.build(*protos, spec, str(directory))
     except TokenizerError as exc:
         raise MarianError(str(exc)) from None
     for side, name in ((tokenizer.src, "source.spm"), (tokenizer.tgt, "target.spm")):
         sp, known = side.sp, side.layout.ids
-        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+        pieces = [
+            sp.id_to_piece(i)
+            for i in range(sp.get_piece_size())
+            if not (sp.is_control(i) or sp.is_unknown(i))
+        ]
         missing = sum(p not in known for p in pieces)
-        if missing > len(pieces) / 2:  # OPUS-MT's vocab.json holds (nearly) every piece of both models
+        if (
+            missing > len(pieces) / 2
+        ):  # OPUS-MT's vocab.json holds (nearly) every piece of both models
             raise MarianError(
-                f"{directory}: {missing:,} of the {len(pieces):,} pieces of {name} are not in vocab.json, so most text would be <unk>: "
+                f"{directory}: {missing:,} of the {len(pieces):,} pieces of {name} are not in "
+                "vocab.json, so most text would be <unk>: "
                 "the two were not made for one model; take both from the same model directory"
             )
     return tokenizer
@@ -406,7 +578,8 @@ def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> Mar
 
 @dataclass
 class Imported:
-    """A Marian directory read and checked: nmt's config and weights, the tokenizer, and what ``nmt info`` says of its origin."""
+    """A Marian directory read and checked: nmt's config and weights, the tokenizer, and what ``nmt
+    info`` says of its origin."""
 
     cfg: Config
     state: dict[str, torch.Tensor]
@@ -419,8 +592,9 @@ def _refuse(file: str, key: str, text: str) -> MarianError:
 
 
 def _typed(settings: dict[str, Any], key: str, kind: type, default: Any, file: str) -> Any:
-    """``settings[key]`` (``default`` when absent or null) as ``kind``: ``int`` takes a JSON integer, ``float`` any JSON
-    number, ``list`` an array, ``str`` a string (the JSON types transformers writes for them).
+    """``settings[key]`` (``default`` when absent or null) as ``kind``: ``int`` takes a JSON
+    integer, ``float`` any JSON number, ``list`` an array, ``str`` a string (the JSON types
+    transformers writes for them).
 
     Raises:
         MarianError: the value is of another JSON type, naming ``file`` and ``key``.
@@ -428,14 +602,20 @@ def _typed(settings: dict[str, Any], key: str, kind: type, default: Any, file: s
     value = settings.get(key)
     if value is None:
         return default
-    fits = type(value) is int if kind is int else (type(value) in (int, float) if kind is float else isinstance(value, kind))
+    fits = (
+        type(value) is int
+        if kind is int
+        else (type(value) in (int, float) if kind is float else isinstance(value, kind))
+    )
     if not fits:
         what = {int: "an integer", float: "a number", list: "a list", str: "a string"}[kind]
         raise _refuse(file, key, f"is {json.dumps(value)}, not {what}")
     return float(value) if kind is float else value
 
 
-def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str = "config.json") -> ModelConfig:
+def model_config(
+    config: dict[str, Any], tokenizer: MarianTokenizer, file: str = "config.json"
+) -> ModelConfig:
     """Nmt's model section for ``config.json``'s values (transformers' defaults where it is silent).
 
     Raises:
@@ -446,25 +626,63 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
         return config.get(key, MARIAN_DEFAULTS.get(key))
 
     if config.get("model_type", "marian") != "marian":
-        raise _refuse(file, "model_type", f"is {config['model_type']!r}; nmt imports Marian models (MarianMTModel, model_type marian) only")
+        raise _refuse(
+            file,
+            "model_type",
+            f"is {config['model_type']!r}; nmt imports Marian models (MarianMTModel, model_type "
+            "marian) only",
+        )
     refused = {
-        "normalize_before": (True, "is true: a Pre-LN model (transformers' MarianMTModel ignores the key and runs it Post-LN); nmt imports Post-LN ones"),
-        "normalize_embedding": (True, "is true: a LayerNorm on the embeddings, which nmt's model does not have"),
-        "add_final_layer_norm": (True, "is true: a final LayerNorm per stack, which nmt's Post-LN model does not have"),
-        "static_position_embeddings": (False, "is false: learned positions; nmt computes sinusoidal ones"),
-        "scale_embedding": (False, "is false (transformers' default when absent): embeddings not scaled by sqrt(d_model), as nmt's always are"),
-        "tie_word_embeddings": (False, "is false: an output projection of its own; nmt ties it to the target embedding"),
+        "normalize_before": (
+            True,
+            "is true: a Pre-LN model (transformers' MarianMTModel ignores the key and runs it "
+            "Post-LN); nmt imports Post-LN ones",
+        ),
+        "normalize_embedding": (
+            True,
+            "is true: a LayerNorm on the embeddings, which nmt's model does not have",
+        ),
+        "add_final_layer_norm": (
+            True,
+            "is true: a final LayerNorm per stack, which nmt's Post-LN model does not have",
+        ),
+        "static_position_embeddings": (
+            False,
+            "is false: learned positions; nmt computes sinusoidal ones",
+        ),
+        "scale_embedding": (
+            False,
+            "is false (transformers' default when absent): embeddings not scaled by sqrt(d_model), "
+            "as nmt's always are",
+        ),
+        "tie_word_embeddings": (
+            False,
+            "is false: an output projection of its own; nmt ties it to the target embedding",
+        ),
         "is_encoder_decoder": (False, "is false: not an encoder-decoder"),
     }
     for key, (bad, why) in refused.items():
         if get(key) is bad:
             raise _refuse(file, key, why)
-    activation = ACTIVATIONS.get(_typed(config, "activation_function", str, MARIAN_DEFAULTS.get("activation_function"), file))
+    activation = ACTIVATIONS.get(
+        _typed(config, "activation_function", str, MARIAN_DEFAULTS.get("activation_function"), file)
+    )
     if activation is None:
-        raise _refuse(file, "activation_function", f"is {get('activation_function')!r}; nmt has relu, gelu and swish (silu)")
-    for ours, theirs in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        raise _refuse(
+            file,
+            "activation_function",
+            f"is {get('activation_function')!r}; nmt has relu, gelu and swish (silu)",
+        )
+    for ours, theirs in (
+        ("encoder_attention_heads", "decoder_attention_heads"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ):
         if get(ours) != get(theirs):
-            raise _refuse(file, theirs, f"{get(theirs)} differs from {ours} {get(ours)}; nmt has one value for both stacks")
+            raise _refuse(
+                file,
+                theirs,
+                f"{get(theirs)} differs from {ours} {get(ours)}; nmt has one value for both stacks",
+            )
     src, tgt = tokenizer.src.layout, tokenizer.tgt.layout
     spec = tokenizer.spec
     vocab, target_vocab = spec["vocab"], spec["target_vocab"] or spec["vocab"]
@@ -473,7 +691,9 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
         "decoder_vocab_size": (
             config.get("decoder_vocab_size") or get("vocab_size"),
             len(target_vocab),
-            "target_vocab.json" if not tokenizer.joint else "vocab.json (one vocabulary for both sides)",
+            "target_vocab.json"
+            if not tokenizer.joint
+            else "vocab.json (one vocabulary for both sides)",
         ),
     }
     for key, (value, size, where) in sizes.items():
@@ -481,10 +701,18 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
             raise _refuse(file, key, f"is {value}; {where} has {size} pieces")
     for key, piece in (("pad_token_id", spec["pad"]), ("eos_token_id", spec["eos"])):
         if config.get(key) != vocab[piece]:
-            raise _refuse(file, key, f"is {config.get(key)}, not {vocab[piece]} (the id vocab.json gives {piece!r})")
+            raise _refuse(
+                file,
+                key,
+                f"is {config.get(key)}, not {vocab[piece]} (the id vocab.json gives {piece!r})",
+            )
     shared = bool(get("share_encoder_decoder_embeddings"))
     if shared and not tokenizer.joint:
-        raise _refuse(file, "share_encoder_decoder_embeddings", "is true, but the sides have their own vocabularies (target_vocab.json)")
+        raise _refuse(
+            file,
+            "share_encoder_decoder_embeddings",
+            "is true, but the sides have their own vocabularies (target_vocab.json)",
+        )
     values = dict(
         d_model=get("d_model"),
         d_ff=get("encoder_ffn_dim"),
@@ -492,8 +720,12 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
         n_encoder_layers=get("encoder_layers"),
         n_decoder_layers=get("decoder_layers"),
         dropout=_typed(config, "dropout", float, MARIAN_DEFAULTS.get("dropout"), file),
-        attention_dropout=_typed(config, "attention_dropout", float, MARIAN_DEFAULTS.get("attention_dropout"), file),
-        activation_dropout=_typed(config, "activation_dropout", float, MARIAN_DEFAULTS.get("activation_dropout"), file),
+        attention_dropout=_typed(
+            config, "attention_dropout", float, MARIAN_DEFAULTS.get("attention_dropout"), file
+        ),
+        activation_dropout=_typed(
+            config, "activation_dropout", float, MARIAN_DEFAULTS.get("activation_dropout"), file
+        ),
         activation=activation,
         norm_position="post",
         share_embeddings=shared,
@@ -501,21 +733,33 @@ def model_config(config: dict[str, Any], tokenizer: MarianTokenizer, file: str =
         src_vocab_size=len(src.pieces),
         tgt_vocab_size=len(tgt.pieces),
     )
-    for key in ("d_model", "encoder_ffn_dim", "encoder_attention_heads", "encoder_layers", "decoder_layers"):
+    for key in (
+        "d_model",
+        "encoder_ffn_dim",
+        "encoder_attention_heads",
+        "encoder_layers",
+        "decoder_layers",
+    ):
         if type(get(key)) is not int or get(key) < 1:
             raise _refuse(file, key, f"is {get(key)!r}, not a positive integer")
     return ModelConfig(**values)
 
 
-#: generate() settings nmt's search does not have: (key, the value that changes nothing, what nmt does instead).
+#: generate() settings nmt's search does not have: (key, the value that changes nothing, what nmt
+#: does instead).
 NOT_APPLIED = (
     (
         "early_stopping",
         True,
-        "nmt stops a sentence once beam_size hypotheses have ended, or earlier when none still running could rank "
+        "nmt stops a sentence once beam_size hypotheses have ended, or earlier when none still "
+        "running could rank "
         "higher (exact); generate() with early_stopping false goes on by its own heuristic",
     ),
-    ("renormalize_logits", False, "nmt does not renormalise the log-probabilities after banning <pad>"),
+    (
+        "renormalize_logits",
+        False,
+        "nmt does not renormalise the log-probabilities after banning <pad>",
+    ),
     ("repetition_penalty", 1.0, ""),
     ("no_repeat_ngram_size", 0, ""),
     ("encoder_no_repeat_ngram_size", 0, ""),
@@ -529,14 +773,19 @@ NOT_APPLIED = (
 )
 
 
-def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer, file: str = "generation_config.json") -> tuple[DecodeConfig, list[str]]:
-    """The decode defaults that make ``nmt translate`` search as ``generate()`` does with ``generation`` (generation_config.json,
-    or config.json's generation keys in older directories), and the settings it cannot apply, in words.
+def decode_config(
+    generation: dict[str, Any], tokenizer: MarianTokenizer, file: str = "generation_config.json"
+) -> tuple[DecodeConfig, list[str]]:
+    """The decode defaults that make ``nmt translate`` search as ``generate()`` does with
+    ``generation`` (generation_config.json, or config.json's generation keys in older directories),
+    and the settings it cannot apply, in words.
 
-    ``num_beams`` → ``beam_size``; ``length_penalty`` α with ``length`` normalisation (``log P / |Y|^α``, |Y| counting
-    EOS, as generate() divides); ``max_length`` L (absolute, counting the decoder's start token) → at most L - 2 pieces
-    and EOS (``max_len_a`` 0, ``max_len_b`` L - 2), ``max_new_tokens`` N → N - 1 pieces; ``min_length`` M → M - 1 pieces;
-    ``<unk>`` may be generated unless ``bad_words_ids`` bans it (generate() bans only what it lists; nmt always bans
+    ``num_beams`` → ``beam_size``; ``length_penalty`` α with ``length`` normalisation (``log P /
+    |Y|^α``, |Y| counting EOS, as generate() divides); ``max_length`` L (absolute, counting the
+    decoder's start token) → at most L - 2 pieces and EOS (``max_len_a`` 0, ``max_len_b`` L - 2),
+    ``max_new_tokens`` N → N - 1 pieces; ``min_length`` M → M - 1 pieces;
+    ``<unk>`` may be generated unless ``bad_words_ids`` bans it (generate() bans only what it lists;
+    nmt always bans
     ``<pad>``, its BOS).
     """
     get = generation.get
@@ -545,11 +794,24 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer, file: 
         return _typed(generation, key, kind, default, file)
 
     tgt = tokenizer.tgt.layout
-    bad_words, suppressed = typed("bad_words_ids", list, []), [[i] for i in typed("suppress_tokens", list, [])]
+    bad_words, suppressed = (
+        typed("bad_words_ids", list, []),
+        [[i] for i in typed("suppress_tokens", list, [])],
+    )
     bans = [*bad_words, *suppressed]
-    banned = {ids[0] for ids in bans if isinstance(ids, list) and len(ids) == 1 and type(ids[0]) is int}
-    limit = (typed("max_new_tokens", int, 0) - 1) if get("max_new_tokens") else (typed("max_length", int, 0) or 20) - 2
-    floor = (typed("min_new_tokens", int, 0) - 1) if get("min_new_tokens") else (typed("min_length", int, 0) or 0) - 1
+    banned = {
+        ids[0] for ids in bans if isinstance(ids, list) and len(ids) == 1 and type(ids[0]) is int
+    }
+    limit = (
+        (typed("max_new_tokens", int, 0) - 1)
+        if get("max_new_tokens")
+        else (typed("max_length", int, 0) or 20) - 2
+    )
+    floor = (
+        (typed("min_new_tokens", int, 0) - 1)
+        if get("min_new_tokens")
+        else (typed("min_length", int, 0) or 0) - 1
+    )
     beam = typed("num_beams", int, 0) or 1
     decode = DecodeConfig(
         beam_size=beam,
@@ -563,16 +825,26 @@ def decode_config(generation: dict[str, Any], tokenizer: MarianTokenizer, file: 
     )
     notes = []
     for key, neutral, why in NOT_APPLIED:
-        value = get(key, False) if key == "early_stopping" else get(key, neutral)  # generate()'s default early_stopping is false
+        value = (
+            get(key, False) if key == "early_stopping" else get(key, neutral)
+        )  # generate()'s default early_stopping is false
         if value != neutral and not (key == "early_stopping" and beam == 1):
             notes.append(f"{key}={value!r}" + (f": {why}" if why else " is not applied"))
-    # What nmt bans: its padding and start pieces, target-language tags (>>fr<<), and <unk> unless decode.allow_unk.
+    # What nmt bans: its padding and start pieces, target-language tags (>>fr<<), and <unk> unless
+    # decode.allow_unk.
     tag_ids = [tgt.marian_ids[i] for i, piece in enumerate(tgt.pieces) if TAG.fullmatch(piece)]
     always = {tgt.marian_ids[PAD], tgt.marian_ids[BOS], tgt.marian_ids[UNK], *tag_ids}
     for key, listed in (("bad_words_ids", bad_words), ("suppress_tokens", suppressed)):
-        other = [ids for ids in listed if not (isinstance(ids, list) and len(ids) == 1 and ids[0] in always)]
+        other = [
+            ids
+            for ids in listed
+            if not (isinstance(ids, list) and len(ids) == 1 and ids[0] in always)
+        ]
         if other:
-            notes.append(f"{key} {other} is not applied (nmt bans its padding and start pieces, language tags and, unless decode.allow_unk, <unk>)")
+            notes.append(
+                f"{key} {other} is not applied (nmt bans its padding and start pieces, language "
+                "tags and, unless decode.allow_unk, <unk>)"
+            )
     return decode, notes
 
 
@@ -595,55 +867,92 @@ GENERATION_KEYS = (
 
 
 def tokenizer_config(tokenizer: MarianTokenizer) -> TokenizerConfig:
-    """The tokenizer section an imported model's config shows (``nmt info``): its segmenters' SentencePiece type
-    (read with protobuf, which SentencePiece's model description needs; OPUS-MT's, unigram, without it) and vocabulary size."""
+    """The tokenizer section an imported model's config shows (``nmt info``): its segmenters'
+    SentencePiece type (read with protobuf, which SentencePiece's model description needs;
+    OPUS-MT's, unigram, without it) and vocabulary size."""
     kind = "unigram"
     try:
         from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
         proto = model_pb2.ModelProto()
         proto.ParseFromString(tokenizer.src.serialized_model_proto())
-        kind = {2: "bpe"}.get(proto.trainer_spec.model_type, "unigram")  # word and char models segment as well; the type is only shown
+        kind = {2: "bpe"}.get(
+            proto.trainer_spec.model_type, "unigram"
+        )  # word and char models segment as well; the type is only shown
     except ImportError:
         pass
-    return TokenizerConfig(type=kind, vocab_size=tokenizer.src.get_piece_size(), joint=tokenizer.joint)
+    return TokenizerConfig(
+        type=kind, vocab_size=tokenizer.src.get_piece_size(), joint=tokenizer.joint
+    )
 
 
-def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: str | None = None) -> Imported:
-    """Read a Hugging Face Marian directory (an OPUS-MT model as downloaded, or one ``nmt export`` wrote) as an nmt model.
+def import_huggingface(
+    path: str | Path, src_lang: str | None = None, tgt_lang: str | None = None
+) -> Imported:
+    """Read a Hugging Face Marian directory (an OPUS-MT model as downloaded, or one ``nmt export``
+    wrote) as an nmt model.
 
-    The languages come from ``tokenizer_config.json`` (``source_lang``, ``target_lang``), else from a directory named
-    ``opus-mt-SRC-TGT``, unless given; ``und`` (ISO 639: undetermined) where none says. A vocabulary with two or more
-    target-language tags (``>>de<<``, ``>>fr<<``) and no target language among them (``mul``, ``ROMANCE`` or none) makes
-    a model of one direction per tag (``data.directions``), the target chosen with ``--tgt-lang``, unless ``tgt_lang``
-    is given or the vocabularies are separate.
+    The languages come from ``tokenizer_config.json`` (``source_lang``, ``target_lang``), else from
+    a directory named
+    ``opus-mt-SRC-TGT``, unless given; ``und`` (ISO 639: undetermined) where none says. A vocabulary
+    with two or more target-language tags (``>>de<<``, ``>>fr<<``) and no target language among them
+    (``mul``, ``ROMANCE`` or none) makes a model of one direction per tag (``data.directions``), the
+    target chosen with ``--tgt-lang``, unless ``tgt_lang`` is given or the vocabularies are
+    separate.
 
     Raises:
-        MarianError: a file is missing or unreadable, or a setting nmt cannot represent (one line naming the file and key).
+        MarianError: a file is missing or unreadable, or a setting nmt cannot represent (one line
+            naming the file and key).
     """
     directory = resolve_directory(path)
     config = _json(directory / "config.json")
-    generation = _json(directory / "generation_config.json", required=False) or {k: config[k] for k in GENERATION_KEYS if k in config}
+    generation = _json(directory / "generation_config.json", required=False) or {
+        k: config[k] for k in GENERATION_KEYS if k in config
+    }
     tokenizer = read_tokenizer(directory, config)
     model = model_config(config, tokenizer, str(directory / "config.json"))
-    settings_file = directory / ("generation_config.json" if (directory / "generation_config.json").is_file() else "config.json")
+    settings_file = directory / (
+        "generation_config.json"
+        if (directory / "generation_config.json").is_file()
+        else "config.json"
+    )
     decode, notes = decode_config(generation, tokenizer, str(settings_file))
     for note in notes:
         log.warning("warning: %s: %s", settings_file, note)
     for key in ("encoder_layerdrop", "decoder_layerdrop"):
         if config.get(key):
-            log.warning("warning: %s: %s=%s is not applied when fine-tuning (nmt has no layer dropout)", directory / "config.json", key, config[key])
-    named = directory.name.split("-")[-2:] if directory.name.startswith("opus-mt-") else [None, None]  # opus-mt-en-de, opus-mt-tc-big-en-de
-    if "snapshots" in directory.parts:  # a hub cache entry: models--Helsinki-NLP--opus-mt-en-de/snapshots/HASH
+            log.warning(
+                "warning: %s: %s=%s is not applied when fine-tuning (nmt has no layer dropout)",
+                directory / "config.json",
+                key,
+                config[key],
+            )
+    named = (
+        directory.name.split("-")[-2:] if directory.name.startswith("opus-mt-") else [None, None]
+    )  # opus-mt-en-de, opus-mt-tc-big-en-de
+    if (
+        "snapshots" in directory.parts
+    ):  # a hub cache entry: models--Helsinki-NLP--opus-mt-en-de/snapshots/HASH
         entry = directory.parent.parent.name.split("--")[-1]
         named = entry.split("-")[-2:] if entry.startswith("opus-mt-") else named
-    found = [tokenizer.spec.get("source_lang") or named[0], tokenizer.spec.get("target_lang") or named[1]]
-    found = [guess if isinstance(guess, str) and re.fullmatch(LANGUAGE[0], guess) else None for guess in found]  # a code nmt can name files by
+    found = [
+        tokenizer.spec.get("source_lang") or named[0],
+        tokenizer.spec.get("target_lang") or named[1],
+    ]
+    found = [
+        guess if isinstance(guess, str) and re.fullmatch(LANGUAGE[0], guess) else None
+        for guess in found
+    ]  # a code nmt can name files by
     langs = [str(given or guess or "und") for given, guess in zip((src_lang, tgt_lang), found)]
-    # Target-language tags in the vocabulary (>>fr<<, as nmt's multilingual export and OPUS-MT's multi-target models
-    # have them): one direction per tag, chosen with --tgt-lang, unless a target language is given.
-    # A named target that is one of the tags (an OPUS-MT en-de whose vocabulary also lists >>fr<<) keeps the one pair.
-    targets = [piece[2:-2] for piece in tokenizer.src.layout.pieces if TAG.fullmatch(piece) and piece[2:-2] != langs[0]]
+    # Target-language tags in the vocabulary (>>fr<<, as nmt's multilingual export and OPUS-MT's
+    # multi-target models have them): one direction per tag, chosen with --tgt-lang, unless a target
+    # language is given. A named target that is one of the tags (an OPUS-MT en-de whose vocabulary
+    # also lists >>fr<<) keeps the one pair.
+    targets = [
+        piece[2:-2]
+        for piece in tokenizer.src.layout.pieces
+        if TAG.fullmatch(piece) and piece[2:-2] != langs[0]
+    ]
     if len(targets) > 1 and tgt_lang is None and tokenizer.joint and found[1] not in targets:
         data = DataConfig(directions=tuple(f"{langs[0]}-{t}" for t in targets))
     else:
@@ -660,16 +969,26 @@ def import_huggingface(path: str | Path, src_lang: str | None = None, tgt_lang: 
         "vocab_size": len(tokenizer.spec["vocab"]),
         "name_or_path": str(config.get("_name_or_path") or directory.name),
         "transformers_version": config.get("transformers_version"),
-        "max_position_embeddings": _typed(config, "max_position_embeddings", int, 0, str(directory / "config.json"))
+        "max_position_embeddings": _typed(
+            config, "max_position_embeddings", int, 0, str(directory / "config.json")
+        )
         or MARIAN_DEFAULTS["max_position_embeddings"],
         "not_applied": notes,
     }
     return Imported(cfg, state, tokenizer, origin)
 
 
-def import_checkpoint(path: str | Path, out: str | Path, format: str = "huggingface", src_lang: str | None = None, tgt_lang: str | None = None) -> dict:
-    """Write the model of the ``format`` directory ``path`` as an nmt checkpoint at ``out`` (no training state:
-    ``nmt train --init-from`` fine-tunes it; translate, evaluate, serve, average and export read it).
+def import_checkpoint(
+    path: str | Path,
+    out: str | Path,
+    format: str = "huggingface",
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+) -> dict:
+    """Write the model of the ``format`` directory ``path`` as an nmt checkpoint at ``out`` (no
+    training state:
+    ``nmt train --init-from`` fine-tunes it; translate, evaluate, serve, average and export read
+    it).
 
     Returns:
         The payload written (``imported_from`` says where it came from).
@@ -682,10 +1001,16 @@ def import_checkpoint(path: str | Path, out: str | Path, format: str = "huggingf
     from .files import check_not_an_input, check_writable
 
     if format != "huggingface":
-        raise MarianError(Key("format"), f" {format!r} is not supported; use huggingface (a MarianMTModel directory, such as an OPUS-MT model)")
+        raise MarianError(
+            Key("format"),
+            f" {format!r} is not supported; use huggingface (a MarianMTModel directory, such as an "
+            "OPUS-MT model)",
+        )
     check_writable(Path(out), Key("out"))
     if Path(path).is_dir():  # --out inside the directory it reads would replace one of its files
-        check_not_an_input(Path(out), [("DIR", f) for f in Path(path).rglob("*") if f.is_file()], "--out")
+        check_not_an_input(
+            Path(out), [("DIR", f) for f in Path(path).rglob("*") if f.is_file()], "--out"
+        )
     imported = import_huggingface(path, src_lang, tgt_lang)
     payload = {
         "model": imported.state,

@@ -23,13 +23,20 @@ import sys
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameters, from glibc's <malloc.h>
 NEVER_TRIM = 2**31 - 1  # bytes: mallopt takes an int
 DEFAULT_MMAP_MAX = 65536  # glibc's default count of mmapped blocks
-ALLOCATORS = ("malloc", "hoard", "scudo")  # in the file name of a preloaded allocator: jemalloc, tcmalloc, mimalloc, ...
+ALLOCATORS = (
+    "malloc",
+    "hoard",
+    "scudo",
+)  # in the file name of a preloaded allocator: jemalloc, tcmalloc, mimalloc, ...
 
 
-def chosen_by_user(environ: dict[str, str] | None = None, preload_file: str = "/etc/ld.so.preload") -> str | None:
+def chosen_by_user(
+    environ: dict[str, str] | None = None, preload_file: str = "/etc/ld.so.preload"
+) -> str | None:
     """What already chose how this process allocates memory, or None: ``GLIBC_TUNABLES`` with a
     malloc setting, a ``MALLOC_*`` variable with a value, or an allocator preloaded by
-    ``LD_PRELOAD`` or ``preload_file`` (a library whose file name holds one of :data:`ALLOCATORS`)."""
+    ``LD_PRELOAD`` or ``preload_file`` (a library whose file name holds one of
+    :data:`ALLOCATORS`)."""
     env = os.environ if environ is None else environ
     if "malloc" in env.get("GLIBC_TUNABLES", "").lower():
         return "GLIBC_TUNABLES"
@@ -61,7 +68,9 @@ def keep_freed_memory() -> bool:
     if not sys.platform.startswith("linux") or chosen_by_user():
         return False
     try:
-        libc = ctypes.CDLL(None)  # the symbols already loaded into this process, its C library's among them
+        libc = ctypes.CDLL(
+            None
+        )  # the symbols already loaded into this process, its C library's among them
         libc.gnu_get_libc_version  # noqa: B018 (glibc only)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
@@ -70,6 +79,8 @@ def keep_freed_memory() -> bool:
     if mallopt(M_MMAP_MAX, 0) != 1:
         return False
     if mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) != 1:
-        mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)  # half applied is worse than neither: blocks kept but trimmed away
+        mallopt(
+            M_MMAP_MAX, DEFAULT_MMAP_MAX
+        )  # half applied is worse than neither: blocks kept but trimmed away
         return False
     return True

@@ -44,7 +44,15 @@ from .clean import stripped_side
 from .corpus import DataError, ParallelText, load_split
 from .errors import Key
 from .fields import ConfigError, did_you_mean
-from .tokenizer import AUTO_COVERAGE_SENTENCES, UNK, Tokenizer, TokenizerError, coverage_settings, reservoir_sample, train_sentencepiece
+from .tokenizer import (
+    AUTO_COVERAGE_SENTENCES,
+    UNK,
+    Tokenizer,
+    TokenizerError,
+    coverage_settings,
+    reservoir_sample,
+    train_sentencepiece,
+)
 
 log = logging.getLogger("nmt.train")
 
@@ -61,7 +69,8 @@ class Direction:
 
 
 def directions(data) -> tuple[Direction, ...]:
-    """The directions ``data`` (a :class:`~nmt.config.DataConfig`) trains: ``data.directions``, else its one pair."""
+    """The directions ``data`` (a :class:`~nmt.config.DataConfig`) trains: ``data.directions``, else
+    its one pair."""
     if data.directions:
         return tuple(Direction(*pair.split("-")) for pair in data.directions)
     return (Direction(data.src_lang, data.tgt_lang),)
@@ -83,7 +92,8 @@ def tag(lang: str) -> str:
 
 
 def tags(data) -> tuple[str, ...]:
-    """The target tags of ``data``'s model: one per target language when there are several, else none."""
+    """The target tags of ``data``'s model: one per target language when there are several, else
+    none."""
     langs = target_languages(data)
     return tuple(map(tag, langs)) if len(langs) > 1 else ()
 
@@ -92,24 +102,29 @@ def check_tags(tokenizer: Tokenizer, data) -> None:
     """Raise unless every target tag of ``data`` is one piece of ``tokenizer``'s source vocabulary.
 
     Raises:
-        TokenizerError: a tag the vocabulary lacks (a reused ``tokenizer.model`` trained without it).
+        TokenizerError: a tag the vocabulary lacks (a reused ``tokenizer.model`` trained without
+            it).
     """
     missing = [t for t in tags(data) if tokenizer.src.piece_to_id(t) == UNK]
     if missing:
         raise TokenizerError(
-            f"the tokenizer has no piece {', '.join(missing)}: the target tags of data.directions must be pieces of their own; "
-            "let nmt train the tokenizer (it reserves them), or train yours with user_defined_symbols=" + ",".join(tags(data))
+            f"the tokenizer has no piece {', '.join(missing)}: the target tags of data.directions "
+            "must be pieces of their own; "
+            "let nmt train the tokenizer (it reserves them), or train yours with "
+            "user_defined_symbols=" + ",".join(tags(data))
         )
 
 
 def tag_ids(tokenizer: Tokenizer, data, lang: str) -> tuple[int, ...]:
-    """The ids put before a source to translate it into ``lang``: its tag's, or none for a model without tags."""
+    """The ids put before a source to translate it into ``lang``: its tag's, or none for a model
+    without tags."""
     return (tokenizer.src.piece_to_id(tag(lang)),) if tags(data) else ()
 
 
 @dataclass(frozen=True)
 class Target:
-    """What a translation into ``lang`` needs: ``src_prefix``, the ids before each source (its tag, or none)."""
+    """What a translation into ``lang`` needs: ``src_prefix``, the ids before each source (its tag,
+    or none)."""
 
     lang: str
     src_prefix: tuple[int, ...] = ()
@@ -129,15 +144,29 @@ def target(cfg, tokenizer: Tokenizer, tgt_lang: str | None) -> Target:
     """
     langs = target_languages(cfg.data)
     if tgt_lang is not None and tgt_lang not in langs:
-        into = f"{langs[0]} only (its config's target language)" if len(langs) == 1 else ", ".join(langs)
+        into = (
+            f"{langs[0]} only (its config's target language)"
+            if len(langs) == 1
+            else ", ".join(langs)
+        )
         if not tgt_lang.strip():
-            raise ConfigError(Key("tgt_lang"), f" {tgt_lang!r}: this model translates into {into}; give a language code ({', '.join(langs)})")
-        # The code a user may have meant by the tag's spelling (>>fr<<) or a region (fr-FR); did_you_mean ignores case (FR).
+            raise ConfigError(
+                Key("tgt_lang"),
+                f" {tgt_lang!r}: this model translates into {into}; give a language code "
+                f"({', '.join(langs)})",
+            )
+        # The code a user may have meant by the tag's spelling (>>fr<<) or a region (fr-FR);
+        # did_you_mean ignores case (FR).
         meant = tgt_lang.strip().strip("<>").split("-")[0]
-        raise ConfigError(Key("tgt_lang"), f" {tgt_lang}: this model translates into {into}{did_you_mean(meant, langs)}")
+        raise ConfigError(
+            Key("tgt_lang"),
+            f" {tgt_lang}: this model translates into {into}{did_you_mean(meant, langs)}",
+        )
     if tgt_lang is None and len(langs) > 1:
         raise ConfigError(
-            f"this model translates into {', '.join(langs)} (directions {', '.join(map(str, directions(cfg.data)))}): choose one with ", Key("tgt_lang")
+            f"this model translates into {', '.join(langs)} (directions "
+            f"{', '.join(map(str, directions(cfg.data)))}): choose one with ",
+            Key("tgt_lang"),
         )
     lang = tgt_lang or langs[0]
     return Target(lang, tag_ids(tokenizer, cfg.data, lang))
@@ -162,11 +191,17 @@ def split_text(data, direction: Direction, split: str) -> ParallelText:
     try:
         return load_split(one, split)
     except DataError as exc:
-        raise DataError(f"data.directions {direction}: {exc}" + (f"; or give {stem}.{direction.src} and {stem}.{direction.tgt}" if data.dir else "")) from None
+        raise DataError(
+            f"data.directions {direction}: {exc}"
+            + (f"; or give {stem}.{direction.src} and {stem}.{direction.tgt}" if data.dir else "")
+        ) from None
 
 
 def _split_file(directory: Path, stem: str, lang: str) -> Path | None:
-    return next((p for p in (directory / f"{stem}.{lang}", directory / f"{stem}.{lang}.gz") if p.is_file()), None)
+    return next(
+        (p for p in (directory / f"{stem}.{lang}", directory / f"{stem}.{lang}.gz") if p.is_file()),
+        None,
+    )
 
 
 # ------------------------------------------------------------------------- tokenizer
@@ -180,7 +215,8 @@ def language_shares(sizes: dict[str, int], total: int, temperature: float) -> di
 
 
 def temperature_weights(sizes: list[int], temperature: float) -> np.ndarray:
-    """``size^(1/T)`` normalised to sum to 1 (Arivazhagan et al. 2019, §4.2), in logs so that no power overflows."""
+    """``size^(1/T)`` normalised to sum to 1 (Arivazhagan et al. 2019, §4.2), in logs so that no
+    power overflows."""
     logs = np.log(np.maximum(np.asarray(sizes, dtype=np.float64), 1)) / temperature
     weights = np.exp(logs - logs.max())
     return weights / weights.sum()
@@ -196,7 +232,9 @@ def language_sample(lines, share: int, seed: int) -> list[str]:
     return sample * copies + random.Random(seed).sample(sample, rest)
 
 
-def train_multilingual_tokenizer(texts: list[tuple[Direction, ParallelText]], cfg, seed: int, user_defined: tuple[str, ...]) -> Tokenizer:
+def train_multilingual_tokenizer(
+    texts: list[tuple[Direction, ParallelText]], cfg, seed: int, user_defined: tuple[str, ...]
+) -> Tokenizer:
     """A joint tokenizer of every language of ``texts`` (each direction's training text), ``cfg``
     a :class:`~nmt.config.TokenizerConfig`, with ``user_defined`` pieces (the target tags).
 
@@ -208,9 +246,15 @@ def train_multilingual_tokenizer(texts: list[tuple[Direction, ParallelText]], cf
     for direction, text in texts:
         for side, lang in enumerate((direction.src, direction.tgt)):
             path = (text.src_path, text.tgt_path)[side]
-            sources.setdefault(lang, {}).setdefault(path.resolve() if path is not None else (text.name, lang), (text, side))
-    sizes = {lang: sum(text.check() for text, _ in found.values()) for lang, found in sources.items()}
-    shares = language_shares(sizes, min(cfg.input_sentence_size, sum(sizes.values())), cfg.sampling_temperature)
+            sources.setdefault(lang, {}).setdefault(
+                path.resolve() if path is not None else (text.name, lang), (text, side)
+            )
+    sizes = {
+        lang: sum(text.check() for text, _ in found.values()) for lang, found in sources.items()
+    }
+    shares = language_shares(
+        sizes, min(cfg.input_sentence_size, sum(sizes.values())), cfg.sampling_temperature
+    )
     log.info(
         "tokenizer text by language (tokenizer.sampling_temperature %s): %s",
         cfg.sampling_temperature,
@@ -218,11 +262,17 @@ def train_multilingual_tokenizer(texts: list[tuple[Direction, ParallelText]], cf
     )
     samples = {}
     for i, (lang, found) in enumerate(sources.items()):
-        lines = itertools.chain.from_iterable(stripped_side(text, side) for text, side in found.values())
+        lines = itertools.chain.from_iterable(
+            stripped_side(text, side) for text, side in found.values()
+        )
         samples[lang] = language_sample(lines, shares[lang], seed + i)
-    coverage, fallback = coverage_settings(cfg, {lang: lines[:AUTO_COVERAGE_SENTENCES] for lang, lines in samples.items()})
+    coverage, fallback = coverage_settings(
+        cfg, {lang: lines[:AUTO_COVERAGE_SENTENCES] for lang, lines in samples.items()}
+    )
     sentences = list(itertools.chain.from_iterable(samples.values()))
-    sp = train_sentencepiece(sentences, cfg.vocab_size, cfg.type, coverage, len(sentences), seed, fallback, user_defined)
+    sp = train_sentencepiece(
+        sentences, cfg.vocab_size, cfg.type, coverage, len(sentences), seed, fallback, user_defined
+    )
     return Tokenizer(sp, sp)
 
 
@@ -232,7 +282,8 @@ def train_multilingual_tokenizer(texts: list[tuple[Direction, ParallelText]], cf
 @dataclass(frozen=True)
 class DirectionMix:
     """How an epoch draws from the corpora of several directions joined one after another
-    (:meth:`nmt.encoded.EncodedCorpus.joined`): ``sizes`` examples each, mixed at ``temperature``."""
+    (:meth:`nmt.encoded.EncodedCorpus.joined`): ``sizes`` examples each, mixed at
+    ``temperature``."""
 
     sizes: tuple[int, ...]
     temperature: float
@@ -240,7 +291,8 @@ class DirectionMix:
     @property
     def draws(self) -> tuple[int, ...]:
         """Examples of each direction in an epoch: ``N = sum(sizes)`` shared in proportion to
-        ``size^(1/T)``, rounded so that they sum to ``N`` (largest remainders first); ``sizes`` at ``T`` = 1."""
+        ``size^(1/T)``, rounded so that they sum to ``N`` (largest remainders first); ``sizes`` at
+        ``T`` = 1."""
         total = sum(self.sizes)
         if self.temperature == 1:
             return self.sizes
@@ -251,20 +303,31 @@ class DirectionMix:
         return tuple(int(n) for n in draws)
 
     def epoch_examples(self, seed: int, epoch: int) -> np.ndarray:
-        """The examples of ``epoch`` (indices into the joined corpora, sorted): direction ``d``'s every
-        example ``draws[d] // sizes[d]`` times, and a uniform sample without repeats for the rest."""
-        rng = np.random.default_rng([seed, epoch, 1])  # not the stream the sampler sorts and shuffles with
+        """The examples of ``epoch`` (indices into the joined corpora, sorted): direction ``d``'s
+        every example ``draws[d] // sizes[d]`` times, and a uniform sample without repeats for the
+        rest."""
+        rng = np.random.default_rng(
+            [seed, epoch, 1]
+        )  # not the stream the sampler sorts and shuffles with
         starts = np.concatenate([[0], np.cumsum(self.sizes)])
         chosen = []
         for start, size, draws in zip(starts, self.sizes, self.draws):
             copies, rest = divmod(draws, size)
-            chosen.append(start + np.concatenate([np.tile(np.arange(size), copies), rng.choice(size, rest, replace=False)]))
+            chosen.append(
+                start
+                + np.concatenate(
+                    [np.tile(np.arange(size), copies), rng.choice(size, rest, replace=False)]
+                )
+            )
         return np.sort(np.concatenate(chosen))
 
     def describe(self, names: list[str]) -> str:
         """Each direction's share of an epoch, for the log."""
         total = sum(self.draws)
-        return ", ".join(f"{name} {d:,} of {n:,} pairs ({100 * d / total:.1f}%, each {d / n:.2f} times)" for name, n, d in zip(names, self.sizes, self.draws))
+        return ", ".join(
+            f"{name} {d:,} of {n:,} pairs ({100 * d / total:.1f}%, each {d / n:.2f} times)"
+            for name, n, d in zip(names, self.sizes, self.draws)
+        )
 
 
 # ------------------------------------------------------------------------- validation
@@ -275,7 +338,10 @@ def mean_validation(results: dict[str, dict]) -> dict:
     mean over directions of BLEU, chrF and the losses (perplexity from the mean NLL), which
     ``best.pt`` and ``train.patience`` follow, then each direction's as ``KEY/DIRECTION``."""
     first = next(iter(results.values()))
-    mean = {k: float(np.mean([r[k] for r in results.values()])) for k in ("bleu", "chrf", "valid_loss", "valid_nll")}
+    mean = {
+        k: float(np.mean([r[k] for r in results.values()]))
+        for k in ("bleu", "chrf", "valid_loss", "valid_nll")
+    }
     signatures = list(dict.fromkeys(r["bleu_signature"] for r in results.values()))
     out = {
         **mean,
@@ -284,5 +350,16 @@ def mean_validation(results: dict[str, dict]) -> dict:
         "example": first["example"],
     }
     for name, r in results.items():
-        out |= {f"{k}/{name}": r[k] for k in ("bleu", "chrf", "valid_loss", "valid_nll", "valid_ppl", "bleu_signature", "example")}
+        out |= {
+            f"{k}/{name}": r[k]
+            for k in (
+                "bleu",
+                "chrf",
+                "valid_loss",
+                "valid_nll",
+                "valid_ppl",
+                "bleu_signature",
+                "example",
+            )
+        }
     return out

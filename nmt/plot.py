@@ -1,4 +1,5 @@
-"""``nmt plot``: a run's metrics over training steps, or a translation's cross-attention, as a PNG."""
+"""``nmt plot``: a run's metrics over training steps, or a translation's cross-attention, as a
+PNG."""
 
 from __future__ import annotations
 
@@ -14,16 +15,24 @@ from .files import atomic_write
 
 log = logging.getLogger("nmt.plot")
 
-#: Where a font for Chinese, Japanese or Korean labels comes from, for the warning when none is installed.
-CJK_FONT_HINT = "install one: Debian's fonts-noto-cjk (apt install fonts-noto-cjk), or for Japanese pip's japanize-matplotlib"
+#: Where a font for Chinese, Japanese or Korean labels comes from, for the warning when none is
+#: installed.
+CJK_FONT_HINT = (
+    "install one: Debian's fonts-noto-cjk (apt install fonts-noto-cjk), or for "
+    "Japanese pip's japanize-matplotlib"
+)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Records of ``run_dir/metrics.jsonl``. Raises :class:`~nmt.corpus.DataError` if absent or malformed."""
+    """Records of ``run_dir/metrics.jsonl``. Raises :class:`~nmt.corpus.DataError` if absent or
+    malformed."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         if (Path(run_dir) / ".lock").is_file():  # a run's, stopped before it logged a step
-            raise DataError(f"{path}: not found: the run in {run_dir} logged nothing yet (train.log_every steps, or a validation, write a record)")
+            raise DataError(
+                f"{path}: not found: the run in {run_dir} logged nothing yet (train.log_every "
+                "steps, or a validation, write a record)"
+            )
         raise DataError(f"{path}: not found; is {run_dir} a run directory?")
     records = []
     for number, line in enumerate(path.read_bytes().splitlines(), start=1):
@@ -33,7 +42,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
             raise DataError(f"{path}:{number}: not a JSON object") from None
         if not _is_record(record):
             raise DataError(
-                f"{path}:{number}: not a record of nmt train (an object with an integer step, and numbers for loss and lr,"
+                f"{path}:{number}: not a record of nmt train (an object with an integer step, and "
+                "numbers for loss and lr,"
                 " or for bleu and valid_loss); remove or correct the line"
             )
         records.append(record)
@@ -41,14 +51,22 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def _is_record(record) -> bool:
-    """Whether a ``metrics.jsonl`` record has what :func:`plot_metrics` reads, of the right types."""
+    """Whether a ``metrics.jsonl`` record has what :func:`plot_metrics` reads, of the right
+    types."""
 
     def number(key: str) -> bool:
         return isinstance(record.get(key), (int, float)) and not isinstance(record[key], bool)
 
-    if not isinstance(record, dict) or not number("step") or not math.isfinite(record["step"]) or record["step"] != int(record["step"]):
+    if (
+        not isinstance(record, dict)
+        or not number("step")
+        or not math.isfinite(record["step"])
+        or record["step"] != int(record["step"])
+    ):
         return False
-    return ("loss" not in record or number("loss") and number("lr")) and ("bleu" not in record or number("bleu") and number("valid_loss"))
+    return ("loss" not in record or number("loss") and number("lr")) and (
+        "bleu" not in record or number("bleu") and number("valid_loss")
+    )
 
 
 def _pyplot():
@@ -100,16 +118,41 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     train = [r for r in records if "loss" in r]
     valid = [r for r in records if "bleu" in r]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train (label-smoothed)")
-    names = list(dict.fromkeys(k.partition("/")[2] for r in valid for k in r if k.startswith("bleu/")))  # the directions, if several
+    axes[0].plot(
+        [r["step"] for r in train], [r["loss"] for r in train], label="train (label-smoothed)"
+    )
+    names = list(
+        dict.fromkeys(k.partition("/")[2] for r in valid for k in r if k.startswith("bleu/"))
+    )  # the directions, if several
     mean = f" (mean of {len(names)} directions)" if names else ""
-    axes[0].plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label=f"validation{mean or ' (label-smoothed)'}")
-    axes[1].plot([r["step"] for r in valid], [r["bleu"] for r in valid], "o-", label=f"mean{', which best.pt follows' if names else ''}")
+    axes[0].plot(
+        [r["step"] for r in valid],
+        [r["valid_loss"] for r in valid],
+        "o-",
+        label=f"validation{mean or ' (label-smoothed)'}",
+    )
+    axes[1].plot(
+        [r["step"] for r in valid],
+        [r["bleu"] for r in valid],
+        "o-",
+        label=f"mean{', which best.pt follows' if names else ''}",
+    )
     for name in names:
         each = [r for r in valid if f"bleu/{name}" in r]
-        axes[0].plot([r["step"] for r in each], [r[f"valid_loss/{name}"] for r in each], ".--", label=f"validation {name}")
-        axes[1].plot([r["step"] for r in each], [r[f"bleu/{name}"] for r in each], ".--", label=name)
-    axes[0].set(xlabel="step", ylabel="loss (nats/token)", title="loss" + (" (label-smoothed)" if names else ""))
+        axes[0].plot(
+            [r["step"] for r in each],
+            [r[f"valid_loss/{name}"] for r in each],
+            ".--",
+            label=f"validation {name}",
+        )
+        axes[1].plot(
+            [r["step"] for r in each], [r[f"bleu/{name}"] for r in each], ".--", label=name
+        )
+    axes[0].set(
+        xlabel="step",
+        ylabel="loss (nats/token)",
+        title="loss" + (" (label-smoothed)" if names else ""),
+    )
     axes[0].legend()
     axes[1].set(xlabel="step", ylabel="BLEU", title="validation BLEU")
     if names:
@@ -133,10 +176,12 @@ def _characters(font_path: str) -> frozenset[int]:
         return frozenset()
 
 
-def label_fonts(labels: list[str], candidates: list[tuple[str, str]] | None = None) -> list[str] | None:
-    """Font families that draw every character of ``labels``: matplotlib's DejaVu Sans first, then the
-    first of ``candidates`` (``(family, file)``; default: every font matplotlib finds installed, by
-    name) that has the characters DejaVu Sans lacks, for matplotlib's per-glyph fallback.
+def label_fonts(
+    labels: list[str], candidates: list[tuple[str, str]] | None = None
+) -> list[str] | None:
+    """Font families that draw every character of ``labels``: matplotlib's DejaVu Sans first, then
+    the first of ``candidates`` (``(family, file)``; default: every font matplotlib finds installed,
+    by name) that has the characters DejaVu Sans lacks, for matplotlib's per-glyph fallback.
 
     Returns:
         None when DejaVu Sans has them all (the default font will do) or no candidate has them
@@ -154,42 +199,69 @@ def label_fonts(labels: list[str], candidates: list[tuple[str, str]] | None = No
         if missing <= _characters(path):
             return ["DejaVu Sans", family]
     sample = "".join(sorted(map(chr, missing))[:8])
-    log.warning("warning: no installed font has %d of the labels' characters (%s...): they are drawn as boxes; %s", len(missing), sample, CJK_FONT_HINT)
+    log.warning(
+        "warning: no installed font has %d of the labels' characters (%s...): they are drawn as "
+        "boxes; %s",
+        len(missing),
+        sample,
+        CJK_FONT_HINT,
+    )
     return None
 
 
-def plot_attention(weights, src_pieces: list[str], tgt_pieces: list[str], out: Path, marked_layer: int | None = None) -> Path:
+def plot_attention(
+    weights,
+    src_pieces: list[str],
+    tgt_pieces: list[str],
+    out: Path,
+    marked_layer: int | None = None,
+) -> Path:
     """Write heatmaps of cross-attention ``weights`` ``(n_layers, tgt_len, src_len)`` (heads
     averaged; each row sums to 1), one panel per decoder layer: source pieces across, output
-    pieces down, darker = more attention. ``marked_layer``'s title says that alignments come from it."""
+    pieces down, darker = more attention. ``marked_layer``'s title says that alignments come from
+    it."""
     plt = _pyplot()
     fonts = label_fonts(src_pieces + tgt_pieces)
     with plt.rc_context({"font.family": fonts} if fonts else {}), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Glyph .* missing from")  # said once above, not once per glyph
+        warnings.filterwarnings(
+            "ignore", message="Glyph .* missing from"
+        )  # said once above, not once per glyph
         return _draw_attention(plt, weights, src_pieces, tgt_pieces, Path(out), marked_layer)
 
 
-MAX_PIXELS = 40_000_000  # an attention plot's image (160 MB as RGBA): beyond it, drawn at a lower resolution
+MAX_PIXELS = (
+    40_000_000  # an attention plot's image (160 MB as RGBA): beyond it, drawn at a lower resolution
+)
 
 
 def attention_figure(n_layers: int, tgt_len: int, src_len: int) -> tuple[tuple[float, float], int]:
     """The figure size (inches) and resolution (dots per inch, at most 100) of an attention plot: a
-    column per source piece and a row per output piece in each layer's panel, at most :data:`MAX_PIXELS`."""
+    column per source piece and a row per output piece in each layer's panel, at most
+    :data:`MAX_PIXELS`."""
     size = (1.5 + n_layers * (1.8 + 0.35 * src_len), 1.5 + 0.3 * tgt_len)
     return size, max(1, min(100, int((MAX_PIXELS / (size[0] * size[1])) ** 0.5)))
 
 
-def _draw_attention(plt, weights, src_pieces: list[str], tgt_pieces: list[str], out: Path, marked_layer: int | None) -> Path:
+def _draw_attention(
+    plt, weights, src_pieces: list[str], tgt_pieces: list[str], out: Path, marked_layer: int | None
+) -> Path:
     n_layers, tgt_len, src_len = weights.shape
     size, dpi = attention_figure(n_layers, tgt_len, src_len)
-    fig, axes = plt.subplots(1, n_layers, figsize=size, dpi=dpi, squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        1, n_layers, figsize=size, dpi=dpi, squeeze=False, layout="constrained"
+    )
     for layer, ax in enumerate(axes[0]):
         image = ax.imshow(weights[layer], cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_xticks(range(src_len), src_pieces, rotation=90)
         ax.set_yticks(range(tgt_len), tgt_pieces)
-        ax.set(xlabel="source piece", title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""))
+        ax.set(
+            xlabel="source piece",
+            title=f"decoder layer {layer + 1}" + (" (alignments)" if layer == marked_layer else ""),
+        )
     axes[0][0].set_ylabel("output piece")
     fig.colorbar(image, ax=axes[0].tolist(), label="attention (heads averaged)")
-    atomic_write(out, lambda f: fig.savefig(f, dpi=dpi, bbox_inches="tight", format=_suffix_format(out)))  # checked before the translation
+    atomic_write(
+        out, lambda f: fig.savefig(f, dpi=dpi, bbox_inches="tight", format=_suffix_format(out))
+    )  # checked before the translation
     plt.close(fig)
     return out

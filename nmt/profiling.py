@@ -21,6 +21,9 @@ side shared by each sentence's beams (``2 · n_layers · batch · n_heads · src
 head_dim · bytes``) and what copying it per beam would take.
 """
 
+# Size: module at most 470 lines: the parts profiled, their hooks and the memory formulas printed
+# beside them.
+
 from __future__ import annotations
 
 import contextlib
@@ -45,7 +48,15 @@ PARTS = (
     "search bookkeeping",
     "other",
 )
-TRAIN_PARTS = ("encoder self-attention", "decoder self-attention", "cross-attention", "feed-forward", "output projection + loss", "optimizer", "other")
+TRAIN_PARTS = (
+    "encoder self-attention",
+    "decoder self-attention",
+    "cross-attention",
+    "feed-forward",
+    "output projection + loss",
+    "optimizer",
+    "other",
+)
 
 
 @dataclass(frozen=True)
@@ -86,11 +97,19 @@ class Timer:
             return lambda *args: self._open.__setitem__(key, self._now())
 
         def end(key):
-            return lambda *args: self.seconds.__setitem__(name, self.seconds[name] + self._now() - self._open.pop(key))
+            return lambda *args: self.seconds.__setitem__(
+                name, self.seconds[name] + self._now() - self._open.pop(key)
+            )
 
-        self._handles += [module.register_forward_pre_hook(begin((id(module), "f"))), module.register_forward_hook(end((id(module), "f")))]
+        self._handles += [
+            module.register_forward_pre_hook(begin((id(module), "f"))),
+            module.register_forward_hook(end((id(module), "f"))),
+        ]
         if backward:
-            self._handles += [module.register_full_backward_pre_hook(begin((id(module), "b"))), module.register_full_backward_hook(end((id(module), "b")))]
+            self._handles += [
+                module.register_full_backward_pre_hook(begin((id(module), "b"))),
+                module.register_full_backward_hook(end((id(module), "b"))),
+            ]
 
     def watch_model(self, model: Transformer, backward: bool = False) -> None:
         """Every attention and feed-forward module of ``model``, by part."""
@@ -109,8 +128,11 @@ class Timer:
         self._handles = []
 
 
-def shares(seconds: dict[str, float], total: float, parts: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    """Each part's milliseconds and share of ``total``; ``other`` is what no part counted, so the shares sum to 1."""
+def shares(
+    seconds: dict[str, float], total: float, parts: tuple[str, ...]
+) -> dict[str, dict[str, float]]:
+    """Each part's milliseconds and share of ``total``; ``other`` is what no part counted, so the
+    shares sum to 1."""
     counted = {p: seconds.get(p, 0.0) for p in parts if p != "other"}
     counted["other"] = max(0.0, total - sum(counted.values()))
     whole = sum(counted.values()) or 1.0
@@ -119,7 +141,8 @@ def shares(seconds: dict[str, float], total: float, parts: tuple[str, ...]) -> d
 
 def peak_memory(device: torch.device, reset: bool = False) -> int:
     """Peak bytes: the GPU's ``max_memory_allocated``, or the process's peak resident set on the CPU
-    (Linux resets it when ``reset``, through ``/proc/self/clear_refs``; elsewhere it is the process's peak)."""
+    (Linux resets it when ``reset``, through ``/proc/self/clear_refs``; elsewhere it is the
+    process's peak)."""
     if device.type == "cuda":
         if reset:
             torch.cuda.reset_peak_memory_stats(device)
@@ -150,51 +173,93 @@ def sources(shape: Shape, vocab: int, device: torch.device, seed: int = 0) -> to
 
 def forced(shape: Shape, decode: DecodeConfig | None = None) -> DecodeConfig:
     """Search settings that generate exactly ``tgt_len`` pieces with ``beam`` hypotheses."""
-    return replace(decode or DecodeConfig(), beam_size=shape.beam, n_best=1, length_penalty=0.0, max_len_a=0.0, max_len_b=shape.tgt_len, min_len=shape.tgt_len)
+    return replace(
+        decode or DecodeConfig(),
+        beam_size=shape.beam,
+        n_best=1,
+        length_penalty=0.0,
+        max_len_a=0.0,
+        max_len_b=shape.tgt_len,
+        min_len=shape.tgt_len,
+    )
 
 
 def largest_tensors_bytes(cfg: ModelConfig, shape: Shape, dtype: str = "float32") -> int:
-    """A lower bound on the memory a profile of ``shape`` needs, in bytes: the largest of the training
-    step's logits with their gradient and log-softmax (3 × batch · tgt_len · vocab floats), its
-    attention scores with their gradient and softmax (3 × batch · n_heads · max(src_len, tgt_len)²),
-    both only where training is profiled (``dtype`` float32), and the decode's self-attention cache
-    (the formula of :func:`cache_bytes`, in ``dtype``; int8 keeps float32 activations) plus its step's
-    scores over the vocabulary for every hypothesis (2 × batch · beam · vocab, float32)."""
+    """A lower bound on the memory a profile of ``shape`` needs, in bytes: the largest of the
+    training step's logits with their gradient and log-softmax (3 × batch · tgt_len · vocab floats),
+    its attention scores with their gradient and softmax (3 × batch · n_heads · max(src_len,
+    tgt_len)²), both only where training is profiled (``dtype`` float32), and the decode's
+    self-attention cache (the formula of :func:`cache_bytes`, in ``dtype``; int8 keeps float32
+    activations) plus its step's scores over the vocabulary for every hypothesis (2 × batch · beam ·
+    vocab, float32)."""
     head_dim, longest = cfg.d_model // cfg.n_heads, max(shape.src_len, shape.tgt_len)
     rows, element = shape.batch * shape.beam, {"bfloat16": 2, "float16": 2}.get(dtype, 4)
-    training = 4 * max(3 * shape.batch * shape.tgt_len * cfg.tgt_vocab_size, 3 * shape.batch * cfg.n_heads * longest**2) if dtype == "float32" else 0
-    decoding = element * 2 * cfg.n_decoder_layers * rows * cfg.n_heads * shape.tgt_len * head_dim + 4 * 2 * rows * cfg.tgt_vocab_size
+    training = (
+        4
+        * max(
+            3 * shape.batch * shape.tgt_len * cfg.tgt_vocab_size,
+            3 * shape.batch * cfg.n_heads * longest**2,
+        )
+        if dtype == "float32"
+        else 0
+    )
+    decoding = (
+        element * 2 * cfg.n_decoder_layers * rows * cfg.n_heads * shape.tgt_len * head_dim
+        + 4 * 2 * rows * cfg.tgt_vocab_size
+    )
     return max(training, decoding)
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Bytes that can be allocated now: the GPU's free memory, or the system's ``MemAvailable`` (Linux; None elsewhere)."""
+    """Bytes that can be allocated now: the GPU's free memory, or the system's ``MemAvailable``
+    (Linux; None elsewhere)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     with contextlib.suppress(OSError, ValueError, StopIteration):
         with open("/proc/meminfo", encoding="ascii") as f:
-            return 1024 * int(next(line for line in f if line.startswith("MemAvailable:")).split()[1])
+            return 1024 * int(
+                next(line for line in f if line.startswith("MemAvailable:")).split()[1]
+            )
     return None
 
 
 def cache_bytes(model: Transformer, shape: Shape, dtype: torch.dtype) -> dict[str, int]:
-    """The decoder cache after ``tgt_len`` steps, measured, beside the formulas (module docstring)."""
+    """The decoder cache after ``tgt_len`` steps, measured, beside the formulas (module
+    docstring)."""
     cfg = model.cfg
     element = torch.empty((), dtype=dtype).element_size()
     with torch.inference_mode():
-        memory, mask = model.encode(sources(shape, cfg.src_vocab_size, next(model.parameters()).device))
+        memory, mask = model.encode(
+            sources(shape, cfg.src_vocab_size, next(model.parameters()).device)
+        )
         cache = model.start_decoding(memory, mask, shape.beam)
         tokens = torch.full((shape.batch * shape.beam,), 5, device=memory.device)
         for _ in range(shape.tgt_len):
             _, cache = model.decode_step(tokens, cache)
     head_dim = cfg.d_model // cfg.n_heads
     return {
-        "self_kv_bytes_measured": cache.self_kv[..., : cache.length, :].numel() * cache.self_kv.element_size(),
-        "self_kv_bytes_formula": 2 * cfg.n_decoder_layers * shape.batch * shape.beam * cfg.n_heads * shape.tgt_len * head_dim * element,
+        "self_kv_bytes_measured": cache.self_kv[..., : cache.length, :].numel()
+        * cache.self_kv.element_size(),
+        "self_kv_bytes_formula": 2
+        * cfg.n_decoder_layers
+        * shape.batch
+        * shape.beam
+        * cfg.n_heads
+        * shape.tgt_len
+        * head_dim
+        * element,
         "self_kv_bytes_allocated": cache.self_kv.numel() * cache.self_kv.element_size(),
         "source_kv_bytes_measured": cache.cross_kv.numel() * cache.cross_kv.element_size(),
-        "source_kv_bytes_formula": 2 * cfg.n_decoder_layers * shape.batch * cfg.n_heads * shape.src_len * head_dim * element,
-        "source_kv_bytes_if_copied_per_beam": cache.cross_kv.numel() * cache.cross_kv.element_size() * shape.beam,
+        "source_kv_bytes_formula": 2
+        * cfg.n_decoder_layers
+        * shape.batch
+        * cfg.n_heads
+        * shape.src_len
+        * head_dim
+        * element,
+        "source_kv_bytes_if_copied_per_beam": cache.cross_kv.numel()
+        * cache.cross_kv.element_size()
+        * shape.beam,
     }
 
 
@@ -207,7 +272,11 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
     translate_batch(model, src[:2], decode)  # warm-up: first calls allocate and pick kernels
     timer = Timer(device)
     timer.watch_model(model)
-    originals = {"encode": model.encode, "start_decoding": model.start_decoding, "log_probs": model.log_probs}
+    originals = {
+        "encode": model.encode,
+        "start_decoding": model.start_decoding,
+        "log_probs": model.log_probs,
+    }
     step = TransformerScorer.step
 
     def timed(name, function):
@@ -220,7 +289,10 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
     peak_memory(device, reset=True)
     try:
         TransformerScorer.step = timed("scorer", step)
-        model.encode, model.start_decoding = timed("encode", model.encode), timed("source side", model.start_decoding)
+        model.encode, model.start_decoding = (
+            timed("encode", model.encode),
+            timed("source side", model.start_decoding),
+        )
         model.log_probs = timed("output projection + log-softmax", model.log_probs)
         with timer.part("total"):
             translate_batch(model, src, decode)
@@ -231,8 +303,12 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
         timer.close()
     seconds = dict(timer.seconds)
     total = seconds["total"]
-    seconds["cross-attention"] += seconds["source side"]  # the source keys/values, computed once per sentence
-    seconds["search bookkeeping"] = total - seconds["encode"] - seconds["source side"] - seconds["scorer"]
+    seconds["cross-attention"] += seconds[
+        "source side"
+    ]  # the source keys/values, computed once per sentence
+    seconds["search bookkeeping"] = (
+        total - seconds["encode"] - seconds["source side"] - seconds["scorer"]
+    )
     return {
         "seconds": total,
         "parts": shares(seconds, total, PARTS),
@@ -242,7 +318,9 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
     }
 
 
-def latency(model, device: torch.device, src_len: int, tgt_len: int, beam: int, repeats: int = 3) -> float:
+def latency(
+    model, device: torch.device, src_len: int, tgt_len: int, beam: int, repeats: int = 3
+) -> float:
     """Milliseconds per generated piece for one sentence alone (the fastest of ``repeats``)."""
     from .core.search import translate_batch
 
@@ -260,7 +338,8 @@ def latency(model, device: torch.device, src_len: int, tgt_len: int, beam: int, 
 
 
 def profile_train(cfg: ModelConfig, shape: Shape, device: torch.device) -> dict:
-    """Time the parts of one training step (forward, backward, Adam) on a batch of ``shape``, and its peak memory.
+    """Time the parts of one training step (forward, backward, Adam) on a batch of ``shape``, and
+    its peak memory.
 
     The output projection and loss, forward and backward, are timed by running them once
     more on the step's own decoder states (they are not a module that hooks can watch).
@@ -307,7 +386,12 @@ def profile_train(cfg: ModelConfig, shape: Shape, device: torch.device) -> dict:
     model.zero_grad(set_to_none=True)
     seconds = dict(timer.seconds)
     total = seconds["total"]
-    return {"seconds": total, "parts": shares(seconds, total, TRAIN_PARTS), "peak_memory_bytes": peak, "target_tokens_per_s": batch.n_tgt_tokens / total}
+    return {
+        "seconds": total,
+        "parts": shares(seconds, total, TRAIN_PARTS),
+        "peak_memory_bytes": peak,
+        "target_tokens_per_s": batch.n_tgt_tokens / total,
+    }
 
 
 def profile(model, shape: Shape, device: torch.device, dtype_name: str = "float32") -> dict:
@@ -317,10 +401,22 @@ def profile(model, shape: Shape, device: torch.device, dtype_name: str = "float3
         return _profile(model, shape, device, dtype_name, dtype)
 
 
-def _profile(model, shape: Shape, device: torch.device, dtype_name: str, dtype: torch.dtype) -> dict:
+def _profile(
+    model, shape: Shape, device: torch.device, dtype_name: str, dtype: torch.dtype
+) -> dict:
     cfg = model.cfg
     return {
-        "model": {k: getattr(cfg, k) for k in ("d_model", "d_ff", "n_heads", "n_encoder_layers", "n_decoder_layers", "tgt_vocab_size")},
+        "model": {
+            k: getattr(cfg, k)
+            for k in (
+                "d_model",
+                "d_ff",
+                "n_heads",
+                "n_encoder_layers",
+                "n_decoder_layers",
+                "tgt_vocab_size",
+            )
+        },
         "shape": asdict(shape),
         "device": str(device),
         "dtype": dtype_name,
@@ -328,28 +424,47 @@ def _profile(model, shape: Shape, device: torch.device, dtype_name: str, dtype: 
         "decode": profile_decode(model, shape, device),
         "train": profile_train(cfg, shape, device) if dtype_name == "float32" else None,
         "cache": cache_bytes(model, shape, dtype),
-        "latency_ms_per_piece": {f"beam {b}": latency(model, device, shape.src_len, shape.tgt_len, b) for b in (1, 5)},
+        "latency_ms_per_piece": {
+            f"beam {b}": latency(model, device, shape.src_len, shape.tgt_len, b) for b in (1, 5)
+        },
     }
 
 
 def format_profile(result: dict) -> str:
     """:func:`profile`'s result as a table for a terminal."""
     lines = [
-        f"{result['device']}, {result['dtype']}, {result['threads']} thread(s); batch {result['shape']['batch']}, "
-        f"beam {result['shape']['beam']}, {result['shape']['src_len']} source and {result['shape']['tgt_len']} target pieces"
+        f"{result['device']}, {result['dtype']}, {result['threads']} thread(s); batch "
+        f"{result['shape']['batch']}, "
+        f"beam {result['shape']['beam']}, {result['shape']['src_len']} source and "
+        f"{result['shape']['tgt_len']} target pieces"
     ]
     for name, parts in (("decode", result["decode"]), ("training step", result["train"])):
         if parts is None:
             continue
-        lines.append(f"\n{name}: {1000 * parts['seconds']:.1f} ms, peak memory {parts['peak_memory_bytes'] / 2**20:.0f} MiB")
-        lines += [f"  {part:<32} {v['ms']:>9.1f} ms {100 * v['share']:>6.1f}%" for part, v in parts["parts"].items()]
+        lines.append(
+            f"\n{name}: {1000 * parts['seconds']:.1f} ms, peak memory "
+            f"{parts['peak_memory_bytes'] / 2**20:.0f} MiB"
+        )
+        lines += [
+            f"  {part:<32} {v['ms']:>9.1f} ms {100 * v['share']:>6.1f}%"
+            for part, v in parts["parts"].items()
+        ]
     d = result["decode"]
-    lines.append(f"\nthroughput: {d['sentences_per_s']:.1f} sentences/s, {d['tokens_per_s']:.0f} target pieces/s")
-    lines.append("latency, one sentence: " + ", ".join(f"{k} {v:.2f} ms a piece" for k, v in result["latency_ms_per_piece"].items()))
+    lines.append(
+        f"\nthroughput: {d['sentences_per_s']:.1f} sentences/s, {d['tokens_per_s']:.0f} target "
+        "pieces/s"
+    )
+    lines.append(
+        "latency, one sentence: "
+        + ", ".join(f"{k} {v:.2f} ms a piece" for k, v in result["latency_ms_per_piece"].items())
+    )
     c = result["cache"]
     lines.append(
-        f"decoder cache: self-attention {c['self_kv_bytes_measured']:,} bytes measured, {c['self_kv_bytes_formula']:,} by formula "
-        f"({c['self_kv_bytes_allocated']:,} allocated); source side {c['source_kv_bytes_measured']:,} shared "
-        f"({c['source_kv_bytes_formula']:,} by formula; {c['source_kv_bytes_if_copied_per_beam']:,} if copied per beam)"
+        f"decoder cache: self-attention {c['self_kv_bytes_measured']:,} bytes measured, "
+        f"{c['self_kv_bytes_formula']:,} by formula "
+        f"({c['self_kv_bytes_allocated']:,} allocated); source side "
+        f"{c['source_kv_bytes_measured']:,} shared "
+        f"({c['source_kv_bytes_formula']:,} by formula; "
+        f"{c['source_kv_bytes_if_copied_per_beam']:,} if copied per beam)"
     )
     return "\n".join(lines)

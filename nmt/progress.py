@@ -1,6 +1,7 @@
 """Where a training run stands, as its checkpoints record it: the step, the sampler's position and
 what cut the epoch's batches (:class:`Progress`, :class:`Batching`), and every random generator's
-state (:func:`rng_state`), so that ``nmt train --resume`` continues exactly where the run stopped."""
+state (:func:`rng_state`), so that ``nmt train --resume`` continues exactly where the run
+stopped."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import torch
 
 @dataclass(frozen=True)
 class Batching:
-    """What cuts an epoch into batches: the token budget (``train.max_tokens``), the seed, the processes
-    that share the batches and, with several directions, the sampling temperature. A checkpoint stores
-    it as the list ``[max_tokens, seed, processes]`` (and the temperature), as every version has."""
+    """What cuts an epoch into batches: the token budget (``train.max_tokens``), the seed, the
+    processes that share the batches and, with several directions, the sampling temperature. A
+    checkpoint stores it as the list ``[max_tokens, seed, processes]`` (and the temperature), as
+    every version has."""
 
     max_tokens: int
     seed: int
@@ -30,7 +32,9 @@ class Batching:
 
     def stored(self) -> list:
         """The list a checkpoint holds."""
-        return [self.max_tokens, self.seed, self.processes] + ([self.temperature] if self.temperature is not None else [])
+        return [self.max_tokens, self.seed, self.processes] + (
+            [self.temperature] if self.temperature is not None else []
+        )
 
 
 @dataclass
@@ -57,7 +61,8 @@ class Progress:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and CUDA generator states of this process, as checkpoint-safe values."""
+    """Python, NumPy, torch CPU and CUDA generator states of this process, as checkpoint-safe
+    values."""
     np_state = np.random.get_state()
     return {
         "python": random.getstate(),

@@ -11,8 +11,12 @@
   belong to an abandoned history and are removed, so ``metrics.jsonl`` describes one run.
 * **Sweep.** Temporary files that killed writers left (``.last.pt.tmpPID-TOKEN``) are removed
   at the start of every run; those of writers still at work (``nmt average --out RUN/avg.pt``,
-  ``nmt translate -o RUN/hyp.txt``) are left to them (:func:`nmt.temporaries.remove_abandoned_temporaries`).
+  ``nmt translate -o RUN/hyp.txt``) are left to them
+  (:func:`nmt.temporaries.remove_abandoned_temporaries`).
 """
+
+# Size: module at most 550 lines: one run directory's lifecycle: lock, fresh start or resume, and
+# one history.
 
 from __future__ import annotations
 
@@ -27,7 +31,15 @@ from typing import Any
 import torch
 
 from .checkpoint import CheckpointError, load_checkpoint
-from .config import PRESETS, Config, ConfigError, config_from_dict, config_to_dict, load_config, read_config_file
+from .config import (
+    PRESETS,
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    read_config_file,
+)
 from .errors import Key
 from .files import METRICS, RUN_FILE, OutputError, append_line, atomic_write, reason
 
@@ -40,24 +52,34 @@ except ImportError:  # Windows: msvcrt's byte-range locks do the same job
 
 
 def check_config_outside(run_dir: Path, config_file: Path | None) -> None:
-    """Refuse a fresh run given its own directory's ``config.yaml`` as ``--config``: the run replaces that file
-    with its resolved configuration, and the user's comments and layout would be lost.
+    """Refuse a fresh run given its own directory's ``config.yaml`` as ``--config``: the run
+    replaces that file with its resolved configuration, and the user's comments and layout would be
+    lost.
 
     Raises:
         ConfigError: ``config_file`` is (by any name or link) ``run_dir/config.yaml``.
     """
     written = run_dir / "config.yaml"
-    if config_file is not None and written.exists() and Path(config_file).exists() and written.samefile(config_file):
+    if (
+        config_file is not None
+        and written.exists()
+        and Path(config_file).exists()
+        and written.samefile(config_file)
+    ):
         raise ConfigError(
             Key("config"),
-            f" {config_file} is the run's own config.yaml, which a run replaces with its resolved configuration; keep it outside ",
+            f" {config_file} is the run's own config.yaml, which a run replaces with its resolved "
+            "configuration; keep it outside ",
             Key("train.run_dir"),
         )
 
 
 def step_checkpoints(run_dir: Path) -> list[Path]:
     """The run's ``step_N.pt`` files, oldest first."""
-    return sorted((p for p in run_dir.glob("step_*.pt") if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
+    return sorted(
+        (p for p in run_dir.glob("step_*.pt") if p.stem[5:].isdigit()),
+        key=lambda p: int(p.stem[5:]),
+    )
 
 
 class RunDir:
@@ -72,11 +94,15 @@ class RunDir:
         """Create the directory if needed (unless ``resuming``) and take its lock.
 
         Raises:
-            ConfigError: ``path`` is a file, is missing while ``resuming``, or another process holds the lock.
+            ConfigError: ``path`` is a file, is missing while ``resuming``, or another process holds
+                the lock.
             nmt.files.OutputError: the directory cannot be written (read-only, full).
         """
         if resuming and not self.path.is_dir():
-            raise ConfigError(f"--resume: {self.path} does not exist; start a fresh run instead (without --resume)")
+            raise ConfigError(
+                f"--resume: {self.path} does not exist; start a fresh run instead (without "
+                "--resume)"
+            )
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(Key("train.run_dir"), f" {self.path} is a file; choose a directory")
         if not resuming:
@@ -86,23 +112,28 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
             self.lock_file = open(self.path / ".lock", "a+")
         except OSError as exc:
-            raise OutputError(f"cannot write to the run directory {self.path}: {reason(exc)}") from None
+            raise OutputError(
+                f"cannot write to the run directory {self.path}: {reason(exc)}"
+            ) from None
         if not _try_lock(self.lock_file):
             self.lock_file.seek(0)
             holder = self.lock_file.read().strip() or "unknown"
             self.lock_file.close()
             self.lock_file = None
             raise ConfigError(
-                f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or choose another ", Key("train.run_dir")
+                f"{self.path} is in use by another nmt train (pid {holder}); wait for it to end or "
+                "choose another ",
+                Key("train.run_dir"),
             ) from None
         self.lock_file.truncate(0)
         self.lock_file.write(f"{os.getpid()}\n")
         self.lock_file.flush()
 
     def _check_not_foreign(self, inputs: tuple[Path, ...] = ()) -> None:
-        """Refuse a directory no run has used (no ``.lock``, no checkpoint) that holds files of the names a
-        run writes (``config.yaml``, ``metrics.jsonl``, ``spm.model``): a fresh run would replace them.
-        Files the run reads (``inputs``: a tokenizer given as ``tokenizer.model``) are the user's to keep there.
+        """Refuse a directory no run has used (no ``.lock``, no checkpoint) that holds files of the
+        names a run writes (``config.yaml``, ``metrics.jsonl``, ``spm.model``): a fresh run would
+        replace them. Files the run reads (``inputs``: a tokenizer given as ``tokenizer.model``) are
+        the user's to keep there.
 
         Raises:
             ConfigError: naming those files.
@@ -110,13 +141,21 @@ class RunDir:
         if not self.path.is_dir() or (self.path / ".lock").exists() or self.checkpoints():
             return  # a run's, or one copied without its .lock: check_fresh names its checkpoints
         given = [Path(p) for p in inputs if Path(p).exists()]
-        theirs = sorted(p.name for p in self.path.iterdir() if RUN_FILE.fullmatch(p.name) and not any(p.samefile(g) for g in given))
+        theirs = sorted(
+            p.name
+            for p in self.path.iterdir()
+            if RUN_FILE.fullmatch(p.name) and not any(p.samefile(g) for g in given)
+        )
         if theirs:
-            why = f" {self.path} is not a run directory (no .lock) but holds {', '.join(theirs)}, which a run writes and would replace"
+            why = (
+                f" {self.path} is not a run directory (no .lock) but holds {', '.join(theirs)}, "
+                "which a run writes and would replace"
+            )
             raise ConfigError(Key("train.run_dir"), why + "; choose a new or empty directory")
 
     def release(self) -> None:
-        """Drop the lock; remove the directory again if this process created it and wrote nothing else.
+        """Drop the lock; remove the directory again if this process created it and wrote nothing
+        else.
 
         The lock file itself stays: deleting it would let a process that opened it
         before the deletion and one that creates a new one hold "the" lock together.
@@ -133,8 +172,11 @@ class RunDir:
         self.lock_file = None
 
     def checkpoints(self) -> list[Path]:
-        """``last.pt``, ``best.pt`` (those that exist) and the ``step_N.pt`` files, oldest step first."""
-        return [p for p in (self.path / "last.pt", self.path / "best.pt") if p.is_file()] + step_checkpoints(self.path)
+        """``last.pt``, ``best.pt`` (those that exist) and the ``step_N.pt`` files, oldest step
+        first."""
+        return [
+            p for p in (self.path / "last.pt", self.path / "best.pt") if p.is_file()
+        ] + step_checkpoints(self.path)
 
     def check_fresh(self) -> None:
         """Refuse a fresh run where a checkpoint exists (nothing is changed).
@@ -144,10 +186,15 @@ class RunDir:
         """
         existing = sorted(p.name for p in self.checkpoints())
         if existing:
-            raise ConfigError(f"{self.path} already holds a run ({', '.join(existing)}); pass --resume to continue it or choose another ", Key("train.run_dir"))
+            raise ConfigError(
+                f"{self.path} already holds a run ({', '.join(existing)}); pass --resume to "
+                "continue it or choose another ",
+                Key("train.run_dir"),
+            )
 
     def newest_checkpoint(self) -> tuple[Path, dict[str, Any]]:
-        """The newest complete checkpoint with training state, loaded; a damaged one is skipped with a warning.
+        """The newest complete checkpoint with training state, loaded; a damaged one is skipped with
+        a warning.
 
         Raises:
             ConfigError: there is no checkpoint.
@@ -157,10 +204,13 @@ class RunDir:
         steps = {path: _peek(path)[0] for path in self.checkpoints()}
         if not steps:
             raise ConfigError(
-                f"--resume: {self.path} holds no checkpoint (the run stopped before its first one, or never started); run without --resume to start afresh"
+                f"--resume: {self.path} holds no checkpoint (the run stopped before its first one, "
+                "or never started); run without --resume to start afresh"
             )
         first_error = None
-        for path in [path for path, step in steps.items() if step < 0]:  # unreadable: named now, whatever a readable one holds
+        for path in [
+            path for path, step in steps.items() if step < 0
+        ]:  # unreadable: named now, whatever a readable one holds
             try:
                 load_checkpoint(path, training=True)
             except CheckpointError as exc:
@@ -178,20 +228,27 @@ class RunDir:
         raise first_error
 
     def _check_one_run(self, path: Path, payload: dict) -> None:
-        """Refuse to resume from ``path`` when it was written by another run than the directory's other
-        checkpoints (a ``last.pt`` copied in from elsewhere): its steps would be appended to this run's
+        """Refuse to resume from ``path`` when it was written by another run than the directory's
+        other
+        checkpoints (a ``last.pt`` copied in from elsewhere): its steps would be appended to this
+            run's
         records, and ``best.pt`` would stay the other run's.
 
         Raises:
             ConfigError: naming the checkpoint, both runs and what to do.
         """
         ours = (payload.get("run") or {}).get("id")
-        others = {p.name: run for p in self.checkpoints() if p != path and (run := _peek(p)[1]) is not None}
+        others = {
+            p.name: run
+            for p in self.checkpoints()
+            if p != path and (run := _peek(p)[1]) is not None
+        }
         strangers = sorted(name for name, run in others.items() if run != ours)
         if ours is not None and strangers:
             started = (payload.get("run") or {}).get("dir", "elsewhere")
             raise ConfigError(
-                f"--resume: {path} was written by another run (started in {started}) than {', '.join(strangers)} of {self.path}; "
+                f"--resume: {path} was written by another run (started in {started}) than "
+                f"{', '.join(strangers)} of {self.path}; "
                 "put this run's own checkpoint back, or resume that run in a directory of its own"
             )
 
@@ -205,10 +262,17 @@ class RunDir:
         metrics = self.path / METRICS
         if not metrics.is_file():
             return
-        lines = metrics.read_bytes().splitlines()  # bytes: a damaged line is dropped, never a reason to fail
+        lines = (
+            metrics.read_bytes().splitlines()
+        )  # bytes: a damaged line is dropped, never a reason to fail
         kept = [line for line in lines if _record_step(line) <= step]
         if len(kept) < len(lines):
-            log.info("%s: dropping %d records after step %d (not in the history this run continues)", metrics, len(lines) - len(kept), step)
+            log.info(
+                "%s: dropping %d records after step %d (not in the history this run continues)",
+                metrics,
+                len(lines) - len(kept),
+                step,
+            )
             atomic_write(metrics, b"".join(line + b"\n" for line in kept))
 
     def last_validation(self) -> dict | None:
@@ -216,7 +280,9 @@ class RunDir:
         metrics = self.path / METRICS
         lines = metrics.read_bytes().splitlines() if metrics.is_file() else []
         for line in reversed(lines):
-            if _record_step(line) == _NOT_A_RECORD:  # a line cut by a kill mid-write, or edited by hand
+            if (
+                _record_step(line) == _NOT_A_RECORD
+            ):  # a line cut by a kill mid-write, or edited by hand
                 continue
             record = json.loads(line)
             if isinstance(record.get("bleu"), (int, float)):
@@ -228,17 +294,21 @@ class RunDir:
         append_line(self.path / METRICS, json.dumps(values))
 
     def tensorboard(self, step: int):
-        """A TensorBoard writer under ``tensorboard/`` that hides events after ``step`` (an abandoned history); None without the package."""
+        """A TensorBoard writer under ``tensorboard/`` that hides events after ``step`` (an
+        abandoned history); None without the package."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            log.info("tensorboard is not installed: no TensorBoard scalars (metrics.jsonl has them all)")
+            log.info(
+                "tensorboard is not installed: no TensorBoard scalars (metrics.jsonl has them all)"
+            )
             return None
         return SummaryWriter(str(self.path / "tensorboard"), purge_step=step + 1)
 
 
 def _try_lock(f) -> bool:
-    """Take an exclusive lock on the open file ``f`` without waiting: False if another process holds one.
+    """Take an exclusive lock on the open file ``f`` without waiting: False if another process holds
+    one.
 
     ``flock`` on POSIX systems, ``msvcrt.locking`` of the first byte on Windows; the operating
     system drops either when the process ends. Where neither exists, the run goes on unlocked,
@@ -250,12 +320,20 @@ def _try_lock(f) -> bool:
         except BlockingIOError:
             return False
         except OSError as exc:  # a file system without locks (some NFS or FUSE mounts)
-            log.warning("warning: %s cannot be locked (%s): nothing stops a second nmt train in %s", f.name, exc.strerror, Path(f.name).parent)
+            log.warning(
+                "warning: %s cannot be locked (%s): nothing stops a second nmt train in %s",
+                f.name,
+                exc.strerror,
+                Path(f.name).parent,
+            )
         return True
     try:
         import msvcrt
     except ImportError:
-        log.warning("warning: this system offers no file locking: nothing stops a second nmt train in %s", Path(f.name).parent)
+        log.warning(
+            "warning: this system offers no file locking: nothing stops a second nmt train in %s",
+            Path(f.name).parent,
+        )
         return True
     f.seek(0)
     try:
@@ -266,7 +344,8 @@ def _try_lock(f) -> bool:
 
 
 def _peek(path: Path) -> tuple[int, str | None]:
-    """A checkpoint's step and the id of the run that wrote it, read lazily (tensors are not loaded);
+    """A checkpoint's step and the id of the run that wrote it, read lazily (tensors are not
+    loaded);
     ``(-1, None)`` if it cannot be read, a None id where it records none (an older nmt's)."""
     try:
         payload = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
@@ -276,7 +355,9 @@ def _peek(path: Path) -> tuple[int, str | None]:
         return -1, None
 
 
-_NOT_A_RECORD = 1 << 62  # the "step" of a line that is not a record: after every history, so never kept
+_NOT_A_RECORD = (
+    1 << 62
+)  # the "step" of a line that is not a record: after every history, so never kept
 
 
 def _record_step(line: bytes) -> int:
@@ -287,26 +368,43 @@ def _record_step(line: bytes) -> int:
     except ValueError:  # UnicodeDecodeError is one
         return _NOT_A_RECORD
     step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < _NOT_A_RECORD else _NOT_A_RECORD
+    return (
+        step
+        if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < _NOT_A_RECORD
+        else _NOT_A_RECORD
+    )
 
 
 def absolute_paths(cfg: Config) -> Config:
-    """``cfg`` with relative file and directory names made absolute, so a run resumes from any directory."""
+    """``cfg`` with relative file and directory names made absolute, so a run resumes from any
+    directory."""
 
     def absolute(value):
         return os.path.abspath(value) if value else value
 
     d, t = cfg.data, cfg.tokenizer
-    data = {k: absolute(getattr(d, k)) for k in ("dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "cache_dir")}
+    data = {
+        k: absolute(getattr(d, k))
+        for k in ("dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "cache_dir")
+    }
     if d.hf_data_files:
-        data["hf_data_files"] = {k: absolute(v) if os.path.exists(v) else v for k, v in d.hf_data_files.items()}
+        data["hf_data_files"] = {
+            k: absolute(v) if os.path.exists(v) else v for k, v in d.hf_data_files.items()
+        }
     if d.hf_dataset and os.path.exists(d.hf_dataset):  # a local dataset directory, not a hub name
         data["hf_dataset"] = absolute(d.hf_dataset)
     tok = {k: absolute(getattr(t, k)) for k in ("model", "src_model", "tgt_model")}
-    return replace(cfg, data=replace(d, **data), tokenizer=replace(t, **tok), train=replace(cfg.train, run_dir=absolute(cfg.train.run_dir)))
+    return replace(
+        cfg,
+        data=replace(d, **data),
+        tokenizer=replace(t, **tok),
+        train=replace(cfg.train, run_dir=absolute(cfg.train.run_dir)),
+    )
 
 
-def resume_config(saved: dict, overrides: list[str], config_file: Path | None, source: Path) -> Config:
+def resume_config(
+    saved: dict, overrides: list[str], config_file: Path | None, source: Path
+) -> Config:
     """The saved config with each key written in ``config_file`` or set by ``overrides`` taken
     from the config they give, where it differs from the saved value.
 
@@ -317,62 +415,107 @@ def resume_config(saved: dict, overrides: list[str], config_file: Path | None, s
     """
     raw = {section: dict(values) for section, values in saved.items()}
     given = config_to_dict(absolute_paths(load_config(config_file, overrides)))
-    changes = [key for key in _written_keys(overrides, config_file) if given[key[0]][key[1]] != raw[key[0]].get(key[1])]
-    fixed = [f"{s}.{k}" for s, k in changes if s in ("model", "tokenizer") or (s, k) == ("data", "directions")]  # directions: the tokenizer's tags
+    changes = [
+        key
+        for key in _written_keys(overrides, config_file)
+        if given[key[0]][key[1]] != raw[key[0]].get(key[1])
+    ]
+    fixed = [
+        f"{s}.{k}"
+        for s, k in changes
+        if s in ("model", "tokenizer") or (s, k) == ("data", "directions")
+    ]  # directions: the tokenizer's tags
     if fixed:
-        raise ConfigError(f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a new run instead")
+        raise ConfigError(
+            f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a "
+            "new run instead"
+        )
     for section, name in changes:
-        log.info("--resume: %s.%s = %r (was %r)", section, name, given[section][name], raw[section].get(name))
+        log.info(
+            "--resume: %s.%s = %r (was %r)",
+            section,
+            name,
+            given[section][name],
+            raw[section].get(name),
+        )
         raw[section][name] = given[section][name]
     return absolute_paths(config_from_dict(raw, f"{source} with the changes given"))
 
 
-#: Model keys a run started from a checkpoint may change: regularisation, a training setting, not architecture.
-REGULARISATION = ("model.dropout", "model.attention_dropout", "model.activation_dropout", "tokenizer.subword_alpha")
+#: Model keys a run started from a checkpoint may change: regularisation, a training setting, not
+#: architecture.
+REGULARISATION = (
+    "model.dropout",
+    "model.attention_dropout",
+    "model.activation_dropout",
+    "tokenizer.subword_alpha",
+)
 
 
 def _written_keys(overrides: list[str], config_file: Path | None) -> list[tuple[str, str]]:
-    """The ``(section, key)`` pairs a config file writes and the ``--set`` overrides set, in order, once each."""
-    written = read_config_file(config_file)[0] if config_file is not None else {}  # read as load_config reads it (a pipe: once)
+    """The ``(section, key)`` pairs a config file writes and the ``--set`` overrides set, in order,
+    once each."""
+    written = (
+        read_config_file(config_file)[0] if config_file is not None else {}
+    )  # read as load_config reads it (a pipe: once)
     keys = [(s, k) for s, values in written.items() for k in values or {}]
     keys += [tuple(o.split("=", 1)[0].strip().split(".", 1)) for o in overrides]
     return list(dict.fromkeys(keys))
 
 
-LANGUAGE_KEYS = ("src_lang", "tgt_lang", "directions")  # what a run translates between: one pair, or directions
+LANGUAGE_KEYS = (
+    "src_lang",
+    "tgt_lang",
+    "directions",
+)  # what a run translates between: one pair, or directions
 
 
-def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Path | None, source: Path) -> Config:
-    """The config of a new run that starts from the checkpoint ``source`` (``nmt train --init-from``), whose config is ``saved``.
+def init_config(
+    saved: dict, cfg: Config, overrides: list[str], config_file: Path | None, source: Path
+) -> Config:
+    """The config of a new run that starts from the checkpoint ``source`` (``nmt train
+    --init-from``), whose config is ``saved``.
 
-    ``cfg`` (the config file and ``--set``, as for any new run) gives the data, training, scoring and run
-    settings; the model and the tokenizer are the checkpoint's, except the :data:`REGULARISATION` keys
-    written in ``config_file`` or ``overrides``; the decode settings are the checkpoint's but for the keys
-    written, and so are the languages (``src_lang``/``tgt_lang`` or ``directions``, which pick the BLEU
-    tokenizer and the tags) unless one of them is written.
+    ``cfg`` (the config file and ``--set``, as for any new run) gives the data, training, scoring
+    and run settings; the model and the tokenizer are the checkpoint's, except the
+    :data:`REGULARISATION` keys written in ``config_file`` or ``overrides``; the decode settings are
+    the checkpoint's but for the keys written, and so are the languages (``src_lang``/``tgt_lang``
+    or ``directions``, which pick the BLEU tokenizer and the tags) unless one of them is written.
 
     Raises:
-        ConfigError: a key written in the model (a preset counts as its keys) or tokenizer section asks for
-            another value than the checkpoint's, naming the key.
+        ConfigError: a key written in the model (a preset counts as its keys) or tokenizer section
+            asks for another value than the checkpoint's, naming the key.
     """
     given = config_to_dict(absolute_paths(cfg))
     saved = config_to_dict(config_from_dict(saved, str(source)))  # every key, old checkpoints' too
-    raw = {section: dict(values) for section, values in given.items()} | {section: dict(saved[section]) for section in ("model", "tokenizer", "decode")}
+    raw = {section: dict(values) for section, values in given.items()} | {
+        section: dict(saved[section]) for section in ("model", "tokenizer", "decode")
+    }
     written = _written_keys(overrides, config_file)
-    # The languages (src_lang and tgt_lang, or directions) come whole from one side: the checkpoint's unless any is written.
-    languages = given if any(section == "data" and key in LANGUAGE_KEYS for section, key in written) else saved
-    raw["data"] = {k: v for k, v in raw["data"].items() if k not in LANGUAGE_KEYS} | {k: languages["data"][k] for k in LANGUAGE_KEYS if k in languages["data"]}
+    # The languages (src_lang and tgt_lang, or directions) come whole from one side: the
+    # checkpoint's unless any is written.
+    languages = (
+        given
+        if any(section == "data" and key in LANGUAGE_KEYS for section, key in written)
+        else saved
+    )
+    raw["data"] = {k: v for k, v in raw["data"].items() if k not in LANGUAGE_KEYS} | {
+        k: languages["data"][k] for k in LANGUAGE_KEYS if k in languages["data"]
+    }
 
     def keep(section: str, key: str, preset: str | None = None) -> None:
-        """A written model or tokenizer value (or one the written ``preset`` sets): a regularisation value is taken,
-        any other must be the checkpoint's."""
+        """A written model or tokenizer value (or one the written ``preset`` sets): a regularisation
+        value is taken, any other must be the checkpoint's."""
         if key == "preset":
             return
         if f"{section}.{key}" in REGULARISATION:
             raw[section][key] = given[section][key]
         elif given[section][key] != saved[section][key]:
             named = (
-                [Key("model.preset"), f" {preset} sets {section}.{key} {given[section][key]!r}, which"]
+                [
+                    Key("model.preset"),
+                    f" {preset} sets {section}.{key} {given[section][key]!r}, which",
+                ]
                 if preset
                 else [Key(f"{section}.{key}"), f" {given[section][key]!r}"]
             )
@@ -381,8 +524,11 @@ def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Pat
                 str(source),
                 ": ",
                 *named,
-                f" differs from the checkpoint's {saved[section][key]!r}; the {'architecture' if section == 'model' else 'tokenizer'} comes "
-                "from the checkpoint (leave it out of the config; only " + ", ".join(REGULARISATION) + " may change)",
+                f" differs from the checkpoint's {saved[section][key]!r}; the "
+                f"{'architecture' if section == 'model' else 'tokenizer'} comes "
+                "from the checkpoint (leave it out of the config; only "
+                + ", ".join(REGULARISATION)
+                + " may change)",
             )
 
     for section, key in written:
@@ -392,6 +538,10 @@ def init_config(saved: dict, cfg: Config, overrides: list[str], config_file: Pat
             raw[section][key] = given[section][key]
         elif section in ("model", "tokenizer"):
             keep(section, key)
-            for preset_key in PRESETS.get(given["model"]["preset"], {}) if (section, key) == ("model", "preset") else ():
+            for preset_key in (
+                PRESETS.get(given["model"]["preset"], {})
+                if (section, key) == ("model", "preset")
+                else ()
+            ):
                 keep("model", preset_key, given["model"]["preset"])
     return absolute_paths(config_from_dict(raw, f"{source} with the changes given"))

@@ -43,7 +43,8 @@ GPU_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 
 
 def attention_backends(device: torch.device):
-    """A context in which attention uses :data:`GPU_ATTENTION` on a GPU; elsewhere nothing changes."""
+    """A context in which attention uses :data:`GPU_ATTENTION` on a GPU; elsewhere nothing
+    changes."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     return sdpa_kernel(list(GPU_ATTENTION))
@@ -63,15 +64,32 @@ def resolve_device(name: str, what: str = "device") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"{what}: unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+        raise ConfigError(
+            f"{what}: unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps"
+        ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{what} {name!r} asked for, but this torch build or machine has no CUDA; use cpu or auto")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(f"{what} {name!r} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0")
+        raise ConfigError(
+            f"{what} {name!r} asked for, but this torch build or machine has no CUDA; use cpu or "
+            "auto"
+        )
+    if (
+        device.type == "cuda"
+        and device.index is not None
+        and device.index >= torch.cuda.device_count()
+    ):
+        raise ConfigError(
+            f"{what} {name!r} asked for, but this machine has {torch.cuda.device_count()} CUDA "
+            "device(s), numbered from 0"
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"{what} {name!r} asked for, but this torch build or machine has no Apple MPS; use cpu or auto")
+        raise ConfigError(
+            f"{what} {name!r} asked for, but this torch build or machine has no Apple MPS; use cpu "
+            "or auto"
+        )
     if device.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(f"{what}: unsupported device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+        raise ConfigError(
+            f"{what}: unsupported device {name!r}; use auto, cpu, cuda, cuda:N or mps"
+        )
     return device
 
 
@@ -89,7 +107,12 @@ def native_bf16(cpuinfo: str | None = None) -> bool | None:
             cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
-    flags = {word for line in cpuinfo.splitlines() if line.split(":")[0].strip() in ("flags", "Features") for word in line.split(":", 1)[1].split()}
+    flags = {
+        word
+        for line in cpuinfo.splitlines()
+        if line.split(":")[0].strip() in ("flags", "Features")
+        for word in line.split(":", 1)[1].split()
+    }
     return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
 
 
@@ -107,16 +130,24 @@ def resolve_dtype(name: str, device: torch.device, what: str = "dtype") -> torch
         raise ConfigError(f"{what} must be float32, bfloat16, float16, int8 or auto, got {name!r}")
     if name == "int8":
         if device.type != "cpu":
-            raise ConfigError(f"{what} int8 runs on the CPU only (PyTorch's dynamic quantization); use --device cpu, or bfloat16/float16 on a GPU")
+            raise ConfigError(
+                f"{what} int8 runs on the CPU only (PyTorch's dynamic quantization); use --device "
+                "cpu, or bfloat16/float16 on a GPU"
+            )
         return torch.qint8
-    native = native_bf16() if device.type == "cpu" else device.type == "cuda" and torch.cuda.is_bf16_supported()
+    native = (
+        native_bf16()
+        if device.type == "cpu"
+        else device.type == "cuda" and torch.cuda.is_bf16_supported()
+    )
     if name == "auto":
         chosen = torch.bfloat16 if native else torch.float32
         log.info("%s auto: %s on %s", what, str(chosen).removeprefix("torch."), device)
         return chosen
     if name == "bfloat16" and device.type == "cpu" and native is False:
         log.warning(
-            "warning: %s bfloat16 on a CPU without native bfloat16 (no AMX-BF16 or AVX512-BF16 flag in /proc/cpuinfo) "
+            "warning: %s bfloat16 on a CPU without native bfloat16 (no AMX-BF16 or AVX512-BF16 "
+            "flag in /proc/cpuinfo) "
             "runs several times slower than float32; use %s float32 or auto",
             what,
             what,
@@ -137,19 +168,26 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None, min_rows: int = 1):
         super().__init__()
-        self.weight, self.bias, self.min_rows = weight, bias, min_rows  # a Linear's own Parameters stay its state_dict entries
+        self.weight, self.bias, self.min_rows = (
+            weight,
+            bias,
+            min_rows,
+        )  # a Linear's own Parameters stay its state_dict entries
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., in)`` → ``(..., out)``."""
-        if (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)) or x.numel() < self.min_rows * x.size(-1):
+        if (
+            torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        ) or x.numel() < self.min_rows * x.size(-1):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 #: Rows from which a layer's product goes through its packed weight (see :class:`PackedLinear`).
 #: Measured on whole searches (random `small` model, 1 thread, AVX2): one sentence at beam 1 (one
-#: row a step) took 0.123 s with F.linear and 0.135 s packed, at beam 5 (five rows) 0.183 s and 0.171 s.
+#: row a step) took 0.123 s with F.linear and 0.135 s packed, at beam 5 (five rows) 0.183 s and
+#: 0.171 s.
 PACKED_MIN_ROWS = 4
 
 
@@ -167,13 +205,16 @@ def pack_linear_layers(model: nn.Module, min_rows: int) -> nn.Module:
 @functools.cache
 def onednn_linear_works() -> bool:
     """Whether this torch build runs :class:`PackedLinear` (oneDNN present, its private ops as
-    expected, results equal to ``F.linear`` on a small example); False falls back to ``F.linear``."""
+    expected, results equal to ``F.linear`` on a small example); False falls back to
+    ``F.linear``."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
         weight, bias, x = torch.randn(7, 5), torch.randn(7), torch.randn(2, 3, 5)
         with torch.inference_mode():
-            return bool(torch.allclose(PackedLinear(weight, bias)(x), F.linear(x, weight, bias), atol=1e-5))
+            return bool(
+                torch.allclose(PackedLinear(weight, bias)(x), F.linear(x, weight, bias), atol=1e-5)
+            )
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
 
@@ -187,13 +228,16 @@ class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., in)`` float32 → ``(..., out)`` float32."""
-        return torch.ops.quantized.linear_dynamic.default(x, self._packed_params._packed_params, True)  # True: reduce_range, as the parent's version 4
+        return torch.ops.quantized.linear_dynamic.default(
+            x, self._packed_params._packed_params, True
+        )  # True: reduce_range, as the parent's version 4
 
 
 def to_dtype(model: Transformer, dtype: torch.dtype, per_channel: bool = True) -> nn.Module:
     """``model`` for inference in ``dtype`` (from :func:`resolve_dtype`): float32, bfloat16 or
     float16 weights and activations, or ``torch.qint8``: every ``nn.Linear`` dynamically
-    quantized (an :class:`Int8Linear`) (int8 weights, one scale per output channel, or per matrix without
+    quantized (an :class:`Int8Linear`) (int8 weights, one scale per output channel, or per matrix
+    without
     ``per_channel``; activations quantized per batch on the fly) with PyTorch's own
     ``quantize_dynamic``, on the CPU, in ``torch.backends.quantized.engine``'s layout, and a
     quantized copy of the tied output matrix computes the logits. Embeddings, LayerNorm and the
@@ -202,32 +246,52 @@ def to_dtype(model: Transformer, dtype: torch.dtype, per_channel: bool = True) -
     """
     if dtype != torch.qint8:
         model = model.to(dtype)
-        if dtype == torch.float32 and next(model.parameters()).device.type == "cpu" and onednn_linear_works():
+        if (
+            dtype == torch.float32
+            and next(model.parameters()).device.type == "cpu"
+            and onednn_linear_works()
+        ):
             pack_linear_layers(model, PACKED_MIN_ROWS)
-            model.output_projection = PackedLinear(model.tgt_embed.weight.detach(), model.output_bias)
+            model.output_projection = PackedLinear(
+                model.tgt_embed.weight.detach(), model.output_bias
+            )
         return model
-    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
+    from torch.ao.quantization import (
+        default_dynamic_qconfig,
+        per_channel_dynamic_qconfig,
+        quantize_dynamic,
+    )
 
     qconfig = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
-    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao; it still works
+    with (
+        warnings.catch_warnings()
+    ):  # torch.ao.quantization announces its move to torchao; it still works
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         mapping = {nn.Linear: Int8Linear}
-        quantized = quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, mapping=mapping)
+        quantized = quantize_dynamic(
+            model, {nn.Linear: qconfig}, dtype=torch.qint8, mapping=mapping
+        )
         # The tied output matrix is the largest of all: a quantized copy of it computes the logits,
         # while the embeddings (and the checkpoint's tie) keep the float32 matrix.
-        output = nn.Linear(model.cfg.d_model, model.cfg.tgt_vocab_size, bias=model.output_bias is not None)
+        output = nn.Linear(
+            model.cfg.d_model, model.cfg.tgt_vocab_size, bias=model.output_bias is not None
+        )
         output.weight = nn.Parameter(model.tgt_embed.weight.detach().clone(), requires_grad=False)
-        if model.output_bias is not None:  # an imported model's fixed logit bias (Marian's final_logits_bias)
+        if (
+            model.output_bias is not None
+        ):  # an imported model's fixed logit bias (Marian's final_logits_bias)
             output.bias = nn.Parameter(model.output_bias.detach().clone(), requires_grad=False)
         output.qconfig = qconfig
-        quantized.output_projection = quantize_dynamic(nn.Sequential(output), {nn.Linear: qconfig}, dtype=torch.qint8, mapping=mapping)[0]
+        quantized.output_projection = quantize_dynamic(
+            nn.Sequential(output), {nn.Linear: qconfig}, dtype=torch.qint8, mapping=mapping
+        )[0]
         return quantized
 
 
 def fast_dropout(model: nn.Module) -> nn.Module:
-    """Every ``nn.Dropout`` of ``model`` replaced, in place, by :class:`nmt.dropout.Dropout` (the same
-    rate and inverted scaling, masks drawn four times faster on a CPU); returns ``model``."""
+    """Every ``nn.Dropout`` of ``model`` replaced, in place, by :class:`nmt.dropout.Dropout` (the
+    same rate and inverted scaling, masks drawn four times faster on a CPU); returns ``model``."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Dropout:
@@ -236,8 +300,8 @@ def fast_dropout(model: nn.Module) -> nn.Module:
 
 
 def for_training(model: nn.Module, device: torch.device) -> nn.Module:
-    """``model`` ready to train on ``device``: on a CPU, :func:`fast_dropout`, and glibc told to keep
-    freed memory (:func:`nmt.memory.keep_freed_memory`: a step's large tensors are not paged in
+    """``model`` ready to train on ``device``: on a CPU, :func:`fast_dropout`, and glibc told to
+    keep freed memory (:func:`nmt.memory.keep_freed_memory`: a step's large tensors are not paged in
     again every step). Returns ``model``."""
     if device.type == "cpu":
         keep_freed_memory()
@@ -253,22 +317,32 @@ def decode_scorer(device: torch.device, columns: Tensor | None = None, cache: st
     CPU. A shortlist (``columns``) changes the output width per batch: always the dynamic cache."""
     if columns is not None or cache == "dynamic":
         return SCORERS["cached"]
-    return StaticScorer if cache == "static" or (device.type == "cuda" and graphs_work()) else SCORERS["cached"]
+    return (
+        StaticScorer
+        if cache == "static" or (device.type == "cuda" and graphs_work())
+        else SCORERS["cached"]
+    )
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says that memory ran out: Python's ``MemoryError``, torch's ``OutOfMemoryError`` (a
-    GPU's), or the ``RuntimeError`` torch's CPU allocator raises ("can't allocate memory")."""
+    """Whether ``exc`` says that memory ran out: Python's ``MemoryError``, torch's
+    ``OutOfMemoryError`` (a GPU's), or the ``RuntimeError`` torch's CPU allocator raises ("can't
+    allocate memory")."""
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
     text = str(exc)
-    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text or "out of memory" in text.lower())
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text
+        or "not enough memory" in text
+        or "out of memory" in text.lower()
+    )
 
 
 def check_fits(updater, batch, max_tokens: int) -> None:
-    """Run the forward and backward pass of ``batch`` (the epoch's largest under ``train.max_tokens``)
-    once before training, with the weights, optimizer and random generators left as they were; if it
-    runs out of memory, halve the batch until a part fits and say, in one line, what does.
+    """Run the forward and backward pass of ``batch`` (the epoch's largest under
+    ``train.max_tokens``) once before training, with the weights, optimizer and random generators
+    left as they were; if it runs out of memory, halve the batch until a part fits and say, in one
+    line, what does.
 
     Run on a GPU, where running out of memory is an error to recover from (a CPU's process is
     more often killed than told); :class:`~nmt.core.update.Updater` does the pass (:meth:`trial`).
@@ -277,7 +351,10 @@ def check_fits(updater, batch, max_tokens: int) -> None:
         ConfigError: naming ``train.max_tokens`` and the largest budget found to fit.
     """
     device = updater.device
-    states = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None)
+    states = (
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+    )
 
     def fits(part) -> bool:
         try:
@@ -301,10 +378,15 @@ def check_fits(updater, batch, max_tokens: int) -> None:
             if fits(part):
                 fitting = n * max(part.src.size(1), part.tgt_in.size(1))
                 raise ConfigError(
-                    f"train.max_tokens {max_tokens} does not fit in the memory of {device}: a batch of {fitting} tokens does; "
-                    f"set train.max_tokens={fitting} or less (train.update_freq keeps the tokens an update sees)"
+                    f"train.max_tokens {max_tokens} does not fit in the memory of {device}: a "
+                    f"batch of {fitting} tokens does; "
+                    f"set train.max_tokens={fitting} or less (train.update_freq keeps the tokens "
+                    "an update sees)"
                 )
-        raise ConfigError(f"train.max_tokens {max_tokens}: not even one sentence of the largest batch fits in the memory of {device}; use a smaller model")
+        raise ConfigError(
+            f"train.max_tokens {max_tokens}: not even one sentence of the largest batch fits in "
+            f"the memory of {device}; use a smaller model"
+        )
     finally:
         torch.set_rng_state(states[0])
         if states[1] is not None:

@@ -5,15 +5,17 @@ Endpoints:
 * ``POST /translate``: ``{"text": "..."}`` or ``{"text": ["...", ...]}``, optional
   ``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, ``tgt_lang`` (required by a
   multilingual model: the language to translate into), and per line ``prefix``,
-  ``constraints`` and ``ban`` (as ``nmt translate --prefix-file`` etc.); answers ``{"translations": [...]}``
-  in input order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score", "log_prob"}, ...]}``.
-  With ``"alignment": true`` every n-best entry also has ``"alignment"`` (``i-j`` pairs, as
+  ``constraints`` and ``ban`` (as ``nmt translate --prefix-file`` etc.); answers ``{"translations":
+  [...]}`` in input order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score",
+  "log_prob"}, ...]}``. With ``"alignment": true`` every n-best entry also has ``"alignment"``
+  (``i-j`` pairs, as
   ``nmt translate --print-alignment``) and each translation ``"attention"``: its best
   hypothesis's source and output pieces (each ending in ``</s>``) and ``weights``
   ``[tgt_len][src_len]``, the heads-averaged cross-attention of the layer alignments are read
   from (:mod:`nmt.align`), which the page draws as a heatmap.
 * ``GET /health``: model loaded, device, dtype, checkpoint step, requests queued and running.
-* ``GET /info``: languages (``directions``, ``tgt_langs``), tokenizer, model and decode config, the server's limits.
+* ``GET /info``: languages (``directions``, ``tgt_langs``), tokenizer, model and decode config, the
+  server's limits.
 * ``GET /``: the page (``nmt/static/index.html``).
 
 Batching. Each request becomes a :class:`Job` on an asyncio queue. One batcher task takes
@@ -31,7 +33,8 @@ never as a traceback. When ``max_queued_requests`` requests already wait, a new 
 answered 503 with ``Retry-After: 1`` at once (before its body is parsed).
 """
 
-# Size: create_app() at most 115 lines: the routes, the admission count and the error handler are closures over one batcher and translator (Starlette's idiom).
+# Size: module at most 475 lines, create_app() at most 140: create_app()'s routes, admission count
+# and error handler are closures over one batcher and translator (Starlette's idiom).
 
 from __future__ import annotations
 
@@ -68,13 +71,16 @@ log = logging.getLogger("nmt.serve")
 
 @dataclass
 class Translator:
-    """The served :class:`~nmt.inference.Inference` and what ``/health`` and ``/info`` report about it."""
+    """The served :class:`~nmt.inference.Inference` and what ``/health`` and ``/info`` report about
+    it."""
 
     inference: Inference
     checkpoint: str = ""
     step: int | None = None
     dtype: str = "float32"
-    skipped: Counter = field(default_factory=Counter)  # lines left untranslated since the start, by reason
+    skipped: Counter = field(
+        default_factory=Counter
+    )  # lines left untranslated since the start, by reason
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -106,18 +112,32 @@ class Translator:
             nmt.checkpoint.CheckpointError: the checkpoint is missing or damaged.
         """
         if len(checkpoints) != 1:
-            raise ConfigError(f"give exactly one --checkpoint (got {len(checkpoints)}); serving an ensemble is not supported")
+            raise ConfigError(
+                f"give exactly one --checkpoint (got {len(checkpoints)}); serving an ensemble is "
+                "not supported"
+            )
         inference = Inference.load(checkpoints, device, dtype)
         step = load_checkpoint(checkpoints[0]).get("progress", {}).get("step")
         name = "int8" if dtype == torch.qint8 else str(dtype).removeprefix("torch.")
         return cls(inference, str(checkpoints[0]), step, name)
 
     def translate(
-        self, lines: list[str], decode: DecodeConfig, alignment: bool = False, steering: list[Steering] | None = None, src_prefix: tuple[int, ...] = ()
+        self,
+        lines: list[str],
+        decode: DecodeConfig,
+        alignment: bool = False,
+        steering: list[Steering] | None = None,
+        src_prefix: tuple[int, ...] = (),
     ) -> list[list[Hypothesis]]:
-        """Each line's n-best list, in input order (:meth:`nmt.inference.Inference.translate`); the lines
-        left untranslated (only unknown characters, or no text) are counted in ``skipped``, for ``/health``."""
-        return self.inference.translate(lines, Decoding(decode, alignment=alignment, src_prefix=src_prefix), steering, skipped=self.skipped)
+        """Each line's n-best list, in input order (:meth:`nmt.inference.Inference.translate`); the
+        lines left untranslated (only unknown characters, or no text) are counted in ``skipped``,
+        for ``/health``."""
+        return self.inference.translate(
+            lines,
+            Decoding(decode, alignment=alignment, src_prefix=src_prefix),
+            steering,
+            skipped=self.skipped,
+        )
 
     def attention(self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()) -> dict:
         """``{"src_pieces", "tgt_pieces", "weights"}`` for ``hyp``, a translation of ``line``:
@@ -127,7 +147,11 @@ class Translator:
         (:func:`nmt.align.alignment_layer`), as alignments read it."""
         src_pieces, tgt_pieces, weights = self.inference.attention(line, hyp, src_prefix)
         layer = alignment_layer(weights.size(0), self.cfg.decode.alignment_layer)
-        return {"src_pieces": src_pieces, "tgt_pieces": tgt_pieces, "weights": weights[layer].tolist()}
+        return {
+            "src_pieces": src_pieces,
+            "tgt_pieces": tgt_pieces,
+            "weights": weights[layer].tolist(),
+        }
 
 
 class Batcher:
@@ -140,11 +164,15 @@ class Batcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-model")
         self.batches = 0  # batches run so far, for /health
         self.running = 0  # requests in the batch the worker is translating now, for /health
-        self.admitted = 0  # /translate requests admitted and not yet answered (their bodies may still be arriving)
-        self._held: Job | None = None  # taken from the queue but over the budget: first in the next batch
+        # /translate requests admitted and not yet answered (their bodies may still be arriving)
+        self.admitted = 0
+        self._held: Job | None = (
+            None  # taken from the queue but over the budget: first in the next batch
+        )
 
     async def gather(self) -> list[Job]:
-        """The next batch: the first waiting job, then more until the token budget or the wait runs out."""
+        """The next batch: the first waiting job, then more until the token budget or the wait runs
+        out."""
         first, self._held = self._held or await self.queue.get(), None
         batch, tokens = [first], first.tokens
         deadline = asyncio.get_running_loop().time() + self.limits.max_wait_ms / 1000
@@ -172,15 +200,27 @@ class Batcher:
         the error it met."""
         groups: dict[tuple[DecodeConfig, bool, tuple[int, ...]], list[int]] = {}
         for i, job in enumerate(batch):
-            groups.setdefault((replace(job.decode, n_best=1), job.alignment, job.src_prefix), []).append(i)
+            groups.setdefault(
+                (replace(job.decode, n_best=1), job.alignment, job.src_prefix), []
+            ).append(i)
         out: list = [None] * len(batch)
         for (decode, alignment, src_prefix), members in groups.items():
             lines = [line for i in members for line in batch[i].lines]
             n_best = max(batch[i].decode.n_best for i in members)
             steered = any(batch[i].steering for i in members)
-            steering = [s for i in members for s in (batch[i].steering or [Steering()] * len(batch[i].lines))] if steered else None
+            steering = (
+                [
+                    s
+                    for i in members
+                    for s in (batch[i].steering or [Steering()] * len(batch[i].lines))
+                ]
+                if steered
+                else None
+            )
             try:
-                results = self.translator.translate(lines, replace(decode, n_best=n_best), alignment, steering, src_prefix)
+                results = self.translator.translate(
+                    lines, replace(decode, n_best=n_best), alignment, steering, src_prefix
+                )
                 start = 0
                 for i in members:
                     job = batch[i]
@@ -189,24 +229,34 @@ class Batcher:
                         for line, hyps in zip(job.lines, results[start : start + len(job.lines)])
                     ]
                     start += len(job.lines)
-            except Exception as exc:  # answered as a 500 to these requests; the server keeps serving
+            except (
+                Exception
+            ) as exc:  # answered as a 500 to these requests; the server keeps serving
                 for i in members:
                     out[i] = exc
         return out
 
-    def _entry(self, line: str, hyps: list[Hypothesis], alignment: bool, src_prefix: tuple[int, ...] = ()) -> dict:
+    def _entry(
+        self, line: str, hyps: list[Hypothesis], alignment: bool, src_prefix: tuple[int, ...] = ()
+    ) -> dict:
         texts = self.translator.tokenizer.decode_tgt([h.tokens for h in hyps])
-        n_best = [{"text": t, "score": h.score, "log_prob": h.log_prob} for t, h in zip(texts, hyps)]
+        n_best = [
+            {"text": t, "score": h.score, "log_prob": h.log_prob} for t, h in zip(texts, hyps)
+        ]
         if alignment:
             for entry, h in zip(n_best, hyps):
                 entry["alignment"] = format_alignment(h.alignment)
-        entry = {**(n_best[0] if n_best else {"text": "", "score": 0.0, "log_prob": 0.0}), "n_best": n_best}
+        entry = {
+            **(n_best[0] if n_best else {"text": "", "score": 0.0, "log_prob": 0.0}),
+            "n_best": n_best,
+        }
         if alignment and hyps:
             entry["attention"] = self.translator.attention(line, hyps[0], src_prefix)
         return entry
 
     async def serve_forever(self) -> None:
-        """Gather, run, resolve; a job whose client has gone (future cancelled) is not translated."""
+        """Gather, run, resolve; a job whose client has gone (future cancelled) is not
+        translated."""
         loop = asyncio.get_running_loop()
         while True:
             batch = [job for job in await self.gather() if not job.future.done()]
@@ -235,8 +285,13 @@ async def _client_gone(request: Request) -> None:
 
 
 def _error(message: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
-    """``{"error": message}`` with ``status``; what a message repeats of the request is escaped if it is not valid Unicode."""
-    return JSONResponse({"error": message.encode("utf-8", "backslashreplace").decode("utf-8")}, status_code=status, headers=headers)
+    """``{"error": message}`` with ``status``; what a message repeats of the request is escaped if
+    it is not valid Unicode."""
+    return JSONResponse(
+        {"error": message.encode("utf-8", "backslashreplace").decode("utf-8")},
+        status_code=status,
+        headers=headers,
+    )
 
 
 def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette:  # noqa: B008 (Limits is frozen)
@@ -258,13 +313,20 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
         return response
 
     async def answer(request: Request) -> tuple[JSONResponse, Job | None]:
-        """The answer to one ``/translate`` request, and its job (None when the request was refused).
+        """The answer to one ``/translate`` request, and its job (None when the request was
+        refused).
 
         Requests count as waiting from their admission (before their body arrives) until they are
-        answered, less the batch being translated: a slow upload holds its place as a queued job does."""
+        answered, less the batch being translated: a slow upload holds its place as a queued job
+        does."""
         waiting = batcher.admitted - batcher.running
         if waiting >= limits.max_queued_requests:
-            return _error(f"the server is busy: {waiting} requests wait for a batch (--max-queued-requests); retry later", 503, {"Retry-After": "1"}), None
+            return _error(
+                f"the server is busy: {waiting} requests wait for a batch (--max-queued-requests); "
+                "retry later",
+                503,
+                {"Retry-After": "1"},
+            ), None
         batcher.admitted += 1
         try:
             return await admitted(request)
@@ -279,8 +341,11 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             job = parse_request(body.finish(), translator.inference, limits)
         except RequestError as exc:
             return _error(str(exc), exc.status, exc.headers), None
-        except ClientDisconnect:  # a client that leaves while it sends is no fault of the server's: one line, 499, as below
-            return _error("the client closed the connection before its body arrived", CLIENT_GONE), None
+        # a client that leaves while it sends is no fault of the server's: one line, 499, as below
+        except ClientDisconnect:
+            return _error(
+                "the client closed the connection before its body arrived", CLIENT_GONE
+            ), None
         job.future = asyncio.get_running_loop().create_future()
         await batcher.queue.put(job)
         gone = asyncio.ensure_future(_client_gone(request))
@@ -288,13 +353,19 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-        if not job.future.done():  # the client left while it waited: its lines are not translated (Batcher skips it)
+        if (
+            not job.future.done()
+        ):  # the client left while it waited: its lines are not translated (Batcher skips it)
             job.future.cancel()
             return _error("the client closed the connection before its answer", CLIENT_GONE), job
         try:
             return JSONResponse({"translations": job.future.result()}), job
         except Exception as exc:
-            return _error(f"translation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500), job
+            return _error(
+                f"translation failed: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}",
+                500,
+            ), job
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(
@@ -307,7 +378,10 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
                 "queued_requests": batcher.admitted - batcher.running,
                 "running_requests": batcher.running,
                 "batches": batcher.batches,
-                "untranslated_lines": {"unknown_only": translator.skipped["unknown"], "no_text": translator.skipped["no_text"]},
+                "untranslated_lines": {
+                    "unknown_only": translator.skipped["unknown"],
+                    "no_text": translator.skipped["no_text"],
+                },
             }
         )
 
@@ -345,14 +419,27 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             task.cancel()
             batcher.executor.shutdown(wait=True)
 
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404, 405: the API's one error shape
-        return _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, exc.headers)
+    async def http_error(
+        request: Request, exc: HTTPException
+    ) -> JSONResponse:  # 404, 405: the API's one error shape
+        return _error(
+            f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, exc.headers
+        )
 
-    routes = [Route("/translate", translate, methods=["POST"]), Route("/health", health), Route("/info", info), Route("/", index)]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    routes = [
+        Route("/translate", translate, methods=["POST"]),
+        Route("/health", health),
+        Route("/info", info),
+        Route("/", index),
+    ]
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
 
 
-def serve(translator: Translator, limits: Limits, host: str, port: int, quiet: bool = False) -> None:
+def serve(
+    translator: Translator, limits: Limits, host: str, port: int, quiet: bool = False
+) -> None:
     """Serve until SIGTERM or SIGINT, then finish the requests in flight and return.
 
     Each request is logged in one line on stderr (status, lines, source tokens, milliseconds),
@@ -368,7 +455,18 @@ def serve(translator: Translator, limits: Limits, host: str, port: int, quiet: b
     app = create_app(translator, limits)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
     log.setLevel(logging.WARNING if quiet else logging.INFO)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info", access_log=False, timeout_graceful_shutdown=60)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning" if quiet else "info",
+        access_log=False,
+        timeout_graceful_shutdown=60,
+    )
     uvicorn.Server(config).run()

@@ -36,12 +36,15 @@ class ShortlistError(NmtError, ValueError):
 
 @dataclass(frozen=True)
 class Shortlist:
-    """``always``: target ids every batch may use; ``by_source``: per source id, the target ids its presence allows."""
+    """``always``: target ids every batch may use; ``by_source``: per source id, the target ids its
+    presence allows."""
 
     always: tuple[int, ...]
     by_source: dict[int, tuple[int, ...]]
 
-    def columns(self, sources: Iterable[Iterable[int]], steering: Iterable[Steering] | None = None) -> Tensor:
+    def columns(
+        self, sources: Iterable[Iterable[int]], steering: Iterable[Steering] | None = None
+    ) -> Tensor:
         """The sorted target ids ``(n,)`` a batch of ``sources`` (source piece ids) may generate:
         :attr:`always`, BOS, EOS, UNK, every source piece's list, and what the batch's steering
         needs to stay possible: every piece of its constraints, a prefix's forced pieces, and the
@@ -62,14 +65,20 @@ class Shortlist:
         """Write the CTranslate2 vocabulary-map text (see the module docstring), atomically."""
         src, tgt = tokenizer.src, tokenizer.tgt_pieces
 
-        def ok(piece: str) -> bool:  # what the format cannot hold: the separators of pieces, rules and lines
+        def ok(
+            piece: str,
+        ) -> bool:  # what the format cannot hold: the separators of pieces, rules and lines
             return bool(piece) and not any(c in " \t\n\r" for c in piece)
 
         def targets(ids):
             return " ".join(tgt[i] for i in ids if ok(tgt[i]))
 
         lines = ["\t" + targets(self.always)]
-        lines += [f"{src.id_to_piece(s)}\t{targets(ids)}" for s, ids in sorted(self.by_source.items()) if ids and ok(src.id_to_piece(s))]
+        lines += [
+            f"{src.id_to_piece(s)}\t{targets(ids)}"
+            for s, ids in sorted(self.by_source.items())
+            if ids and ok(src.id_to_piece(s))
+        ]
         atomic_write(path, "".join(line + "\n" for line in lines))
 
     @classmethod
@@ -89,28 +98,48 @@ class Shortlist:
         tgt_ids = {p: i for i, p in enumerate(tokenizer.tgt_pieces)}
         always: tuple[int, ...] = ()
         by_source: dict[int, tuple[int, ...]] = {}
-        for number, line in enumerate(text.split("\n"), 1):  # lines end at \n only (a piece may hold U+2028 or U+0085)
+        for number, line in enumerate(
+            text.split("\n"), 1
+        ):  # lines end at \n only (a piece may hold U+2028 or U+0085)
             where, line = f"{path}, line {number}", line.removesuffix("\r")
             if not line.strip():
                 continue
             if "\t" not in line:
-                raise ShortlistError(f"{where}: no tab between the source piece and its target pieces; write 'SOURCE<TAB>TARGET TARGET ...'")
+                raise ShortlistError(
+                    f"{where}: no tab between the source piece and its target pieces; write "
+                    "'SOURCE<TAB>TARGET TARGET ...'"
+                )
             key, values = line.split("\t", 1)
             if " " in key:
-                what = "is only spaces" if not key.strip() else "is an n-gram (pieces separated by spaces)"
-                raise ShortlistError(f"{where}: the source {key!r} {what}; nmt reads one piece, or nothing (the pieces always allowed), before the tab")
-            pieces = [p for p in values.split(" ") if p]  # spaces only, as CTranslate2 splits: a piece may hold other whitespace
+                what = (
+                    "is only spaces"
+                    if not key.strip()
+                    else "is an n-gram (pieces separated by spaces)"
+                )
+                raise ShortlistError(
+                    f"{where}: the source {key!r} {what}; nmt reads one piece, or nothing (the "
+                    "pieces always allowed), before the tab"
+                )
+            pieces = [
+                p for p in values.split(" ") if p
+            ]  # spaces only, as CTranslate2 splits: a piece may hold other whitespace
             unknown = [p for p in pieces if p not in tgt_ids]
             if unknown or (key and key not in src_ids):
                 missing = f"target piece {unknown[0]!r}" if unknown else f"source piece {key!r}"
-                raise ShortlistError(f"{where}: {missing} is not in the model's vocabulary; build the shortlist with this model (nmt shortlist)")
+                raise ShortlistError(
+                    f"{where}: {missing} is not in the model's vocabulary; build the shortlist "
+                    "with this model (nmt shortlist)"
+                )
             targets = tuple(tgt_ids[p] for p in pieces)
             if key:
                 by_source[src_ids[key]] = targets
             else:
                 always = targets
         if not always and not any(by_source.values()):
-            raise ShortlistError(f"{path}: the shortlist allows no target piece (no rule lists one); build it with nmt shortlist")
+            raise ShortlistError(
+                f"{path}: the shortlist allows no target piece (no rule lists one); build it with "
+                "nmt shortlist"
+            )
         return cls(always, by_source)
 
 
@@ -152,7 +181,13 @@ def cooccurrence(
     return keys, counts, src_array, tgt_counts, n
 
 
-def build(tokenizer: Tokenizer, pairs: Iterable[tuple[str, str]], per_source: int = 100, frequent: int = 200, block: int = 50_000) -> Shortlist:
+def build(
+    tokenizer: Tokenizer,
+    pairs: Iterable[tuple[str, str]],
+    per_source: int = 100,
+    frequent: int = 200,
+    block: int = 50_000,
+) -> Shortlist:
     """A shortlist from parallel training text, by co-occurrence (no word alignment needed).
 
     ``always``: the ``frequent`` target pieces in the most sentence pairs. For each source piece
@@ -170,17 +205,35 @@ def build(tokenizer: Tokenizer, pairs: Iterable[tuple[str, str]], per_source: in
     def encoded():
         lines = iter(pairs)
         while chunk := list(itertools.islice(lines, block)):
-            yield from zip(tokenizer.encode_src([s for s, _ in chunk]), tokenizer.encode_tgt([t for _, t in chunk]))
+            yield from zip(
+                tokenizer.encode_src([s for s, _ in chunk]),
+                tokenizer.encode_tgt([t for _, t in chunk]),
+            )
 
     keys, counts, src_counts, tgt_counts, n = cooccurrence(encoded(), tgt_vocab, block)
     if not keys.size:
-        raise ShortlistError(f"no sentence pair with pieces on both sides among {n} pairs: nothing to build a shortlist from")
-    per_source, frequent = min(per_source, tgt_vocab), min(frequent, tgt_vocab)  # no list is longer than the vocabulary
-    always = tuple(int(i) for i in np.argsort(-tgt_counts, kind="stable")[:frequent] if tgt_counts[i] > 0)
+        raise ShortlistError(
+            f"no sentence pair with pieces on both sides among {n} pairs: nothing to build a "
+            "shortlist from"
+        )
+    per_source, frequent = (
+        min(per_source, tgt_vocab),
+        min(frequent, tgt_vocab),
+    )  # no list is longer than the vocabulary
+    always = tuple(
+        int(i) for i in np.argsort(-tgt_counts, kind="stable")[:frequent] if tgt_counts[i] > 0
+    )
     return Shortlist(always, rank(keys, counts, src_counts, tgt_counts, tgt_vocab, per_source))
 
 
-def rank(keys: np.ndarray, counts: np.ndarray, src_counts: np.ndarray, tgt_counts: np.ndarray, tgt_vocab: int, per_source: int) -> dict[int, tuple[int, ...]]:
+def rank(
+    keys: np.ndarray,
+    counts: np.ndarray,
+    src_counts: np.ndarray,
+    tgt_counts: np.ndarray,
+    tgt_vocab: int,
+    per_source: int,
+) -> dict[int, tuple[int, ...]]:
     """Per source id, its ``per_source`` target ids of highest Dice coefficient, best first (ties:
     the lower id), from :func:`cooccurrence`'s counts."""
     s, t = keys // tgt_vocab, keys % tgt_vocab
@@ -188,5 +241,10 @@ def rank(keys: np.ndarray, counts: np.ndarray, src_counts: np.ndarray, tgt_count
     order = np.lexsort((t, -dice, s))  # by source, then best first
     s, t = s[order], t[order]
     starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if len(s) else np.zeros(0, np.int64)
-    ends = np.r_[starts[1:], len(s)]  # a source's list stops at its own group, whatever per_source is
-    return {int(s[a]): tuple(int(i) for i in t[a : min(b, a + per_source)]) for a, b in zip(starts, ends)}
+    ends = np.r_[
+        starts[1:], len(s)
+    ]  # a source's list stops at its own group, whatever per_source is
+    return {
+        int(s[a]): tuple(int(i) for i in t[a : min(b, a + per_source)])
+        for a, b in zip(starts, ends)
+    }

@@ -35,8 +35,8 @@ def sample_corpus(
     chunk_lines: int = CHUNK_LINES,
     src_prefix: tuple[int, ...] = (),
 ) -> EncodedCorpus:
-    """The pairs :func:`nmt.encoded.encode_corpus` keeps from ``text``, in its order, each side cut by a
-    sampled segmentation instead of the best one (``alpha``: see
+    """The pairs :func:`nmt.encoded.encode_corpus` keeps from ``text``, in its order, each side cut
+    by a sampled segmentation instead of the best one (``alpha``: see
     :meth:`~nmt.tokenizer.Tokenizer.encode_src`): one epoch's training corpus under
     ``tokenizer.subword_alpha`` (BPE-dropout, Provilkov et al. 2020).
 
@@ -55,15 +55,23 @@ def sample_corpus(
         DataError: as :meth:`~nmt.corpus.ParallelText.chunks` (unreadable or misaligned text).
     """
     src_blocks, tgt_blocks = [], []
-    for k, (src, tgt, _, _, reason) in enumerate(encoded_chunks(text, tokenizer, max_len, max_len_ratio, threads, chunk_lines)):
+    for k, (src, tgt, _, _, reason) in enumerate(
+        encoded_chunks(text, tokenizer, max_len, max_len_ratio, threads, chunk_lines)
+    ):
         keep = (reason == KEPT).tolist()
         if not any(keep):
             continue
-        for side, (lines, encode, blocks) in enumerate(((src, tokenizer.encode_src, src_blocks), (tgt, tokenizer.encode_tgt, tgt_blocks))):
-            spm.set_random_generator_seed(int(np.random.SeedSequence([*seed, k, side]).generate_state(1)[0]))
+        for side, (lines, encode, blocks) in enumerate(
+            ((src, tokenizer.encode_src, src_blocks), (tgt, tokenizer.encode_tgt, tgt_blocks))
+        ):
+            spm.set_random_generator_seed(
+                int(np.random.SeedSequence([*seed, k, side]).generate_state(1)[0])
+            )
             blocks.append(flatten(encode(list(itertools.compress(lines, keep)), alpha=alpha)))
         src_blocks[-1] = prefixed(src_blocks[-1], src_prefix)
-    return EncodedCorpus(src_blocks, tgt_blocks, key=cache_key(text, tokenizer, max_len, max_len_ratio, src_prefix))
+    return EncodedCorpus(
+        src_blocks, tgt_blocks, key=cache_key(text, tokenizer, max_len, max_len_ratio, src_prefix)
+    )
 
 
 def sampled_training_corpus(cfg, tokenizer: Tokenizer, seed: tuple[int, ...]) -> EncodedCorpus:

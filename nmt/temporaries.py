@@ -34,24 +34,31 @@ except ImportError:  # Windows: no flock; a temporary is judged by its process i
 log = logging.getLogger("nmt.files")
 
 _HOST = (re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "unknown")[:64]
-# The most a temporary's name adds to NAME: ".", ".probe", a process id of 10 digits, "-", 8 hex digits, "-" and a host of 64.
+# The most a temporary's name adds to NAME: ".", ".probe", a process id of 10 digits, "-", 8 hex
+# digits, "-" and a host of 64.
 _ADDED = len("..probe") + 10 + 1 + 8 + 1 + 64
 _HASH = 16  # hex digits of the hash that stands for a name cut to fit
 
 
 def _name_max(directory: Path) -> int:
-    """The longest name, in bytes, that the file system of ``directory`` takes (255 where it cannot say)."""
+    """The longest name, in bytes, that the file system of ``directory`` takes (255 where it cannot
+    say)."""
     try:
         limit = os.pathconf(directory, "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):  # a directory not made yet, or a system without pathconf
+    except (
+        OSError,
+        ValueError,
+        AttributeError,
+    ):  # a directory not made yet, or a system without pathconf
         limit = -1
     return limit if limit > 0 else 255
 
 
 def _stem(path: Path) -> str:
-    """``path``'s name as its temporaries carry it: the name itself, or, where a temporary's name would then be longer than
-    the file system takes, the name's start (whole characters) and ``~`` and a hash of the whole name, so that every writer
-    and sweeper of ``path`` names it alike and no two names share it."""
+    """``path``'s name as its temporaries carry it: the name itself, or, where a temporary's name
+    would then be longer than the file system takes, the name's start (whole characters) and ``~``
+    and a hash of the whole name, so that every writer and sweeper of ``path`` names it alike and no
+    two names share it."""
     room = _name_max(path.parent) - _ADDED
     if len(os.fsencode(path.name)) <= room:
         return path.name
@@ -62,17 +69,18 @@ def _stem(path: Path) -> str:
 
 
 def temporary_name(path: Path, kind: str = "tmp") -> Path:
-    """A new hidden name beside ``path``: ``.NAME.tmpPID-TOKEN-HOST`` (``kind`` ``probe`` for a probe), random
-    past the process id, and naming the machine, whose process ids alone mean something. It fits the file
-    system's limit on a name whatever the length of ``path``'s (see :func:`_stem`)."""
+    """A new hidden name beside ``path``: ``.NAME.tmpPID-TOKEN-HOST`` (``kind`` ``probe`` for a
+    probe), random past the process id, and naming the machine, whose process ids alone mean
+    something. It fits the file system's limit on a name whatever the length of ``path``'s (see
+    :func:`_stem`)."""
     return path.with_name(f".{_stem(path)}.{kind}{os.getpid()}-{secrets.token_hex(4)}-{_HOST}")
 
 
 @contextlib.contextmanager
 def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, int]]:
     """A new temporary beside ``path``, held by this process for the block: yields its path and a
-    descriptor (of a file open for writing, or of an empty directory) that holds its ``flock``. A file
-    gets the permission bits of ``path`` (when it exists) before anything is written to it.
+    descriptor (of a file open for writing, or of an empty directory) that holds its ``flock``. A
+    file gets the permission bits of ``path`` (when it exists) before anything is written to it.
 
     A sweeper that took the lock first (and so removes the file) is waited for, and the
     temporary is made anew, so the one yielded is never removed under its writer. If the
@@ -86,10 +94,14 @@ def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, 
                 fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
             else:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileNotFoundError:  # a sweeper removed the new directory before it was opened: make another
+        except (
+            FileNotFoundError
+        ):  # a sweeper removed the new directory before it was opened: make another
             continue
         if fcntl is not None:
-            with contextlib.suppress(OSError):  # a file system without locks (some NFS or FUSE mounts): written unheld
+            with contextlib.suppress(
+                OSError
+            ):  # a file system without locks (some NFS or FUSE mounts): written unheld
                 fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             ours = os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd))
@@ -104,13 +116,16 @@ def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, 
         yield tmp, fd
     finally:
         with contextlib.suppress(OSError):
-            if os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):  # still there: not renamed into place
+            if os.path.samestat(
+                os.stat(tmp, follow_symlinks=False), os.fstat(fd)
+            ):  # still there: not renamed into place
                 shutil.rmtree(tmp) if directory else tmp.unlink()
         os.close(fd)
 
 
 def _keep_mode(path: Path, fd: int) -> None:
-    """Give the temporary ``fd`` the permission bits (rwx, not setuid/setgid/sticky) of the file it will replace."""
+    """Give the temporary ``fd`` the permission bits (rwx, not setuid/setgid/sticky) of the file it
+    will replace."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -120,12 +135,15 @@ def _keep_mode(path: Path, fd: int) -> None:
 
 
 # DOTALL: a name may hold any character but / and NUL, a line break included.
-_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-(?P<token>[0-9a-f]{8})(?:-(?P<host>[A-Za-z0-9._]+))?)?", re.DOTALL)
+_TEMPORARY = re.compile(
+    r"\.(?P<name>.+)\.tmp(?P<pid>\d+)(?:-(?P<token>[0-9a-f]{8})(?:-(?P<host>[A-Za-z0-9._]+))?)?",
+    re.DOTALL,
+)
 
 
 def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> None:
-    """Remove the temporaries in ``directory`` (of the target ``name``, or of any) that no writer holds
-    (see the module docstring): files or directories, never through a symbolic link.
+    """Remove the temporaries in ``directory`` (of the target ``name``, or of any) that no writer
+    holds (see the module docstring): files or directories, never through a symbolic link.
 
     Where locks cannot be taken, a temporary counts as held while a process of its id runs here.
     """
@@ -136,14 +154,20 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
         if match is None or (stem is not None and match["name"] != stem):
             continue
         try:
-            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO of that name does not wait for a writer
+            fd = os.open(
+                tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+            )  # a FIFO of that name does not wait for a writer
         except OSError:  # a link, gone, or unreadable: not ours to judge
             continue
         try:
             kind = os.fstat(fd).st_mode
-            if not (stat.S_ISREG(kind) or (stat.S_ISDIR(kind) and match["token"])):  # a directory only of the names nmt makes
+            if not (
+                stat.S_ISREG(kind) or (stat.S_ISDIR(kind) and match["token"])
+            ):  # a directory only of the names nmt makes
                 continue
-            if stat.S_ISREG(kind):  # NFS takes an exclusive flock only on a descriptor open for writing
+            if stat.S_ISREG(
+                kind
+            ):  # NFS takes an exclusive flock only on a descriptor open for writing
                 with contextlib.suppress(OSError):
                     writable = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
                     if os.path.samestat(os.fstat(writable), os.fstat(fd)):
@@ -161,9 +185,9 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
 
 
 def _abandoned(fd: int, pid: int, host: str | None) -> bool:
-    """Whether the temporary open as ``fd`` has no writer: nobody holds its lock (taken now, until ``fd`` closes);
-    where locks cannot be taken (no ``flock``, or a file system without locks), its ``host`` is this machine
-    (or unnamed, as older names were) and no process ``pid`` runs here."""
+    """Whether the temporary open as ``fd`` has no writer: nobody holds its lock (taken now, until
+    ``fd`` closes); where locks cannot be taken (no ``flock``, or a file system without locks), its
+    ``host`` is this machine (or unnamed, as older names were) and no process ``pid`` runs here."""
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -176,8 +200,8 @@ def _abandoned(fd: int, pid: int, host: str | None) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this machine (one of another user's counts as running; on Windows,
-    where ``os.kill(pid, 0)`` would send Ctrl-C, every process does)."""
+    """Whether a process ``pid`` runs on this machine (one of another user's counts as running; on
+    Windows, where ``os.kill(pid, 0)`` would send Ctrl-C, every process does)."""
     if pid == os.getpid() or os.name == "nt":
         return True
     try:
@@ -191,12 +215,13 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def replace_directory(out: Path) -> Iterator[Path]:
-    """Yield an empty directory beside ``out`` (an absolute path) to write into; when the block ends,
-    it replaces ``out`` (the earlier directory there is removed). If the block fails, or the process is
-    killed at any moment, ``out`` is as it was or is the new directory, never missing: the two are
-    exchanged in one step where the system can (Linux's ``renameat2``); elsewhere the earlier one is
-    moved aside first, and a later call that finds it moved aside with no ``out`` (its writer was
-    killed in between) puts it back. Temporaries killed writers left beside ``out`` are removed."""
+    """Yield an empty directory beside ``out`` (an absolute path) to write into; when the block
+    ends, it replaces ``out`` (the earlier directory there is removed). If the block fails, or the
+    process is killed at any moment, ``out`` is as it was or is the new directory, never missing:
+    the two are exchanged in one step where the system can (Linux's ``renameat2``); elsewhere the
+    earlier one is moved aside first, and a later call that finds it moved aside with no ``out``
+    (its writer was killed in between) puts it back. Temporaries killed writers left beside ``out``
+    are removed."""
     old = out.with_name(f"{out.name}.old")
     _restore_displaced(out, old)
     for place in (out, old):  # what killed exports to the same place left
@@ -214,28 +239,42 @@ def replace_directory(out: Path) -> Iterator[Path]:
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Swap directories ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
-    system or file system cannot, changing nothing."""
+    """Swap directories ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False
+    where the system or file system cannot, changing nothing."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         call = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # a C library without it (musl before 1.2.?, glibc before 2.28)
+    except (
+        OSError,
+        AttributeError,
+    ):  # a C library without it (musl before 1.2.?, glibc before 2.28)
         return False
-    call.argtypes, call.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint], ctypes.c_int
+    call.argtypes, call.restype = (
+        [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint],
+        ctypes.c_int,
+    )
     at_cwd, rename_exchange = -100, 2
     return call(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), rename_exchange) == 0
 
 
 def _restore_displaced(out: Path, old: Path) -> None:
-    """Put back the earlier directory that a killed writer moved aside (``.NAME.old.tmp...``) before it could
-    rename its own into place, when nothing is at ``out``: the newest such directory."""
+    """Put back the earlier directory that a killed writer moved aside (``.NAME.old.tmp...``) before
+    it could rename its own into place, when nothing is at ``out``: the newest such directory."""
     if out.exists() or out.is_symlink():
         return
-    aside = sorted(out.parent.glob(f".{glob.escape(_stem(old))}.tmp*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    aside = sorted(
+        out.parent.glob(f".{glob.escape(_stem(old))}.tmp*"),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
     for candidate in aside:
         if candidate.is_dir() and not candidate.is_symlink():
             with contextlib.suppress(OSError):
                 os.rename(candidate, out)
-                log.warning("%s was missing (a writer was stopped between its two renames): the earlier one is back in place", out)
+                log.warning(
+                    "%s was missing (a writer was stopped between its two renames): the earlier "
+                    "one is back in place",
+                    out,
+                )
                 return

@@ -1,7 +1,8 @@
 """SentencePiece subword models (Kudo and Richardson 2018), trained with the special-token ids
 of :mod:`nmt.core.pieces` (PAD 0, UNK 1, BOS 2, EOS 3) and read back with them checked."""
 
-# Size: module at most 410 lines: training, encoding, the id layout and the output rules of one SentencePiece pair.
+# Size: module at most 465 lines: training, encoding, the id layout and the output rules of one
+# SentencePiece pair.
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from .core.pieces import BOS, EOS, PAD, UNK, OutputRules
 from .errors import NmtError
 from .files import atomic_write
 
-WORD_BOUNDARY = "\u2581"  # SentencePiece's mark for a space: the piece "▁" alone, or the start of "▁the"
+WORD_BOUNDARY = (
+    "\u2581"  # SentencePiece's mark for a space: the piece "▁" alone, or the start of "▁the"
+)
 #: A target-language tag, ``>>de<<`` (OPUS-MT's and Marian's syntax; see :mod:`nmt.multilingual`).
 TAG = re.compile(r">>[A-Za-z][A-Za-z0-9_]*<<")
 
@@ -34,9 +37,10 @@ AUTO_COVERAGE_SENTENCES = 10_000
 #: syllables) are in the thousands too.
 LARGE_CHARACTER_SET = 500
 
-#: Characters no translation may contain: every C0 control (NUL, tab, line feed, carriage return ...),
-#: DEL, every C1 control (U+0085 NEXT LINE among them) and the Unicode line and paragraph separators.
-#: Each ends a line for some reader (``str.splitlines``, editors, JavaScript) or is invisible in one.
+#: Characters no translation may contain: every C0 control (NUL, tab, line feed, carriage return
+#: ...), DEL, every C1 control (U+0085 NEXT LINE among them) and the Unicode line and paragraph
+#: separators. Each ends a line for some reader (``str.splitlines``, editors, JavaScript) or is
+#: invisible in one.
 NEVER_OUTPUT = frozenset(map(chr, [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]))
 _NEVER_OUTPUT_TO_SPACE = dict.fromkeys(map(ord, NEVER_OUTPUT), " ")
 
@@ -59,7 +63,9 @@ class Tokenizer:
         """Whether source and target share one model (and vocabulary)."""
         return self.src is self.tgt
 
-    def encode_src(self, lines: list[str], threads: int = -1, alpha: float = 0.0) -> list[list[int]]:
+    def encode_src(
+        self, lines: list[str], threads: int = -1, alpha: float = 0.0
+    ) -> list[list[int]]:
         """Piece ids of each line (:func:`controls_as_spaces` first); ``threads`` -1 lets
         SentencePiece use every core. Training, validation, translation and serving all
         encode through here, so they all see the same pieces for the same text.
@@ -72,7 +78,9 @@ class Tokenizer:
         the split of lines among several would make them depend on scheduling."""
         return _encode(self.src, lines, threads, alpha)
 
-    def encode_tgt(self, lines: list[str], threads: int = -1, alpha: float = 0.0) -> list[list[int]]:
+    def encode_tgt(
+        self, lines: list[str], threads: int = -1, alpha: float = 0.0
+    ) -> list[list[int]]:
         """Target-side :meth:`encode_src`."""
         return _encode(self.tgt, lines, threads, alpha)
 
@@ -101,11 +109,16 @@ class Tokenizer:
         are judged as they are spelt, by the search. A target-language tag (``>>de<<``) is
         unwritable too: it chooses what a source is translated into, and is never text."""
         sp = self.tgt
-        values = [int(sp.id_to_piece(i)[3:5], 16) if sp.is_byte(i) else -1 for i in range(sp.get_piece_size())]
+        values = [
+            int(sp.id_to_piece(i)[3:5], 16) if sp.is_byte(i) else -1
+            for i in range(sp.get_piece_size())
+        ]
         unwritable = [
             i
             for i, v in enumerate(values)
-            if (0 <= v < 0x80 and chr(v) in NEVER_OUTPUT) or (v < 0 and not NEVER_OUTPUT.isdisjoint(sp.id_to_piece(i))) or TAG.fullmatch(sp.id_to_piece(i))
+            if (0 <= v < 0x80 and chr(v) in NEVER_OUTPUT)
+            or (v < 0 and not NEVER_OUTPUT.isdisjoint(sp.id_to_piece(i)))
+            or TAG.fullmatch(sp.id_to_piece(i))
         ]
         return OutputRules(tuple(unwritable), tuple(values) if max(values, default=-1) >= 0 else ())
 
@@ -117,13 +130,16 @@ class Tokenizer:
 
     @classmethod
     def from_protos(cls, protos: dict[str, bytes]) -> "Tokenizer":
-        """The SentencePiece tokenizer :meth:`protos` serialized (one with a vocabulary of its own, an
-        imported Marian model's, is :func:`nmt.vocab.tokenizer_from_protos`'s). Raises
+        """The SentencePiece tokenizer :meth:`protos` serialized (one with a vocabulary of its own,
+        an imported Marian model's, is :func:`nmt.vocab.tokenizer_from_protos`'s). Raises
         :class:`TokenizerError` if a model does not load."""
         if "joint" in protos:
             sp = _load(model_proto=protos["joint"], what="checkpoint tokenizer")
             return cls(sp, sp)
-        return cls(_load(model_proto=protos["src"], what="checkpoint src tokenizer"), _load(model_proto=protos["tgt"], what="checkpoint tgt tokenizer"))
+        return cls(
+            _load(model_proto=protos["src"], what="checkpoint src tokenizer"),
+            _load(model_proto=protos["tgt"], what="checkpoint tgt tokenizer"),
+        )
 
     def save(self, directory: Path) -> None:
         """Write ``spm.model`` (joint) or ``spm.src.model`` and ``spm.tgt.model``."""
@@ -138,14 +154,18 @@ class Tokenizer:
         if (directory / "spm.model").is_file():
             return cls.from_protos({"joint": (directory / "spm.model").read_bytes()})
         if (directory / "spm.src.model").is_file():
-            return cls.from_protos({k: (directory / f"spm.{k}.model").read_bytes() for k in ("src", "tgt")})
+            return cls.from_protos(
+                {k: (directory / f"spm.{k}.model").read_bytes() for k in ("src", "tgt")}
+            )
         return None
 
 
 # Control characters (Unicode category Cc: C0 U+0000-U+001F, DEL, C1 U+0080-U+009F) other than
 # TAB, which SentencePiece already reads as a space; and the surrogate code points, which only an
 # in-memory string or JSON's \uD800 escapes can hold and which SentencePiece cannot take at all.
-_SPACED = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09} | {c: "\ufffd" for c in range(0xD800, 0xE000)}
+_SPACED = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09} | {
+    c: "\ufffd" for c in range(0xD800, 0xE000)
+}
 
 
 def controls_as_spaces(line: str) -> str:
@@ -164,10 +184,16 @@ def controls_as_spaces(line: str) -> str:
 def encode_options(threads: int, alpha: float) -> dict:
     """``SentencePieceProcessor.encode``'s options: ``threads`` threads for the best segmentation,
     or for ``alpha`` > 0 a sampled one on one thread (see :meth:`Tokenizer.encode_src`)."""
-    return {"enable_sampling": True, "alpha": alpha, "nbest_size": -1, "num_threads": 1} if alpha > 0 else {"num_threads": threads}
+    return (
+        {"enable_sampling": True, "alpha": alpha, "nbest_size": -1, "num_threads": 1}
+        if alpha > 0
+        else {"num_threads": threads}
+    )
 
 
-def _encode(sp: spm.SentencePieceProcessor, lines: list[str], threads: int, alpha: float) -> list[list[int]]:
+def _encode(
+    sp: spm.SentencePieceProcessor, lines: list[str], threads: int, alpha: float
+) -> list[list[int]]:
     """:meth:`Tokenizer.encode_src` with one processor."""
     return sp.encode([controls_as_spaces(line) for line in lines], **encode_options(threads, alpha))
 
@@ -186,7 +212,9 @@ def unknown_only(ids: Sequence[int], sp: spm.SentencePieceProcessor) -> bool:
     return len(ids) > 0 and all(i == UNK or i == boundary for i in ids)
 
 
-def _load(*, model_file: str | None = None, model_proto: bytes | None = None, what: str) -> spm.SentencePieceProcessor:
+def _load(
+    *, model_file: str | None = None, model_proto: bytes | None = None, what: str
+) -> spm.SentencePieceProcessor:
     sp = spm.SentencePieceProcessor()
     try:
         if model_file is not None:
@@ -194,12 +222,17 @@ def _load(*, model_file: str | None = None, model_proto: bytes | None = None, wh
         else:
             sp.load_from_serialized_proto(model_proto)
     except (OSError, RuntimeError) as exc:
-        reason = f"{len(model_proto):,} bytes that are not one" if model_proto is not None else " ".join(str(exc).split())
+        reason = (
+            f"{len(model_proto):,} bytes that are not one"
+            if model_proto is not None
+            else " ".join(str(exc).split())
+        )
         raise TokenizerError(f"{what}: cannot load SentencePiece model: {reason}") from None
     ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if ids != (PAD, UNK, BOS, EOS):
         raise TokenizerError(
-            f"{what}: special ids (pad, unk, bos, eos) are {ids}, nmt needs {(PAD, UNK, BOS, EOS)}; "
+            f"{what}: special ids (pad, unk, bos, eos) are {ids}, nmt needs "
+            f"{(PAD, UNK, BOS, EOS)}; "
             "retrain it with pad_id=0 unk_id=1 bos_id=2 eos_id=3 or let nmt train train one"
         )
     return sp
@@ -234,7 +267,8 @@ def _drop_broken_characters(ids: list[int], byte_values: tuple[int, ...]) -> lis
 
 
 def load_model_file(path: str) -> spm.SentencePieceProcessor:
-    """A SentencePiece model file with nmt's special ids. Raises :class:`TokenizerError` otherwise."""
+    """A SentencePiece model file with nmt's special ids. Raises :class:`TokenizerError`
+    otherwise."""
     if not Path(path).is_file():
         raise TokenizerError(f"SentencePiece model {path} does not exist")
     return _load(model_file=path, what=path)
@@ -283,13 +317,15 @@ def train_sentencepiece(
     SentencePiece, whose own sampling differs from process to process even with a fixed
     seed and one thread; so a run's config and seed fix its tokenizer. ``vocab_size``
     counts the four special pieces (and, with ``byte_fallback``, the 256 byte pieces
-    ``<0x00>`` … ``<0xFF>`` that spell characters outside the vocabulary). If the text is too small for the requested size,
-    SentencePiece's own error is raised as :class:`TokenizerError` with the largest size
-    it allows; an error raised while reading ``sentences`` (a
+    ``<0x00>`` … ``<0xFF>`` that spell characters outside the vocabulary). If the text is too small
+    for the requested size, SentencePiece's own error is raised as :class:`TokenizerError` with the
+    largest size it allows; an error raised while reading ``sentences`` (a
     :class:`~nmt.corpus.DataError`, say) is raised as it is. ``user_defined_symbols`` (a
     multilingual model's target tags, ``>>de<<``) are pieces of their own, ids 4 on, never split.
     """
-    sample = [controls_as_spaces(s) for s in reservoir_sample(sentences, input_sentence_size, seed)]  # the text encode_src will give it
+    sample = [
+        controls_as_spaces(s) for s in reservoir_sample(sentences, input_sentence_size, seed)
+    ]  # the text encode_src will give it
     buffer = io.BytesIO()
     extra = {"user_defined_symbols": list(user_defined_symbols)} if user_defined_symbols else {}
     try:
@@ -313,7 +349,10 @@ def train_sentencepiece(
     except RuntimeError as exc:
         hint = "; lower tokenizer.vocab_size" if "Vocabulary size too high" in str(exc) else ""
         if "smaller than required_chars" in str(exc):
-            hint = "; raise tokenizer.vocab_size (byte_fallback takes 256 pieces) or lower tokenizer.character_coverage"
+            hint = (
+                "; raise tokenizer.vocab_size (byte_fallback takes 256 pieces) or lower "
+                "tokenizer.character_coverage"
+            )
         raise TokenizerError(f"SentencePiece training failed: {str(exc).strip()}{hint}") from None
     return _load(model_proto=buffer.getvalue(), what="trained tokenizer")
 
@@ -330,15 +369,24 @@ def auto_character_coverage(samples: dict[str, list[str]]) -> tuple[float, str]:
     """
     counts = {side: len(set().union(*lines)) for side, lines in samples.items()}
     side, most = max(counts.items(), key=lambda item: item[1])
-    found = f"the {side} text has {most:,} distinct characters in its first {len(samples[side]):,} sentences"
+    found = (
+        f"the {side} text has {most:,} distinct characters in its first "
+        f"{len(samples[side]):,} "
+        "sentences"
+    )
     if most > LARGE_CHARACTER_SET:
-        return 0.9995, f"{found}, more than {LARGE_CHARACTER_SET}: a large character set, as in Chinese or Japanese"
+        return (
+            0.9995,
+            f"{found}, more than {LARGE_CHARACTER_SET}: a large character set, as in Chinese or "
+            "Japanese",
+        )
     return 1.0, f"{found}, at most {LARGE_CHARACTER_SET}: an alphabet, every character kept"
 
 
 def coverage_settings(cfg, heads: dict[str, list[str]]) -> tuple[float, bool]:
-    """The character coverage and byte fallback ``cfg`` (a :class:`~nmt.config.TokenizerConfig`) asks
-    for, ``auto`` decided from ``heads`` (each side's or language's first sentences) and logged with its reason."""
+    """The character coverage and byte fallback ``cfg`` (a :class:`~nmt.config.TokenizerConfig`)
+    asks for, ``auto`` decided from ``heads`` (each side's or language's first sentences) and logged
+    with its reason."""
     coverage, fallback = cfg.character_coverage, cfg.byte_fallback
     if coverage == "auto":
         coverage, reason = auto_character_coverage(heads)
@@ -349,7 +397,9 @@ def coverage_settings(cfg, heads: dict[str, list[str]]) -> tuple[float, bool]:
             "tokenizer.byte_fallback auto: %s (character coverage %s: %s)",
             str(fallback).lower(),
             coverage,
-            "characters left out are spelt in bytes, never UNK" if fallback else "every character has a piece",
+            "characters left out are spelt in bytes, never UNK"
+            if fallback
+            else "every character has a piece",
         )
     return coverage, fallback
 
@@ -364,13 +414,20 @@ def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg, seed: int = 1) 
     ``byte_fallback: auto`` is then on for a coverage below 1.0.
     """
     streams = {"source": iter(src), "target": iter(tgt)}
-    heads = {side: list(itertools.islice(stream, AUTO_COVERAGE_SENTENCES)) if cfg.character_coverage == "auto" else [] for side, stream in streams.items()}
+    heads = {
+        side: list(itertools.islice(stream, AUTO_COVERAGE_SENTENCES))
+        if cfg.character_coverage == "auto"
+        else []
+        for side, stream in streams.items()
+    }
     text = {side: itertools.chain(heads[side], streams[side]) for side in streams}
 
     def train(sides: tuple[str, ...]) -> spm.SentencePieceProcessor:
         coverage, fallback = coverage_settings(cfg, {side: heads[side] for side in sides})
         sentences = itertools.chain.from_iterable(text[side] for side in sides)
-        return train_sentencepiece(sentences, cfg.vocab_size, cfg.type, coverage, cfg.input_sentence_size, seed, fallback)
+        return train_sentencepiece(
+            sentences, cfg.vocab_size, cfg.type, coverage, cfg.input_sentence_size, seed, fallback
+        )
 
     if cfg.joint:
         sp = train(("source", "target"))
@@ -381,7 +438,10 @@ def train_tokenizer(src: Iterable[str], tgt: Iterable[str], cfg, seed: int = 1) 
 def tokenizer_difference(a: Tokenizer, b: Tokenizer) -> str | None:
     """What first differs between two tokenizers, in words; None if they are the same."""
     if a.joint != b.joint:
-        return f"{'joint' if a.joint else 'separate'} vs {'joint' if b.joint else 'separate'} source/target models"
+        return (
+            f"{'joint' if a.joint else 'separate'} vs {'joint' if b.joint else 'separate'} "
+            "source/target models"
+        )
     for side in ("src", "tgt"):
         x, y = getattr(a, side), getattr(b, side)
         if x.get_piece_size() != y.get_piece_size():

@@ -26,22 +26,30 @@ from .fields import looks_like_test_data
 from .inference import Decoding, Inference
 
 
-def validation_lines(src: str | Path, ref: str | Path, max_sentences: int | None = None, allow_test_names: bool = False) -> tuple[list[str], list[str]]:
-    """The first ``max_sentences`` lines (None: all) of the validation source and reference to tune on.
+def validation_lines(
+    src: str | Path,
+    ref: str | Path,
+    max_sentences: int | None = None,
+    allow_test_names: bool = False,
+) -> tuple[list[str], list[str]]:
+    """The first ``max_sentences`` lines (None: all) of the validation source and reference to tune
+    on.
 
     Settings chosen on the test set overstate its score, so a file whose name says test
     (:func:`looks_like_test_data`) is refused before it is read, unless ``allow_test_names``
     (a validation set named like a test set, such as WMT's newstest2013).
 
     Raises:
-        ConfigError: a name that says test, ``max_sentences`` below 1, or files that differ in length.
+        ConfigError: a name that says test, ``max_sentences`` below 1, or files that differ in
+            length.
         nmt.corpus.DataError: a file is missing or not UTF-8 text.
     """
     for name, path in (("src", src), ("ref", ref)):
         if looks_like_test_data(path) and not allow_test_names:
             raise ConfigError(
                 Key(name),
-                f" {path}: the name says test data; choose decoding settings on a validation set (tuning on the test set overstates its score), or pass ",
+                f" {path}: the name says test data; choose decoding settings on a validation set "
+                "(tuning on the test set overstates its score), or pass ",
                 Key("allow_test_names"),
                 " if this file is a validation set named like a test set",
             )
@@ -50,10 +58,19 @@ def validation_lines(src: str | Path, ref: str | Path, max_sentences: int | None
     src_lines, ref_lines = read_lines(src)[:max_sentences], read_lines(ref)[:max_sentences]
     if len(src_lines) != len(ref_lines):
         raise ConfigError(
-            Key("src"), f" {src} and ", Key("ref"), f" {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); they must match line for line"
+            Key("src"),
+            f" {src} and ",
+            Key("ref"),
+            f" {ref} differ in length ({len(src_lines)} and {len(ref_lines)} lines); they must "
+            "match line for line",
         )
     if not src_lines:
-        raise ConfigError(Key("src"), f" {src} and ", Key("ref"), f" {ref} have no lines: give the validation set to tune on")
+        raise ConfigError(
+            Key("src"),
+            f" {src} and ",
+            Key("ref"),
+            f" {ref} have no lines: give the validation set to tune on",
+        )
     return src_lines, ref_lines
 
 
@@ -75,12 +92,18 @@ def grid(beam_sizes: list[int], normalizations: list[str], alphas: list[float]) 
         ConfigError: a beam size or α out of ``decode.beam_size``'s or ``decode.length_penalty``'s
             range, or an unknown normalisation.
     """
-    for key, values, allowed in (("beam_sizes", beam_sizes, BEAM), ("alphas", alphas, LENGTH_PENALTY)):  # decode.beam_size's and length_penalty's ranges
+    for key, values, allowed in (
+        ("beam_sizes", beam_sizes, BEAM),
+        ("alphas", alphas, LENGTH_PENALTY),
+    ):  # decode.beam_size's and length_penalty's ranges
         if not values or any(v not in allowed for v in values):
             raise ConfigError(Key(key), f" must all be {allowed}, got {','.join(map(str, values))}")
     unknown = [n for n in normalizations if n not in LENGTH_NORMALIZATIONS]
     if unknown:
-        raise ConfigError(Key("normalizations"), f": unknown {', '.join(unknown)}; choose from {', '.join(LENGTH_NORMALIZATIONS)}")
+        raise ConfigError(
+            Key("normalizations"),
+            f": unknown {', '.join(unknown)}; choose from {', '.join(LENGTH_NORMALIZATIONS)}",
+        )
     out: list[Setting] = []
     for beam in beam_sizes:
         for name in normalizations:
@@ -93,10 +116,13 @@ def grid(beam_sizes: list[int], normalizations: list[str], alphas: list[float]) 
 
 
 def rerank(hyps: list[Hypothesis], normalization: str, alpha: float) -> list[int]:
-    """The best hypothesis' tokens under ``log P / lp(|Y|)`` (``|Y|`` counting EOS); ``[]`` for none."""
+    """The best hypothesis' tokens under ``log P / lp(|Y|)`` (``|Y|`` counting EOS); ``[]`` for
+    none."""
     if not hyps:
         return []
-    return max(hyps, key=lambda h: h.log_prob / length_penalty(len(h.tokens) + 1, alpha, normalization)).tokens
+    return max(
+        hyps, key=lambda h: h.log_prob / length_penalty(len(h.tokens) + 1, alpha, normalization)
+    ).tokens
 
 
 def tune_decode(
@@ -132,7 +158,9 @@ def tune_decode(
         results = inference.translate(src_lines, decoding, progress=progress)
         seconds = round(time.perf_counter() - start, 1)
         for s in (s for s in settings if s.beam_size == beam):
-            hyps = inference.tokenizer.decode_tgt([rerank(r, s.length_normalization, s.length_penalty) for r in results])
+            hyps = inference.tokenizer.decode_tgt(
+                [rerank(r, s.length_normalization, s.length_penalty) for r in results]
+            )
             result = score(hyps, [ref_lines], tokenize=tokenize)
             rows.append(
                 {

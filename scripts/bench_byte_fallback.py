@@ -7,7 +7,8 @@ the share of reference characters that become UNK (a model using that tokenizer 
 produce them: nmt bans UNK at decoding), the sentences with at least one UNK, whether
 decoding the encoding gives the text back, and pieces per sentence.
 
-    python scripts/bench_byte_fallback.py --config configs/small_enja.yaml --ref ../shared/data/small_parallel_enja/test.ja.gz
+    python scripts/bench_byte_fallback.py --config configs/small_enja.yaml --ref
+    ../shared/data/small_parallel_enja/test.ja.gz
 """
 
 from __future__ import annotations
@@ -45,15 +46,27 @@ def measure(tokenizer, refs: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
-    parser.add_argument("--ref", required=True, type=Path, help="held-out target text (plain or .gz)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override section.key=value")
+    parser.add_argument(
+        "--ref", required=True, type=Path, help="held-out target text (plain or .gz)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="config override section.key=value",
+    )
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     refs = [line.strip() for line in read_lines(args.ref)]
     results = {"sentences": len(refs)}
     for fallback in (False, True):
         text = load_split(cfg.data, "train")
-        tokenizer = train_tokenizer(stripped_side(text, 0), stripped_side(text, 1), replace(cfg.tokenizer, byte_fallback=fallback))
+        tokenizer = train_tokenizer(
+            stripped_side(text, 0),
+            stripped_side(text, 1),
+            replace(cfg.tokenizer, byte_fallback=fallback),
+        )
         results[f"byte_fallback={str(fallback).lower()}"] = measure(tokenizer, refs)
     print(json.dumps(results, indent=1))
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Terminology constraints on Multi30k: BLEU, term-use rate and speed, against unconstrained decoding.
+"""Terminology constraints on Multi30k: BLEU, term-use rate and speed, against unconstrained
+decoding.
 
 For each test sentence the unconstrained translation is made first; then 1-2 constraints are
 drawn from its reference: German nouns (capitalised words, the sentence's first word
@@ -31,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def nouns_missed(reference: str, hypothesis: str) -> list[str]:
-    """Capitalised words of ``reference`` (its first word excepted) that ``hypothesis`` lacks, in order, once each."""
+    """Capitalised words of ``reference`` (its first word excepted) that ``hypothesis`` lacks, in
+    order, once each."""
     words = re.findall(r"\w+", reference)
     present = set(re.findall(r"\w+", hypothesis))
     return list(dict.fromkeys(w for w in words[1:] if w[:1].isupper() and w not in present))
@@ -40,14 +42,21 @@ def nouns_missed(reference: str, hypothesis: str) -> list[str]:
 def term_use(outputs: list[str], constraints: list[list[str]]) -> float:
     """Share of constraints whose text appears, as a whole word, in its sentence's output."""
     total = sum(len(c) for c in constraints)
-    used = sum(bool(re.search(rf"(?<!\w){re.escape(term)}(?!\w)", out)) for out, terms in zip(outputs, constraints) for term in terms)
+    used = sum(
+        bool(re.search(rf"(?<!\w){re.escape(term)}(?!\w)", out))
+        for out, terms in zip(outputs, constraints)
+        for term in terms
+    )
     return used / total if total else 0.0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")))
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")),
+    )
     parser.add_argument("--split", default="test_2016_flickr")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
@@ -75,7 +84,11 @@ def main() -> None:
     constraints = []
     for r, h in zip(ref, plain):
         missed = nouns_missed(r, h)
-        constraints.append(rng.sample(missed, min(len(missed), rng.randint(1, args.max_constraints))) if missed else [])
+        constraints.append(
+            rng.sample(missed, min(len(missed), rng.randint(1, args.max_constraints)))
+            if missed
+            else []
+        )
     wishes = [steering(tokenizer, constraints=c) for c in constraints]
     start = time.perf_counter()
     steered = inference.best_strings(inference.translate(src, Decoding(decode), wishes))
@@ -91,8 +104,18 @@ def main() -> None:
                 "constraints": sum(len(c) for c in constraints),
                 "beam": args.beam,
                 "threads": args.threads,
-                "unconstrained": {"bleu": plain_score["bleu"], "chrf": plain_score["chrf"], "term_use": term_use(plain, constraints), "seconds": plain_s},
-                "constrained": {"bleu": steered_score["bleu"], "chrf": steered_score["chrf"], "term_use": term_use(steered, constraints), "seconds": steered_s},
+                "unconstrained": {
+                    "bleu": plain_score["bleu"],
+                    "chrf": plain_score["chrf"],
+                    "term_use": term_use(plain, constraints),
+                    "seconds": plain_s,
+                },
+                "constrained": {
+                    "bleu": steered_score["bleu"],
+                    "chrf": steered_score["chrf"],
+                    "term_use": term_use(steered, constraints),
+                    "seconds": steered_s,
+                },
                 "bleu_signature": plain_score["bleu_signature"],
             }
         )

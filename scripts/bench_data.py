@@ -137,7 +137,9 @@ def run(args, src: Path, tgt: Path, spm_model: Path, run_dir: Path, workers: int
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=ROOT
+    )
     log_lines: list[str] = []
     reader = threading.Thread(target=lambda: log_lines.extend(proc.stderr), daemon=True)
     reader.start()
@@ -160,7 +162,14 @@ def run(args, src: Path, tgt: Path, spm_model: Path, run_dir: Path, workers: int
     reader.join()
     if proc.returncode != 0:
         sys.exit("nmt train failed:\n" + "".join(log_lines[-30:]))
-    encode = next((float(x) for line in log_lines for x in re.findall(r"encoded or loaded from .* in ([\d.]+) s", line)), None)
+    encode = next(
+        (
+            float(x)
+            for line in log_lines
+            for x in re.findall(r"encoded or loaded from .* in ([\d.]+) s", line)
+        ),
+        None,
+    )
     warm = [s for s in samples if s["step"] >= 10]
     cache = run_dir / "cache"
     train_cache = max(cache.iterdir(), key=du)
@@ -184,28 +193,53 @@ def run(args, src: Path, tgt: Path, spm_model: Path, run_dir: Path, workers: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")))
-    parser.add_argument("--work", default=str(ROOT / "runs" / "bench_data"), help="where the corpus, caches and runs go (git-ignored)")
-    parser.add_argument("--repeats", type=int, default=156, help="copies of Multi30k train (156: 4,524,000 pairs)")
-    parser.add_argument("--workers", default="1,2", help="comma-separated data.workers values (encoding threads) to compare")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")),
+    )
+    parser.add_argument(
+        "--work",
+        default=str(ROOT / "runs" / "bench_data"),
+        help="where the corpus, caches and runs go (git-ignored)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=156, help="copies of Multi30k train (156: 4,524,000 pairs)"
+    )
+    parser.add_argument(
+        "--workers",
+        default="1,2",
+        help="comma-separated data.workers values (encoding threads) to compare",
+    )
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     data, work = Path(args.data), Path(args.work)
     src, tgt, pairs = build_corpus(data, work / "corpus", args.repeats)
     spm_model = train_tokenizer_once(data, work)
-    base = {"pairs": pairs, "corpus_bytes": src.stat().st_size + tgt.stat().st_size, "cpus": len(os.sched_getaffinity(0))}
+    base = {
+        "pairs": pairs,
+        "corpus_bytes": src.stat().st_size + tgt.stat().st_size,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
     run_dir = None
     for workers in [int(w) for w in args.workers.split(",")]:
         run_dir = work / f"run_w{workers}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        print(json.dumps({**base, "cache_hit": False, **run(args, src, tgt, spm_model, run_dir, workers)}), flush=True)
+        print(
+            json.dumps(
+                {**base, "cache_hit": False, **run(args, src, tgt, spm_model, run_dir, workers)}
+            ),
+            flush=True,
+        )
     # The same run again on the cache the last run wrote: no tokenization.
     again = work / "run_cached"
     shutil.rmtree(again, ignore_errors=True)
     again.mkdir(parents=True)
     shutil.copytree(run_dir / "cache", again / "cache")
-    print(json.dumps({**base, "cache_hit": True, **run(args, src, tgt, spm_model, again, workers)}), flush=True)
+    print(
+        json.dumps({**base, "cache_hit": True, **run(args, src, tgt, spm_model, again, workers)}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

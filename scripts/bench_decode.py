@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def prepare(args, work: Path) -> None:
-    """Write the model (checkpoint, HF export, CTranslate2 conversions) and the inputs into ``work``."""
+    """Write the model (checkpoint, HF export, CTranslate2 conversions) and the inputs into
+    ``work``."""
     import torch
 
     from nmt.checkpoint import load_checkpoint, save_checkpoint, tokenizer_to_tensors
@@ -62,14 +63,25 @@ def prepare(args, work: Path) -> None:
     else:
         from nmt.tokenizer import train_tokenizer
 
-        train_src, train_tgt = read_parallel(find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de"))
-        tokenizer = train_tokenizer(train_src, train_tgt, TokenizerConfig(vocab_size=args.vocab_size))
+        train_src, train_tgt = read_parallel(
+            find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de")
+        )
+        tokenizer = train_tokenizer(
+            train_src, train_tgt, TokenizerConfig(vocab_size=args.vocab_size)
+        )
         cfg = config_from_dict({"model": {"preset": args.preset}})
         cfg = with_vocab(cfg, tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
         torch.manual_seed(0)
         model = Transformer(cfg.model).eval()
         path = work / "model.pt"
-        save_checkpoint({"model": model.state_dict(), "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(tokenizer.protos())}, path)
+        save_checkpoint(
+            {
+                "model": model.state_dict(),
+                "config": config_to_dict(cfg),
+                "tokenizer": tokenizer_to_tensors(tokenizer.protos()),
+            },
+            path,
+        )
     (work / "checkpoint").write_text(str(path))
     engines = args.engines.split(",")
     if any(e == "hf" or e.startswith("ct2") for e in engines):
@@ -77,7 +89,9 @@ def prepare(args, work: Path) -> None:
     for e in engines:
         if e.startswith("ct2-"):
             quant = e.split("-", 1)[1]
-            export_ctranslate2(work / "hf", work / e, None if quant == "float32" else quant, args.shortlist)
+            export_ctranslate2(
+                work / "hf", work / e, None if quant == "float32" else quant, args.shortlist
+            )
 
 
 def peak_rss_bytes() -> int:
@@ -110,12 +124,19 @@ def worker(args, work: Path) -> None:
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    engine, _, dtype_name = args.worker.partition("@")  # nmt@float16: this engine in another dtype than --dtype
+    engine, _, dtype_name = args.worker.partition(
+        "@"
+    )  # nmt@float16: this engine in another dtype than --dtype
     dtype_name = dtype_name or args.dtype
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.float32}[
-        dtype_name
-    ]  # int8: float32 activations between quantized matmuls
-    loaded = load_checkpoint((work / "checkpoint").read_text())  # in its own dtype: each engine casts it (to_dtype below)
+    dtype = {
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "int8": torch.float32,
+    }[dtype_name]  # int8: float32 activations between quantized matmuls
+    loaded = load_checkpoint(
+        (work / "checkpoint").read_text()
+    )  # in its own dtype: each engine casts it (to_dtype below)
     model, tokenizer, cfg = loaded.model.to(device), loaded.tokenizer, loaded.config
     del loaded  # its entries (the weights as read) are not the engine's memory
     lines = (work / "src.txt").read_text(encoding="utf-8").splitlines()
@@ -128,25 +149,46 @@ def worker(args, work: Path) -> None:
         from nmt.shortlist import Shortlist
 
         if args.quantized_engine:
-            torch.backends.quantized.engine = args.quantized_engine  # before quantizing: the weights are packed for it
-        model = to_dtype(model, resolve_dtype(dtype_name, device), per_channel=args.int8_weights == "per-channel")
+            torch.backends.quantized.engine = (
+                args.quantized_engine
+            )  # before quantizing: the weights are packed for it
+        model = to_dtype(
+            model, resolve_dtype(dtype_name, device), per_channel=args.int8_weights == "per-channel"
+        )
         shortlist = Shortlist.read(args.shortlist, tokenizer) if args.shortlist else None
         # nmt: the production path (static and CUDA graphs on a GPU, the dynamic cache on a CPU).
         from nmt.graphs import StaticScorer
 
-        # nmt: what nmt.inference runs on this device (the static step with CUDA graphs on a GPU, the dynamic cache on a CPU).
-        scorer = {"nmt": None, "nmt-cached": "cached", "nmt-static": StaticScorer, "nmt-tiled": "tiled", "nmt-recompute": "recompute"}[engine]
+        # nmt: what nmt.inference runs on this device (the static step with CUDA graphs on a GPU,
+        # the dynamic cache on a CPU).
+        scorer = {
+            "nmt": None,
+            "nmt-cached": "cached",
+            "nmt-static": StaticScorer,
+            "nmt-tiled": "tiled",
+            "nmt-recompute": "recompute",
+        }[engine]
 
         def run(idx):
             src = pad_sources([ids[i] for i in idx]).to(device)
             if forced:
-                decode = replace(cfg.decode, beam_size=beam, length_penalty=0.0, max_len_a=0.0, max_len_b=forced, min_len=forced, n_best=1)
+                decode = replace(
+                    cfg.decode,
+                    beam_size=beam,
+                    length_penalty=0.0,
+                    max_len_a=0.0,
+                    max_len_b=forced,
+                    min_len=forced,
+                    n_best=1,
+                )
             else:
                 decode = replace(cfg.decode, beam_size=beam, length_penalty=args.alpha, n_best=1)
             columns = shortlist.columns([ids[i] for i in idx]) if shortlist is not None else None
             chosen = scorer or decode_scorer(device, columns, decode.cache)
             with attention_backends(device):
-                hyps = translate_batch(model, src, decode, scorer=chosen, rules=tokenizer.output_rules, columns=columns)
+                hyps = translate_batch(
+                    model, src, decode, scorer=chosen, rules=tokenizer.output_rules, columns=columns
+                )
             return [h[0].tokens for h in hyps]
 
     elif engine == "hf":
@@ -159,10 +201,20 @@ def worker(args, work: Path) -> None:
             kw = (
                 dict(min_new_tokens=forced, max_new_tokens=forced + 1)
                 if forced
-                else dict(max_new_tokens=int(cfg.decode.max_len_a * src.size(1) + cfg.decode.max_len_b) + 1, length_penalty=args.alpha)
+                else dict(
+                    max_new_tokens=int(cfg.decode.max_len_a * src.size(1) + cfg.decode.max_len_b)
+                    + 1,
+                    length_penalty=args.alpha,
+                )
             )
             with torch.inference_mode():
-                out = hf.generate(input_ids=src, attention_mask=(src != 0).long(), num_beams=beam, do_sample=False, **kw)
+                out = hf.generate(
+                    input_ids=src,
+                    attention_mask=(src != 0).long(),
+                    num_beams=beam,
+                    do_sample=False,
+                    **kw,
+                )
             return [[t for t in row[1:] if t > 3] for row in out.tolist()]
 
     else:
@@ -170,7 +222,10 @@ def worker(args, work: Path) -> None:
 
         compute = engine.split("-", 1)[1]
         translator = ctranslate2.Translator(
-            str(work / engine), device="cuda" if device.type == "cuda" else "cpu", compute_type=compute, intra_threads=args.threads
+            str(work / engine),
+            device="cuda" if device.type == "cuda" else "cpu",
+            compute_type=compute,
+            intra_threads=args.threads,
         )
 
         def run(idx):
@@ -179,10 +234,17 @@ def worker(args, work: Path) -> None:
             kw = (
                 dict(min_decoding_length=forced, max_decoding_length=forced)
                 if forced
-                else dict(max_decoding_length=int(cfg.decode.max_len_a * longest + cfg.decode.max_len_b), length_penalty=args.alpha)
+                else dict(
+                    max_decoding_length=int(cfg.decode.max_len_a * longest + cfg.decode.max_len_b),
+                    length_penalty=args.alpha,
+                )
             )
-            results = translator.translate_batch(pieces, beam_size=beam, max_batch_size=len(idx), use_vmap=bool(args.shortlist), **kw)
-            return [[tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results]  # target pieces (one model per side when not joint)
+            results = translator.translate_batch(
+                pieces, beam_size=beam, max_batch_size=len(idx), use_vmap=bool(args.shortlist), **kw
+            )
+            return [
+                [tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results
+            ]  # target pieces (one model per side when not joint)
 
     def sync():
         if device.type == "cuda":
@@ -191,7 +253,9 @@ def worker(args, work: Path) -> None:
     lengths = [len(s) for s in ids]
     for size in [int(b) for b in str(args.batch).split(",")]:
         plan = batches(len(ids), lengths, size, args.max_batches)
-        for idx in plan if args.warm_all else plan[:1]:  # warm-up: the first batch, or every one (what CUDA graphs capture once)
+        for idx in (
+            plan if args.warm_all else plan[:1]
+        ):  # warm-up: the first batch, or every one (what CUDA graphs capture once)
             run(idx)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -214,11 +278,16 @@ def worker(args, work: Path) -> None:
             "forced_len": forced,
             "shortlist": args.shortlist,
             **(
-                {"quantized_engine": torch.backends.quantized.engine, "int8_weights": args.int8_weights}
+                {
+                    "quantized_engine": torch.backends.quantized.engine,
+                    "int8_weights": args.int8_weights,
+                }
                 if dtype_name == "int8" and engine.startswith("nmt")
                 else {}
             ),
-            "outputs_digest": hashlib.sha256(json.dumps([outputs[i] for i in sorted(outputs)]).encode()).hexdigest()[:16],  # equal outputs, equal digests
+            "outputs_digest": hashlib.sha256(
+                json.dumps([outputs[i] for i in sorted(outputs)]).encode()
+            ).hexdigest()[:16],  # equal outputs, equal digests
             "sentences_per_s": round(len(outputs) / seconds, 2),
             "tgt_tokens_per_s": round(sum(map(len, outputs.values())) / seconds, 1),
             "seconds": round(seconds, 3),
@@ -241,10 +310,16 @@ def worker(args, work: Path) -> None:
         if engine.startswith("nmt") and device.type == "cuda":
             from nmt.graphs import graph_report
 
-            record["cuda_graphs"] = graph_report(model)  # captured so far: slabs, graphs, their buffers and pools
+            record["cuda_graphs"] = graph_report(
+                model
+            )  # captured so far: slabs, graphs, their buffers and pools
             record["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
         if engine == "nmt":
-            record.update(cache_bytes(model, cfg.model, [ids[i] for i in plan[-1]], beam, forced or 25, dtype, device))
+            record.update(
+                cache_bytes(
+                    model, cfg.model, [ids[i] for i in plan[-1]], beam, forced or 25, dtype, device
+                )
+            )
         if not forced and len(outputs) == len(ids):
             from nmt.evaluate import score
 
@@ -266,7 +341,9 @@ def gpu_profile(call, sync, top: int = 10) -> dict:
         sync()
     wall = time.perf_counter() - start
     events = prof.key_averages()
-    device_time = lambda e: getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+    device_time = lambda e: (
+        getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+    )
     count = lambda *names: sum(e.count for e in events if e.key in names)
     return {
         "wall_ms": round(wall * 1e3, 2),
@@ -274,8 +351,14 @@ def gpu_profile(call, sync, top: int = 10) -> dict:
         "kernel_launches": count("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"),
         "graph_replays": count("cudaGraphLaunch"),
         "syncs": count("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync"),
-        "top_host_ms": {e.key[:80]: round(e.self_cpu_time_total / 1e3, 2) for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]},
-        "top_gpu_ms": {e.key[:80]: round(device_time(e) / 1e3, 2) for e in sorted(events, key=device_time, reverse=True)[:top]},
+        "top_host_ms": {
+            e.key[:80]: round(e.self_cpu_time_total / 1e3, 2)
+            for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+        },
+        "top_gpu_ms": {
+            e.key[:80]: round(device_time(e) / 1e3, 2)
+            for e in sorted(events, key=device_time, reverse=True)[:top]
+        },
     }
 
 
@@ -296,7 +379,8 @@ def cache_bytes(model, m, sources, beam: int, length: int, dtype, device) -> dic
             _, cache = model.decode_step(tokens, cache)
     shared = cache.cross_kv.numel() * cache.cross_kv.element_size()
     return {
-        "self_cache_bytes_measured": cache.self_kv[..., : cache.length, :].numel() * cache.self_kv.element_size(),
+        "self_cache_bytes_measured": cache.self_kv[..., : cache.length, :].numel()
+        * cache.self_kv.element_size(),
         "self_cache_bytes_allocated": cache.self_kv.numel() * cache.self_kv.element_size(),
         "self_cache_bytes_formula": 2
         * m.n_decoder_layers
@@ -312,18 +396,46 @@ def cache_bytes(model, m, sources, beam: int, length: int, dtype, device) -> dic
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")), help="Multi30k directory")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--data",
+        default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")),
+        help="Multi30k directory",
+    )
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--lines", type=int, default=256, help="first N sentences of the split")
-    p.add_argument("--checkpoint", help="trained nmt checkpoint; default: a random model of --preset")
+    p.add_argument(
+        "--checkpoint", help="trained nmt checkpoint; default: a random model of --preset"
+    )
     p.add_argument("--preset", default="small")
     p.add_argument("--engines", default="nmt,nmt-tiled,nmt-recompute,hf,ct2-float32,ct2-int8")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--batch", default="32", help="sentences per batch; several, comma-separated, are measured in turn")
-    p.add_argument("--max-batches", type=int, default=0, help="decode at most this many batches per batch size, spread over the length-sorted input (0 = all)")
-    p.add_argument("--vocab-size", type=int, default=8000, help="joint BPE pieces of the random model's tokenizer")
-    p.add_argument("--forced-len", type=int, default=25, help="pieces generated per sentence (0 = free decoding + BLEU)")
+    p.add_argument(
+        "--batch",
+        default="32",
+        help="sentences per batch; several, comma-separated, are measured in turn",
+    )
+    p.add_argument(
+        "--max-batches",
+        type=int,
+        default=0,
+        help="decode at most this many batches per batch size, spread over the length-sorted input "
+        "(0 = all)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=8000,
+        help="joint BPE pieces of the random model's tokenizer",
+    )
+    p.add_argument(
+        "--forced-len",
+        type=int,
+        default=25,
+        help="pieces generated per sentence (0 = free decoding + BLEU)",
+    )
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty for free decoding")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
@@ -334,7 +446,9 @@ def main() -> None:
         help="nmt and hf engines; int8: nmt only (dynamic quantization of linear layers, CPU)",
     )
     p.add_argument(
-        "--quantized-engine", choices=["x86", "fbgemm", "onednn", "qnnpack"], help="with --dtype int8: PyTorch's quantized engine (default: torch's)"
+        "--quantized-engine",
+        choices=["x86", "fbgemm", "onednn", "qnnpack"],
+        help="with --dtype int8: PyTorch's quantized engine (default: torch's)",
     )
     p.add_argument(
         "--int8-weights",
@@ -342,10 +456,28 @@ def main() -> None:
         default="per-channel",
         help="with --dtype int8: one weight scale per output channel or per matrix",
     )
-    p.add_argument("--shortlist", help="a vocabulary shortlist (nmt shortlist) for nmt's engines and, as a vocabulary map, CTranslate2's")
-    p.add_argument("--profile", action="store_true", help="on a GPU, profile one batch of each size per nmt engine (idling, launches, host time)")
-    p.add_argument("--warm-all", action="store_true", help="warm up on every batch of a size before timing it (CUDA graphs are captured once per bucket)")
-    p.add_argument("--latency-sentences", type=int, default=16, help="sentences decoded one at a time for latency (0 = none)")
+    p.add_argument(
+        "--shortlist",
+        help="a vocabulary shortlist (nmt shortlist) for nmt's engines and, as a vocabulary map, "
+        "CTranslate2's",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="on a GPU, profile one batch of each size per nmt engine (idle, launches, host time)",
+    )
+    p.add_argument(
+        "--warm-all",
+        action="store_true",
+        help="warm up on every batch of a size before timing it (CUDA graphs are captured once per "
+        "bucket)",
+    )
+    p.add_argument(
+        "--latency-sentences",
+        type=int,
+        default=16,
+        help="sentences decoded one at a time for latency (0 = none)",
+    )
     p.add_argument("--workdir", help="reuse a prepared directory (internal)")
     p.add_argument("--worker", help="measure this engine only (internal)")
     args = p.parse_args()
@@ -357,12 +489,27 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         prepare(args, work)
         for engine in args.engines.split(","):
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--workdir", str(work), "--worker", engine]
+            cmd = [
+                sys.executable,
+                __file__,
+                *sys.argv[1:],
+                "--workdir",
+                str(work),
+                "--worker",
+                engine,
+            ]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             sys.stdout.flush()
-            result = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, env=env)  # the worker's records go straight to stdout
+            result = subprocess.run(
+                cmd, stderr=subprocess.PIPE, text=True, env=env
+            )  # the worker's records go straight to stdout
             if result.returncode != 0:
-                print(json.dumps({"engine": engine, "error": result.stderr.strip().splitlines()[-1:]}), flush=True)
+                print(
+                    json.dumps(
+                        {"engine": engine, "error": result.stderr.strip().splitlines()[-1:]}
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,13 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")))
-    parser.add_argument("--workers", default="1,2", help="comma-separated data.workers values (encoding threads)")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")),
+    )
+    parser.add_argument(
+        "--workers", default="1,2", help="comma-separated data.workers values (encoding threads)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
@@ -38,8 +43,12 @@ def main() -> None:
     from nmt.encoded import encode_corpus
     from nmt.tokenizer import train_tokenizer
 
-    text = ParallelText.files(find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de"))
-    tokenizer = train_tokenizer(stripped_side(text, 0), stripped_side(text, 1), TokenizerConfig(vocab_size=8000), 1)
+    text = ParallelText.files(
+        find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de")
+    )
+    tokenizer = train_tokenizer(
+        stripped_side(text, 0), stripped_side(text, 1), TokenizerConfig(vocab_size=8000), 1
+    )
     out: dict = {"pairs": text.check()}
     for workers in (int(w) for w in args.workers.split(",")):
         times = []

@@ -14,7 +14,8 @@ translation of some other sentence in the set) must all be 0.
 
 Example (2 CPU threads for the model, beam 5, Multi30k test_2016_flickr):
 
-    python scripts/bench_serve.py --checkpoint RUN/best.pt --clients 1 8 32 --threads 2 --screenshot docs/serve.png
+    python scripts/bench_serve.py --checkpoint RUN/best.pt --clients 1 8 32 --threads 2 --screenshot
+    docs/serve.png
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def translate_file(args, lines: list[str], work: Path) -> tuple[list[str], float
 
 async def load(url: str, lines: list[str], clients: int, args) -> dict:
     """Send every line once from ``clients`` concurrent clients; check each answer."""
-    chunks = [list(range(i, min(i + args.lines_per_request, len(lines)))) for i in range(0, len(lines), args.lines_per_request)]
+    chunks = [
+        list(range(i, min(i + args.lines_per_request, len(lines))))
+        for i in range(0, len(lines), args.lines_per_request)
+    ]
     queue: asyncio.Queue[list[int]] = asyncio.Queue()
     for chunk in chunks:
         queue.put_nowait(chunk)
@@ -108,7 +112,10 @@ async def load(url: str, lines: list[str], clients: int, args) -> dict:
                 return
             sent.extend(chunk)
             start = time.perf_counter()
-            response = await http.post(f"{url}/translate", json={"text": [lines[i] for i in chunk], "beam_size": args.beam_size})
+            response = await http.post(
+                f"{url}/translate",
+                json={"text": [lines[i] for i in chunk], "beam_size": args.beam_size},
+            )
             latencies.append(time.perf_counter() - start)
             if response.status_code != 200:
                 errors.append(f"{response.status_code}: {response.text[:200]}")
@@ -125,21 +132,34 @@ async def load(url: str, lines: list[str], clients: int, args) -> dict:
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - start
-    return {"answers": answers, "sent": sent, "latencies": latencies, "errors": errors, "wall_s": wall}
+    return {
+        "answers": answers,
+        "sent": sent,
+        "latencies": latencies,
+        "errors": errors,
+        "wall_s": wall,
+    }
 
 
 def check(answers: dict[int, str], sent: list[int], reference: list[str]) -> dict:
     """``sent``: the sentences asked for before the level's time ran out."""
     known = set(reference)
     mismatched = [i for i, text in answers.items() if text != reference[i]]
-    return {"sent": len(sent), "lost": len(set(sent) - set(answers)), "mismatched": len(mismatched), "swapped": sum(answers[i] in known for i in mismatched)}
+    return {
+        "sent": len(sent),
+        "lost": len(set(sent) - set(answers)),
+        "mismatched": len(mismatched),
+        "swapped": sum(answers[i] in known for i in mismatched),
+    }
 
 
 def screenshot(url: str, lines: list[str], path: Path) -> None:
     """The page after translating two sentences with a 3-best list, from headless chromium."""
     from playwright.sync_api import sync_playwright
 
-    executable = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    executable = next(
+        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
+    )
     if executable is None:
         raise SystemExit("--screenshot needs chromium on PATH (apt-get install chromium)")
     with sync_playwright() as p:
@@ -158,17 +178,36 @@ def screenshot(url: str, lines: list[str], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
-    parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")), help="Multi30k directory")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")),
+        help="Multi30k directory",
+    )
     parser.add_argument("--split", default="test_2016_flickr")
-    parser.add_argument("--lines", type=int, default=1000, help="test sentences to send (each once per client count)")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients, one level each (at most 256)")
+    parser.add_argument(
+        "--lines",
+        type=int,
+        default=1000,
+        help="test sentences to send (each once per client count)",
+    )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        default=[1, 8, 32],
+        help="concurrent clients, one level each (at most 256)",
+    )
     parser.add_argument("--lines-per-request", type=int, default=1)
     parser.add_argument("--beam-size", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the server and of nmt translate")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads of the server and of nmt translate"
+    )
     parser.add_argument("--max-batch-tokens", type=int, default=4096)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--max-seconds", type=float, default=300.0, help="time limit of each level")
-    parser.add_argument("--screenshot", type=Path, help="also write a PNG of the web page here (needs chromium)")
+    parser.add_argument(
+        "--screenshot", type=Path, help="also write a PNG of the web page here (needs chromium)"
+    )
     args = parser.parse_args()
     if not all(1 <= c <= 256 for c in args.clients):
         parser.error("--clients: each count must be between 1 and 256")
@@ -176,7 +215,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         reference, file_s = translate_file(args, lines, Path(tmp))
-    rows = [{"mode": "nmt translate (file)", "clients": "", "requests_per_s": None, "sentences_per_s": len(lines) / file_s, "wall_s": file_s}]
+    rows = [
+        {
+            "mode": "nmt translate (file)",
+            "clients": "",
+            "requests_per_s": None,
+            "sentences_per_s": len(lines) / file_s,
+            "wall_s": file_s,
+        }
+    ]
     print(json.dumps(rows[0]), flush=True)
 
     port = free_port()
@@ -238,18 +285,24 @@ def main() -> None:
         server.wait(timeout=120)
 
     print(
-        "\n| | clients | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | sentences/batch | sent | errors / lost / mismatched / swapped |"
+        "\n| | clients | requests/s | sentences/s | p50 ms | p95 ms | p99 ms | sentences/batch | "
+        "sent | errors / lost / mismatched / swapped |"
         "\n|---|---|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
         if r["mode"] == "nmt serve":
             print(
-                f"| nmt serve | {r['clients']} | {r['requests_per_s']:.1f} | {r['sentences_per_s']:.1f} | "
+                f"| nmt serve | {r['clients']} | {r['requests_per_s']:.1f} | "
+                f"{r['sentences_per_s']:.1f} | "
                 f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
-                f"{r['sentences_per_batch']:.1f} | {r['sent']} | {r['errors']} / {r['lost']} / {r['mismatched']} / {r['swapped']} |"
+                f"{r['sentences_per_batch']:.1f} | {r['sent']} | {r['errors']} / {r['lost']} / "
+                f"{r['mismatched']} / {r['swapped']} |"
             )
         else:
-            print(f"| nmt translate -i FILE | | | {r['sentences_per_s']:.1f} | | | | | {len(lines)} | |")
+            print(
+                f"| nmt translate -i FILE | | | {r['sentences_per_s']:.1f} | | | | | {len(lines)} "
+                "| |"
+            )
 
 
 if __name__ == "__main__":

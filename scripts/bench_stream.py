@@ -7,8 +7,9 @@ first and translates it in one call, which is what ``nmt translate`` did before 
 streamed), and samples the process's resident memory while it runs. ``--time-limit`` stops
 it early; the record says how far it got. Prints one JSON object.
 
-``file``: in one process, translates the same lines once with :meth:`nmt.inference.Inference.translate`
-over the whole input and once with :meth:`nmt.inference.Inference.stream` in
+``file``: in one process, translates the same lines once with
+:meth:`nmt.inference.Inference.translate` over the whole input and once with
+:meth:`nmt.inference.Inference.stream` in
 ``--buffer-size`` buffers, alternating ``--repeats`` times, and prints the best
 sentences/s of each.
 
@@ -52,7 +53,17 @@ def pipe(args) -> dict:
     """Run the translator on a pipe of ``args.lines`` lines; memory sampled every 0.2 s."""
     lines = source_lines(args)
     if args.whole_input:
-        cmd = [sys.executable, __file__, "whole", "--checkpoint", args.checkpoint, "--beam", str(args.beam), "--threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "whole",
+            "--checkpoint",
+            args.checkpoint,
+            "--beam",
+            str(args.beam),
+            "--threads",
+            str(args.threads),
+        ]
     else:
         cmd = [
             sys.executable,
@@ -85,13 +96,18 @@ def pipe(args) -> dict:
         for _ in proc.stdout:
             translated[0] += 1
 
-    threads = [threading.Thread(target=feed, daemon=True), threading.Thread(target=drain, daemon=True)]
+    threads = [
+        threading.Thread(target=feed, daemon=True),
+        threading.Thread(target=drain, daemon=True),
+    ]
     for t in threads:
         t.start()
     start, samples, peak = time.perf_counter(), [], 0
     while proc.poll() is None and time.perf_counter() - start < args.time_limit:
         peak = max(peak, status_bytes(proc.pid, "VmHWM"))
-        samples.append((round(time.perf_counter() - start, 1), translated[0], status_bytes(proc.pid, "VmRSS")))
+        samples.append(
+            (round(time.perf_counter() - start, 1), translated[0], status_bytes(proc.pid, "VmRSS"))
+        )
         time.sleep(0.2)
     seconds = time.perf_counter() - start
     finished = proc.poll() is not None
@@ -99,7 +115,11 @@ def pipe(args) -> dict:
         proc.kill()
     proc.wait()
     samples = [s for s in samples if s[2]]
-    quarter = [samples[min(len(samples) - 1, len(samples) * q // 4)] for q in (1, 2, 3, 4)] if samples else []
+    quarter = (
+        [samples[min(len(samples) - 1, len(samples) * q // 4)] for q in (1, 2, 3, 4)]
+        if samples
+        else []
+    )
     return {
         "mode": "whole-input" if args.whole_input else f"stream (--buffer-size {args.buffer_size})",
         "lines_asked": args.lines,
@@ -109,7 +129,9 @@ def pipe(args) -> dict:
         "seconds": round(seconds, 1),
         "sentences_per_s_including_load": round(translated[0] / seconds, 1),
         "peak_rss_bytes": peak,
-        "rss_at_quarters_of_run": [{"s": s, "translated": n, "rss_bytes": r} for s, n, r in quarter],
+        "rss_at_quarters_of_run": [
+            {"s": s, "translated": n, "rss_bytes": r} for s, n, r in quarter
+        ],
     }
 
 
@@ -124,7 +146,9 @@ def whole(args) -> None:
     from dataclasses import replace
 
     lines = sys.stdin.buffer.read().decode("utf-8").split("\n")[:-1]
-    results = inference.translate(lines, Decoding(replace(inference.cfg.decode, beam_size=args.beam)))
+    results = inference.translate(
+        lines, Decoding(replace(inference.cfg.decode, beam_size=args.beam))
+    )
     sys.stdout.write("".join(s + "\n" for s in inference.best_strings(results)))
 
 
@@ -164,7 +188,11 @@ def file(args) -> dict:
         "whole_sentences_per_s": round(len(lines) / best["whole"], 2),
         "stream_sentences_per_s": round(len(lines) / best["stream"], 2),
         "stream_over_whole": round(best["whole"] / best["stream"], 3),
-        **{f"{path}_{key}": value for path, shapes in batching.items() for key, value in shapes.items()},
+        **{
+            f"{path}_{key}": value
+            for path, shapes in batching.items()
+            for key, value in shapes.items()
+        },
     }
 
 
@@ -186,18 +214,41 @@ def batch_shapes(tokenizer, chunks, max_tokens: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["pipe", "file", "whole"], help="whole: internal (the whole-input translator that pipe --whole-input runs)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "mode",
+        choices=["pipe", "file", "whole"],
+        help="whole: internal (the whole-input translator that pipe --whole-input runs)",
+    )
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")), help="Multi30k directory")
+    p.add_argument(
+        "--data",
+        default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")),
+        help="Multi30k directory",
+    )
     p.add_argument("--split", default="test_2016_flickr")
-    p.add_argument("--lines", type=int, default=1_000_000, help="lines to translate (the split's sentences, repeated)")
+    p.add_argument(
+        "--lines",
+        type=int,
+        default=1_000_000,
+        help="lines to translate (the split's sentences, repeated)",
+    )
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--buffer-size", type=int, default=1000)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--time-limit", type=float, default=float("inf"), help="pipe: stop after this many seconds")
-    p.add_argument("--whole-input", action="store_true", help="pipe: measure the whole-input path instead of nmt translate")
-    p.add_argument("--repeats", type=int, default=2, help="file: alternating runs of each path (best is kept)")
+    p.add_argument(
+        "--time-limit", type=float, default=float("inf"), help="pipe: stop after this many seconds"
+    )
+    p.add_argument(
+        "--whole-input",
+        action="store_true",
+        help="pipe: measure the whole-input path instead of nmt translate",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=2, help="file: alternating runs of each path (best is kept)"
+    )
     args = p.parse_args()
     if args.mode == "whole":
         whole(args)

@@ -3,8 +3,8 @@
 
 Each engine runs in its own process on the same batches: Multi30k train encoded with a
 joint 8,000-piece BPE model, cut by nmt's token-budget sampler (``--max-tokens``, padding
-included), the first ``--warmup + --steps`` batches of epoch 0 (then epoch 1, ...). Both engines start from the
-same weights (the Marian model is nmt's export, which computes the same function) and
+included), the first ``--warmup + --steps`` batches of epoch 0 (then epoch 1, ...). Both engines
+start from the same weights (the Marian model is nmt's export, which computes the same function) and
 use fused Adam and the noam schedule. Each uses its own toolkit's label smoothing (ε 0.1):
 nmt's fused loss, and transformers' ``LabelSmoother`` (what ``Seq2SeqTrainer`` runs with
 ``label_smoothing_factor``); HF's spreads ε over all ``V`` classes, nmt's over ``V − 2``.
@@ -34,7 +34,8 @@ Example (CPU, 2 threads)::
 
 On a GPU (what ``scripts/gpu_check.py`` runs)::
 
-    python scripts/bench_train.py --device cuda --precision bf16 --preset base --max-tokens 40000 --rounds 1
+    python scripts/bench_train.py --device cuda --precision bf16 --preset base \
+        --max-tokens 40000 --rounds 1
 
 Data: ``--data`` or $MULTI30K (default ``../shared/data/multi30k`` beside the checkout),
 a directory with ``train.en`` and ``train.de`` (plain or ``.gz``).
@@ -61,7 +62,12 @@ def step_flops(m, batch_size: int, src_len: int, tgt_len: int) -> int:
     """Training FLOPs of one batch (module doc formula); ``m`` is a ModelConfig."""
     B, S, T, d, f, V = batch_size, src_len, tgt_len, m.d_model, m.d_ff, m.tgt_vocab_size
     enc = m.n_encoder_layers * (2 * B * S * (4 * d * d + 2 * d * f) + 4 * B * S * S * d)
-    dec = m.n_decoder_layers * (2 * B * T * (6 * d * d + 2 * d * f) + 4 * B * S * d * d + 4 * B * T * T * d + 4 * B * T * S * d)
+    dec = m.n_decoder_layers * (
+        2 * B * T * (6 * d * d + 2 * d * f)
+        + 4 * B * S * d * d
+        + 4 * B * T * T * d
+        + 4 * B * T * S * d
+    )
     return 3 * (enc + dec + 2 * B * T * d * V)
 
 
@@ -111,13 +117,27 @@ def child(args) -> None:
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    # What `nmt train` does on a CPU (nmt/memory.py); "hf-heap" gives Hugging Face's step the same allocator.
-    kept = device.type == "cpu" and (args.engine == "hf-heap" or not args.engine.startswith("hf")) and keep_freed_memory()
+    # What `nmt train` does on a CPU (nmt/memory.py); "hf-heap" gives Hugging Face's step the same
+    # allocator.
+    kept = (
+        device.type == "cpu"
+        and (args.engine == "hf-heap" or not args.engine.startswith("hf"))
+        and keep_freed_memory()
+    )
     tokenizer = tokenizer_from_dir(Path(args.work))
-    corpus, _ = encode_corpus(ParallelText.files(*train_files(args.data)), tokenizer, Path(args.work) / "cache", max_len=100, max_len_ratio=3.0, threads=1)
+    corpus, _ = encode_corpus(
+        ParallelText.files(*train_files(args.data)),
+        tokenizer,
+        Path(args.work) / "cache",
+        max_len=100,
+        max_len_ratio=3.0,
+        threads=1,
+    )
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens, seed=1)
     indices, epoch = [], 0
-    while len(indices) < args.warmup + args.steps:  # a large budget leaves fewer batches in an epoch than a run needs
+    while (
+        len(indices) < args.warmup + args.steps
+    ):  # a large budget leaves fewer batches in an epoch than a run needs
         indices += sampler.epoch_batches(epoch)
         epoch += 1
     indices = indices[: args.warmup + args.steps]
@@ -125,11 +145,19 @@ def child(args) -> None:
     batches = [collate(corpus, b, pin_memory=pin, multiple=args.pad_to_multiple) for b in indices]
     overrides = {
         "model": {"preset": args.preset, "dropout": 0.1},
-        "train": {"precision": args.precision, "compile": args.engine == "nmt-compile", "warmup_steps": 4000},
+        "train": {
+            "precision": args.precision,
+            "compile": args.engine == "nmt-compile",
+            "warmup_steps": 4000,
+        },
     }
-    cfg = with_vocab(config_from_dict(overrides), tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size())
+    cfg = with_vocab(
+        config_from_dict(overrides), tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size()
+    )
     torch.manual_seed(0)
-    model = for_training(Transformer(cfg.model).to(device), device)  # as nmt train: the CPU's dropout masks (nmt.runtime)
+    model = for_training(
+        Transformer(cfg.model).to(device), device
+    )  # as nmt train: the CPU's dropout masks (nmt.runtime)
     loss_fn = label_smoothed_loss
     if args.engine.startswith("hf"):
         from nmt.export import marian_model
@@ -137,25 +165,33 @@ def child(args) -> None:
         hf = marian_model(model, tokenizer).to(device)
         hf.config._attn_implementation = "sdpa"
 
-        class Marian(torch.nn.Module):  # nmt's (src, tgt_in) -> logits interface around MarianMTModel
+        class Marian(
+            torch.nn.Module
+        ):  # nmt's (src, tgt_in) -> logits interface around MarianMTModel
             def __init__(self):
                 super().__init__()
                 self.hf, self.cfg = hf, model.cfg
 
             def forward(self, src, tgt_in):
-                return self.hf(input_ids=src, attention_mask=src.ne(0), decoder_input_ids=tgt_in).logits
+                return self.hf(
+                    input_ids=src, attention_mask=src.ne(0), decoder_input_ids=tgt_in
+                ).logits
 
         model = Marian()
         from transformers.trainer_pt_utils import LabelSmoother
 
         smoother = LabelSmoother(epsilon=cfg.train.label_smoothing, ignore_index=0)
 
-        def hf_loss(logits, target, smoothing):  # what Seq2SeqTrainer(label_smoothing_factor=0.1) computes, as a sum
+        def hf_loss(
+            logits, target, smoothing
+        ):  # what Seq2SeqTrainer(label_smoothing_factor=0.1) computes, as a sum
             loss = smoother({"logits": logits}, target, num_items_in_batch=1)
             return LossOutput(loss, loss.detach(), (target != 0).sum())
 
         loss_fn = hf_loss
-    updater = Updater(model, cfg.train, device, loss_fn=loss_fn, context=lambda: attention_backends(device))
+    updater = Updater(
+        model, cfg.train, device, loss_fn=loss_fn, context=lambda: attention_backends(device)
+    )
     times, first_loss = [], None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -172,10 +208,16 @@ def child(args) -> None:
     tgt_tokens = sum(b.n_tgt_tokens for b in timed)
     src_tokens = sum(int(b.src.ne(0).sum()) for b in timed)
     padded = sum(b.src.numel() + b.tgt_out.numel() for b in timed)
-    flops = sum(step_flops(cfg.model, b.src.size(0), b.src.size(1), b.tgt_out.size(1)) for b in timed)
+    flops = sum(
+        step_flops(cfg.model, b.src.size(0), b.src.size(1), b.tgt_out.size(1)) for b in timed
+    )
     seconds = sum(times)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
-    ceiling = args.ceiling_tflops * 1e12 if args.ceiling_tflops else matmul_ceiling(device, dtype, args.matmul_size)
+    ceiling = (
+        args.ceiling_tflops * 1e12
+        if args.ceiling_tflops
+        else matmul_ceiling(device, dtype, args.matmul_size)
+    )
     record = {
         "engine": args.engine,
         "device": str(device),
@@ -208,7 +250,12 @@ def child(args) -> None:
     print(json.dumps(record), flush=True)
 
 
-PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")  # the matrix products of a step: linear layers, their gradients
+PRODUCTS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+)  # the matrix products of a step: linear layers, their gradients
 
 
 def product_share(updater, batches) -> dict:
@@ -230,8 +277,8 @@ def product_share(updater, batches) -> dict:
 
 
 def gpu_profile(updater, batches, device, top: int = 12) -> dict:
-    """Where the GPU's time goes in ``batches``' updates (torch.profiler): wall and kernel seconds per
-    step (their difference is the GPU idling: launches, host work, synchronisation) and the
+    """Where the GPU's time goes in ``batches``' updates (torch.profiler): wall and kernel seconds
+    per step (their difference is the GPU idling: launches, host work, synchronisation) and the
     kernels and host operators that take the most, in ms per step."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -243,7 +290,9 @@ def gpu_profile(updater, batches, device, top: int = 12) -> dict:
         sync(device)
     wall = (time.perf_counter() - start) / len(batches)
     events = prof.key_averages()
-    device_time = lambda e: getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+    device_time = lambda e: (
+        getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+    )
     kernels = sorted((e for e in events if device_time(e) > 0), key=device_time, reverse=True)
     host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
     per_step = lambda us: round(us / 1e3 / len(batches), 3)
@@ -251,7 +300,15 @@ def gpu_profile(updater, batches, device, top: int = 12) -> dict:
         "steps": len(batches),
         "wall_ms_per_step": round(wall * 1e3, 3),
         "gpu_busy_ms_per_step": per_step(sum(device_time(e) for e in events)),
-        "launches_per_step": round(sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")) / len(batches), 1),
+        "launches_per_step": round(
+            sum(
+                e.count
+                for e in events
+                if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")
+            )
+            / len(batches),
+            1,
+        ),
         "top_gpu_ms": {e.key[:80]: per_step(device_time(e)) for e in kernels[:top]},
         "top_host_ms": {e.key[:80]: per_step(e.self_cpu_time_total) for e in host[:top]},
     }
@@ -266,7 +323,10 @@ def train_files(data: str) -> tuple[Path, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")))
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("MULTI30K", str(ROOT.parent / "shared" / "data" / "multi30k")),
+    )
     parser.add_argument("--preset", default="small")
     parser.add_argument("--max-tokens", type=int, default=2500)
     parser.add_argument("--steps", type=int, default=20, help="timed steps")
@@ -274,27 +334,52 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
-    parser.add_argument("--matmul-size", type=int, default=2048, help="side of the square product that measures the ceiling")
     parser.add_argument(
-        "--ceiling-tflops", type=float, default=0.0, help="MFU against this matrix-product rate (TFLOP/s) instead of one measured in each engine's process"
+        "--matmul-size",
+        type=int,
+        default=2048,
+        help="side of the square product that measures the ceiling",
+    )
+    parser.add_argument(
+        "--ceiling-tflops",
+        type=float,
+        default=0.0,
+        help="MFU against this matrix-product rate (TFLOP/s) instead of one measured in each "
+        "engine's process",
     )
     parser.add_argument("--vocab-size", type=int, default=8000, help="joint BPE pieces")
     parser.add_argument(
         "--engines",
         default="nmt,hf",
-        help="nmt, nmt-compile (torch.compile), hf (MarianMTModel), hf-heap (the same with freed memory kept, as nmt keeps it on a CPU)",
+        help="nmt, nmt-compile (torch.compile), hf (MarianMTModel), hf-heap (the same with freed "
+        "memory kept, as nmt keeps it on a CPU)",
     )
-    parser.add_argument("--rounds", type=int, default=2, help="runs per engine, alternating; the fastest is reported")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="runs per engine, alternating; the fastest is reported",
+    )
     parser.add_argument(
         "--products",
         type=int,
         default=0,
-        help="then profile the last N timed batches again (CPU) and report the matrix products' share of a step and their seconds per step",
+        help="then profile the last N timed batches again (CPU) and report the matrix products' "
+        "share of a step and their seconds per step",
     )
     parser.add_argument(
-        "--profile-steps", type=int, default=0, help="on a GPU, profile N more steps of each engine: where the GPU's time goes (kernels, idling)"
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="on a GPU, profile N more steps of each engine: where the GPU's time goes (kernels, "
+        "idling)",
     )
-    parser.add_argument("--pad-to-multiple", type=int, default=1, help="round each batch's lengths up to a multiple of this (train.pad_to_multiple)")
+    parser.add_argument(
+        "--pad-to-multiple",
+        type=int,
+        default=1,
+        help="round each batch's lengths up to a multiple of this (train.pad_to_multiple)",
+    )
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -309,7 +394,9 @@ def main() -> None:
         src, tgt = read_parallel(*train_files(args.data))
         train_tokenizer(src, tgt, TokenizerConfig(vocab_size=args.vocab_size)).save(Path(work))
         records = {}
-        for round_ in range(args.rounds):  # engines alternate, so a slow spell of the machine hits all of them
+        for round_ in range(
+            args.rounds
+        ):  # engines alternate, so a slow spell of the machine hits all of them
             for engine in args.engines.split(","):
                 cmd = [sys.executable, __file__, *sys.argv[1:], "--engine", engine, "--work", work]
                 env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -322,16 +409,27 @@ def main() -> None:
                 if round_ == args.rounds - 1:  # final: printed now, so a run cut short keeps it
                     print(json.dumps(records[engine]), flush=True)
         if "hf" in records:
-            ratios = {f"{e}/hf tokens_per_s": round(r["tgt_tokens_per_s"] / records["hf"]["tgt_tokens_per_s"], 3) for e, r in records.items() if e != "hf"}
+            ratios = {
+                f"{e}/hf tokens_per_s": round(
+                    r["tgt_tokens_per_s"] / records["hf"]["tgt_tokens_per_s"], 3
+                )
+                for e, r in records.items()
+                if e != "hf"
+            }
             if "hf-heap" in records:
                 ratios |= {
-                    f"{e}/hf-heap tokens_per_s": round(r["tgt_tokens_per_s"] / records["hf-heap"]["tgt_tokens_per_s"], 3)
+                    f"{e}/hf-heap tokens_per_s": round(
+                        r["tgt_tokens_per_s"] / records["hf-heap"]["tgt_tokens_per_s"], 3
+                    )
                     for e, r in records.items()
                     if not e.startswith("hf")
                 }
-            # The same batches: were a step nothing but its products, its ratio would be at most this.
+            # The same batches: were a step nothing but its products, its ratio would be at most
+            # this.
             ratios |= {
-                f"{e}/hf bound, products only": round(records["hf"]["step_time_s"] / r["products_s_per_step"], 3)
+                f"{e}/hf bound, products only": round(
+                    records["hf"]["step_time_s"] / r["products_s_per_step"], 3
+                )
                 for e, r in records.items()
                 if not e.startswith("hf") and "products_s_per_step" in r
             }

@@ -64,7 +64,15 @@ SCRIPTS = ROOT / "scripts"
 GPU_DATA = ROOT / "gpu_data"
 STEPS = ("env", "train", "decode", "multi30k", "sweep")  # sweep: only with --sweep
 # Modules every step needs (import name: distribution), then those of the comparison engines.
-REQUIRED = {"torch": "torch", "sentencepiece": "sentencepiece", "sacrebleu": "sacrebleu", "typer": "typer", "yaml": "pyyaml", "numpy": "numpy", "tqdm": "tqdm"}
+REQUIRED = {
+    "torch": "torch",
+    "sentencepiece": "sentencepiece",
+    "sacrebleu": "sacrebleu",
+    "typer": "typer",
+    "yaml": "pyyaml",
+    "numpy": "numpy",
+    "tqdm": "tqdm",
+}
 OPTIONAL = {"transformers": "transformers", "ctranslate2": "ctranslate2"}
 
 
@@ -80,9 +88,12 @@ class Plan:
     decode_args: list[str]
     multi30k_sets: list[str]  # --set overrides of configs/multi30k_gpu.yaml
     multi30k_train_s: float  # train.max_time_s at most
-    multi30k_reserve_s: float  # multi30k's time besides training: tokenizer, encoding, validation, averaging, test
+    multi30k_reserve_s: (
+        float  # multi30k's time besides training: tokenizer, encoding, validation, averaging, test
+    )
     eval_lines: int = 0  # sentences of val and test translated when selecting and scoring (0 = all)
-    train_engines: str = "nmt,hf"  # bench_train.py's engines (nmt-compile last: if compiling overruns, the others are kept)
+    # bench_train.py's engines (nmt-compile last: if compiling overruns, the others are kept)
+    train_engines: str = "nmt,hf"
     threads: int = 0  # CPU threads of every step (0: torch's default)
 
 
@@ -91,7 +102,20 @@ GPU = Plan(
     budget_s=480,
     limits_s={"env": 45, "train": 130, "decode": 170},
     matmul_size=8192,
-    train_args=["--preset", "base", "--max-tokens", "40000", "--steps", "30", "--warmup", "5", "--threads", "4", "--profile-steps", "3"],
+    train_args=[
+        "--preset",
+        "base",
+        "--max-tokens",
+        "40000",
+        "--steps",
+        "30",
+        "--warmup",
+        "5",
+        "--threads",
+        "4",
+        "--profile-steps",
+        "3",
+    ],
     # nmt: the production path (static step, CUDA graphs) in bf16 and fp16; nmt-cached: the dynamic
     # cache; every engine warms up on every batch first, so graphs are captured before the clock.
     decode_args=[
@@ -126,8 +150,22 @@ DRY = Plan(
     budget_s=900,
     limits_s={"env": 120, "train": 240, "decode": 240},
     matmul_size=256,
-    train_args=["--preset", "tiny", "--max-tokens", "800", "--steps", "2", "--warmup", "1", "--threads", "1", "--vocab-size", DRY_VOCAB],
-    # ct2-int8: a CPU has no float16 kernels in CTranslate2; the conversion is quantised just the same.
+    train_args=[
+        "--preset",
+        "tiny",
+        "--max-tokens",
+        "800",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--vocab-size",
+        DRY_VOCAB,
+    ],
+    # ct2-int8: a CPU has no float16 kernels in CTranslate2; the conversion is quantised just the
+    # same.
     decode_args=[
         "--preset",
         "tiny",
@@ -147,7 +185,8 @@ DRY = Plan(
         DRY_VOCAB,
         "--warm-all",
         "--engines",
-        "nmt,nmt-static,hf,ct2-int8",  # nmt-static: the GPU's step of fixed shapes, eager (its CPU twin)
+        # nmt-static: the GPU's step of fixed shapes, eager (its CPU twin)
+        "nmt,nmt-static,hf,ct2-int8",
     ],
     multi30k_sets=[
         "model.d_model=32",
@@ -192,7 +231,8 @@ class Data:
 
     @classmethod
     def at(cls, directory: Path) -> Data:
-        """Multi30k's split names (val; test_2016_flickr and test_2017_flickr) where its files are there, else nmt's (valid, test)."""
+        """Multi30k's split names (val; test_2016_flickr and test_2017_flickr) where its files are
+        there, else nmt's (valid, test)."""
 
         def has(split: str) -> bool:
             return any((directory / f"{split}.en{gz}").is_file() for gz in ("", ".gz"))
@@ -207,7 +247,15 @@ def find_data(given: str | None, dry_run: bool) -> Data:
     Raises:
         SystemExit: (code 2) no training files there, or, outside a dry run, no Multi30k found.
     """
-    candidates = [given] if given else [os.environ.get("MULTI30K"), GPU_DATA / "multi30k", ROOT.parent / "shared" / "data" / "multi30k"]
+    candidates = (
+        [given]
+        if given
+        else [
+            os.environ.get("MULTI30K"),
+            GPU_DATA / "multi30k",
+            ROOT.parent / "shared" / "data" / "multi30k",
+        ]
+    )
     for c in filter(None, candidates):
         if any((Path(c) / name).is_file() for name in ("train.en", "train.en.gz")):
             return Data.at(Path(c))
@@ -215,7 +263,8 @@ def find_data(given: str | None, dry_run: bool) -> Data:
         return Data.at(ROOT / "data" / "toy")
     where = given or "gpu_data/multi30k, $MULTI30K or ../shared/data/multi30k"
     fail(
-        f"no Multi30k data (train.en or train.en.gz) in {where}; copy it into gpu_data/multi30k (python scripts/gpu_check.py --prepare does) or pass --data DIR"
+        f"no Multi30k data (train.en or train.en.gz) in {where}; copy it into gpu_data/multi30k "
+        "(python scripts/gpu_check.py --prepare does) or pass --data DIR"
     )
 
 
@@ -235,10 +284,15 @@ class Results:
         self.lines.append(record)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        print(f"[gpu_check] {record['step']}: {record['status']} in {record.get('seconds', 0):.1f} s", flush=True)
+        print(
+            f"[gpu_check] {record['step']}: {record['status']} in {record.get('seconds', 0):.1f} s",
+            flush=True,
+        )
 
 
-def run_process(cmd: list[str], limit_s: float, log: Path, env: dict[str, str]) -> tuple[str, float, list[dict], str]:
+def run_process(
+    cmd: list[str], limit_s: float, log: Path, env: dict[str, str]
+) -> tuple[str, float, list[dict], str]:
     """Run ``cmd`` in a process group of its own, stdout and stderr appended to ``log``.
 
     At ``limit_s`` the whole group (the benchmarks' worker processes too) gets SIGTERM,
@@ -256,7 +310,15 @@ def run_process(cmd: list[str], limit_s: float, log: Path, env: dict[str, str]) 
         f.flush()
         start_offset = f.tell()
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=max(1.0, limit_s))
             status = "ok" if proc.returncode == 0 else "failed"
@@ -264,7 +326,10 @@ def run_process(cmd: list[str], limit_s: float, log: Path, env: dict[str, str]) 
             status = "timeout"
             _kill_group(proc)
         seconds = time.monotonic() - started
-        f.write(f"[gpu_check] {status} in {seconds:.1f} s wall, {_children_cpu_s() - cpu_before:.1f} s CPU\n")
+        f.write(
+            f"[gpu_check] {status} in {seconds:.1f} s wall, {_children_cpu_s() - cpu_before:.1f} s "
+            "CPU\n"
+        )
     text = log.read_bytes()[start_offset:].decode("utf-8", errors="replace")
     records = []
     for line in text.splitlines():
@@ -300,8 +365,18 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def child_env(site: Path | None, threads: int = 0) -> dict[str, str]:
     """The environment of every step: this checkout's nmt first, no hub downloads, unbuffered
     output; ``threads`` > 0 caps CPU threads (a loaded machine stalls OpenMP's barriers)."""
-    paths = [str(ROOT)] + ([str(site)] if site else []) + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    paths = (
+        [str(ROOT)]
+        + ([str(site)] if site else [])
+        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
@@ -315,7 +390,11 @@ def missing_modules(site: Path | None) -> list[str]:
     if site and str(site) not in sys.path:
         sys.path.insert(0, str(site))
     importlib.invalidate_caches()
-    return [dist for module, dist in {**REQUIRED, **OPTIONAL}.items() if importlib.util.find_spec(module) is None]
+    return [
+        dist
+        for module, dist in {**REQUIRED, **OPTIONAL}.items()
+        if importlib.util.find_spec(module) is None
+    ]
 
 
 def setup(work: Path, results: Results) -> Path | None:
@@ -325,17 +404,48 @@ def setup(work: Path, results: Results) -> Path | None:
         SystemExit: (code 2) a module every step needs is still missing afterwards.
     """
     started = time.monotonic()
-    record: dict = {"step": "setup", "python": sys.executable, "python_version": sys.version.split()[0]}
+    record: dict = {
+        "step": "setup",
+        "python": sys.executable,
+        "python_version": sys.version.split()[0],
+    }
     missing = missing_modules(None)
     record["missing"] = missing
     site = None
     wheels = sorted((GPU_DATA / "wheels").glob("*.whl"))
-    if missing and wheels:  # a machine with no network: install the wheels copied along, beside the installed packages
+    if (
+        missing and wheels
+    ):  # a machine with no network: install the wheels copied along, beside the installed packages
         site = work / "site"
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", str(site), *map(str, wheels)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--target",
+            str(site),
+            *map(str, wheels),
+        ]
     elif missing:
-        # Keeps an installed torch that satisfies torch>=2.4; gives up quickly where there is no network.
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--retries", "1", "--timeout", "15", "-e", ".[bench]"]
+        # Keeps an installed torch that satisfies torch>=2.4; gives up quickly where there is no
+        # network.
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--retries",
+            "1",
+            "--timeout",
+            "15",
+            "-e",
+            ".[bench]",
+        ]
     if missing:
         record["install"] = " ".join(cmd[3:]).replace(str(GPU_DATA) + "/", "")
         status, _, _, tail = run_process(cmd, 900, results.log, child_env(None))
@@ -347,7 +457,10 @@ def setup(work: Path, results: Results) -> Path | None:
     record["status"] = "failed" if set(still) & set(REQUIRED.values()) else "ok"
     results.add(record)
     if record["status"] != "ok":
-        fail(f"{', '.join(still)} missing after setup; install them (pip install -e '.[bench]'), or put their wheels in gpu_data/wheels")
+        fail(
+            f"{', '.join(still)} missing after setup; install them (pip install -e '.[bench]'), or "
+            "put their wheels in gpu_data/wheels"
+        )
     return site
 
 
@@ -355,7 +468,15 @@ def setup(work: Path, results: Results) -> Path | None:
 
 
 def step_env(plan: Plan, run) -> dict:
-    cmd = [sys.executable, __file__, "--probe-env", "--device", plan.device, "--matmul-size", str(plan.matmul_size)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--probe-env",
+        "--device",
+        plan.device,
+        "--matmul-size",
+        str(plan.matmul_size),
+    ]
     return run("env", cmd, plan.limits_s["env"])
 
 
@@ -401,12 +522,19 @@ def step_decode(plan: Plan, data: Data, run) -> dict:
     return run("decode", cmd, plan.limits_s["decode"])
 
 
-def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets: list[str], results: Results) -> dict:
+def step_multi30k(
+    plan: Plan, data: Data, work: Path, left_s: float, extra_sets: list[str], results: Results
+) -> dict:
     """Train with configs/multi30k_gpu.yaml for what the budget allows (at most the plan's
     training time), then select and score a checkpoint; one record for both."""
     train_s = min(plan.multi30k_train_s, left_s - plan.multi30k_reserve_s)
     if train_s < 30:
-        record = {"step": "multi30k", "status": "skipped", "seconds": 0.0, "error": f"{left_s:.0f} s of the budget left: too little to train"}
+        record = {
+            "step": "multi30k",
+            "status": "skipped",
+            "seconds": 0.0,
+            "error": f"{left_s:.0f} s of the budget left: too little to train",
+        }
         results.add(record)
         return record
     run_dir = work / "multi30k"
@@ -418,11 +546,22 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets:
         *plan.multi30k_sets,
         *extra_sets,
     ]
-    cmd = [sys.executable, "-m", "nmt", "train", "-c", str(ROOT / "configs" / "multi30k_gpu.yaml"), "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nmt",
+        "train",
+        "-c",
+        str(ROOT / "configs" / "multi30k_gpu.yaml"),
+        "--run-dir",
+        str(run_dir),
+    ]
     for s in sets:
         cmd += ["--set", s]
     started = time.monotonic()
-    status, seconds, printed, tail = run_process(cmd, train_s + plan.multi30k_reserve_s, results.log, results.env)
+    status, seconds, printed, tail = run_process(
+        cmd, train_s + plan.multi30k_reserve_s, results.log, results.env
+    )
     record: dict = {
         "step": "multi30k",
         "data": str(data.dir),
@@ -432,7 +571,11 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets:
     }
     if printed:  # nmt train's last line: the final validation, steps, seconds
         done = printed[-1]
-        record.update(steps=done.get("step"), train_seconds=round(done.get("train_seconds", 0.0), 1), best_valid_bleu=done.get("best_bleu"))
+        record.update(
+            steps=done.get("step"),
+            train_seconds=round(done.get("train_seconds", 0.0), 1),
+            best_valid_bleu=done.get("best_bleu"),
+        )
     record.update(training_figures(run_dir))
     statuses = [status]
     if tail:
@@ -468,7 +611,9 @@ def step_multi30k(plan: Plan, data: Data, work: Path, left_s: float, extra_sets:
     return record
 
 
-def step_sweep(plan: Plan, data: Data, work: Path, left_s: float, sweep_file: Path, results: Results) -> dict:
+def step_sweep(
+    plan: Plan, data: Data, work: Path, left_s: float, sweep_file: Path, results: Results
+) -> dict:
     """Train the sweep's configurations of the recipe at once for what the budget allows, then score
     the one with the best validation BLEU on every test split (scripts/gpu_sweep.py); one record."""
     sys.path.insert(0, str(SCRIPTS))
@@ -477,21 +622,58 @@ def step_sweep(plan: Plan, data: Data, work: Path, left_s: float, sweep_file: Pa
     configs = read_sweep(sweep_file)
     train_s = min(plan.multi30k_train_s, left_s - plan.multi30k_reserve_s)
     if train_s < 30:
-        record = {"step": "sweep", "status": "skipped", "seconds": 0.0, "error": f"{left_s:.0f} s of the budget left: too little to train"}
+        record = {
+            "step": "sweep",
+            "status": "skipped",
+            "seconds": 0.0,
+            "error": f"{left_s:.0f} s of the budget left: too little to train",
+        }
         results.add(record)
         return record
     started, runs_dir = time.monotonic(), work / "sweep"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    common = [f"data.dir={data.dir}", f"data.valid_split={data.valid_split}", f"train.device={plan.device}", *plan.multi30k_sets]
+    common = [
+        f"data.dir={data.dir}",
+        f"data.valid_split={data.valid_split}",
+        f"train.device={plan.device}",
+        *plan.multi30k_sets,
+    ]
     base = ROOT / "configs" / "multi30k_gpu.yaml"
-    statuses = train_concurrently(configs, common, base, runs_dir, train_s, train_s + plan.multi30k_reserve_s / 2, results.env)
-    runs = {c["name"]: {"set": c["set"], "status": statuses[c["name"]], **curve(runs_dir / c["name"])} for c in configs}
-    record: dict = {"step": "sweep", "file": str(sweep_file), "concurrent": len(configs), "train_time_limit_s": round(train_s), "runs": runs}
+    statuses = train_concurrently(
+        configs, common, base, runs_dir, train_s, train_s + plan.multi30k_reserve_s / 2, results.env
+    )
+    runs = {
+        c["name"]: {"set": c["set"], "status": statuses[c["name"]], **curve(runs_dir / c["name"])}
+        for c in configs
+    }
+    record: dict = {
+        "step": "sweep",
+        "file": str(sweep_file),
+        "concurrent": len(configs),
+        "train_time_limit_s": round(train_s),
+        "runs": runs,
+    }
     best = chosen(runs)
     record["chosen"] = best
     if best is not None and (runs_dir / best / "best.pt").is_file():
-        cmd = [sys.executable, __file__, "--select", str(runs_dir / best), "--data", str(data.dir), "--valid-split", data.valid_split]
-        cmd += ["--test-split", ",".join(data.test_splits or (data.test_split,)), "--device", plan.device, "--eval-lines", str(plan.eval_lines)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--select",
+            str(runs_dir / best),
+            "--data",
+            str(data.dir),
+            "--valid-split",
+            data.valid_split,
+        ]
+        cmd += [
+            "--test-split",
+            ",".join(data.test_splits or (data.test_split,)),
+            "--device",
+            plan.device,
+            "--eval-lines",
+            str(plan.eval_lines),
+        ]
         left = max(30.0, left_s - (time.monotonic() - started))
         status, _, selected, tail = run_process(cmd, left, results.log, results.env)
         if selected:
@@ -501,21 +683,32 @@ def step_sweep(plan: Plan, data: Data, work: Path, left_s: float, sweep_file: Pa
         record["status"] = "ok" if status == "ok" and selected else status
     else:
         record["status"] = "failed"
-        record["error"] = "no configuration validated: " + "; ".join(f"{k}: {v['status']}" for k, v in runs.items())
+        record["error"] = "no configuration validated: " + "; ".join(
+            f"{k}: {v['status']}" for k, v in runs.items()
+        )
     record["seconds"] = round(time.monotonic() - started, 1)
     results.add(record)
     return record
 
 
 def sweep_summary(r: dict) -> list[str]:
-    """The sweep record's lines of the summary: each configuration's curve, and the chosen one's test scores."""
-    out = [f"sweep: {r.get('concurrent')} configurations at once for {r.get('train_time_limit_s')} s (each about 1/{r.get('concurrent')} of the GPU)"]
+    """The sweep record's lines of the summary: each configuration's curve, and the chosen one's
+    test scores."""
+    out = [
+        f"sweep: {r.get('concurrent')} configurations at once for {r.get('train_time_limit_s')} s "
+        f"(each about 1/{r.get('concurrent')} of the GPU)"
+    ]
     for name, run in r.get("runs", {}).items():
         curve = " ".join(f"{v['step']}:{v['bleu']}" for v in run["validations"])
-        out.append(f"  {name:<16} {run['status']:<8} steps {run['steps']:>6}  val BLEU {curve}  ({' '.join(run['set']) or 'the recipe as it is'})")
+        out.append(
+            f"  {name:<16} {run['status']:<8} steps {run['steps']:>6}  val BLEU {curve}  "
+            f"({' '.join(run['set']) or 'the recipe as it is'})"
+        )
     selection = r.get("selection", {})
     if selection:
-        tests = "; ".join(f"{k} BLEU {v['bleu']} chrF {v['chrf']}" for k, v in selection.get("tests", {}).items())
+        tests = "; ".join(
+            f"{k} BLEU {v['bleu']} chrF {v['chrf']}" for k, v in selection.get("tests", {}).items()
+        )
         out.append(f"  chosen on val: {r['chosen']} ({selection['selected']}): {tests}")
     return out
 
@@ -525,7 +718,9 @@ def training_figures(run_dir: Path) -> dict:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return {}
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
     speeds = sorted(r["tgt_tokens_per_s"] for r in rows if "tgt_tokens_per_s" in r)
     valid = [r for r in rows if "bleu" in r]
     out = {}
@@ -536,11 +731,13 @@ def training_figures(run_dir: Path) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------- work done inside step processes
+# --------------------------------------------------------------------------- work done inside step
+# processes
 
 
 def probe_env(device_name: str, matmul_size: int) -> None:
-    """Print versions, the device and the bf16 matrix-product rate, then the SDPA backends' times (env step)."""
+    """Print versions, the device and the bf16 matrix-product rate, then the SDPA backends' times
+    (env step)."""
     import platform
 
     import torch
@@ -568,11 +765,20 @@ def probe_env(device_name: str, matmul_size: int) -> None:
         smi = shutil.which("nvidia-smi")
         if smi:
             out = subprocess.run(
-                [smi, "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"], capture_output=True, text=True, check=False
+                [
+                    smi,
+                    "--query-gpu=driver_version,clocks.max.sm,power.limit",
+                    "--format=csv,noheader",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             record["nvidia_smi"] = out.stdout.strip()
     record["matmul_size"] = matmul_size
-    record["bf16_matmul_tflops"] = float(f"{matmul_ceiling(device, torch.bfloat16, matmul_size) / 1e12:.4g}")
+    record["bf16_matmul_tflops"] = float(
+        f"{matmul_ceiling(device, torch.bfloat16, matmul_size) / 1e12:.4g}"
+    )
     print(json.dumps(record), flush=True)  # kept even if the attention probe below breaks
     print(json.dumps({"sdpa_ms": sdpa_probe(device, small=device.type != "cuda")}), flush=True)
 
@@ -597,19 +803,41 @@ def sdpa_probe(device, small: bool) -> dict:
     gen = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape, grad=False):
-        return torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_(grad)
+        return torch.randn(
+            *shape, device=device, dtype=torch.bfloat16, generator=gen
+        ).requires_grad_(grad)
 
-    mask = torch.arange(length, device=device) < torch.randint(length // 2, length + 1, (batch, 1, 1, 1), device=device, generator=gen)
+    mask = torch.arange(length, device=device) < torch.randint(
+        length // 2, length + 1, (batch, 1, 1, 1), device=device, generator=gen
+    )
     cases = {
-        "encoder_key_mask": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], {"attn_mask": mask}, True),
-        "decoder_causal": (lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)], {"is_causal": True}, True),
+        "encoder_key_mask": (
+            lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)],
+            {"attn_mask": mask},
+            True,
+        ),
+        "decoder_causal": (
+            lambda: [rand(batch, heads, length, head_dim, grad=True) for _ in range(3)],
+            {"is_causal": True},
+            True,
+        ),
         "decode_cross_beams": (
-            lambda: [rand(batch, heads, beam, head_dim), rand(batch, heads, length, head_dim), rand(batch, heads, length, head_dim)],
+            lambda: [
+                rand(batch, heads, beam, head_dim),
+                rand(batch, heads, length, head_dim),
+                rand(batch, heads, length, head_dim),
+            ],
             {"attn_mask": mask},
             False,
         ),
     }
-    backends = {"default": None, **{name.lower(): getattr(SDPBackend, name) for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")}}
+    backends = {
+        "default": None,
+        **{
+            name.lower(): getattr(SDPBackend, name)
+            for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+        },
+    }
     out: dict = {}
     for case, (make, kwargs, backward) in cases.items():
         q, k, v = make()
@@ -620,7 +848,9 @@ def sdpa_probe(device, small: bool) -> dict:
                 for _ in range(6):
                     sync(device)
                     t = time.perf_counter()
-                    with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+                    with (
+                        sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
+                    ):
                         y = F.scaled_dot_product_attention(q, k, v, **kwargs)
                         if backward:
                             y.sum().backward()
@@ -632,9 +862,18 @@ def sdpa_probe(device, small: bool) -> dict:
     return out
 
 
-def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split: str, device_name: str, eval_lines: int, last: int = 5) -> dict:
+def select_and_score(
+    run_dir: Path,
+    data_dir: Path,
+    valid_split: str,
+    test_split: str,
+    device_name: str,
+    eval_lines: int,
+    last: int = 5,
+) -> dict:
     """Average the newest ``last`` step checkpoints, keep that or best.pt (whichever has the
-    higher val BLEU), and score its translations of each test split (``test_split``, comma-separated),
+    higher val BLEU), and score its translations of each test split (``test_split``,
+    comma-separated),
     once: the multi30k step's second half."""
     import torch
 
@@ -671,9 +910,18 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
     splits = test_split.split(",")  # scored once each, the chosen checkpoint only
     tests = {split: bleu(candidates[chosen], split) for split in splits}
     test_split, test = splits[0], tests[splits[0]]
-    dynamic = bleu(candidates[chosen], test_split, "dynamic")  # the same search with the dynamic cache: the same BLEU, in its time
+    dynamic = bleu(
+        candidates[chosen], test_split, "dynamic"
+    )  # the same search with the dynamic cache: the same BLEU, in its time
     return {
-        "tests": {split: {"lines": len(lines(split, "en")), "bleu": round(t["bleu"], 2), "chrf": round(t["chrf"], 2)} for split, t in tests.items()},
+        "tests": {
+            split: {
+                "lines": len(lines(split, "en")),
+                "bleu": round(t["bleu"], 2),
+                "chrf": round(t["chrf"], 2),
+            }
+            for split, t in tests.items()
+        },
         "averaged": [p.name for p in steps] if "average" in candidates else [],
         "valid_bleu": {k: round(v, 2) for k, v in valid.items()},
         "selected": chosen,
@@ -690,7 +938,8 @@ def select_and_score(run_dir: Path, data_dir: Path, valid_split: str, test_split
     }
 
 
-# --------------------------------------------------------------------------- preparing a GPU machine's copy
+# --------------------------------------------------------------------------- preparing a GPU
+# machine's copy
 
 
 def prepare(source: str | None, python_version: str) -> None:
@@ -701,12 +950,21 @@ def prepare(source: str | None, python_version: str) -> None:
         fail(f"{src} holds no Multi30k (train.en.gz); pass --data DIR")
     dest = GPU_DATA / "multi30k"
     dest.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():  # contents only: a read-only source's permissions would block the next --prepare
+    for f in (
+        src.iterdir()
+    ):  # contents only: a read-only source's permissions would block the next --prepare
         if f.is_file():
             shutil.copyfile(f, dest / f.name)
     wheels = GPU_DATA / "wheels"
     platforms = [
-        arg for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for arg in ("--platform", tag)
+        arg
+        for tag in (
+            "manylinux_2_28_x86_64",
+            "manylinux_2_27_x86_64",
+            "manylinux_2_17_x86_64",
+            "manylinux2014_x86_64",
+        )
+        for arg in ("--platform", tag)
     ]
     cmd = [
         sys.executable,
@@ -727,7 +985,10 @@ def prepare(source: str | None, python_version: str) -> None:
     ]
     subprocess.run(cmd, check=True)
     size = sum(p.stat().st_size for p in GPU_DATA.rglob("*") if p.is_file())
-    print(f"gpu_data: {size / 2**20:.1f} MiB ({dest}, {', '.join(p.name for p in wheels.glob('*.whl'))})")
+    print(
+        f"gpu_data: {size / 2**20:.1f} MiB ({dest}, "
+        f"{', '.join(p.name for p in wheels.glob('*.whl'))})"
+    )
 
 
 # --------------------------------------------------------------------------- main
@@ -738,24 +999,41 @@ def summary(lines: list[dict]) -> str:
     out = []
     for r in lines:
         if r["step"] == "env" and "bf16_matmul_tflops" in r:
-            out.append(f"env: {r.get('gpu', r['device'])}, torch {r['torch']}, CUDA {r['cuda']}, bf16 matmul {r['bf16_matmul_tflops']} TFLOP/s")
+            out.append(
+                f"env: {r.get('gpu', r['device'])}, torch {r['torch']}, CUDA {r['cuda']}, bf16 "
+                f"matmul {r['bf16_matmul_tflops']} TFLOP/s"
+            )
         for e in r.get("records", []):
             if r["step"] == "train" and "engine" in e:
                 out.append(
-                    f"train {e['engine']:<6} {e['tgt_tokens_per_s']:>12,.0f} tgt tok/s  step {e['step_time_s']} s  MFU {e['mfu']:.1%}  "
+                    f"train {e['engine']:<6} {e['tgt_tokens_per_s']:>12,.0f} tgt tok/s  step "
+                    f"{e['step_time_s']} s  MFU {e['mfu']:.1%}  "
                     f"{e.get('cuda_max_allocated_mb', e['peak_rss_mb'])} MB"
                 )
             elif r["step"] == "decode" and "sentences_per_s" in e:
-                memory = f"  peak {e['cuda_max_allocated_bytes'] / 2**30:.2f} GiB" if "cuda_max_allocated_bytes" in e else ""
-                out.append(f"decode {e['engine']:<14} {e['dtype']:<8} batch {e['batch_sentences']:>4}  {e['sentences_per_s']:>10,.1f} sentences/s{memory}")
+                memory = (
+                    f"  peak {e['cuda_max_allocated_bytes'] / 2**30:.2f} GiB"
+                    if "cuda_max_allocated_bytes" in e
+                    else ""
+                )
+                out.append(
+                    f"decode {e['engine']:<14} {e['dtype']:<8} batch {e['batch_sentences']:>4}  "
+                    f"{e['sentences_per_s']:>10,.1f} sentences/s{memory}"
+                )
             elif "error" in e:
                 out.append(f"{r['step']} {e.get('engine', '')}: error {e['error']}")
         if r["step"] == "multi30k" and "test_bleu" in r:
-            others = "; ".join(f"{k} BLEU {v['bleu']}" for k, v in r.get("tests", {}).items() if k != r["test_split"])
+            others = "; ".join(
+                f"{k} BLEU {v['bleu']}"
+                for k, v in r.get("tests", {}).items()
+                if k != r["test_split"]
+            )
             out.append(
                 f"multi30k: {r.get('steps')} steps in {r.get('train_seconds', 0):.0f} s, "
-                f"{r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']} in {r.get('test_decode_s')} s "
-                f"(dynamic cache: BLEU {r.get('test_bleu_dynamic_cache')} in {r.get('test_decode_s_dynamic_cache')} s){'; ' + others if others else ''}"
+                f"{r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']} "
+                f"in {r.get('test_decode_s')} s "
+                f"(dynamic cache: BLEU {r.get('test_bleu_dynamic_cache')} in "
+                f"{r.get('test_decode_s_dynamic_cache')} s){'; ' + others if others else ''}"
             )
         if r["step"] == "sweep":
             out += sweep_summary(r)
@@ -763,29 +1041,67 @@ def summary(lines: list[dict]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU: proves every step before a GPU is spent on it")
-    p.add_argument("--out", default=None, help="results file, one JSON line per step (default WORK/results.jsonl); the log goes beside it (.log)")
-    p.add_argument("--work", default=None, help="folder for the training run and installed wheels (default runs/gpu_check/UTC-TIME)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="tiny sizes on the CPU: proves every step before a GPU is spent on it",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="results file, one JSON line per step (default WORK/results.jsonl); the log goes "
+        "beside it (.log)",
+    )
+    p.add_argument(
+        "--work",
+        default=None,
+        help="folder for the training run and installed wheels (default runs/gpu_check/UTC-TIME)",
+    )
     p.add_argument("--data", default=None, help="Multi30k directory (see above)")
-    p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(STEPS)} (default: all; with --sweep, only sweep)")
-    p.add_argument("--budget-s", type=float, default=None, help="seconds for all steps after setup (default 480; dry run 900)")
+    p.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated subset of {','.join(STEPS)} (default: all; --sweep: only sweep)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for all steps after setup (default 480; dry run 900)",
+    )
     p.add_argument(
         "--train-engines",
         default=None,
-        help="bench_train.py engines of the train step (default: nmt,hf,nmt-compile; dry run nmt,hf; nmt-compile: torch.compile)",
+        help="bench_train.py engines of the train step (default: nmt,hf,nmt-compile; dry run "
+        "nmt,hf; nmt-compile: torch.compile)",
     )
     p.add_argument(
-        "--multi30k-set", action="append", default=[], metavar="KEY=VALUE", help="override configs/multi30k_gpu.yaml in the multi30k step (repeatable)"
+        "--multi30k-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override configs/multi30k_gpu.yaml in the multi30k step (repeatable)",
     )
     p.add_argument(
         "--sweep",
         default=None,
         metavar="FILE",
-        help="train the configurations of FILE (e.g. configs/sweeps/multi30k_gpu.yaml) at once and score the best on val (the sweep step)",
+        help="train the configurations of FILE (e.g. configs/sweeps/multi30k_gpu.yaml) at once and "
+        "score the best on val (the sweep step)",
     )
-    p.add_argument("--prepare", action="store_true", help="copy the data into gpu_data/ and fetch wheels for the GPU machine, then stop")
-    p.add_argument("--wheel-python", default="3.12", help="with --prepare: the GPU machine's Python version")
+    p.add_argument(
+        "--prepare",
+        action="store_true",
+        help="copy the data into gpu_data/ and fetch wheels for the GPU machine, then stop",
+    )
+    p.add_argument(
+        "--wheel-python", default="3.12", help="with --prepare: the GPU machine's Python version"
+    )
     p.add_argument("--probe-env", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--select", default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
@@ -801,25 +1117,47 @@ def main() -> None:
         probe_env(args.device, args.matmul_size)
         return
     if args.select:
-        print(json.dumps(select_and_score(Path(args.select), Path(args.data), args.valid_split, args.test_split, args.device, args.eval_lines)), flush=True)
+        print(
+            json.dumps(
+                select_and_score(
+                    Path(args.select),
+                    Path(args.data),
+                    args.valid_split,
+                    args.test_split,
+                    args.device,
+                    args.eval_lines,
+                )
+            ),
+            flush=True,
+        )
         return
 
     plan = DRY if args.dry_run else GPU
-    only = [s.strip() for s in (args.only or ("sweep" if args.sweep else ",".join(STEPS[:-1]))).split(",") if s.strip()]
+    only = [
+        s.strip()
+        for s in (args.only or ("sweep" if args.sweep else ",".join(STEPS[:-1]))).split(",")
+        if s.strip()
+    ]
     if "sweep" in only and not args.sweep:
         fail("--only sweep needs --sweep FILE (a YAML list of {name, set})")
     unknown = sorted(set(only) - set(STEPS))
     if unknown:
         fail(f"--only {','.join(unknown)}: not a step; choose from {','.join(STEPS)}")
     data = find_data(args.data, args.dry_run)
-    work = Path(args.work or ROOT / "runs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())).resolve()
+    work = Path(
+        args.work or ROOT / "runs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    ).resolve()
     if (work / "multi30k").exists():
         fail(f"{work} holds an earlier check's run; choose another --work")
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or work / "results.jsonl").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     results = Results(out, out.with_suffix(".log"))
-    print(f"[gpu_check] {'dry run on the CPU' if args.dry_run else 'GPU run'}; data {data.dir}; results {out}; log {results.log}", flush=True)
+    print(
+        f"[gpu_check] {'dry run on the CPU' if args.dry_run else 'GPU run'}; data {data.dir}; "
+        f"results {out}; log {results.log}",
+        flush=True,
+    )
 
     site = setup(work, results)
     results.env = child_env(site, plan.threads)
@@ -829,10 +1167,20 @@ def main() -> None:
     def run(name: str, cmd: list[str], limit_s: float) -> dict:
         limit = min(limit_s, deadline - time.monotonic())
         if limit < 5:
-            record = {"step": name, "status": "skipped", "seconds": 0.0, "error": "the budget is spent"}
+            record = {
+                "step": name,
+                "status": "skipped",
+                "seconds": 0.0,
+                "error": "the budget is spent",
+            }
         else:
             status, seconds, records, tail = run_process(cmd, limit, results.log, results.env)
-            record = {"step": name, "status": status, "seconds": round(seconds, 1), "limit_s": round(limit)}
+            record = {
+                "step": name,
+                "status": status,
+                "seconds": round(seconds, 1),
+                "limit_s": round(limit),
+            }
             if name == "env":
                 for r in records:
                     record.update(r)
@@ -848,7 +1196,10 @@ def main() -> None:
         env = step_env(plan, run)
         ceiling = env.get("bf16_matmul_tflops")
         if not args.dry_run and env.get("cuda_available") is False:
-            fail(f"this torch ({env.get('torch', 'not importable')}) sees no CUDA device; install a CUDA build of torch")
+            fail(
+                f"this torch ({env.get('torch', 'not importable')}) sees no CUDA device; install a "
+                "CUDA build of torch"
+            )
     if "train" in only:
         step_train(plan, data, ceiling, args.train_engines or plan.train_engines, run)
     if "decode" in only:
@@ -858,7 +1209,11 @@ def main() -> None:
     if "sweep" in only:
         step_sweep(plan, data, work, deadline - time.monotonic(), Path(args.sweep), results)
     print(summary(results.lines), flush=True)
-    failed = [r["step"] for r in results.lines if r["status"] != "ok" or any("error" in e for e in r.get("records", []))]
+    failed = [
+        r["step"]
+        for r in results.lines
+        if r["status"] != "ok" or any("error" in e for e in r.get("records", []))
+    ]
     if failed:
         print(f"[gpu_check] not ok: {', '.join(failed)} (details in {results.log})", flush=True)
         sys.exit(1)

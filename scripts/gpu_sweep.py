@@ -1,4 +1,5 @@
-"""The sweep step of scripts/gpu_check.py: K configurations of the 5-minute recipe trained at once on one GPU.
+"""The sweep step of scripts/gpu_check.py: K configurations of the 5-minute recipe trained at once
+on one GPU.
 
 GPU time comes in short, rare calls, so one call tunes the recipe: every configuration of the
 sweep file (``configs/sweeps/multi30k_gpu.yaml``: a name and the ``--set`` overrides of
@@ -35,19 +36,32 @@ def read_sweep(path: Path) -> list[dict]:
         raise SystemExit(f"error: {path}: a sweep is a YAML list of {{name, set}} entries")
     configs, names = [], set()
     for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not isinstance(entry.get("set", []), list):
-            raise SystemExit(f"error: {path}: entry {i} must be {{name: NAME, set: [KEY=VALUE, ...]}}")
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("name"), str)
+            or not isinstance(entry.get("set", []), list)
+        ):
+            raise SystemExit(
+                f"error: {path}: entry {i} must be {{name: NAME, set: [KEY=VALUE, ...]}}"
+            )
         if entry["name"] in names or not entry["name"].replace("_", "").replace("-", "").isalnum():
-            raise SystemExit(f"error: {path}: entry {i}'s name {entry['name']!r} is repeated or not a plain name")
+            raise SystemExit(
+                f"error: {path}: entry {i}'s name {entry['name']!r} is repeated or not a plain name"
+            )
         names.add(entry["name"])
         configs.append({"name": entry["name"], "set": [str(s) for s in entry.get("set", [])]})
     return configs
 
 
 def curve(run_dir: Path) -> dict:
-    """A run's validation BLEU by step, its steps and median target tokens/s (from metrics.jsonl)."""
+    """A run's validation BLEU by step, its steps and median target tokens/s (from
+    metrics.jsonl)."""
     path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.is_file() else []
+    rows = (
+        [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if path.is_file()
+        else []
+    )
     speeds = sorted(r["tgt_tokens_per_s"] for r in rows if "tgt_tokens_per_s" in r)
     valid = [{"step": r["step"], "bleu": round(r["bleu"], 2)} for r in rows if "bleu" in r]
     return {
@@ -58,22 +72,54 @@ def curve(run_dir: Path) -> dict:
     }
 
 
-def train_concurrently(configs: list[dict], common: list[str], base: Path, work: Path, train_s: float, limit_s: float, env: dict) -> dict[str, str]:
+def train_concurrently(
+    configs: list[dict],
+    common: list[str],
+    base: Path,
+    work: Path,
+    train_s: float,
+    limit_s: float,
+    env: dict,
+) -> dict[str, str]:
     """Start ``nmt train`` for every configuration at once (``common`` and its own ``--set``s), each
-    with ``train.max_time_s`` ``train_s``; wait at most ``limit_s`` for all. Returns each run's status:
+    with ``train.max_time_s`` ``train_s``; wait at most ``limit_s`` for all. Returns each run's
+    status:
     ``ok``, ``failed`` (its log's last line) or ``timeout`` (its process group killed)."""
     procs = {}
     for c in configs:
-        cmd = [sys.executable, "-m", "nmt", "train", "-c", str(base), "--run-dir", str(work / c["name"])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nmt",
+            "train",
+            "-c",
+            str(base),
+            "--run-dir",
+            str(work / c["name"]),
+        ]
         for s in [*common, f"train.max_time_s={train_s:.0f}", *c["set"]]:
             cmd += ["--set", s]
-        log = open(work / f"{c['name']}.log", "w", encoding="utf-8")  # closed below, once the process has ended
-        procs[c["name"]] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True), log)
+        log = open(
+            work / f"{c['name']}.log", "w", encoding="utf-8"
+        )  # closed below, once the process has ended
+        procs[c["name"]] = (
+            subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            ),
+            log,
+        )
     deadline, statuses = time.monotonic() + limit_s, {}
     for name, (proc, log) in procs.items():
         try:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            statuses[name] = "ok" if proc.returncode == 0 else "failed: " + _last_line(work / f"{name}.log")
+            statuses[name] = (
+                "ok" if proc.returncode == 0 else "failed: " + _last_line(work / f"{name}.log")
+            )
         except subprocess.TimeoutExpired:
             statuses[name] = "timeout"
             for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -88,11 +134,18 @@ def train_concurrently(configs: list[dict], common: list[str], base: Path, work:
 
 
 def _last_line(path: Path) -> str:
-    lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    lines = [
+        line
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
+        if line.strip()
+    ]
     return lines[-1][:300] if lines else "(no output)"
 
 
 def chosen(runs: dict[str, dict]) -> str | None:
-    """The configuration with the highest validation BLEU (the first of equals, in the file's order)."""
-    scored = {name: r["best_valid_bleu"] for name, r in runs.items() if r["best_valid_bleu"] is not None}
+    """The configuration with the highest validation BLEU (the first of equals, in the file's
+    order)."""
+    scored = {
+        name: r["best_valid_bleu"] for name, r in runs.items() if r["best_valid_bleu"] is not None
+    }
     return max(scored, key=scored.get) if scored else None

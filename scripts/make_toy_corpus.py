@@ -114,7 +114,14 @@ REPORT_VERBS = {  # take a "that"/"dass" clause instead of an object
     "know": ("knows", "weiß", "wissen"),
     "believe": ("believes", "glaubt", "glauben"),
 }
-ADVERBS = {"today": "heute", "now": "jetzt", "often": "oft", "sometimes": "manchmal", "tomorrow": "morgen", "every day": "jeden Tag"}
+ADVERBS = {
+    "today": "heute",
+    "now": "jetzt",
+    "often": "oft",
+    "sometimes": "manchmal",
+    "tomorrow": "morgen",
+    "every day": "jeden Tag",
+}
 PREPS = {"with": "mit", "in": "in", "behind": "hinter", "under": "unter", "next to": "neben"}
 NUMERALS = {"two": "zwei", "three": "drei"}
 COORD = {"and": "und", "but": "aber"}
@@ -167,7 +174,9 @@ class NP:
         return "pl" if self.is_plural else NOUNS[self.noun][3]
 
     def en(self) -> list[str]:
-        words = ([self.adj] if self.adj else []) + [NOUNS[self.noun][0] if self.is_plural else self.noun]
+        words = ([self.adj] if self.adj else []) + [
+            NOUNS[self.noun][0] if self.is_plural else self.noun
+        ]
         det = self.det
         if det == "a" and words[0][0] in "aeiou":
             det = "an"
@@ -222,7 +231,11 @@ class Clause:
         """order: "main" (S V O), "inverted" (V S O, after a fronted element), "final" (S O V)."""
         subj, verb = self.subj.de("nom"), [self._forms()[1]]
         rest = (self.obj.de("acc") if self.obj else []) + (self.pp.de() if self.pp else [])
-        return {"main": subj + verb + rest, "inverted": verb + subj + rest, "final": subj + rest + verb}[order]
+        return {
+            "main": subj + verb + rest,
+            "inverted": verb + subj + rest,
+            "final": subj + rest + verb,
+        }[order]
 
 
 @dataclass(frozen=True)
@@ -274,7 +287,9 @@ def random_np(rng: random.Random, nouns: list[str], avoid: str | None = None) ->
 def random_clause(rng: random.Random, pp_prob: float = 0.25) -> Clause:
     subj = random_np(rng, ANIMATE)
     obj = random_np(rng, list(NOUNS), avoid=subj.noun)
-    pp = PP(rng.choice(list(PREPS)), random_np(rng, list(NOUNS))) if rng.random() < pp_prob else None
+    pp = (
+        PP(rng.choice(list(PREPS)), random_np(rng, list(NOUNS))) if rng.random() < pp_prob else None
+    )
     return Clause(subj, rng.choice(list(VERBS)), obj, pp)
 
 
@@ -291,7 +306,9 @@ def random_sentence(rng: random.Random) -> Sentence:
         adverb = rng.choice(list(ADVERBS)) if rng.random() < 0.3 else None
         return Sentence(random_clause(rng), adverb, rng.choice(sub_conjs), random_clause(rng))
     if r < 0.88:  # fronted subordinate clause, then verb-first main clause
-        return Sentence(random_clause(rng), None, rng.choice(sub_conjs), random_clause(rng), fronted=True)
+        return Sentence(
+            random_clause(rng), None, rng.choice(sub_conjs), random_clause(rng), fronted=True
+        )
     adverb = rng.choice(list(ADVERBS)) if rng.random() < 0.25 else None  # reported speech
     main = Clause(random_np(rng, HUMAN), rng.choice(list(REPORT_VERBS)))
     return Sentence(main, adverb, "that", random_clause(rng))
@@ -301,7 +318,9 @@ def n_words(sentence: str) -> int:
     return sum(tok not in (",", ".") for tok in sentence.split())
 
 
-def generate_corpus(seed: int = 1, train: int = 12000, valid: int = 500, test: int = 500) -> dict[str, list[tuple[str, str]]]:
+def generate_corpus(
+    seed: int = 1, train: int = 12000, valid: int = 500, test: int = 500
+) -> dict[str, list[tuple[str, str]]]:
     """Return {split: [(en, de), ...]}; English sentences are unique across all splits."""
     rng = random.Random(seed)
     seen: set[str] = set()

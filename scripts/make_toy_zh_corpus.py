@@ -14,7 +14,8 @@ English is written with ordinary punctuation (a space before the final "." like 
 Chinese with full-width "。" and no spaces.
 
 Usage (the defaults reproduce data/toy_zh byte for byte):
-    python scripts/make_toy_zh_corpus.py --out data/toy_zh --seed 1 --train 2000 --valid 100 --test 100
+    python scripts/make_toy_zh_corpus.py --out data/toy_zh --seed 1 --train 2000 --valid 100 --test
+    100
 The test split is drawn first, then valid, then train, and every English sentence is
 unique across the whole corpus.
 """
@@ -38,8 +39,21 @@ SUBJECTS = [
     ("the doctor", "医生", True),
     ("the children", "孩子们", False),
 ]
-TIMES = [("", ""), ("today", "今天"), ("tomorrow", "明天"), ("every day", "每天"), ("every morning", "每天早上"), ("on sunday", "星期天")]
-PLACES = [("", ""), ("at home", "家"), ("in the park", "公园"), ("at school", "学校"), ("in the library", "图书馆")]
+TIMES = [
+    ("", ""),
+    ("today", "今天"),
+    ("tomorrow", "明天"),
+    ("every day", "每天"),
+    ("every morning", "每天早上"),
+    ("on sunday", "星期天"),
+]
+PLACES = [
+    ("", ""),
+    ("at home", "家"),
+    ("in the park", "公园"),
+    ("at school", "学校"),
+    ("in the library", "图书馆"),
+]
 # (English verb, its -s form, Chinese verb, [(English object, Chinese object)])
 VERBS = [
     ("read", "reads", "看", [("books", "书"), ("the newspaper", "报纸")]),
@@ -60,7 +74,10 @@ def sentence(rng: random.Random) -> tuple[str, str]:
     en_obj, zh_obj = rng.choice(objects)
     mode = rng.choice(["plain", "plain", "likes", "not"])
     if mode == "likes":
-        en_vp, zh_vp = f"{'likes' if singular else 'like'} to {verb} {en_obj}", f"喜欢{zh_verb}{zh_obj}"
+        en_vp, zh_vp = (
+            f"{'likes' if singular else 'like'} to {verb} {en_obj}",
+            f"喜欢{zh_verb}{zh_obj}",
+        )
     elif mode == "not":
         en_vp, zh_vp = f"{'does' if singular else 'do'} not {verb} {en_obj}", f"不{zh_verb}{zh_obj}"
     else:
@@ -88,7 +105,9 @@ def make_corpus(seed: int, sizes: dict[str, int]) -> dict[str, list[tuple[str, s
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "toy_zh")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "toy_zh"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--valid", type=int, default=100)
@@ -98,7 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for split, pairs in corpus.items():
         for i, lang in enumerate(("en", "zh")):
-            (args.out / f"{split}.{lang}").write_text("".join(pair[i] + "\n" for pair in pairs), encoding="utf-8", newline="\n")
+            (args.out / f"{split}.{lang}").write_text(
+                "".join(pair[i] + "\n" for pair in pairs), encoding="utf-8", newline="\n"
+            )
 
 
 if __name__ == "__main__":

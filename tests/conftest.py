@@ -17,7 +17,16 @@ TOY = ROOT / "data" / "toy"
 
 
 def tiny_config(**overrides) -> ModelConfig:
-    values = dict(d_model=32, d_ff=64, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1, src_vocab_size=40, tgt_vocab_size=40)
+    values = dict(
+        d_model=32,
+        d_ff=64,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        dropout=0.1,
+        src_vocab_size=40,
+        tgt_vocab_size=40,
+    )
     values.update(overrides)
     return ModelConfig(**values)
 
@@ -30,7 +39,8 @@ def model() -> Transformer:
 
 
 def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> torch.Tensor:
-    """Right-padded ``(batch, max_len + 1)`` sources of the given piece counts, each ending in EOS."""
+    """Right-padded ``(batch, max_len + 1)`` sources of the given piece counts, each ending in
+    EOS."""
     g = torch.Generator().manual_seed(seed)
     src = torch.full((len(lengths), max(lengths) + 1), PAD, dtype=torch.long)
     for i, n in enumerate(lengths):
@@ -40,19 +50,32 @@ def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> torch.
 
 
 #: Test files that keep a worker busy for a minute or more, longest first. pytest-xdist hands out
-#: whole files (--dist loadfile) in collection order when told --no-loadscope-reorder (pyproject.toml);
-#: its default order, most tests first, started these few-test files last, so that one worker ran
-#: test_readme.py's three minutes alone at the end while the other had finished.
-LONGEST_FIRST = ("test_readme.py", "test_recipe.py", "test_distributed.py", "test_train.py", "test_gpu_check.py", "test_cli.py", "test_languages.py")
+#: whole files (--dist loadfile) in collection order when told --no-loadscope-reorder
+#: (pyproject.toml); its default order, most tests first, started these few-test files last, so that
+#: one worker ran test_readme.py's three minutes alone at the end while the other had finished.
+LONGEST_FIRST = (
+    "test_readme.py",
+    "test_recipe.py",
+    "test_distributed.py",
+    "test_train.py",
+    "test_gpu_check.py",
+    "test_cli.py",
+    "test_languages.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
-    """The files of :data:`LONGEST_FIRST` first, in that order; the rest keep the collection's order (the sort is stable)."""
+    """The files of :data:`LONGEST_FIRST` first, in that order; the rest keep the collection's order
+    (the sort is stable)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest-xdist's workers: one torch thread each, so that they do not contend for the cores
+if os.environ.get(
+    "PYTEST_XDIST_WORKER"
+    # one of pytest-xdist's workers: one torch thread each, so that they do not contend for the
+    # cores
+):
     torch.set_num_threads(1)
 
 
@@ -62,25 +85,49 @@ def cached_tokenizer(vocab_size: int = 40, lines: int = 300, german: bool = Fals
     ``german``, German) side, trained once per session for every test that asks for the same one.
     English alone has few enough characters for 40 pieces."""
     src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
-    return train_tokenizer(src[:lines], (tgt if german else src)[:lines], TokenizerConfig(vocab_size=vocab_size))
+    return train_tokenizer(
+        src[:lines], (tgt if german else src)[:lines], TokenizerConfig(vocab_size=vocab_size)
+    )
 
 
-# Format characters (Unicode category Cf) a corpus may hold: direction marks and isolates, joiners, the soft hyphen, the
-# byte-order mark. Each starts one toy line in three of format_tokenizer()'s training text.
-FORMAT_CHARACTERS = ["\u202e", "\u202d", "\u200e", "\u200f", "\u2066", "\u2069", "\u00ad", "\ufeff", "\u061c", "\u200d", "\u2060", "\u200b"]
-# Lines with no text: any number of controls, format characters, surrogates and separators (spaces among them), those
-# above weighted in, since SentencePiece keeps several as pieces of their own.
+# Format characters (Unicode category Cf) a corpus may hold: direction marks and isolates, joiners,
+# the soft hyphen, the byte-order mark. Each starts one toy line in three of format_tokenizer()'s
+# training text.
+FORMAT_CHARACTERS = [
+    "\u202e",
+    "\u202d",
+    "\u200e",
+    "\u200f",
+    "\u2066",
+    "\u2069",
+    "\u00ad",
+    "\ufeff",
+    "\u061c",
+    "\u200d",
+    "\u2060",
+    "\u200b",
+]
+# Lines with no text: any number of controls, format characters, surrogates and separators (spaces
+# among them), those above weighted in, since SentencePiece keeps several as pieces of their own.
 NO_TEXT_LINES = st.lists(
-    st.one_of(st.characters(categories=["Cc", "Cf", "Cs", "Zs", "Zl", "Zp"]), st.sampled_from([*FORMAT_CHARACTERS, " ", "\t", "\x01"])), max_size=8
+    st.one_of(
+        st.characters(categories=["Cc", "Cf", "Cs", "Zs", "Zl", "Zp"]),
+        st.sampled_from([*FORMAT_CHARACTERS, " ", "\t", "\x01"]),
+    ),
+    max_size=8,
 ).map("".join)
 
 
 @functools.lru_cache(maxsize=None)
 def format_tokenizer() -> Tokenizer:
-    """A joint 300-piece BPE model of 2,000 toy pairs, a third of the English lines starting with one of
-    :data:`FORMAT_CHARACTERS`: several become pieces of their own (``▁‮``, the word start and U+202E)."""
+    """A joint 300-piece BPE model of 2,000 toy pairs, a third of the English lines starting with
+    one of :data:`FORMAT_CHARACTERS`: several become pieces of their own (``▁‮``, the word start and
+    U+202E)."""
     src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
-    marked = [FORMAT_CHARACTERS[i % len(FORMAT_CHARACTERS)] + line if i % 3 == 0 else line for i, line in enumerate(src[:2000])]
+    marked = [
+        FORMAT_CHARACTERS[i % len(FORMAT_CHARACTERS)] + line if i % 3 == 0 else line
+        for i, line in enumerate(src[:2000])
+    ]
     return train_tokenizer(marked, tgt[:2000], TokenizerConfig(vocab_size=300))
 
 
@@ -120,9 +167,16 @@ _AWKWARD = [
     "dog ",
     "Hund ",
 ]
-AWKWARD_LINES = st.lists(st.one_of(st.characters(exclude_categories=()), st.sampled_from(_AWKWARD)), max_size=30).map("".join)
+AWKWARD_LINES = st.lists(
+    st.one_of(st.characters(exclude_categories=()), st.sampled_from(_AWKWARD)), max_size=30
+).map("".join)
 # Property tests try 60 examples each; HYPOTHESIS_PROFILE=thorough tries 2,000.
-settings.register_profile("nmt", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+settings.register_profile(
+    "nmt",
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 settings.register_profile("thorough", settings.get_profile("nmt"), max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nmt"))
 
@@ -130,18 +184,34 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nmt"))
 # ------------------------------------------------------------------ decoding through nmt.inference
 
 
-def translate_lines(model, tokenizer, lines, decode, device="cpu", *, steering=None, first_index=0, progress=None, skipped=None, **decoding):
+def translate_lines(
+    model,
+    tokenizer,
+    lines,
+    decode,
+    device="cpu",
+    *,
+    steering=None,
+    first_index=0,
+    progress=None,
+    skipped=None,
+    **decoding,
+):
     """``Inference([model...]).translate(lines, Decoding(decode, **decoding))``: the one way into
-    decoding, called as tests call it (``decoding``: ``sampling``, ``alignment``, ``src_prefix``, ``shortlist``)."""
+    decoding, called as tests call it (``decoding``: ``sampling``, ``alignment``, ``src_prefix``,
+    ``shortlist``)."""
     from nmt.inference import Decoding, Inference
 
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     inference = Inference(models, tokenizer, torch.device(device))
-    return inference.translate(lines, Decoding(decode, **decoding), steering, first_index, progress, skipped)
+    return inference.translate(
+        lines, Decoding(decode, **decoding), steering, first_index, progress, skipped
+    )
 
 
 def load_model(path, device="cpu"):
-    """``(model, tokenizer, config)`` of a checkpoint, the model as trained (no inference dtype or packing) on ``device``."""
+    """``(model, tokenizer, config)`` of a checkpoint, the model as trained (no inference dtype or
+    packing) on ``device``."""
     from nmt.checkpoint import load_checkpoint
 
     loaded = load_checkpoint(path)

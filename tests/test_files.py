@@ -1,4 +1,5 @@
-"""Writing outputs: regular files replaced atomically, links followed, devices and FIFOs written through.
+"""Writing outputs: regular files replaced atomically, links followed, devices and FIFOs written
+through.
 
 Every special file is made in the test's own temporary directory; no test touches the
 system's /dev entries.
@@ -40,7 +41,12 @@ def test_a_symlink_is_followed_and_its_target_replaced(tmp_path):
     dangling.symlink_to(tmp_path / "made.de")
     atomic_write(dangling, "made\n")
     assert dangling.is_symlink() and (tmp_path / "made.de").read_text() == "made\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.de", "link.de", "made.de", "real.de"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dangling.de",
+        "link.de",
+        "made.de",
+        "real.de",
+    ]
 
 
 def test_a_fifo_is_written_through_to_its_reader(tmp_path):
@@ -59,7 +65,9 @@ def test_a_fifo_is_written_through_to_its_reader(tmp_path):
 def test_a_character_device_is_written_through_not_replaced(tmp_path):
     null = tmp_path / "null"
     try:
-        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # the kernel's null device, made here
+        os.mknod(
+            null, 0o666 | stat.S_IFCHR, os.makedev(1, 3)
+        )  # the kernel's null device, made here
     except (PermissionError, OSError):
         pytest.skip("cannot make a device node here")
     check_writable(null)
@@ -68,19 +76,27 @@ def test_a_character_device_is_written_through_not_replaced(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["null"]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     temporaries=st.lists(
-        st.tuples(st.sampled_from(["avg.pt", "other.pt"]), st.sampled_from(["file", "directory"]), st.booleans(), st.sampled_from(["new", "old", "same pid"])),
+        st.tuples(
+            st.sampled_from(["avg.pt", "other.pt"]),
+            st.sampled_from(["file", "directory"]),
+            st.booleans(),
+            st.sampled_from(["new", "old", "same pid"]),
+        ),
         max_size=6,
     ),
 )
 def test_only_temporaries_that_no_writer_holds_are_swept(tmp_path_factory, temporaries):
-    """A run's start once deleted every temporary in its directory, so an `nmt average --out RUN/avg.pt` or a
-    `translate -o RUN/hyp.txt` still writing there lost its output; and names by process id alone collided between
-    containers, where two writers are both pid 1. A temporary is removed only when no process holds its lock,
-    whatever its pid, its target and its kind; the newer writer of the same target never takes the other's name.
-    A directory is judged only under the names nmt gives (with a token): `.notes.tmp1/` may be anyone's."""
+    """A run's start once deleted every temporary in its directory, so an `nmt average --out
+    RUN/avg.pt` or a `translate -o RUN/hyp.txt` still writing there lost its output; and names by
+    process id alone collided between containers, where two writers are both pid 1. A temporary is
+    removed only when no process holds its lock, whatever its pid, its target and its kind; the
+    newer writer of the same target never takes the other's name. A directory is judged only under
+    the names nmt gives (with a token): `.notes.tmp1/` may be anyone's."""
     import fcntl
 
     from nmt.temporaries import held_temporary, remove_abandoned_temporaries
@@ -102,22 +118,31 @@ def test_only_temporaries_that_no_writer_holds_are_swept(tmp_path_factory, tempo
     try:
         atomic_write(root / "avg.pt", b"complete")
         assert (root / "avg.pt").read_bytes() == b"complete"
-        assert sorted(p.name for p, _, _ in made if p.exists()) == sorted(p.name for p, target, kept in made if kept or target != "avg.pt")
+        assert sorted(p.name for p, _, _ in made if p.exists()) == sorted(
+            p.name for p, target, kept in made if kept or target != "avg.pt"
+        )
         with held_temporary(root / "other.pt") as (mine, _):
             remove_abandoned_temporaries(root)  # what a run does at its start
             assert mine.exists()
-        assert sorted(p.name for p in root.iterdir()) == sorted(["avg.pt", *(p.name for p, _, kept in made if kept)])
+        assert sorted(p.name for p in root.iterdir()) == sorted(
+            ["avg.pt", *(p.name for p, _, kept in made if kept)]
+        )
     finally:
         for fd in holders:
             os.close(fd)
     remove_abandoned_temporaries(root)
-    assert sorted(p.name for p in root.iterdir()) == sorted(["avg.pt", *(p.name for p, _, _ in made if p.is_dir() and ".tmp" in p.name and "-" not in p.name)])
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [
+            "avg.pt",
+            *(p.name for p, _, _ in made if p.is_dir() and ".tmp" in p.name and "-" not in p.name),
+        ]
+    )
 
 
 @pytest.mark.parametrize("mode", [0o600, 0o640])
 def test_a_private_files_new_content_is_never_readable_by_others(tmp_path, mode):
-    """The temporary took the target's permission bits only after its content was written: for that while a 0600
-    file's new content was 0644. And setuid bits were copied; now only rwx."""
+    """The temporary took the target's permission bits only after its content was written: for that
+    while a 0600 file's new content was 0644. And setuid bits were copied; now only rwx."""
     out = tmp_path / "private.txt"
     out.write_text("old\n")
     os.chmod(out, mode | 0o4000)
@@ -128,11 +153,14 @@ def test_a_private_files_new_content_is_never_readable_by_others(tmp_path, mode)
         f.write(b"new\n")
 
     atomic_write(out, content)
-    assert seen == [mode] and stat.S_IMODE(os.stat(out).st_mode) == mode and out.read_text() == "new\n"
+    assert (
+        seen == [mode] and stat.S_IMODE(os.stat(out).st_mode) == mode and out.read_text() == "new\n"
+    )
 
 
 def test_a_replaced_file_keeps_its_permissions(tmp_path):
-    """Replacing an output through a new temporary once widened a private (0600) file to the umask's 0644."""
+    """Replacing an output through a new temporary once widened a private (0600) file to the umask's
+    0644."""
     for mode in (0o600, 0o640, 0o755):
         out = tmp_path / f"out{mode:o}.txt"
         out.write_text("old\n")
@@ -147,7 +175,11 @@ def test_an_output_that_is_an_input_is_refused(tmp_path):
     (tmp_path / "hard.en").hardlink_to(src)
     (tmp_path / "soft.en").symlink_to(src)
     for name in ("same.en", "hard.en", "soft.en"):
-        with pytest.raises(OutputError, match=rf"--output {tmp_path / name} is the same file as --input {src}: writing it would destroy the input"):
+        with pytest.raises(
+            OutputError,
+            match=rf"--output {tmp_path / name} is the same file as --input {src}: writing it "
+            r"would destroy the input",
+        ):
             check_not_an_input(tmp_path / name, [("--input", src)])
     check_not_an_input(tmp_path / "new.de", [("--input", src)])
     (tmp_path / "copy.en").write_text("a dog\n")
@@ -155,7 +187,16 @@ def test_an_output_that_is_an_input_is_refused(tmp_path):
     assert src.read_text() == "a dog\n"
 
 
-KINDS = ("absent", "regular", "symlink", "dangling symlink", "link to link", "directory", "missing parent", "fifo")
+KINDS = (
+    "absent",
+    "regular",
+    "symlink",
+    "dangling symlink",
+    "link to link",
+    "directory",
+    "missing parent",
+    "fifo",
+)
 
 
 def _make(tmp_path, kind):
@@ -180,13 +221,21 @@ def _make(tmp_path, kind):
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(kind=st.sampled_from(KINDS), content=st.binary(max_size=300), data=st.data())
-def test_any_output_place_is_written_whole_or_refused_in_one_line(tmp_path_factory, kind, content, data):
+def test_any_output_place_is_written_whole_or_refused_in_one_line(
+    tmp_path_factory, kind, content, data
+):
     tmp_path = tmp_path_factory.mktemp("out")
     out = _make(tmp_path, kind)
     received = []
-    reader = threading.Thread(target=lambda: received.append(out.read_bytes())) if kind == "fifo" else None
+    reader = (
+        threading.Thread(target=lambda: received.append(out.read_bytes()))
+        if kind == "fifo"
+        else None
+    )
     if reader:
         reader.start()
     before = {p.name: (p.is_symlink(), p.is_dir()) for p in tmp_path.iterdir()}
@@ -194,7 +243,11 @@ def test_any_output_place_is_written_whole_or_refused_in_one_line(tmp_path_facto
         check_writable(out, "--output")
         atomic_write(out, content if data.draw(st.booleans()) else (lambda f: f.write(content)))
     except OutputError as exc:
-        assert kind in ("directory", "missing parent") and "\n" not in str(exc) and str(out) in str(exc)
+        assert (
+            kind in ("directory", "missing parent")
+            and "\n" not in str(exc)
+            and str(out) in str(exc)
+        )
         assert {p.name: (p.is_symlink(), p.is_dir()) for p in tmp_path.iterdir()} == before
         return
     if reader:
@@ -208,12 +261,15 @@ def test_any_output_place_is_written_whole_or_refused_in_one_line(tmp_path_facto
 
 @pytest.mark.parametrize("length", [1, 2, 3])
 def test_a_loop_of_links_as_output_is_refused_and_left(tmp_path, length):
-    """A loop of symbolic links given as an output was replaced by a regular file; a dangling link is still written through."""
+    """A loop of symbolic links given as an output was replaced by a regular file; a dangling link
+    is still written through."""
     links = [tmp_path / f"l{i}" for i in range(length)]
     for i, link in enumerate(links):
         link.symlink_to(links[(i + 1) % length].name)
     for check in (check_writable, lambda p: atomic_write(p, "x\n")):
-        with pytest.raises(OutputError, match=rf"^cannot write {links[0]}: it is a loop of symbolic links"):
+        with pytest.raises(
+            OutputError, match=rf"^cannot write {links[0]}: it is a loop of symbolic links"
+        ):
             check(links[0])
     assert all(link.is_symlink() for link in links)
     dangling = tmp_path / "dangling"
@@ -222,9 +278,11 @@ def test_a_loop_of_links_as_output_is_refused_and_left(tmp_path, length):
     assert dangling.is_symlink() and (tmp_path / "target.txt").read_text() == "x\n"
 
 
-def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(tmp_path, monkeypatch):
-    """Some NFS and FUSE mounts refuse flock (ENOLCK): writing must not fail there, and a temporary is then
-    judged by its process id (gone: abandoned) instead of its lock."""
+def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(
+    tmp_path, monkeypatch
+):
+    """Some NFS and FUSE mounts refuse flock (ENOLCK): writing must not fail there, and a temporary
+    is then judged by its process id (gone: abandoned) instead of its lock."""
     import errno
     import fcntl
 
@@ -234,12 +292,22 @@ def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(t
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    dead, alive = tmp_path / f".out.txt.tmp{_dead_pid()}-0000000a", tmp_path / f".out.txt.tmp{os.getpid()}-0000000b"
-    elsewhere = tmp_path / f".out.txt.tmp{_dead_pid()}-0000000c-another.host"  # its process id means nothing here
+    dead, alive = (
+        tmp_path / f".out.txt.tmp{_dead_pid()}-0000000a",
+        tmp_path / f".out.txt.tmp{os.getpid()}-0000000b",
+    )
+    elsewhere = (
+        tmp_path / f".out.txt.tmp{_dead_pid()}-0000000c-another.host"
+    )  # its process id means nothing here
     for path in (dead, alive, elsewhere):
         path.write_bytes(b"partial")
     atomic_write(tmp_path / "out.txt", "whole\n")
-    assert (tmp_path / "out.txt").read_text() == "whole\n" and not dead.exists() and alive.exists() and elsewhere.exists()
+    assert (
+        (tmp_path / "out.txt").read_text() == "whole\n"
+        and not dead.exists()
+        and alive.exists()
+        and elsewhere.exists()
+    )
     remove_abandoned_temporaries(tmp_path)
     assert alive.exists() and elsewhere.exists()
     from nmt.rundir import RunDir
@@ -250,8 +318,8 @@ def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(t
 
 
 def test_a_directory_swept_between_its_making_and_its_opening_is_made_again(tmp_path, monkeypatch):
-    """A sweeper could remove a new temporary directory before its writer opened (and so held) it: export then
-    failed with FileNotFoundError in 7 of 5,187 races. The writer makes another."""
+    """A sweeper could remove a new temporary directory before its writer opened (and so held) it:
+    export then failed with FileNotFoundError in 7 of 5,187 races. The writer makes another."""
     from nmt.temporaries import held_temporary
 
     real, made = os.mkdir, []
@@ -269,8 +337,9 @@ def test_a_directory_swept_between_its_making_and_its_opening_is_made_again(tmp_
 
 
 def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_writer_removes(tmp_path):
-    """Across processes: while its writer runs, a temporary is held (another process's sweep leaves it); after a kill -9
-    the kernel drops the lock, and the next write of the same target removes what was left."""
+    """Across processes: while its writer runs, a temporary is held (another process's sweep leaves
+    it); after a kill -9 the kernel drops the lock, and the next write of the same target removes
+    what was left."""
     import signal
     import subprocess
     import sys
@@ -283,13 +352,16 @@ def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_writer_removes(tm
         [
             sys.executable,
             "-c",
-            f"import time; from nmt.files import atomic_write; atomic_write({str(out)!r}, lambda f: (f.write(b'partial'), f.flush(), time.sleep(60)))",
+            f"import time; from nmt.files import atomic_write; atomic_write({str(out)!r}, lambda "
+            "f: (f.write(b'partial'), f.flush(), time.sleep(60)))",
         ]
     )
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".avg.pt.tmp*")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)  # the temporary exists; its writer has locked it (the lock precedes the first byte)
+    time.sleep(
+        0.5
+    )  # the temporary exists; its writer has locked it (the lock precedes the first byte)
     remove_abandoned_temporaries(tmp_path)
     (held,) = list(tmp_path.glob(".avg.pt.tmp*"))
     writer.send_signal(signal.SIGKILL)
@@ -299,11 +371,15 @@ def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_writer_removes(tm
     assert out.read_bytes() == b"whole" and sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt"]
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(exchange=st.booleans(), killed_at=st.integers(0, 2))
-def test_a_directory_replaced_by_a_writer_that_stops_at_any_moment_is_never_missing(tmp_path_factory, exchange, killed_at):
-    """An export that replaced an earlier one and was killed between its two renames left no output directory
-    (old and new both hidden), and the next export deleted both."""
+def test_a_directory_replaced_by_a_writer_that_stops_at_any_moment_is_never_missing(
+    tmp_path_factory, exchange, killed_at
+):
+    """An export that replaced an earlier one and was killed between its two renames left no output
+    directory (old and new both hidden), and the next export deleted both."""
     from nmt import temporaries as module
     from nmt.temporaries import replace_directory as directory_in_place
 
@@ -324,7 +400,9 @@ def test_a_directory_replaced_by_a_writer_that_stops_at_any_moment_is_never_miss
         return call
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module, "_exchange", stopped(real_exchange) if exchange else lambda a, b: False)
+        patch.setattr(
+            module, "_exchange", stopped(real_exchange) if exchange else lambda a, b: False
+        )
         patch.setattr(os, "rename", stopped(real_rename))
         try:
             with directory_in_place(out) as tmp:
@@ -335,10 +413,14 @@ def test_a_directory_replaced_by_a_writer_that_stops_at_any_moment_is_never_miss
         assert (out / "config.json").read_text() in ("first", "second")
     with directory_in_place(place / "other"):  # any later export (here: elsewhere) leaves it be
         pass
-    with directory_in_place(out) as tmp:  # the next export to the place finds an export there or puts it back first
+    with directory_in_place(
+        out
+    ) as tmp:  # the next export to the place finds an export there or puts it back first
         assert (out / "config.json").read_text() in ("first", "second")
         (tmp / "config.json").write_text("third")
-    assert (out / "config.json").read_text() == "third" and sorted(p.name for p in place.iterdir()) == ["hf", "other"]
+    assert (out / "config.json").read_text() == "third" and sorted(
+        p.name for p in place.iterdir()
+    ) == ["hf", "other"]
 
 
 NAME_MAX = os.pathconf(tempfile.gettempdir(), "PC_NAME_MAX")  # where pytest makes its directories
@@ -346,9 +428,16 @@ NAME_MAX = os.pathconf(tempfile.gettempdir(), "PC_NAME_MAX")  # where pytest mak
 
 @st.composite
 def output_names(draw):
-    """A file name of any length in bytes up to the file system's limit, of one- to four-byte UTF-8 characters."""
+    """A file name of any length in bytes up to the file system's limit, of one- to four-byte UTF-8
+    characters."""
     length = draw(st.integers(1, NAME_MAX))
-    chars = draw(st.lists(st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1, max_size=4))
+    chars = draw(
+        st.lists(
+            st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)),
+            min_size=1,
+            max_size=4,
+        )
+    )
     name, i = "", 0
     while len((name + chars[i % len(chars)]).encode()) <= length:
         name, i = name + chars[i % len(chars)], i + 1
@@ -356,16 +445,26 @@ def output_names(draw):
     return name if name not in (".", "..") else "a" * length
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(name=output_names(), kind=st.sampled_from(["file", "directory"]), exchange=st.booleans())
-def test_an_output_of_any_name_the_file_system_takes_is_written_and_its_abandoned_temporaries_swept(tmp_path_factory, name, kind, exchange):
-    """An output named near the 255-byte limit was refused (File name too long): its temporary, `.NAME.tmpPID-TOKEN-HOST`,
-    is about 25 bytes longer. Every temporary fits, a writer still sweeps what a killed one left of the same output, and
-    no other file, however it is named, is touched."""
+def test_an_output_of_any_name_the_file_system_takes_is_written_and_its_abandoned_temporaries_swept(
+    tmp_path_factory, name, kind, exchange
+):
+    """An output named near the 255-byte limit was refused (File name too long): its temporary,
+    `.NAME.tmpPID-TOKEN-HOST`, is about 25 bytes longer. Every temporary fits, a writer still sweeps
+    what a killed one left of the same output, and no other file, however it is named, is
+    touched."""
     import fcntl
 
     from nmt import temporaries
-    from nmt.temporaries import held_temporary, remove_abandoned_temporaries, replace_directory, temporary_name
+    from nmt.temporaries import (
+        held_temporary,
+        remove_abandoned_temporaries,
+        replace_directory,
+        temporary_name,
+    )
 
     root = tmp_path_factory.mktemp("names")
     out = root / name
@@ -375,7 +474,9 @@ def test_an_output_of_any_name_the_file_system_takes_is_written_and_its_abandone
         assert len(os.fsencode(made.name)) <= NAME_MAX and made.parent == root
     assert temporary_name(out) != temporary_name(out)  # unique
     stem = temporaries._TEMPORARY.fullmatch(temporary_name(out).name)["name"]
-    assert stem == name or len(os.fsencode(name)) > NAME_MAX - temporaries._ADDED  # the name itself wherever it fits
+    assert (
+        stem == name or len(os.fsencode(name)) > NAME_MAX - temporaries._ADDED
+    )  # the name itself wherever it fits
     left = temporary_name(out)  # what a killed writer left: nobody holds it
     left.mkdir() if kind == "directory" else left.write_bytes(b"partial")
     others = [root / f".{stem}.tmp", root / f".{stem}.tmpnotes"]  # look alike, but no nmt temporary
@@ -398,7 +499,9 @@ def test_an_output_of_any_name_the_file_system_takes_is_written_and_its_abandone
                     with replace_directory(out) as tmp:
                         (tmp / "config.json").write_text(content)
             assert (out / "config.json").read_text() == "second"
-        assert sorted(p.name for p in root.iterdir()) == sorted([name, held.name, *(p.name for p in others)])
+        assert sorted(p.name for p in root.iterdir()) == sorted(
+            [name, held.name, *(p.name for p in others)]
+        )
     finally:
         os.close(fd)
     remove_abandoned_temporaries(root, name)

@@ -1,4 +1,5 @@
-"""Tests for scripts/gpu_check.py: its dry run (every step of the GPU run, on the CPU) and its process handling."""
+"""Tests for scripts/gpu_check.py: its dry run (every step of the GPU run, on the CPU) and its
+process handling."""
 
 import base64
 import hashlib
@@ -36,7 +37,9 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_a_step_over_its_limit_is_killed_with_its_children_and_keeps_what_it_printed(gpu_check, tmp_path):
+def test_a_step_over_its_limit_is_killed_with_its_children_and_keeps_what_it_printed(
+    gpu_check, tmp_path
+):
     # The step prints a record and its grandchild's pid, then outlives its 2 s limit.
     code = (
         "import json, subprocess, sys, time\n"
@@ -46,7 +49,9 @@ def test_a_step_over_its_limit_is_killed_with_its_children_and_keeps_what_it_pri
     )
     log = tmp_path / "log"
     started = time.monotonic()
-    status, _, records, tail = gpu_check.run_process([sys.executable, "-c", code], 2.0, log, dict(os.environ))
+    status, _, records, tail = gpu_check.run_process(
+        [sys.executable, "-c", code], 2.0, log, dict(os.environ)
+    )
     assert status == "timeout"
     assert time.monotonic() - started < 30
     assert records[0]["measured"] == 1
@@ -59,7 +64,10 @@ def test_a_step_over_its_limit_is_killed_with_its_children_and_keeps_what_it_pri
 
 def test_a_failing_step_reports_failed_and_its_last_lines(gpu_check, tmp_path):
     status, _, records, tail = gpu_check.run_process(
-        [sys.executable, "-c", "print('{\"partial\": 2}'); raise SystemExit('boom')"], 30, tmp_path / "log", dict(os.environ)
+        [sys.executable, "-c", "print('{\"partial\": 2}'); raise SystemExit('boom')"],
+        30,
+        tmp_path / "log",
+        dict(os.environ),
     )
     assert status == "failed"
     assert records == [{"partial": 2}]
@@ -70,23 +78,34 @@ def _write_wheel(directory: Path) -> None:
     """A one-module pure-Python wheel, ``gpucheck_probe`` (``VALUE = 7``), as pip builds them."""
     files = {
         "gpucheck_probe/__init__.py": b"VALUE = 7\n",
-        "gpucheck_probe-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: gpucheck-probe\nVersion: 0.1\n",
-        "gpucheck_probe-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "gpucheck_probe-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: "
+        b"gpucheck-probe\nVersion: 0.1\n",
+        "gpucheck_probe-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: "
+        b"test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = "".join(
-        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n" for name, data in files.items()
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for name, data in files.items()
     )
-    files["gpucheck_probe-0.1.dist-info/RECORD"] = (record + "gpucheck_probe-0.1.dist-info/RECORD,,\n").encode()
+    files["gpucheck_probe-0.1.dist-info/RECORD"] = (
+        record + "gpucheck_probe-0.1.dist-info/RECORD,,\n"
+    ).encode()
     directory.mkdir(parents=True)
     with zipfile.ZipFile(directory / "gpucheck_probe-0.1-py3-none-any.whl", "w") as wheel:
         for name, data in files.items():
             wheel.writestr(name, data)
 
 
-def test_setup_installs_only_what_is_missing_from_copied_wheels_without_an_index(gpu_check, tmp_path, monkeypatch):
+def test_setup_installs_only_what_is_missing_from_copied_wheels_without_an_index(
+    gpu_check, tmp_path, monkeypatch
+):
     monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path / "gpu_data")
-    monkeypatch.setattr(gpu_check, "OPTIONAL", {**gpu_check.OPTIONAL, "gpucheck_probe": "gpucheck-probe"})
-    monkeypatch.setattr(sys, "path", list(sys.path))  # setup puts the install folder on this process's path
+    monkeypatch.setattr(
+        gpu_check, "OPTIONAL", {**gpu_check.OPTIONAL, "gpucheck_probe": "gpucheck-probe"}
+    )
+    monkeypatch.setattr(
+        sys, "path", list(sys.path)
+    )  # setup puts the install folder on this process's path
     _write_wheel(tmp_path / "gpu_data" / "wheels")
     work = tmp_path / "work"
     work.mkdir()
@@ -99,7 +118,11 @@ def test_setup_installs_only_what_is_missing_from_copied_wheels_without_an_index
     assert "--no-index" in line["install"]
     # every step's process finds it
     out = subprocess.run(
-        [sys.executable, "-c", "import gpucheck_probe; print(gpucheck_probe.VALUE)"], env=gpu_check.child_env(site), capture_output=True, text=True, check=True
+        [sys.executable, "-c", "import gpucheck_probe; print(gpucheck_probe.VALUE)"],
+        env=gpu_check.child_env(site),
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.strip() == "7"
     # nothing missing: nothing installed
@@ -107,12 +130,18 @@ def test_setup_installs_only_what_is_missing_from_copied_wheels_without_an_index
     assert "install" not in json.loads(results.path.read_text().splitlines()[-1])
 
 
-def test_data_falls_back_to_the_toy_corpus_only_in_a_dry_run(gpu_check, tmp_path, monkeypatch, capsys):
+def test_data_falls_back_to_the_toy_corpus_only_in_a_dry_run(
+    gpu_check, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path / "gpu_data")
     monkeypatch.setattr(gpu_check, "ROOT", tmp_path / "repo" / "checkout")  # no ../shared beside it
     monkeypatch.delenv("MULTI30K", raising=False)
     toy = gpu_check.find_data(None, dry_run=True)
-    assert (toy.dir, toy.valid_split, toy.test_split) == (tmp_path / "repo" / "checkout" / "data" / "toy", "valid", "test")
+    assert (toy.dir, toy.valid_split, toy.test_split) == (
+        tmp_path / "repo" / "checkout" / "data" / "toy",
+        "valid",
+        "test",
+    )
     for given, dry_run in ((None, False), (str(tmp_path / "missing"), True)):
         with pytest.raises(SystemExit) as stop:
             gpu_check.find_data(given, dry_run=dry_run)
@@ -128,11 +157,20 @@ def test_data_falls_back_to_the_toy_corpus_only_in_a_dry_run(gpu_check, tmp_path
 
 @pytest.mark.slow
 def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
-    """scripts/gpu_check.sh --dry-run: one result line per step, in order, each ok, with the figures the GPU run reports."""
+    """scripts/gpu_check.sh --dry-run: one result line per step, in order, each ok, with the figures
+    the GPU run reports."""
     out = tmp_path / "results.jsonl"
     env = {**os.environ, "PYTHON": sys.executable}
     proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--work", str(tmp_path / "work")],
+        [
+            "bash",
+            str(ROOT / "scripts" / "gpu_check.sh"),
+            "--dry-run",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -140,7 +178,9 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, (
-        proc.stdout[-3000:] + proc.stderr[-3000:] + (out.with_suffix(".log").read_text()[-3000:] if out.with_suffix(".log").exists() else "")
+        proc.stdout[-3000:]
+        + proc.stderr[-3000:]
+        + (out.with_suffix(".log").read_text()[-3000:] if out.with_suffix(".log").exists() else "")
     )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["step"] for r in lines] == ["setup", "env", "train", "decode", "multi30k"]
@@ -150,44 +190,87 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     assert setup["still_missing"] == []
     assert env_["device"] == "cpu" and env_["bf16_matmul_tflops"] > 0
     for case in ("encoder_key_mask", "decoder_causal", "decode_cross_beams"):
-        assert isinstance(env_["sdpa_ms"][case]["default"], float) and isinstance(env_["sdpa_ms"][case]["math"], float)
+        assert isinstance(env_["sdpa_ms"][case]["default"], float) and isinstance(
+            env_["sdpa_ms"][case]["math"], float
+        )
 
     engines = {r["engine"]: r for r in train["records"] if "engine" in r}
     assert set(engines) == {"nmt", "hf"}
     for r in engines.values():
-        assert r["precision"] == "bf16" and r["steps"] == 2 and r["matmul_ceiling_tflops"] == pytest.approx(env_["bf16_matmul_tflops"], rel=1e-3)
-        assert r["tgt_tokens_per_step"] <= 800  # the token budget, padding included, bounds the targets
-        assert abs(r["first_step_loss"] - math.log(1000)) < 1.5  # a random model's loss is near ln(vocab)
-        assert r["mfu"] == pytest.approx(r["tflops_per_s"] / r["matmul_ceiling_tflops"], rel=0.05, abs=1e-3)
+        assert (
+            r["precision"] == "bf16"
+            and r["steps"] == 2
+            and r["matmul_ceiling_tflops"] == pytest.approx(env_["bf16_matmul_tflops"], rel=1e-3)
+        )
+        assert (
+            r["tgt_tokens_per_step"] <= 800
+        )  # the token budget, padding included, bounds the targets
+        assert (
+            abs(r["first_step_loss"] - math.log(1000)) < 1.5
+        )  # a random model's loss is near ln(vocab)
+        assert r["mfu"] == pytest.approx(
+            r["tflops_per_s"] / r["matmul_ceiling_tflops"], rel=0.05, abs=1e-3
+        )
     assert engines["nmt"]["parameters"] == engines["hf"]["parameters"]  # the same weights
 
     by_key = {(r["engine"], r["batch_sentences"]): r for r in decode["records"]}
-    assert set(by_key) == {(e, b) for e in ("nmt", "nmt-static", "hf", "ct2-int8") for b in (1, 4, 8)}
-    for batch in (1, 4, 8):  # the GPU's static step, eager on the CPU, generates what the dynamic cache does
-        assert by_key[("nmt-static", batch)]["outputs_digest"] == by_key[("nmt", batch)]["outputs_digest"]
+    assert set(by_key) == {
+        (e, b) for e in ("nmt", "nmt-static", "hf", "ct2-int8") for b in (1, 4, 8)
+    }
+    for batch in (
+        1,
+        4,
+        8,
+    ):  # the GPU's static step, eager on the CPU, generates what the dynamic cache does
+        assert (
+            by_key[("nmt-static", batch)]["outputs_digest"]
+            == by_key[("nmt", batch)]["outputs_digest"]
+        )
     for (_engine, batch), r in by_key.items():
         # --max-batches 3 of 24 sentences: 3 batches of each size, 24 at most
         assert r["sentences"] == min(24, 3 * batch)
-        assert r["tgt_tokens_per_s"] == pytest.approx(3 * r["sentences_per_s"], rel=0.02)  # every engine generated exactly the 3 forced pieces
-    assert by_key[("nmt", 8)]["self_cache_bytes_measured"] == by_key[("nmt", 8)]["self_cache_bytes_formula"]
+        assert r["tgt_tokens_per_s"] == pytest.approx(
+            3 * r["sentences_per_s"], rel=0.02
+        )  # every engine generated exactly the 3 forced pieces
+    assert (
+        by_key[("nmt", 8)]["self_cache_bytes_measured"]
+        == by_key[("nmt", 8)]["self_cache_bytes_formula"]
+    )
 
     assert m30k["steps"] == 6 and [v["step"] for v in m30k["validations"]] == [3, 6]
     assert m30k["averaged"] == ["step_2.pt", "step_4.pt", "step_6.pt"]
-    assert set(m30k["valid_bleu"]) == {"best", "average"} and m30k["selected"] == max(m30k["valid_bleu"], key=m30k["valid_bleu"].get)
-    assert m30k["test_lines"] == 16 and 0 <= m30k["test_bleu"] <= 100 and 0 < m30k["test_chrf"] <= 100
+    assert set(m30k["valid_bleu"]) == {"best", "average"} and m30k["selected"] == max(
+        m30k["valid_bleu"], key=m30k["valid_bleu"].get
+    )
+    assert (
+        m30k["test_lines"] == 16 and 0 <= m30k["test_bleu"] <= 100 and 0 < m30k["test_chrf"] <= 100
+    )
     assert "tok:13a" in m30k["bleu_signature"]
     assert m30k["test_bleu_dynamic_cache"] == m30k["test_bleu"] and m30k["test_decode_s"] > 0
 
 
 @pytest.mark.slow
 def test_dry_run_sweep_trains_configurations_at_once_and_scores_the_best_on_val(tmp_path):
-    """scripts/gpu_check.sh --sweep: K configurations of the recipe trained concurrently in one call,
-    each reporting its validation curve; the best on val is scored once on the test splits."""
+    """scripts/gpu_check.sh --sweep: K configurations of the recipe trained concurrently in one
+    call, each reporting its validation curve; the best on val is scored once on the test splits."""
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text("- name: plain\n  set: []\n- name: sharper\n  set: [train.label_smoothing=0.0]\n", encoding="utf-8")
+    sweep.write_text(
+        "- name: plain\n  set: []\n- name: sharper\n  set: [train.label_smoothing=0.0]\n",
+        encoding="utf-8",
+    )
     out = tmp_path / "results.jsonl"
     proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--sweep", str(sweep), "--out", str(out), "--work", str(tmp_path / "work")],
+        [
+            "bash",
+            str(ROOT / "scripts" / "gpu_check.sh"),
+            "--dry-run",
+            "--sweep",
+            str(sweep),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHON": sys.executable},
@@ -202,7 +285,9 @@ def test_dry_run_sweep_trains_configurations_at_once_and_scores_the_best_on_val(
     for run in r["runs"].values():
         assert run["status"] == "ok" and [v["step"] for v in run["validations"]] == [3, 6]
     assert r["chosen"] == max(r["runs"], key=lambda k: r["runs"][k]["best_valid_bleu"])
-    assert r["selection"]["tests"] and all(t["lines"] > 0 for t in r["selection"]["tests"].values())  # each test split, once
+    assert r["selection"]["tests"] and all(
+        t["lines"] > 0 for t in r["selection"]["tests"].values()
+    )  # each test split, once
     assert "sweep:" in proc.stdout and "chosen on val" in proc.stdout
 
 
@@ -210,10 +295,21 @@ def test_a_sweep_file_is_checked_before_anything_runs(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     from gpu_sweep import chosen, read_sweep
 
-    for text, reason in (("name: x\n", "a YAML list"), ("- name: a\n- name: a\n", "repeated"), ("- set: []\n", "entry 0 must be")):
+    for text, reason in (
+        ("name: x\n", "a YAML list"),
+        ("- name: a\n- name: a\n", "repeated"),
+        ("- set: []\n", "entry 0 must be"),
+    ):
         (tmp_path / "s.yaml").write_text(text, encoding="utf-8")
         with pytest.raises(SystemExit, match=reason):
             read_sweep(tmp_path / "s.yaml")
-    assert read_sweep(ROOT / "configs" / "sweeps" / "multi30k_gpu.yaml")[0] == {"name": "recipe", "set": []}
-    runs = {"a": {"best_valid_bleu": 20.0}, "b": {"best_valid_bleu": 31.5}, "c": {"best_valid_bleu": None}}
+    assert read_sweep(ROOT / "configs" / "sweeps" / "multi30k_gpu.yaml")[0] == {
+        "name": "recipe",
+        "set": [],
+    }
+    runs = {
+        "a": {"best_valid_bleu": 20.0},
+        "b": {"best_valid_bleu": 31.5},
+        "c": {"best_valid_bleu": None},
+    }
     assert chosen(runs) == "b" and chosen({"c": {"best_valid_bleu": None}}) is None

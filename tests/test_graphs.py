@@ -18,38 +18,69 @@ from nmt.tokenizer import BOS
 
 
 def same_results(a, b, tolerance=1e-5):
-    """The same hypotheses in the same order; scores and log-probabilities equal to float32 rounding,
-    which over 80 steps' sums is about 1e-7 of the value (attention over the capacity sums its masked zeros in another order, so the last bits may differ)."""
+    """The same hypotheses in the same order; scores and log-probabilities equal to float32
+    rounding, which over 80 steps' sums is about 1e-7 of the value (attention over the capacity sums
+    its masked zeros in another order, so the last bits may differ)."""
     for hyps_a, hyps_b in zip(a, b, strict=True):
         assert [h.tokens for h in hyps_a] == [h.tokens for h in hyps_b]
-        assert [h.score for h in hyps_a] == pytest.approx([h.score for h in hyps_b], abs=tolerance, rel=1e-6)
-        assert [h.log_prob for h in hyps_a] == pytest.approx([h.log_prob for h in hyps_b], abs=tolerance, rel=1e-6)
+        assert [h.score for h in hyps_a] == pytest.approx(
+            [h.score for h in hyps_b], abs=tolerance, rel=1e-6
+        )
+        assert [h.log_prob for h in hyps_a] == pytest.approx(
+            [h.log_prob for h in hyps_b], abs=tolerance, rel=1e-6
+        )
 
 
 def test_buckets_by_hand():
-    assert [sentence_bucket(n) for n in (1, 2, 3, 4, 5, 9, 32, 33, 128)] == [1, 2, 4, 4, 8, 16, 32, 64, 128]
+    assert [sentence_bucket(n) for n in (1, 2, 3, 4, 5, 9, 32, 33, 128)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        16,
+        32,
+        64,
+        128,
+    ]
     assert [round_up(n, 16) for n in (1, 16, 17, 40)] == [16, 16, 32, 48]
 
 
 def test_the_production_path_is_static_only_on_a_gpu_without_a_shortlist():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert decode_scorer(cpu) is TransformerScorer and decode_scorer(cuda) is StaticScorer
-    assert decode_scorer(cuda, columns=torch.arange(5)) is TransformerScorer  # a shortlist: the dynamic cache
-    assert decode_scorer(cpu, cache="static") is StaticScorer and decode_scorer(cuda, cache="dynamic") is TransformerScorer
+    assert (
+        decode_scorer(cuda, columns=torch.arange(5)) is TransformerScorer
+    )  # a shortlist: the dynamic cache
+    assert (
+        decode_scorer(cpu, cache="static") is StaticScorer
+        and decode_scorer(cuda, cache="dynamic") is TransformerScorer
+    )
 
 
 @pytest.mark.parametrize("beam,n_best,alpha", [(1, 1, 0.0), (4, 1, 0.6), (4, 4, 0.0), (8, 4, 1.0)])
 def test_static_search_equals_the_dynamic_cache(model, beam, n_best, alpha):
-    # Nine sentences (a bucket of 16 slots): some finish early, so slots go dead and the batch moves to smaller buckets.
+    # Nine sentences (a bucket of 16 slots): some finish early, so slots go dead and the batch moves
+    # to smaller buckets.
     src = random_sources([1, 2, 7, 19, 33, 60, 4, 5, 9], seed=beam)
-    decode = DecodeConfig(beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best)
-    same_results(translate_batch(model, src, decode, scorer=StaticScorer), translate_batch(model, src, decode, scorer="cached"))
+    decode = DecodeConfig(
+        beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best
+    )
+    same_results(
+        translate_batch(model, src, decode, scorer=StaticScorer),
+        translate_batch(model, src, decode, scorer="cached"),
+    )
 
 
 def test_static_search_grows_its_capacity_as_the_dynamic_cache_does(model):
     src = random_sources([3, 8, 21], seed=5)
-    decode = DecodeConfig(beam_size=3, n_best=3, min_len=70, max_len_a=0.0, max_len_b=80)  # 80 steps: capacity 64, then 128
-    static, dynamic = translate_batch(model, src, decode, scorer=StaticScorer), translate_batch(model, src, decode, scorer="cached")
+    decode = DecodeConfig(
+        beam_size=3, n_best=3, min_len=70, max_len_a=0.0, max_len_b=80
+    )  # 80 steps: capacity 64, then 128
+    static, dynamic = (
+        translate_batch(model, src, decode, scorer=StaticScorer),
+        translate_batch(model, src, decode, scorer="cached"),
+    )
     same_results(static, dynamic)
     assert min(len(h.tokens) for hyps in static for h in hyps) >= 70
 
@@ -64,12 +95,21 @@ def test_static_ensemble_sampling_and_steering_equal_the_dynamic_cache(model):
         "sampling": dict(model=model, sampling=Sampling(temperature=0.9, top_p=0.95, seed=4)),
         "steering": dict(
             model=model,
-            steering=[Steering(prefix=((7,), (8, 9))), Steering(constraints=((11, 12),), bans=((13,),)), Steering(), Steering(bans=((5, 6),)), Steering()],
+            steering=[
+                Steering(prefix=((7,), (8, 9))),
+                Steering(constraints=((11, 12),), bans=((13,),)),
+                Steering(),
+                Steering(bans=((5, 6),)),
+                Steering(),
+            ],
         ),
     }
     for kwargs in cases.values():
         m = kwargs.pop("model")
-        same_results(translate_batch(m, src, decode, scorer=StaticScorer, **kwargs), translate_batch(m, src, decode, scorer="cached", **kwargs))
+        same_results(
+            translate_batch(m, src, decode, scorer=StaticScorer, **kwargs),
+            translate_batch(m, src, decode, scorer="cached", **kwargs),
+        )
 
 
 @settings(max_examples=25, deadline=None)
@@ -87,10 +127,22 @@ def test_any_reorders_and_departures_give_the_dynamic_caches_log_probs(model, da
             a, d_state = dynamic.step(prefix, d_state)
             b, s_state = static.step(prefix, s_state)
             torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
-            new = torch.tensor(data.draw(st.lists(st.integers(4, 39), min_size=live * beam, max_size=live * beam))).unsqueeze(1)
+            new = torch.tensor(
+                data.draw(st.lists(st.integers(4, 39), min_size=live * beam, max_size=live * beam))
+            ).unsqueeze(1)
             if beam > 1:
-                back = torch.tensor([s * beam + data.draw(st.integers(0, beam - 1)) for s in range(live) for _ in range(beam)])
-                d_state, s_state, prefix = dynamic.reorder(d_state, back), static.reorder(s_state, back), prefix[back]
+                back = torch.tensor(
+                    [
+                        s * beam + data.draw(st.integers(0, beam - 1))
+                        for s in range(live)
+                        for _ in range(beam)
+                    ]
+                )
+                d_state, s_state, prefix = (
+                    dynamic.reorder(d_state, back),
+                    static.reorder(s_state, back),
+                    prefix[back],
+                )
             prefix = torch.cat([prefix, new], dim=1)
             keep = sorted(data.draw(st.sets(st.integers(0, live - 1), min_size=1, max_size=live)))
             if len(keep) < live:
@@ -98,27 +150,58 @@ def test_any_reorders_and_departures_give_the_dynamic_caches_log_probs(model, da
                 d_state = dynamic.keep_sentences(d_state, torch.tensor(keep))
                 s_state = static.keep_sentences(s_state, torch.tensor(keep))
                 live, prefix = len(keep), prefix[rows]
-            assert s_state.slab.sentences == sentence_bucket(live) or s_state.slab.sentences // 2 < live
+            assert (
+                s_state.slab.sentences == sentence_bucket(live)
+                or s_state.slab.sentences // 2 < live
+            )
 
 
 def test_a_slab_holds_finite_values_in_every_unused_slot_and_position(model):
-    slab = Arena(model, torch.float32, torch.device("cpu")).slab(model, sentences=4, beam=2, src_len=16, capacity=16)
+    slab = Arena(model, torch.float32, torch.device("cpu")).slab(
+        model, sentences=4, beam=2, src_len=16, capacity=16
+    )
     with torch.inference_mode():
         memory, mask = model.encode(random_sources([3, 5]))
-        slab.load(model, torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in model.decoder]), mask)
+        slab.load(
+            model,
+            torch.stack(
+                [torch.stack(layer.cross_attn.memory_kv(memory)) for layer in model.decoder]
+            ),
+            mask,
+        )
         out = slab.run(model, 0, graphs=False)
-    assert slab.src_mask[2:, 0, 0].tolist() == [[True] + [False] * 15] * 2  # empty slots attend to one zero key
+    assert (
+        slab.src_mask[2:, 0, 0].tolist() == [[True] + [False] * 15] * 2
+    )  # empty slots attend to one zero key
     assert torch.isfinite(out).all() and int(slab.length) == 1
 
 
 def test_the_slabs_of_every_bucket_share_one_arena_sized_by_the_largest(model):
     arena = Arena(model, torch.float32, torch.device("cpu"))
     arena.slab(model, 8, 3, 32, 32)
-    large, small = arena.slab(model, 8, 3, 32, 16), arena.slab(model, 2, 3, 16, 32)  # fit: no growth
-    assert arena.size == (24, 32, 8, 32)  # rows, capacity, sentences, source positions: each axis's largest
-    assert large.kv[0].shape == (2, 2, 24, 4, 16, 8) and large.kv[0].data_ptr() == arena.kv[0].data_ptr()
-    assert small.cross_kv.shape == (2, 2, 2, 4, 16, 8) and small.cross_kv.data_ptr() == arena.cross_kv.data_ptr()
+    large, small = (
+        arena.slab(model, 8, 3, 32, 16),
+        arena.slab(model, 2, 3, 16, 32),
+    )  # fit: no growth
+    assert arena.size == (
+        24,
+        32,
+        8,
+        32,
+    )  # rows, capacity, sentences, source positions: each axis's largest
+    assert (
+        large.kv[0].shape == (2, 2, 24, 4, 16, 8)
+        and large.kv[0].data_ptr() == arena.kv[0].data_ptr()
+    )
+    assert (
+        small.cross_kv.shape == (2, 2, 2, 4, 16, 8)
+        and small.cross_kv.data_ptr() == arena.cross_kv.data_ptr()
+    )
     assert arena.slab(model, 2, 3, 16, 32) is small  # made once per bucket
-    arena.slab(model, 16, 3, 16, 16)  # more rows than the arena has: it grows, and the old slabs (and graphs) go
+    arena.slab(
+        model, 16, 3, 16, 16
+    )  # more rows than the arena has: it grows, and the old slabs (and graphs) go
     assert arena.size == (48, 32, 16, 32) and list(arena.slabs) == [(16, 3, 16, 16)]
-    assert small.kv[0].data_ptr() != arena.kv[0].data_ptr()  # a batch in flight keeps reading its old views
+    assert (
+        small.kv[0].data_ptr() != arena.kv[0].data_ptr()
+    )  # a batch in flight keeps reading its old views

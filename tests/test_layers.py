@@ -1,6 +1,6 @@
-"""The layer table of docs/architecture.md is the package's import graph: every import of every module
-(inside functions and ``if TYPE_CHECKING`` blocks too) points to its own layer or one below, and
-there is no cycle."""
+"""The layer table of docs/architecture.md is the package's import graph: every import of every
+module (inside functions and ``if TYPE_CHECKING`` blocks too) points to its own layer or one below,
+and there is no cycle."""
 
 import ast
 import fnmatch
@@ -13,7 +13,8 @@ PACKAGE = ROOT / "nmt"
 
 
 def layer_table(text: str) -> list[tuple[str, list[str], list[str] | None]]:
-    """The ```layers block of ``text``: (layer, module patterns, ``only`` patterns or None), top layer first."""
+    """The ```layers block of ``text``: (layer, module patterns, ``only`` patterns or None), top
+    layer first."""
     block = text.split("```layers\n", 1)[1].split("```", 1)[0]
     table = []
     for line in block.splitlines():
@@ -49,7 +50,9 @@ def imports(path: Path) -> set[str]:
             found.add(target)
             for alias in node.names:  # `from . import evaluate`: the module nmt.evaluate
                 candidate = f"{target}.{alias.name}"
-                if (ROOT / Path(*candidate.split("."))).with_suffix(".py").is_file() or (ROOT / Path(*candidate.split(".")) / "__init__.py").is_file():
+                if (ROOT / Path(*candidate.split("."))).with_suffix(".py").is_file() or (
+                    ROOT / Path(*candidate.split(".")) / "__init__.py"
+                ).is_file():
                     found.add(candidate)
     return found - {name}
 
@@ -59,8 +62,14 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer_of(module: str, table) -> int:
-    matches = [i for i, (_, patterns, _) in enumerate(table) if any(fnmatch.fnmatchcase(module, p) for p in patterns)]
-    assert len(matches) == 1, f"{module} is in {len(matches)} layers of docs/architecture.md; put it in exactly one"
+    matches = [
+        i
+        for i, (_, patterns, _) in enumerate(table)
+        if any(fnmatch.fnmatchcase(module, p) for p in patterns)
+    ]
+    assert len(matches) == 1, (
+        f"{module} is in {len(matches)} layers of docs/architecture.md; put it in exactly one"
+    )
     return matches[0]
 
 
@@ -72,10 +81,19 @@ def violations(modules: dict[str, set[str]], table) -> list[str]:
         for target in sorted(targets):
             theirs = layer_of(target, table)
             if theirs < mine:  # the table lists the top layer first
-                found.append(f"{module} -> {target} (up from {table[mine][0]} to {table[theirs][0]})")
+                found.append(
+                    f"{module} -> {target} (up from {table[mine][0]} to {table[theirs][0]})"
+                )
             only = table[mine][2]
-            if theirs > mine and only is not None and not any(fnmatch.fnmatchcase(target, p) for p in only):
-                found.append(f"{module} -> {target} ({table[mine][0]} takes only {', '.join(only)} from below)")
+            if (
+                theirs > mine
+                and only is not None
+                and not any(fnmatch.fnmatchcase(target, p) for p in only)
+            ):
+                found.append(
+                    f"{module} -> {target} ({table[mine][0]} takes only {', '.join(only)} from "
+                    "below)"
+                )
     return found
 
 
@@ -126,7 +144,9 @@ def test_the_package_has_no_import_cycle():
 
 def test_the_core_imports_nothing_but_itself_and_its_settings():
     core = {m: t for m, t in graph().items() if m.startswith("nmt.core")}
-    assert {t for targets in core.values() for t in targets if not t.startswith("nmt.core")} <= {"nmt.config"}
+    assert {t for targets in core.values() for t in targets if not t.startswith("nmt.core")} <= {
+        "nmt.config"
+    }
 
 
 def test_the_checks_see_an_upward_import_a_cycle_and_a_function_level_import(tmp_path):
@@ -137,7 +157,10 @@ def test_the_checks_see_an_upward_import_a_cycle_and_a_function_level_import(tmp
     assert violations({"a": {"c", "d"}, "c": {"d"}, "d": {"e"}}, table) == []
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     source = tmp_path / "m.py"
-    source.write_text("import os\n\n\ndef f():\n    from nmt.files import atomic_write\n    import nmt.config\n", encoding="utf-8")
+    source.write_text(
+        "import os\n\n\ndef f():\n    from nmt.files import atomic_write\n    import nmt.config\n",
+        encoding="utf-8",
+    )
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:

@@ -1,18 +1,21 @@
 """nmt import: Hugging Face Marian (OPUS-MT) models as nmt checkpoints, exact to the last token.
 
-The directories are built offline with random weights (tests/opus_dirs.py). What is compared, and under
-which settings both searches are defined to agree:
+The directories are built offline with random weights (tests/opus_dirs.py). What is compared, and
+under which settings both searches are defined to agree:
 
-* ids: ``MarianTokenizer(text)`` and ``MarianTokenizer(text_target=text)`` against nmt's encoding (plus
-  the ``</s>`` MarianTokenizer appends), mapped back to Marian's ids, for ordinary and adversarial text;
+* ids: ``MarianTokenizer(text)`` and ``MarianTokenizer(text_target=text)`` against nmt's encoding
+  (plus the ``</s>`` MarianTokenizer appends), mapped back to Marian's ids, for ordinary and
+  adversarial text;
 * teacher-forced log-probabilities of every Marian piece, within 1e-4;
-* greedy search: ``generate(num_beams=1, max_length=L)`` against nmt's beam 1 with ``max_len_a`` 0 and
-  ``max_len_b`` L - 2 (the import's own mapping), every sentence, those cut by the limit too (both force
-  EOS there, and greedy picks the same token whatever the forced token's score);
-* beam search: ``generate(num_beams=4, early_stopping=True, length_penalty=α)`` against nmt's beam 4,
+* greedy search: ``generate(num_beams=1, max_length=L)`` against nmt's beam 1 with ``max_len_a`` 0
+  and
+  ``max_len_b`` L - 2 (the import's own mapping), every sentence, those cut by the limit too (both
+  force EOS there, and greedy picks the same token whatever the forced token's score);
+* beam search: ``generate(num_beams=4, early_stopping=True, length_penalty=α)`` against nmt's beam
+  4,
   ``length`` normalisation, α, on every sentence whose result ends before the limit (at the limit
-  generate() forces EOS with log-probability 0, nmt with the model's own, so a result cut there may be
-  ranked differently; until the last step the two searches hold the same hypotheses);
+  generate() forces EOS with log-probability 0, nmt with the model's own, so a result cut there may
+  be ranked differently; until the last step the two searches hold the same hypotheses);
 * the decoded text: ``batch_decode(..., skip_special_tokens=True)``.
 """
 
@@ -40,7 +43,12 @@ from nmt.tokenizer import BOS, EOS, PAD, UNK
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
 
-LINES = SOURCE[-12:] + [">>fr<< the big dog sees a small cat .", "a woman .", "zebra quokka !", "the man , the man , the man"]
+LINES = SOURCE[-12:] + [
+    ">>fr<< the big dog sees a small cat .",
+    "a woman .",
+    "zebra quokka !",
+    "the man , the man , the man",
+]
 ADVERSARIAL = [
     "",
     " ",
@@ -68,18 +76,49 @@ ADVERSARIAL = [
     "zzzz qqqq",  # normalisation, unknown pieces
 ]
 SIZES = {  # name: (make_opus_dir arguments, slow)
-    "32-wide 2+2 swish safetensors": (dict(d_model=32, layers=(2, 2), heads=4, ffn=64, seed=1), False),
-    "48-wide 1+3 gelu pytorch_model.bin": (dict(d_model=48, layers=(1, 3), heads=2, ffn=96, activation="gelu", weights="bin", seed=4, train_steps=60), True),
+    "32-wide 2+2 swish safetensors": (
+        dict(d_model=32, layers=(2, 2), heads=4, ffn=64, seed=1),
+        False,
+    ),
+    "48-wide 1+3 gelu pytorch_model.bin": (
+        dict(
+            d_model=48,
+            layers=(1, 3),
+            heads=2,
+            ffn=96,
+            activation="gelu",
+            weights="bin",
+            seed=4,
+            train_steps=60,
+        ),
+        True,
+    ),
     "16-wide 3+1 relu separate vocabularies": (
-        dict(d_model=16, layers=(3, 1), heads=2, ffn=32, activation="relu", separate_vocabs=True, seed=3, train_steps=60),
+        dict(
+            d_model=16,
+            layers=(3, 1),
+            heads=2,
+            ffn=32,
+            activation="relu",
+            separate_vocabs=True,
+            seed=3,
+            train_steps=60,
+        ),
         True,
     ),
 }
 
 
-@pytest.fixture(scope="module", params=[pytest.param(name, marks=[pytest.mark.slow] if slow else []) for name, (_, slow) in SIZES.items()])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(name, marks=[pytest.mark.slow] if slow else [])
+        for name, (_, slow) in SIZES.items()
+    ],
+)
 def opus(request, tmp_path_factory):
-    """An OPUS-MT-like directory, transformers' model and tokenizer for it, and nmt's imported checkpoint loaded."""
+    """An OPUS-MT-like directory, transformers' model and tokenizer for it, and nmt's imported
+    checkpoint loaded."""
     base = tmp_path_factory.mktemp("opus")
     directory = make_opus_dir(base / "opus-mt-en-de", **SIZES[request.param][0])
     hf = transformers.MarianMTModel.from_pretrained(directory).eval()
@@ -93,11 +132,30 @@ def test_layout_numbers_marian_pieces_in_nmts_layout():
     from nmt.tokenizer import TokenizerError
     from nmt.vocab import PAD_PIECE, Layout
 
-    layout = Layout.of({"</s>": 0, "<unk>": 1, "▁a": 2, "b": 3, "<pad>": 4}, "</s>", "<unk>", "<pad>")
-    assert layout.pieces == (PAD_PIECE, "<unk>", "<pad>", "</s>", "▁a", "b")  # PAD added, <pad> (the start) as BOS
+    layout = Layout.of(
+        {"</s>": 0, "<unk>": 1, "▁a": 2, "b": 3, "<pad>": 4}, "</s>", "<unk>", "<pad>"
+    )
+    assert layout.pieces == (
+        PAD_PIECE,
+        "<unk>",
+        "<pad>",
+        "</s>",
+        "▁a",
+        "b",
+    )  # PAD added, <pad> (the start) as BOS
     assert layout.marian_ids == (-1, 1, 4, 0, 2, 3) and layout.to_marian() == [3, 1, 4, 5, 2]
-    exported = Layout.of({"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3, "▁a": 4}, "</s>", "<unk>", "<pad>", start="<s>")  # nmt export's
-    assert exported.pieces == ("<pad>", "<unk>", "<s>", "</s>", "▁a") and exported.to_marian() == [0, 1, 2, 3, 4] and not exported.extra_pad
+    exported = Layout.of(
+        {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3, "▁a": 4},
+        "</s>",
+        "<unk>",
+        "<pad>",
+        start="<s>",
+    )  # nmt export's
+    assert (
+        exported.pieces == ("<pad>", "<unk>", "<s>", "</s>", "▁a")
+        and exported.to_marian() == [0, 1, 2, 3, 4]
+        and not exported.extra_pad
+    )
     with pytest.raises(TokenizerError, match=r"its 3 ids are not 0 \.\.\. 2"):
         Layout.of({"</s>": 0, "<unk>": 1, "<pad>": 5}, "</s>", "<unk>", "<pad>")
     with pytest.raises(TokenizerError, match="no <pad> piece"):
@@ -116,9 +174,15 @@ def generated(output, pad):
 def test_ids_equal_marian_tokenizer_for_any_text(opus):
     _, _, tok, _, tokenizer, _ = opus
     for text in LINES + ADVERSARIAL:
-        assert tok(text)["input_ids"] == marian_ids(tokenizer.encode_src([text])[0], tokenizer.src.layout) + [0], repr(text)
-        assert tok(text_target=text)["input_ids"] == marian_ids(tokenizer.encode_tgt([text])[0], tokenizer.tgt.layout) + [0], repr(text)
-    assert tokenizer.encode_src(LINES) == [tokenizer.encode_src([line])[0] for line in LINES]  # batched as one by one
+        assert tok(text)["input_ids"] == marian_ids(
+            tokenizer.encode_src([text])[0], tokenizer.src.layout
+        ) + [0], repr(text)
+        assert tok(text_target=text)["input_ids"] == marian_ids(
+            tokenizer.encode_tgt([text])[0], tokenizer.tgt.layout
+        ) + [0], repr(text)
+    assert tokenizer.encode_src(LINES) == [
+        tokenizer.encode_src([line])[0] for line in LINES
+    ]  # batched as one by one
 
 
 def test_teacher_forced_log_probs_equal(opus):
@@ -129,10 +193,14 @@ def test_teacher_forced_log_probs_equal(opus):
     start = hf.config.decoder_start_token_id
     decoder_in = torch.cat([torch.full((len(targets), 1), start), labels[:, :-1]], 1)
     src = pad_sources(tokenizer.encode_src(sources))
-    tgt_in = pad_sources([[BOS, *ids] for ids in tokenizer.encode_tgt(targets)])[:, :-1]  # pad_sources appends EOS: dropped
+    tgt_in = pad_sources([[BOS, *ids] for ids in tokenizer.encode_tgt(targets)])[
+        :, :-1
+    ]  # pad_sources appends EOS: dropped
     with torch.no_grad():
         theirs = torch.log_softmax(hf(**enc, decoder_input_ids=decoder_in).logits, -1)
-        ours = torch.log_softmax(model(src, tgt_in), -1)[..., Rows.of(tokenizer).tgt]  # Marian's columns, in Marian's order
+        ours = torch.log_softmax(model(src, tgt_in), -1)[
+            ..., Rows.of(tokenizer).tgt
+        ]  # Marian's columns, in Marian's order
     real = labels != hf.config.pad_token_id  # positions of real target tokens (</s> included)
     assert real.sum() > 30
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-4, rtol=0)
@@ -147,7 +215,9 @@ def test_greedy_tokens_and_text_equal_generate(opus):
         output = hf.generate(**enc, num_beams=1, do_sample=False, max_length=40)
     decode = replace(cfg.decode, beam_size=1, max_len_a=0.0, max_len_b=38)
     results = translate_lines(model, tokenizer, LINES, decode, torch.device("cpu"))
-    assert [marian_ids(r[0].tokens, tokenizer.tgt.layout) for r in results] == generated(output, hf.config.pad_token_id)
+    assert [marian_ids(r[0].tokens, tokenizer.tgt.layout) for r in results] == generated(
+        output, hf.config.pad_token_id
+    )
     assert best_strings(tokenizer, results) == tok.batch_decode(output, skip_special_tokens=True)
     lengths = [len(r[0].tokens) for r in results]
     assert min(lengths) < 38  # some ended by EOS before the limit
@@ -158,13 +228,31 @@ def test_beam_search_tokens_equal_generate(opus, alpha):
     _, hf, tok, model, tokenizer, cfg = opus
     enc = tok(LINES, padding=True, return_tensors="pt")
     with torch.no_grad():
-        output = hf.generate(**enc, num_beams=4, do_sample=False, max_length=40, early_stopping=True, length_penalty=alpha)
-    decode = replace(cfg.decode, beam_size=4, length_penalty=alpha, length_normalization="length", max_len_a=0.0, max_len_b=38)
+        output = hf.generate(
+            **enc,
+            num_beams=4,
+            do_sample=False,
+            max_length=40,
+            early_stopping=True,
+            length_penalty=alpha,
+        )
+    decode = replace(
+        cfg.decode,
+        beam_size=4,
+        length_penalty=alpha,
+        length_normalization="length",
+        max_len_a=0.0,
+        max_len_b=38,
+    )
     results = translate_lines(model, tokenizer, LINES, decode, torch.device("cpu"))
-    ended = [i for i, row in enumerate(output.tolist()) if 0 in row[1:39]]  # </s> before the forced one at the limit
+    ended = [
+        i for i, row in enumerate(output.tolist()) if 0 in row[1:39]
+    ]  # </s> before the forced one at the limit
     assert len(ended) >= 6
     theirs = generated(output, hf.config.pad_token_id)
-    assert [marian_ids(results[i][0].tokens, tokenizer.tgt.layout) for i in ended] == [theirs[i] for i in ended]
+    assert [marian_ids(results[i][0].tokens, tokenizer.tgt.layout) for i in ended] == [
+        theirs[i] for i in ended
+    ]
 
 
 def test_imported_decode_defaults_follow_generation_config(opus):
@@ -180,12 +268,18 @@ def test_imported_decode_defaults_follow_generation_config(opus):
     )  # generate() bans only <pad>, not <unk>
     assert cfg.model.activation in ("swish", "gelu", "relu") and cfg.model.output_bias
     assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("en", "de")
-    assert tokenizer.src.id_to_piece(BOS) == "<pad>" and tokenizer.src.id_to_piece(EOS) == "</s>" and tokenizer.src.id_to_piece(UNK) == "<unk>"
+    assert (
+        tokenizer.src.id_to_piece(BOS) == "<pad>"
+        and tokenizer.src.id_to_piece(EOS) == "</s>"
+        and tokenizer.src.id_to_piece(UNK) == "<unk>"
+    )
 
 
 def test_export_after_import_gives_the_same_directory(opus, tmp_path):
     directory, hf, tok, model, tokenizer, cfg = opus
-    result = runner.invoke(app, ["export", "--checkpoint", str(directory.parent / "imported.pt"), str(tmp_path / "hf")])
+    result = runner.invoke(
+        app, ["export", "--checkpoint", str(directory.parent / "imported.pt"), str(tmp_path / "hf")]
+    )
     assert result.exit_code == 0, result.output
     again = transformers.MarianMTModel.from_pretrained(tmp_path / "hf")
     original, exported = hf.state_dict(), again.state_dict()
@@ -193,13 +287,20 @@ def test_export_after_import_gives_the_same_directory(opus, tmp_path):
     assert [name for name in original if not torch.equal(original[name], exported[name])] == []
     for name in ("vocab.json", "source.spm", "target.spm", "target_vocab.json"):
         if (directory / name).exists():
-            assert (tmp_path / "hf" / name).read_bytes() == (directory / name).read_bytes() or json.loads((tmp_path / "hf" / name).read_text()) == json.loads(
+            assert (tmp_path / "hf" / name).read_bytes() == (
+                directory / name
+            ).read_bytes() or json.loads((tmp_path / "hf" / name).read_text()) == json.loads(
                 (directory / name).read_text()
             ), name
     tok_again = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
-    assert [tok_again(t)["input_ids"] for t in LINES + ADVERSARIAL] == [tok(t)["input_ids"] for t in LINES + ADVERSARIAL]
+    assert [tok_again(t)["input_ids"] for t in LINES + ADVERSARIAL] == [
+        tok(t)["input_ids"] for t in LINES + ADVERSARIAL
+    ]
     generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
-    assert {k: generation[k] for k in ("num_beams", "length_penalty", "early_stopping", "max_length", "bad_words_ids")} == {
+    assert {
+        k: generation[k]
+        for k in ("num_beams", "length_penalty", "early_stopping", "max_length", "bad_words_ids")
+    } == {
         "num_beams": 4,
         "length_penalty": 1.0,
         "early_stopping": True,
@@ -211,34 +312,58 @@ def test_export_after_import_gives_the_same_directory(opus, tmp_path):
 def test_nmt_weights_round_trip_through_marian_names(opus):
     _, _, _, model, tokenizer, _ = opus
     state = model.state_dict()
-    back = from_marian(to_marian(state, model.cfg, Rows.of(tokenizer)), model.cfg, Rows.of(tokenizer))
+    back = from_marian(
+        to_marian(state, model.cfg, Rows.of(tokenizer)), model.cfg, Rows.of(tokenizer)
+    )
     assert set(back) == set(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
 
 
 @pytest.fixture(scope="module")
 def small_opus(tmp_path_factory):
-    return make_opus_dir(tmp_path_factory.mktemp("small") / "opus", d_model=16, layers=(1, 1), heads=2, ffn=32, seed=1)
+    return make_opus_dir(
+        tmp_path_factory.mktemp("small") / "opus",
+        d_model=16,
+        layers=(1, 1),
+        heads=2,
+        ffn=32,
+        seed=1,
+    )
 
 
 def test_translate_defaults_equal_generate_defaults(small_opus, tmp_path):
-    """`nmt import` then `nmt translate` with the checkpoint's own settings gives what generate() gives with the directory's
-    (which here asks for early_stopping, the one setting where generate()'s default search differs from nmt's)."""
+    """`nmt import` then `nmt translate` with the checkpoint's own settings gives what generate()
+    gives with the directory's (which here asks for early_stopping, the one setting where
+    generate()'s default search differs from nmt's)."""
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
     generation = json.loads((directory / "generation_config.json").read_text())
     (directory / "generation_config.json").write_text(
-        json.dumps({**generation, "early_stopping": True, "length_penalty": 0.8, "num_beams": 3, "max_length": 30})
+        json.dumps(
+            {
+                **generation,
+                "early_stopping": True,
+                "length_penalty": 0.8,
+                "num_beams": 3,
+                "max_length": 30,
+            }
+        )
     )
     result = runner.invoke(app, ["import", str(directory), "--out", str(tmp_path / "m.pt")])
     assert result.exit_code == 0, result.output
     lines = SOURCE[-8:]
-    out = runner.invoke(app, ["translate", "--checkpoint", str(tmp_path / "m.pt")], input="".join(line + "\n" for line in lines))
+    out = runner.invoke(
+        app,
+        ["translate", "--checkpoint", str(tmp_path / "m.pt")],
+        input="".join(line + "\n" for line in lines),
+    )
     assert out.exit_code == 0, out.output
     hf = transformers.MarianMTModel.from_pretrained(directory).eval()
     tok = transformers.MarianTokenizer.from_pretrained(directory)
     with torch.no_grad():
-        output = hf.generate(**tok(lines, padding=True, return_tensors="pt"))  # the directory's generation settings
+        output = hf.generate(
+            **tok(lines, padding=True, return_tensors="pt")
+        )  # the directory's generation settings
     ended = [i for i, row in enumerate(output.tolist()) if 0 in row[1:29]]
     assert len(ended) >= 4
     theirs = tok.batch_decode(output, skip_special_tokens=True)
@@ -253,8 +378,14 @@ def test_a_hub_cache_entry_imports_from_the_snapshot_its_main_ref_names(small_op
     result = runner.invoke(app, ["import", str(entry), "--out", str(tmp_path / "m.pt")])
     assert result.exit_code == 0, result.output
     vocab = json.loads((small_opus / "vocab.json").read_text())
-    assert result.output == f"wrote {tmp_path / 'm.pt'}: 16-wide 1+1-layer Marian model, {len(vocab)} pieces, en→de\n"
-    assert load_checkpoint(tmp_path / "m.pt")["imported_from"]["path"] == str(entry / "snapshots" / "0123abcd")
+    assert (
+        result.output
+        == f"wrote {tmp_path / 'm.pt'}: 16-wide 1+1-layer Marian model, {len(vocab)} pieces, "
+        "en→de\n"
+    )
+    assert load_checkpoint(tmp_path / "m.pt")["imported_from"]["path"] == str(
+        entry / "snapshots" / "0123abcd"
+    )
 
 
 @pytest.mark.parametrize(
@@ -272,14 +403,18 @@ def test_a_hub_cache_entry_imports_from_the_snapshot_its_main_ref_names(small_op
         ({"model_type": "bart"}, "model_type"),
     ],
 )
-def test_a_config_json_nmt_cannot_represent_is_refused_naming_the_key(small_opus, tmp_path, changes, key):
+def test_a_config_json_nmt_cannot_represent_is_refused_naming_the_key(
+    small_opus, tmp_path, changes, key
+):
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, **changes}))
     result = runner.invoke(app, ["import", str(directory), "--out", str(tmp_path / "m.pt")])
     assert result.exit_code == 2
-    assert result.output.count("\n") == 1 and result.output.startswith(f"error: {directory / 'config.json'}: {key} "), result.output
+    assert result.output.count("\n") == 1 and result.output.startswith(
+        f"error: {directory / 'config.json'}: {key} "
+    ), result.output
     assert not (tmp_path / "m.pt").exists()
 
 
@@ -288,17 +423,27 @@ def test_a_config_json_nmt_cannot_represent_is_refused_naming_the_key(small_opus
     [
         ({"encoder_layers": 10**9}, "n_encoder_layers 1000000000"),
         ({"decoder_layers": 10**7}, "n_decoder_layers 10000000"),
-        ({"d_model": 2**20, "encoder_attention_heads": 1, "decoder_attention_heads": 1}, "d_model 1048576"),
+        (
+            {"d_model": 2**20, "encoder_attention_heads": 1, "decoder_attention_heads": 1},
+            "d_model 1048576",
+        ),
         ({"encoder_ffn_dim": 2**30, "decoder_ffn_dim": 2**30}, "d_ff 1073741824"),
     ],
 )
-def test_a_config_json_larger_than_its_weights_is_refused_before_the_model_is_built(small_opus, tmp_path, changes, key):
-    """10^9 encoder layers in config.json once ran a Python loop over layer names until 23 GB were gone."""
+def test_a_config_json_larger_than_its_weights_is_refused_before_the_model_is_built(
+    small_opus, tmp_path, changes, key
+):
+    """10^9 encoder layers in config.json once ran a Python loop over layer names until 23 GB were
+    gone."""
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, **changes}))
-    with pytest.raises(MarianError, match=rf"the weights do not fit the model config.json describes \(model\.{key} in config.json vs \d+ in the tensors\)"):
+    with pytest.raises(
+        MarianError,
+        match=rf"the weights do not fit the model config.json describes \(model\.{key} in "
+        r"config.json vs \d+ in the tensors\)",
+    ):
         import_checkpoint(directory, tmp_path / "m.pt")
     assert not (tmp_path / "m.pt").exists()
 
@@ -309,8 +454,15 @@ def test_weights_of_another_architecture_are_refused(small_opus, tmp_path):
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
     state = load_file(directory / "model.safetensors")
-    save_file({**state, "model.encoder.layernorm_embedding.weight": torch.ones(16)}, directory / "model.safetensors")
-    with pytest.raises(MarianError, match=r"unexpected: model\.encoder\.layernorm_embedding\.weight\) \(an embedding or final LayerNorm"):
+    save_file(
+        {**state, "model.encoder.layernorm_embedding.weight": torch.ones(16)},
+        directory / "model.safetensors",
+    )
+    with pytest.raises(
+        MarianError,
+        match=r"unexpected: model\.encoder\.layernorm_embedding\.weight\) \(an embedding or final "
+        r"LayerNorm",
+    ):
         import_checkpoint(directory, tmp_path / "m.pt")
     (directory / "model.safetensors").unlink()
     with pytest.raises(MarianError, match="no weights"):
@@ -319,8 +471,8 @@ def test_weights_of_another_architecture_are_refused(small_opus, tmp_path):
 
 
 def test_a_vocab_json_of_another_model_is_refused(small_opus, tmp_path):
-    """A vocab.json whose pieces are not the SentencePiece models' once imported, and every line then
-    translated to nothing (each piece <unk>)."""
+    """A vocab.json whose pieces are not the SentencePiece models' once imported, and every line
+    then translated to nothing (each piece <unk>)."""
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
     vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
@@ -333,12 +485,19 @@ def test_a_vocab_json_of_another_model_is_refused(small_opus, tmp_path):
 
 
 def test_a_vocab_json_of_string_ids_is_named_as_the_fault(small_opus, tmp_path):
-    """Ids written as strings were once reported as config.json's decoder_start_token_id being no piece's id."""
+    """Ids written as strings were once reported as config.json's decoder_start_token_id being no
+    piece's id."""
     directory = tmp_path / "opus"
     shutil.copytree(small_opus, directory)
     vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
-    (directory / "vocab.json").write_text(json.dumps({piece: str(i) for piece, i in vocab.items()}), encoding="utf-8")
-    with pytest.raises(MarianError, match=r"vocab\.json: not a mapping of pieces to integer ids \(the piece '.*' has the id '0'\)"):
+    (directory / "vocab.json").write_text(
+        json.dumps({piece: str(i) for piece, i in vocab.items()}), encoding="utf-8"
+    )
+    with pytest.raises(
+        MarianError,
+        match=r"vocab\.json: not a mapping of pieces to integer ids \(the piece '.*' has the id "
+        r"'0'\)",
+    ):
         import_checkpoint(directory, tmp_path / "m.pt")
 
 
@@ -347,37 +506,71 @@ def test_generation_settings_nmt_does_not_apply_are_named(small_opus, tmp_path, 
     shutil.copytree(small_opus, directory)
     generation = json.loads((directory / "generation_config.json").read_text())
     (directory / "generation_config.json").write_text(
-        json.dumps({**generation, "renormalize_logits": True, "bad_words_ids": [[5, 6], generation["bad_words_ids"][0]]})
+        json.dumps(
+            {
+                **generation,
+                "renormalize_logits": True,
+                "bad_words_ids": [[5, 6], generation["bad_words_ids"][0]],
+            }
+        )
     )
     payload = import_checkpoint(directory, tmp_path / "m.pt")
     notes = payload["imported_from"]["not_applied"]
-    assert [n.split("=")[0].split(" ")[0] for n in notes] == ["early_stopping", "renormalize_logits", "bad_words_ids"]
+    assert [n.split("=")[0].split(" ")[0] for n in notes] == [
+        "early_stopping",
+        "renormalize_logits",
+        "bad_words_ids",
+    ]
     assert "early_stopping=False" in caplog.text and "renormalize_logits=True" in caplog.text
     info = runner.invoke(app, ["info", str(tmp_path / "m.pt")])
-    assert f"imported from: {directory}" in info.output and "not applied from its generation settings: renormalize_logits" in info.output
+    assert (
+        f"imported from: {directory}" in info.output
+        and "not applied from its generation settings: renormalize_logits" in info.output
+    )
 
 
 @pytest.mark.parametrize("sacremoses", ["absent", "installed"])
 def test_ids_equal_with_and_without_sacremoses(small_opus, monkeypatch, sacremoses):
-    """MarianTokenizer sets up Moses' punctuation normaliser when sacremoses is installed, but does not apply it: nmt does not either."""
+    """MarianTokenizer sets up Moses' punctuation normaliser when sacremoses is installed, but does
+    not apply it: nmt does not either."""
     if sacremoses == "absent":
         monkeypatch.setitem(sys.modules, "sacremoses", None)
     else:
         pytest.importorskip("sacremoses")
     tok = transformers.MarianTokenizer.from_pretrained(small_opus)
-    assert (tok.punc_normalizer("«a»") == "«a»") == (sacremoses == "absent")  # the normaliser nmt must not apply differs with sacremoses
+    assert (tok.punc_normalizer("«a»") == "«a»") == (
+        sacremoses == "absent"
+    )  # the normaliser nmt must not apply differs with sacremoses
     from nmt.marian import read_tokenizer
 
     tokenizer = read_tokenizer(small_opus)
     for text in ["«the dog»  „x“ – 1,5 ’s", "the dog ... sees a cat!", "« »", "‘a’ “b” — c"]:
-        assert tok(text)["input_ids"] == marian_ids(tokenizer.encode_src([text])[0], tokenizer.src.layout) + [0]
+        assert tok(text)["input_ids"] == marian_ids(
+            tokenizer.encode_src([text])[0], tokenizer.src.layout
+        ) + [0]
 
 
 def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, tmp_path):
-    assert runner.invoke(app, ["import", str(small_opus), "--out", str(tmp_path / "m.pt")]).exit_code == 0
+    assert (
+        runner.invoke(app, ["import", str(small_opus), "--out", str(tmp_path / "m.pt")]).exit_code
+        == 0
+    )
     run = tmp_path / "run"
-    direct = runner.invoke(app, ["train", "--init-from", str(small_opus), "--run-dir", str(run), "--set", f"data.dir={TOY}"])
-    assert direct.exit_code == 2 and direct.output.startswith(f"error: --init-from {small_opus} is a Hugging Face directory; import it first")
+    direct = runner.invoke(
+        app,
+        [
+            "train",
+            "--init-from",
+            str(small_opus),
+            "--run-dir",
+            str(run),
+            "--set",
+            f"data.dir={TOY}",
+        ],
+    )
+    assert direct.exit_code == 2 and direct.output.startswith(
+        f"error: --init-from {small_opus} is a Hugging Face directory; import it first"
+    )
     assert not run.exists()
     result = runner.invoke(
         app,
@@ -396,7 +589,8 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
             "--set",
             "train.validate_every=3",
             "--set",
-            "train.save_every=2",  # a step_2.pt to average with last.pt (best.pt is last.pt: both of step 3)
+            # a step_2.pt to average with last.pt (best.pt is last.pt: both of step 3)
+            "train.save_every=2",
             "--set",
             "data.valid_max_sentences=4",
             "--set",
@@ -412,30 +606,96 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
             "--set",
             "train.warmup_steps=1",
             "--set",
-            "tokenizer.subword_alpha=0.1",  # regularisation may change when fine-tuning; Marian's segmenters sample too
+            # regularisation may change when fine-tuning; Marian's segmenters sample too
+            "tokenizer.subword_alpha=0.1",
         ],
     )
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3] and all(r["lr"] == 1e-4 for r in records if "loss" in r)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3] and all(
+        r["lr"] == 1e-4 for r in records if "loss" in r
+    )
     last = load_checkpoint(run / "last.pt")
     assert last["model"]["output_bias"][PAD] == NEVER  # a buffer: never trained
-    assert last["subwords"]["epoch"] == last["progress"]["epoch"] and last["config"]["tokenizer"]["subword_alpha"] == 0.1
-    assert last["init_from"]["path"] == str(tmp_path / "m.pt") and last["init_from"]["step"] is None and last["imported_from"]["path"] == str(small_opus)
+    assert (
+        last["subwords"]["epoch"] == last["progress"]["epoch"]
+        and last["config"]["tokenizer"]["subword_alpha"] == 0.1
+    )
+    assert (
+        last["init_from"]["path"] == str(tmp_path / "m.pt")
+        and last["init_from"]["step"] is None
+        and last["imported_from"]["path"] == str(small_opus)
+    )
     info = runner.invoke(app, ["info", str(run / "last.pt")])
-    assert f"initialised from: {tmp_path / 'm.pt'} (not trained by nmt" in info.output and f"imported from: {small_opus}" in info.output
+    assert (
+        f"initialised from: {tmp_path / 'm.pt'} (not trained by nmt" in info.output
+        and f"imported from: {small_opus}" in info.output
+    )
     src, ref = tmp_path / "src.en", tmp_path / "ref.de"
     src.write_text("".join(line + "\n" for line in SOURCE[-4:]))
     ref.write_text("".join(line + "\n" for line in TARGET[-4:]))
-    assert runner.invoke(app, ["evaluate", "--checkpoint", str(run / "last.pt"), "--src", str(src), "--ref", str(ref), "--max-len-b", "8"]).exit_code == 0
-    tuned = runner.invoke(app, ["tune-decode", "--checkpoint", str(tmp_path / "m.pt"), "--src", str(src), "--ref", str(ref), "--beam-sizes", "1,2"])
+    assert (
+        runner.invoke(
+            app,
+            [
+                "evaluate",
+                "--checkpoint",
+                str(run / "last.pt"),
+                "--src",
+                str(src),
+                "--ref",
+                str(ref),
+                "--max-len-b",
+                "8",
+            ],
+        ).exit_code
+        == 0
+    )
+    tuned = runner.invoke(
+        app,
+        [
+            "tune-decode",
+            "--checkpoint",
+            str(tmp_path / "m.pt"),
+            "--src",
+            str(src),
+            "--ref",
+            str(ref),
+            "--beam-sizes",
+            "1,2",
+        ],
+    )
     assert tuned.exit_code == 0, tuned.output
-    averaged = runner.invoke(app, ["average", str(run / "step_2.pt"), str(run / "last.pt"), "--out", str(tmp_path / "avg.pt")])
+    averaged = runner.invoke(
+        app,
+        [
+            "average",
+            str(run / "step_2.pt"),
+            str(run / "last.pt"),
+            "--out",
+            str(tmp_path / "avg.pt"),
+        ],
+    )
     assert averaged.exit_code == 0, averaged.output
     assert load_checkpoint(tmp_path / "avg.pt")["imported_from"]["path"] == str(small_opus)
-    assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "avg.pt"), "--format", "nmt", str(tmp_path / "slim.pt")]).exit_code == 0
+    assert (
+        runner.invoke(
+            app,
+            [
+                "export",
+                "--checkpoint",
+                str(tmp_path / "avg.pt"),
+                "--format",
+                "nmt",
+                str(tmp_path / "slim.pt"),
+            ],
+        ).exit_code
+        == 0
+    )
     assert "imported from:" in runner.invoke(app, ["info", str(tmp_path / "slim.pt")]).output
-    resumed = runner.invoke(app, ["train", "--run-dir", str(run), "--resume", "--set", "train.max_steps=4"])
+    resumed = runner.invoke(
+        app, ["train", "--run-dir", str(run), "--resume", "--set", "train.max_steps=4"]
+    )
     assert resumed.exit_code == 0, resumed.output
     assert load_checkpoint(run / "last.pt")["init_from"]["path"] == str(tmp_path / "m.pt")
 
@@ -449,7 +709,10 @@ def test_serve_translates_an_imported_model_as_translate_does(small_opus, tmp_pa
     translator = Translator.load([tmp_path / "m.pt"], torch.device("cpu"), torch.float32)
     lines = [">>fr<< the big dog .", "a woman sees a cat ."]
     decode = replace(translator.cfg.decode, beam_size=2)
-    expected = best_strings(translator.tokenizer, translate_lines(translator.model, translator.tokenizer, lines, decode, torch.device("cpu")))
+    expected = best_strings(
+        translator.tokenizer,
+        translate_lines(translator.model, translator.tokenizer, lines, decode, torch.device("cpu")),
+    )
     with TestClient(create_app(translator, Limits(max_wait_ms=0.0))) as client:
         answer = client.post("/translate", json={"text": lines, "beam_size": 2, "alignment": True})
         info = client.get("/info")
@@ -462,8 +725,8 @@ def test_serve_translates_an_imported_model_as_translate_does(small_opus, tmp_pa
 
 @pytest.mark.parametrize("joint", [True, False])
 def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
-    """A directory nmt export wrote decodes from <s> (nmt's BOS), not <pad>: its ids are kept, no row is added;
-    a vocabulary per side comes back as one per side."""
+    """A directory nmt export wrote decodes from <s> (nmt's BOS), not <pad>: its ids are kept, no
+    row is added; a vocabulary per side comes back as one per side."""
     from conftest import cached_tokenizer, tiny_config
 
     from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
@@ -476,19 +739,47 @@ def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
         tokenizer = cached_tokenizer(300, 3000, german=True)
     else:
         src, tgt = read_parallel(TOY / "train.en", TOY / "train.de")
-        tokenizer = train_tokenizer(src[:3000], tgt[:3000], TokenizerConfig(vocab_size=300, joint=False))
+        tokenizer = train_tokenizer(
+            src[:3000], tgt[:3000], TokenizerConfig(vocab_size=300, joint=False)
+        )
     torch.manual_seed(0)
-    model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300, share_embeddings=joint)).eval()
+    model = Transformer(
+        tiny_config(src_vocab_size=300, tgt_vocab_size=300, share_embeddings=joint)
+    ).eval()
     cfg = Config(model=model.cfg, decode=DecodeConfig(beam_size=3, max_len_a=0.0, max_len_b=8))
-    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(cfg), "tokenizer": tokenizer_to_tensors(tokenizer.protos())}, tmp_path / "m.pt")
-    assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "m.pt"), str(tmp_path / "hf")]).exit_code == 0
+    save_checkpoint(
+        {
+            "model": model.state_dict(),
+            "config": config_to_dict(cfg),
+            "tokenizer": tokenizer_to_tensors(tokenizer.protos()),
+        },
+        tmp_path / "m.pt",
+    )
+    assert (
+        runner.invoke(
+            app, ["export", "--checkpoint", str(tmp_path / "m.pt"), str(tmp_path / "hf")]
+        ).exit_code
+        == 0
+    )
     import_checkpoint(tmp_path / "hf", tmp_path / "back.pt")
     back, back_tokenizer, back_cfg = load_model(tmp_path / "back.pt", torch.device("cpu"))
-    assert back_tokenizer.src.layout.pieces == tuple(tokenizer.src.id_to_piece(i) for i in range(300))  # the same ids
-    assert back_tokenizer.tgt.layout.pieces == tuple(tokenizer.tgt.id_to_piece(i) for i in range(300)) and back_tokenizer.joint == joint
+    assert back_tokenizer.src.layout.pieces == tuple(
+        tokenizer.src.id_to_piece(i) for i in range(300)
+    )  # the same ids
+    assert (
+        back_tokenizer.tgt.layout.pieces == tuple(tokenizer.tgt.id_to_piece(i) for i in range(300))
+        and back_tokenizer.joint == joint
+    )
     state = back.state_dict()
-    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()) and not state["output_bias"].any()
-    assert (back_cfg.decode.beam_size, back_cfg.decode.max_len_b, back_cfg.decode.allow_unk) == (3, 8, False)  # its generation_config.json
+    assert (
+        all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+        and not state["output_bias"].any()
+    )
+    assert (back_cfg.decode.beam_size, back_cfg.decode.max_len_b, back_cfg.decode.allow_unk) == (
+        3,
+        8,
+        False,
+    )  # its generation_config.json
     lines = ["the dog sees a cat .", "a man , a woman and a child ."]
     ours = translate_lines(model, tokenizer, lines, cfg.decode, torch.device("cpu"))
     theirs = translate_lines(back, back_tokenizer, lines, back_cfg.decode, torch.device("cpu"))
@@ -496,8 +787,8 @@ def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
 
 
 def test_a_ctranslate2_export_of_an_import_bans_pad_as_nmt_does(tmp_path):
-    """No PAD or BOS from nmt, so none from the CTranslate2 README's search either, also for an nmt export imported back
-    (whose BOS is '<s>', not OPUS-MT's start piece '<pad>')."""
+    """No PAD or BOS from nmt, so none from the CTranslate2 README's search either, also for an nmt
+    export imported back (whose BOS is '<s>', not OPUS-MT's start piece '<pad>')."""
     pytest.importorskip("ctranslate2")
     import re
 
@@ -509,29 +800,68 @@ def test_a_ctranslate2_export_of_an_import_bans_pad_as_nmt_does(tmp_path):
 
     tokenizer = cached_tokenizer(300, 3000, german=True)
     model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval()
-    payload = {"model": model.state_dict(), "config": config_to_dict(Config(model=model.cfg)), "tokenizer": tokenizer_to_tensors(tokenizer.protos())}
+    payload = {
+        "model": model.state_dict(),
+        "config": config_to_dict(Config(model=model.cfg)),
+        "tokenizer": tokenizer_to_tensors(tokenizer.protos()),
+    }
     save_checkpoint(payload, tmp_path / "m.pt")
-    assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "m.pt"), str(tmp_path / "hf")]).exit_code == 0
+    assert (
+        runner.invoke(
+            app, ["export", "--checkpoint", str(tmp_path / "m.pt"), str(tmp_path / "hf")]
+        ).exit_code
+        == 0
+    )
     import_checkpoint(tmp_path / "hf", tmp_path / "back.pt")
-    assert runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "back.pt"), "--format", "ctranslate2", str(tmp_path / "ct2")]).exit_code == 0
+    assert (
+        runner.invoke(
+            app,
+            [
+                "export",
+                "--checkpoint",
+                str(tmp_path / "back.pt"),
+                "--format",
+                "ctranslate2",
+                str(tmp_path / "ct2"),
+            ],
+        ).exit_code
+        == 0
+    )
     code = re.search(r"```python\n(.*?)```", (tmp_path / "ct2" / "README.md").read_text(), re.S)[1]
     assert "suppress_sequences=[['<s>'], ['<pad>']]" in code
     printed = []
-    exec(code.replace("print(", "printed.append("), {"printed": printed})  # the README's lines run as written
+    exec(
+        code.replace("print(", "printed.append("), {"printed": printed}
+    )  # the README's lines run as written
     assert len(printed[0]) == 1 and isinstance(printed[0][0], str)
 
 
 JSON_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False), st.text(max_size=4), st.just([1]), st.just({"a": 1})
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False),
+    st.text(max_size=4),
+    st.just([1]),
+    st.just({"a": 1}),
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(file=st.sampled_from(["config.json", "generation_config.json", "tokenizer_config.json"]), data=st.data())
-def test_any_value_of_any_key_of_a_marian_json_file_imports_or_is_one_error(small_opus, tmp_path_factory, file, data):
-    """decoder_start_token_id [1] raised TypeError (unhashable list) where 19 other changes had one-line errors: every
-    key of the three JSON files a Marian directory holds, given a value of any JSON type, imports or is refused as an
-    nmt error, never another exception."""
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    file=st.sampled_from(["config.json", "generation_config.json", "tokenizer_config.json"]),
+    data=st.data(),
+)
+def test_any_value_of_any_key_of_a_marian_json_file_imports_or_is_one_error(
+    small_opus, tmp_path_factory, file, data
+):
+    """decoder_start_token_id [1] raised TypeError (unhashable list) where 19 other changes had
+    one-line errors: every key of the three JSON files a Marian directory holds, given a value of
+    any JSON type, imports or is refused as an nmt error, never another exception."""
     from nmt.errors import NmtError
 
     directory = tmp_path_factory.mktemp("mutated") / "opus"

@@ -11,7 +11,11 @@ from nmt.memory import chosen_by_user
 def glibc_version() -> tuple[int, ...]:
     """The version of glibc, () for another C library."""
     found = os.confstr("CS_GNU_LIBC_VERSION") if sys.platform.startswith("linux") else ""
-    return tuple(int(part) for part in found.split()[1].split(".")[:2]) if found and found.startswith("glibc") else ()
+    return (
+        tuple(int(part) for part in found.split()[1].split(".")[:2])
+        if found and found.startswith("glibc")
+        else ()
+    )
 
 
 glibc = pytest.mark.skipif(glibc_version() < (2, 33), reason="glibc 2.33 or later (mallinfo2)")
@@ -24,8 +28,8 @@ PROBE = textwrap.dedent(
     from nmt.memory import keep_freed_memory
 
     class Mallinfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+        names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        _fields_ = [(name, ctypes.c_size_t) for name in names.split()]
 
     libc = ctypes.CDLL(None)
     libc.mallinfo2.restype = Mallinfo2
@@ -40,15 +44,26 @@ PROBE = textwrap.dedent(
 
 
 def probe(mode: str, **env) -> list[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD") and not k.startswith("MALLOC_")}
-    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120, env=environ | env)
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GLIBC_TUNABLES", "LD_PRELOAD") and not k.startswith("MALLOC_")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environ | env,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 
 
 @glibc
 def test_large_tensors_come_from_the_heap_and_stay_there_once_kept():
-    # glibc's default: 64 MiB is above any mmap threshold, so it is mapped, then unmapped when freed.
+    # glibc's default: 64 MiB is above any mmap threshold, so it is mapped, then unmapped when
+    # freed.
     assert probe("default") == ["None", "1", "False"]
     # Kept: served from the heap, and still there (free, for the next tensor) after it is freed.
     assert probe("keep") == ["True", "0", "True"]

@@ -13,7 +13,9 @@ from nmt.tokenizer import BOS
 def test_sinusoidal_positions_hand_values():
     pe = sinusoidal_positions(3, 4)
     # d_model 4: frequencies 1 and 1/100; sin on even, cos on odd dimensions.
-    expected = torch.tensor([[math.sin(p), math.cos(p), math.sin(p / 100), math.cos(p / 100)] for p in range(3)])
+    expected = torch.tensor(
+        [[math.sin(p), math.cos(p), math.sin(p / 100), math.cos(p / 100)] for p in range(3)]
+    )
     torch.testing.assert_close(pe, expected, atol=1e-7, rtol=0)
 
 
@@ -32,7 +34,8 @@ def test_positions_extend_beyond_initial_table(model):
 
 
 def test_post_ln_normalises_every_sublayer_output(model):
-    # Post-LN ends each layer in LayerNorm (weight 1, bias 0 at init): per-position mean 0, variance 1.
+    # Post-LN ends each layer in LayerNorm (weight 1, bias 0 at init): per-position mean 0, variance
+    # 1.
     memory, _ = model.encode(random_sources([9, 4]))
     torch.testing.assert_close(memory.mean(-1), torch.zeros(2, 10), atol=1e-5, rtol=0)
     torch.testing.assert_close(memory.var(-1, unbiased=False), torch.ones(2, 10), atol=1e-3, rtol=0)
@@ -54,12 +57,15 @@ def test_embeddings_tied_when_joint(model):
 
 
 def test_separate_vocabularies_of_equal_size_are_not_tied():
-    # Hand count for d_model 32, d_ff 64, 2+2 layers: an encoder layer has qkv 32·96+96, out 32·32+32,
-    # ffn 32·64+64 + 64·32+32 and two LayerNorms of 64: 8,544; a decoder layer adds cross-attention
-    # (q 1,056, kv 2,112, out 1,056, LayerNorm 64): 12,832. One 40×32 embedding is 1,280.
+    # Hand count for d_model 32, d_ff 64, 2+2 layers: an encoder layer has qkv 32·96+96, out
+    # 32·32+32, ffn 32·64+64 + 64·32+32 and two LayerNorms of 64: 8,544; a decoder layer adds
+    # cross-attention (q 1,056, kv 2,112, out 1,056, LayerNorm 64): 12,832. One 40×32 embedding is
+    # 1,280.
     layers = 2 * 8_544 + 2 * 12_832
     dims = dict(d_model=32, d_ff=64, n_heads=4, n_encoder_layers=2, n_decoder_layers=2)
-    separate = Transformer(with_vocab(config_from_dict({"tokenizer": {"joint": False}, "model": dims}), 40, 40).model)
+    separate = Transformer(
+        with_vocab(config_from_dict({"tokenizer": {"joint": False}, "model": dims}), 40, 40).model
+    )
     assert separate.src_embed is not separate.tgt_embed
     assert count_parameters(separate) == layers + 2 * 1_280
     joint = Transformer(with_vocab(config_from_dict({"model": dims}), 40, 40).model)
@@ -75,7 +81,8 @@ def _prefixes(batch: int, length: int, seed: int = 1) -> torch.Tensor:
     return tgt
 
 
-@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+# decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+@torch.inference_mode()
 def test_cached_decoding_equals_full_recompute_at_every_step(model):
     src = random_sources([7, 3, 11])
     tgt = _prefixes(3, 12)
@@ -88,7 +95,8 @@ def test_cached_decoding_equals_full_recompute_at_every_step(model):
         torch.testing.assert_close(lprobs, full[:, t], atol=1e-5, rtol=0)
 
 
-@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+# decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+@torch.inference_mode()
 def test_beams_share_one_source_copy_and_match_tiled_recompute(model):
     beam = 3
     src = random_sources([7, 3])
@@ -103,7 +111,8 @@ def test_beams_share_one_source_copy_and_match_tiled_recompute(model):
         torch.testing.assert_close(lprobs, full[:, t], atol=1e-5, rtol=0)
 
 
-@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+# decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+@torch.inference_mode()
 def test_cache_reorder_follows_back_pointers(model):
     beam = 2
     src = random_sources([5, 8])
@@ -126,7 +135,8 @@ def test_cache_reorder_follows_back_pointers(model):
     torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=0)
 
 
-@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+# decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+@torch.inference_mode()
 def test_cache_grows_on_demand_and_stays_exact(model):
     src = random_sources([4, 9])
     tgt = _prefixes(2, 11)
@@ -139,7 +149,8 @@ def test_cache_grows_on_demand_and_stays_exact(model):
     assert cache.length == 11 and cache.self_kv.size(4) == 16  # 1, 2, 4, 8, 16: doubled when needed
 
 
-@torch.inference_mode()  # decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+# decoding: the cache refuses to record autograd (test_the_cache_refuses_autograd)
+@torch.inference_mode()
 def test_dropping_sentences_keeps_the_others_exact(model):
     beam = 2
     src = random_sources([6, 3, 9])
@@ -152,7 +163,14 @@ def test_dropping_sentences_keeps_the_others_exact(model):
     rows = torch.tensor([0, 1, 4, 5])
     lprobs, cache = model.decode_step(tgt[rows, 3], cache)
     keep = torch.tensor([0, 2])
-    expected = torch.log_softmax(model.decode(tgt[rows], memory[keep].repeat_interleave(beam, 0), mask[keep].repeat_interleave(beam, 0)), -1)[:, 3]
+    expected = torch.log_softmax(
+        model.decode(
+            tgt[rows],
+            memory[keep].repeat_interleave(beam, 0),
+            mask[keep].repeat_interleave(beam, 0),
+        ),
+        -1,
+    )[:, 3]
     torch.testing.assert_close(lprobs, expected, atol=1e-5, rtol=0)
     assert cache.cross_kv.size(2) == 2 and cache.src_mask.size(0) == 2
 
@@ -166,7 +184,9 @@ def test_position_table_grows_on_the_cpu_in_float64_and_matches_the_formula(mode
     torch.testing.assert_close(grown[:256], table, atol=0, rtol=0)
     pos, i, d = 400, 3, model.cfg.d_model
     assert float(grown[pos, 2 * i]) == pytest.approx(math.sin(pos / 10000 ** (2 * i / d)), abs=1e-6)
-    assert float(grown[pos, 2 * i + 1]) == pytest.approx(math.cos(pos / 10000 ** (2 * i / d)), abs=1e-6)
+    assert float(grown[pos, 2 * i + 1]) == pytest.approx(
+        math.cos(pos / 10000 ** (2 * i / d)), abs=1e-6
+    )
 
 
 def test_causality_later_tokens_do_not_change_earlier_logits(model):
@@ -206,8 +226,8 @@ def test_training_step_reduces_loss(norm_position, activation):
 
 
 def test_int8_logits_keep_the_output_bias_of_an_imported_model():
-    """The quantized copy of the tied output matrix carries Marian's ``final_logits_bias``: a bias of
-    +50 on one piece moves that piece's int8 logit by 50 as it moves the float32 one."""
+    """The quantized copy of the tied output matrix carries Marian's ``final_logits_bias``: a bias
+    of +50 on one piece moves that piece's int8 logit by 50 as it moves the float32 one."""
     from nmt.runtime import to_dtype
 
     torch.manual_seed(0)

@@ -18,19 +18,30 @@ from conftest import ROOT
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # Tiny settings: model and tokenizer for fresh runs only (a resume refuses to change them).
 TINY_MODEL = "--set model.d_model=32 --set model.d_ff=64 --set tokenizer.vocab_size=200"
-TINY_TRAIN = "--set train.log_every=2 --set data.valid_max_sentences=8 --set train.valid_beam_size=1 --set train.threads=1 --set train.save_every=2"
+TINY_TRAIN = (
+    "--set train.log_every=2 --set data.valid_max_sentences=8 --set "
+    "train.valid_beam_size=1 --set train.threads=1 --set train.save_every=2"
+)
 
 
 def bash_blocks(heading: str) -> list[str]:
     """The lines of the first ```bash block after ``heading`` (comments and blank lines dropped)."""
     section = README[README.index(heading) :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    lines = [line.split("  #")[0].split("# ")[0].strip() if not line.lstrip().startswith("#") else "" for line in block.splitlines()]
+    lines = [
+        line.split("  #")[0].split("# ")[0].strip() if not line.lstrip().startswith("#") else ""
+        for line in block.splitlines()
+    ]
     return [line for line in lines if line]
 
 
 def quick_start_commands() -> list[str]:
-    return [part.strip() for line in bash_blocks("# nmt") for part in line.split("&&") if part.strip().startswith("nmt ")]
+    return [
+        part.strip()
+        for line in bash_blocks("# nmt")
+        for part in line.split("&&")
+        if part.strip().startswith("nmt ")
+    ]
 
 
 def command_list() -> list[str]:
@@ -38,7 +49,8 @@ def command_list() -> list[str]:
 
 
 def runnable(command: str, python: str, steps: int) -> str:
-    """``command`` as bash runs it here: `nmt` from this checkout, brackets opened, tiny training."""
+    """``command`` as bash runs it here: `nmt` from this checkout, brackets opened, tiny
+    training."""
     command = re.sub(r"\[([^\]]*)\]", r"\1", command)
     command = re.sub(r"--nproc_per_node \d+", "--nproc_per_node 2", command)  # 2 cores here
     if command.startswith("torchrun"):
@@ -46,13 +58,19 @@ def runnable(command: str, python: str, steps: int) -> str:
     else:
         command = re.sub(r"^nmt(?=\s)", f"{python} -m nmt", command)
     if " nmt train" in command:
-        command += f" {TINY_TRAIN} --set train.max_steps={steps}" + ("" if "--resume" in command else f" {TINY_MODEL}")
+        command += f" {TINY_TRAIN} --set train.max_steps={steps}" + (
+            "" if "--resume" in command else f" {TINY_MODEL}"
+        )
     return command
 
 
 def fresh_copy(tmp_path):
     """The repository's tracked files, as a clone would have them."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     copy = tmp_path / "repo"
     for name in filter(None, files):
         if (ROOT / name).is_file():
@@ -62,15 +80,20 @@ def fresh_copy(tmp_path):
 
 
 def run_all(commands: list[str], cwd, replacements: dict[str, str]) -> list[str]:
-    """Run ``commands`` in order in ``cwd`` with placeholders replaced; fail on the first that fails."""
+    """Run ``commands`` in order in ``cwd`` with placeholders replaced; fail on the first that
+    fails."""
     env = {**os.environ, "PYTHONPATH": str(cwd), "OMP_NUM_THREADS": "1"}
     done, steps = [], 4
     for command in commands:
         for placeholder, value in replacements.items():
             command = re.sub(rf"(?<![\w./-]){re.escape(placeholder)}(?![\w-])", value, command)
         line = runnable(command, sys.executable, steps)
-        result = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, f"README command failed: {command}\nran: {line}\n{result.stderr[-3000:]}"
+        result = subprocess.run(
+            ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, (
+            f"README command failed: {command}\nran: {line}\n{result.stderr[-3000:]}"
+        )
         done.append(command)
         steps += 2 * (" nmt train" in line)  # a --resume continues past the previous run
     return done
@@ -79,7 +102,9 @@ def run_all(commands: list[str], cwd, replacements: dict[str, str]) -> list[str]
 def test_readme_command_lists_are_found():
     commands = command_list()
     assert len(commands) >= 10 and all(c.startswith(("nmt ", "torchrun ")) for c in commands)
-    assert any("--resume" in c for c in commands) and any("--format ctranslate2" in c for c in commands)
+    assert any("--resume" in c for c in commands) and any(
+        "--format ctranslate2" in c for c in commands
+    )
     assert quick_start_commands()[0].startswith("nmt train -c configs/toy.yaml")
 
 
@@ -98,15 +123,32 @@ def test_every_readme_command_runs_as_written(tmp_path):
     data = tmp_path / "data"
     (data / "multi30k").mkdir(parents=True)
     toy = repo / "data" / "toy"
-    for lang in ("en", "de", "fr"):  # Multi30k's file names (its validation split is "val"), toy text; "French" is the English in capitals
-        text = {split: (toy / f"{split}.{'en' if lang == 'fr' else lang}").read_text(encoding="utf-8") for split in ("train", "valid", "test")}
+    for lang in (
+        "en",
+        "de",
+        "fr",
+        # Multi30k's file names (its validation split is "val"), toy text; "French" is the English
+        # in capitals
+    ):
+        text = {
+            split: (toy / f"{split}.{'en' if lang == 'fr' else lang}").read_text(encoding="utf-8")
+            for split in ("train", "valid", "test")
+        }
         text = {split: lines.upper() if lang == "fr" else lines for split, lines in text.items()}
-        (data / "multi30k" / f"train.{lang}").write_text("".join(text["train"].splitlines(True)[:2000]), encoding="utf-8")
-        (data / "multi30k" / f"val.{lang}").write_text("".join(text["valid"].splitlines(True)[:40]), encoding="utf-8")  # tune-decode's input
-        (data / f"test.{lang}").write_text("".join(text["test"].splitlines(True)[:20]), encoding="utf-8")
+        (data / "multi30k" / f"train.{lang}").write_text(
+            "".join(text["train"].splitlines(True)[:2000]), encoding="utf-8"
+        )
+        (data / "multi30k" / f"val.{lang}").write_text(
+            "".join(text["valid"].splitlines(True)[:40]), encoding="utf-8"
+        )  # tune-decode's input
+        (data / f"test.{lang}").write_text(
+            "".join(text["test"].splitlines(True)[:20]), encoding="utf-8"
+        )
     (data / "test2.de").write_text((data / "test.de").read_text(encoding="utf-8"), encoding="utf-8")
     (data / "test.ja").write_text("犬が猫を見る。\n私は毎朝紅茶を飲みます。\n", encoding="utf-8")
-    (tmp_path / "hyp.ja").write_text("犬が猫を見た。\n私は毎朝コーヒーを飲みます。\n", encoding="utf-8")
+    (tmp_path / "hyp.ja").write_text(
+        "犬が猫を見た。\n私は毎朝コーヒーを飲みます。\n", encoding="utf-8"
+    )
     (data / "prefix.de").write_text("der \n" + "\n" * 19, encoding="utf-8")
     (data / "terms.de").write_text("Hund\tKatze\n" + "\n" * 19, encoding="utf-8")
     run = tmp_path / "run"
@@ -136,5 +178,9 @@ def test_every_readme_command_runs_as_written(tmp_path):
     }
     assert len(run_all(command_list(), repo, replacements)) == len(command_list())
     assert (tmp_path / "hyp.de").read_text(encoding="utf-8").count("\n") == 20
-    assert (run / "avg5.pt").is_file() and (run / "metrics.png").is_file() and (tmp_path / "ct2" / "model.bin").is_file()
+    assert (
+        (run / "avg5.pt").is_file()
+        and (run / "metrics.png").is_file()
+        and (tmp_path / "ct2" / "model.bin").is_file()
+    )
     assert (repo / "runs" / "toy" / "last.pt").is_file()  # the torchrun line, with CONFIG's run_dir

@@ -25,7 +25,11 @@ def test_reservoir_sample_is_uniform_and_fixed_by_the_seed():
     # Each item is kept with probability k/n = 0.3; over 4,000 draws the standard error is 0.0072.
     assert all(abs(counts[i] / draws - 0.3) < 0.03 for i in range(n)), counts
     big = reservoir_sample(iter(range(100_000)), 1_000, seed=3)
-    assert big == reservoir_sample(iter(range(100_000)), 1_000, seed=3) != reservoir_sample(iter(range(100_000)), 1_000, seed=4)
+    assert (
+        big
+        == reservoir_sample(iter(range(100_000)), 1_000, seed=3)
+        != reservoir_sample(iter(range(100_000)), 1_000, seed=4)
+    )
     assert abs(sum(big) / len(big) - 50_000) < 3_000  # mean of a uniform sample; standard error 913
 
 
@@ -36,17 +40,26 @@ from nmt.corpus import read_parallel
 from nmt.tokenizer import train_tokenizer
 src, tgt = read_parallel(sys.argv[1] + "/train.en", sys.argv[1] + "/train.de")
 for joint in (True, False):
-    tok = train_tokenizer(src, tgt, TokenizerConfig(vocab_size=300, joint=joint, input_sentence_size=5000), seed=int(sys.argv[2]))
+    cfg = TokenizerConfig(vocab_size=300, joint=joint, input_sentence_size=5000)
+    tok = train_tokenizer(src, tgt, cfg, seed=int(sys.argv[2]))
     print(*(hashlib.sha1(p).hexdigest() for p in tok.protos().values()))
 """
 
 
 def _train_in_a_new_process(seed: int) -> str:
-    return subprocess.run([sys.executable, "-c", TRAIN, str(TOY), str(seed)], capture_output=True, text=True, check=True, cwd=ROOT, timeout=300).stdout
+    return subprocess.run(
+        [sys.executable, "-c", TRAIN, str(TOY), str(seed)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        timeout=300,
+    ).stdout
 
 
 def test_sampled_tokenizer_is_the_same_in_every_process_for_one_seed():
-    # 24,000 toy sentences, 5,000 sampled: SentencePiece's own sampling gave another model per process.
+    # 24,000 toy sentences, 5,000 sampled: SentencePiece's own sampling gave another model per
+    # process.
     first = _train_in_a_new_process(1)
     assert len(first.split()) == 3
     assert _train_in_a_new_process(1) == first
@@ -61,19 +74,32 @@ def test_control_characters_part_words_as_spaces_do(toy_tokenizer):
     assert toy_tokenizer.src.encode("dog\x01sees") != spaced  # what SentencePiece alone does
     for c in [*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0)), "\u2028", "\u2029"]:
         assert toy_tokenizer.encode_src([f"dog{c}sees"])[0] == spaced, repr(c)
-        assert toy_tokenizer.encode_tgt([f"Hund{c}sieht"]) == toy_tokenizer.encode_tgt(["Hund sieht"]), repr(c)
-    assert toy_tokenizer.decode_tgt(toy_tokenizer.encode_tgt(["Hund\x00sieht\x1bden\x9fMann"])) == ["Hund sieht den Mann"]
-    assert controls_as_spaces("a\tb\x00c\u0085d\x7fe") == "a\tb c d e" and controls_as_spaces("the dog .") == "the dog ."
-    assert toy_tokenizer.encode_src(["a\ud800b"]) == toy_tokenizer.encode_src(["a\ufffdb"])  # a lone surrogate: U+FFFD, not a crash
+        assert toy_tokenizer.encode_tgt([f"Hund{c}sieht"]) == toy_tokenizer.encode_tgt(
+            ["Hund sieht"]
+        ), repr(c)
+    assert toy_tokenizer.decode_tgt(toy_tokenizer.encode_tgt(["Hund\x00sieht\x1bden\x9fMann"])) == [
+        "Hund sieht den Mann"
+    ]
+    assert (
+        controls_as_spaces("a\tb\x00c\u0085d\x7fe") == "a\tb c d e"
+        and controls_as_spaces("the dog .") == "the dog ."
+    )
+    assert toy_tokenizer.encode_src(["a\ud800b"]) == toy_tokenizer.encode_src(
+        ["a\ufffdb"]
+    )  # a lone surrogate: U+FFFD, not a crash
 
 
 def test_a_tokenizer_learns_no_piece_of_a_control_character():
     """It trains on the text encode_src gives it: a control is a space there too."""
     from nmt.tokenizer import train_sentencepiece
 
-    sp = train_sentencepiece([f"the dog{c}sees a cat{c}." for c in ("\x85", "\x00", "\x01", "\x9c")] * 50, vocab_size=40)
+    sp = train_sentencepiece(
+        [f"the dog{c}sees a cat{c}." for c in ("\x85", "\x00", "\x01", "\x9c")] * 50, vocab_size=40
+    )
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    assert "▁sees" in pieces and not [p for p in pieces if any(unicodedata.category(c) == "Cc" for c in p)]
+    assert "▁sees" in pieces and not [
+        p for p in pieces if any(unicodedata.category(c) == "Cc" for c in p)
+    ]
 
 
 @given(lines=st.lists(AWKWARD_LINES, max_size=6))
@@ -86,6 +112,14 @@ def test_any_text_encodes_and_no_control_reaches_sentencepiece(toy_tokenizer, li
         assert not [c for c in line if unicodedata.category(c) in ("Cc", "Cs") and c != "\t"]
 
 
-@given(left=AWKWARD_LINES, right=AWKWARD_LINES, control=st.sampled_from([*map(chr, range(0x09)), *map(chr, range(0x0A, 0x20)), *map(chr, range(0x7F, 0xA0))]))
+@given(
+    left=AWKWARD_LINES,
+    right=AWKWARD_LINES,
+    control=st.sampled_from(
+        [*map(chr, range(0x09)), *map(chr, range(0x0A, 0x20)), *map(chr, range(0x7F, 0xA0))]
+    ),
+)
 def test_a_control_character_encodes_as_a_space(toy_tokenizer, left, right, control):
-    assert toy_tokenizer.encode_src([left + control + right]) == toy_tokenizer.encode_src([left + " " + right])
+    assert toy_tokenizer.encode_src([left + control + right]) == toy_tokenizer.encode_src(
+        [left + " " + right]
+    )

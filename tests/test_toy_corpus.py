@@ -31,13 +31,48 @@ def simple(subj, verb, obj, pp=None, **kw):
 @pytest.mark.parametrize(
     "subj, obj, en, de",
     [
-        (NP("dog", "the", "big"), NP("cat", "a", "small"), "the big dog sees a small cat.", "der große Hund sieht eine kleine Katze."),
-        (NP("woman"), NP("dog", "the", "big"), "the woman sees the big dog.", "die Frau sieht den großen Hund."),
-        (NP("dog", "a", "big"), NP("dog", "a", "big"), "a big dog sees a big dog.", "ein großer Hund sieht einen großen Hund."),
-        (NP("child", "a", "old"), NP("house", "a", "red"), "an old child sees a red house.", "ein altes Kind sieht ein rotes Haus."),
-        (NP("girl"), NP("house", "the", "red"), "the girl sees the red house.", "das Mädchen sieht das rote Haus."),
-        (NP("dog", plural=True), NP("cat", "two"), "the dogs see two cats.", "die Hunde sehen zwei Katzen."),
-        (NP("dog", "three", "big"), NP("apple", "the", "red", plural=True), "three big dogs see the red apples.", "drei große Hunde sehen die roten Äpfel."),
+        (
+            NP("dog", "the", "big"),
+            NP("cat", "a", "small"),
+            "the big dog sees a small cat.",
+            "der große Hund sieht eine kleine Katze.",
+        ),
+        (
+            NP("woman"),
+            NP("dog", "the", "big"),
+            "the woman sees the big dog.",
+            "die Frau sieht den großen Hund.",
+        ),
+        (
+            NP("dog", "a", "big"),
+            NP("dog", "a", "big"),
+            "a big dog sees a big dog.",
+            "ein großer Hund sieht einen großen Hund.",
+        ),
+        (
+            NP("child", "a", "old"),
+            NP("house", "a", "red"),
+            "an old child sees a red house.",
+            "ein altes Kind sieht ein rotes Haus.",
+        ),
+        (
+            NP("girl"),
+            NP("house", "the", "red"),
+            "the girl sees the red house.",
+            "das Mädchen sieht das rote Haus.",
+        ),
+        (
+            NP("dog", plural=True),
+            NP("cat", "two"),
+            "the dogs see two cats.",
+            "die Hunde sehen zwei Katzen.",
+        ),
+        (
+            NP("dog", "three", "big"),
+            NP("apple", "the", "red", plural=True),
+            "three big dogs see the red apples.",
+            "drei große Hunde sehen die roten Äpfel.",
+        ),
         (NP("mouse", "a"), NP("egg", "a"), "a mouse sees an egg.", "eine Maus sieht ein Ei."),
     ],
 )
@@ -69,28 +104,57 @@ def test_in_dem_contracts_to_im():
 
 
 def test_fronted_adverb_gives_verb_second():
-    assert simple(NP("man"), "see", NP("dog"), adverb="today") == ("today the man sees the dog.", "heute sieht der Mann den Hund.")
+    assert simple(NP("man"), "see", NP("dog"), adverb="today") == (
+        "today the man sees the dog.",
+        "heute sieht der Mann den Hund.",
+    )
 
 
 def test_subordinate_clause_is_verb_final():
-    s = Sentence(Clause(NP("woman"), "like", NP("cat", "a")), conj="because", other=Clause(NP("man"), "see", NP("dog"), PP("in", NP("house"))))
-    assert render(s) == ("the woman likes a cat because the man sees the dog in the house.", "die Frau mag eine Katze, weil der Mann den Hund im Haus sieht.")
+    s = Sentence(
+        Clause(NP("woman"), "like", NP("cat", "a")),
+        conj="because",
+        other=Clause(NP("man"), "see", NP("dog"), PP("in", NP("house"))),
+    )
+    assert render(s) == (
+        "the woman likes a cat because the man sees the dog in the house.",
+        "die Frau mag eine Katze, weil der Mann den Hund im Haus sieht.",
+    )
 
 
 def test_fronted_subordinate_clause_gives_verb_first_main_clause():
-    s = Sentence(Clause(NP("woman"), "see", NP("cat")), conj="although", other=Clause(NP("man", plural=True), "see", NP("dog")), fronted=True)
-    assert render(s) == ("although the men see the dog, the woman sees the cat.", "obwohl die Männer den Hund sehen, sieht die Frau die Katze.")
+    s = Sentence(
+        Clause(NP("woman"), "see", NP("cat")),
+        conj="although",
+        other=Clause(NP("man", plural=True), "see", NP("dog")),
+        fronted=True,
+    )
+    assert render(s) == (
+        "although the men see the dog, the woman sees the cat.",
+        "obwohl die Männer den Hund sehen, sieht die Frau die Katze.",
+    )
 
 
 def test_coordination_keeps_main_clause_order():
     first, second = Clause(NP("man"), "see", NP("dog")), Clause(NP("woman"), "buy", NP("book", "a"))
-    assert render(Sentence(first, conj="and", other=second))[1] == ("der Mann sieht den Hund und die Frau kauft ein Buch.")
-    assert render(Sentence(first, conj="but", other=second))[1] == ("der Mann sieht den Hund, aber die Frau kauft ein Buch.")
+    assert render(Sentence(first, conj="and", other=second))[1] == (
+        "der Mann sieht den Hund und die Frau kauft ein Buch."
+    )
+    assert render(Sentence(first, conj="but", other=second))[1] == (
+        "der Mann sieht den Hund, aber die Frau kauft ein Buch."
+    )
 
 
 def test_reported_speech_and_know_disambiguation():
-    s = Sentence(Clause(NP("teacher"), "know"), conj="that", other=Clause(NP("child"), "know", NP("man", "a")))
-    assert render(s) == ("the teacher knows that the child knows a man.", "der Lehrer weiß, dass das Kind einen Mann kennt.")
+    s = Sentence(
+        Clause(NP("teacher"), "know"),
+        conj="that",
+        other=Clause(NP("child"), "know", NP("man", "a")),
+    )
+    assert render(s) == (
+        "the teacher knows that the child knows a man.",
+        "der Lehrer weiß, dass das Kind einen Mann kennt.",
+    )
 
 
 def test_indefinite_plural_is_rejected():

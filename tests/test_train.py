@@ -25,14 +25,23 @@ def small_corpus(tmp_path, n=100):
     for split, count in (("train", n), ("valid", 8)):
         for lang in ("en", "de"):
             lines = read_lines(TOY / f"{split}.{lang}")[:count]
-            (data / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            (data / f"{split}.{lang}").write_text(
+                "".join(line + "\n" for line in lines), encoding="utf-8"
+            )
     return data
 
 
 def tiny_run_config(data, run_dir, max_steps, **train):
     return config_from_dict(
         {
-            "model": {"d_model": 32, "d_ff": 64, "n_heads": 4, "n_encoder_layers": 1, "n_decoder_layers": 1, "dropout": 0.1},
+            "model": {
+                "d_model": 32,
+                "d_ff": 64,
+                "n_heads": 4,
+                "n_encoder_layers": 1,
+                "n_decoder_layers": 1,
+                "dropout": 0.1,
+            },
             "data": {"dir": str(data)},
             "tokenizer": {"vocab_size": 120},
             "train": {
@@ -61,9 +70,14 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     whole = train(tiny_run_config(data, tmp_path / "whole", 14))
     first = train(tiny_run_config(data, tmp_path / "split", 7))
     assert first["step"] == 7
-    resumed = train(tiny_run_config(data, tmp_path / "split", 7), resume=True, overrides=["train.max_steps=14"])
+    resumed = train(
+        tiny_run_config(data, tmp_path / "split", 7), resume=True, overrides=["train.max_steps=14"]
+    )
     assert resumed["step"] == whole["step"] == 14
-    a, b = load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "split" / "last.pt")
+    a, b = (
+        load_checkpoint(tmp_path / "whole" / "last.pt"),
+        load_checkpoint(tmp_path / "split" / "last.pt"),
+    )
     assert a["progress"]["epoch"] >= 1  # the run crossed an epoch boundary
     position = ("step", "epoch", "batch_in_epoch")
     assert [a["progress"][k] for k in position] == [b["progress"][k] for k in position]
@@ -87,9 +101,19 @@ def test_subword_sampling_resumes_its_epoch_exactly_from_the_checkpoint(tmp_path
     train(overridden(tiny_run_config(data, tmp_path / "whole", 14), sampled))
     train(overridden(tiny_run_config(data, tmp_path / "split", 5), sampled))
     cut = train_module.sampled_training_corpus
-    monkeypatch.setattr(train_module, "sampled_training_corpus", lambda cfg, tokenizer, seed: cut(cfg, tokenizer, (seed[0] + 1, *seed[1:])))
-    train(overridden(tiny_run_config(data, tmp_path / "split", 5), sampled), resume=True, overrides=["train.max_steps=14"])
-    records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    monkeypatch.setattr(
+        train_module,
+        "sampled_training_corpus",
+        lambda cfg, tokenizer, seed: cut(cfg, tokenizer, (seed[0] + 1, *seed[1:])),
+    )
+    train(
+        overridden(tiny_run_config(data, tmp_path / "split", 5), sampled),
+        resume=True,
+        overrides=["train.max_steps=14"],
+    )
+    records = [
+        json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
+    ]
     first_epoch = [r["step"] for r in records if r.get("epoch") == 0]
     assert 5 < max(first_epoch) < 14  # the run was stopped inside epoch 0 and went on into epoch 1
     whole, split = step_losses(tmp_path / "whole"), step_losses(tmp_path / "split")
@@ -97,8 +121,15 @@ def test_subword_sampling_resumes_its_epoch_exactly_from_the_checkpoint(tmp_path
     assert whole[14] != split[14]  # epoch 1: another draw
     train(tiny_run_config(data, tmp_path / "best", 2))
     assert step_losses(tmp_path / "best")[2] != whole[2]
-    with pytest.raises(ConfigError, match=r"cannot change the model or tokenizer of a run \(tokenizer.subword_alpha\)"):
-        train(overridden(tiny_run_config(data, tmp_path / "split", 5), sampled), resume=True, overrides=["tokenizer.subword_alpha=0.1"])
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot change the model or tokenizer of a run \(tokenizer.subword_alpha\)",
+    ):
+        train(
+            overridden(tiny_run_config(data, tmp_path / "split", 5), sampled),
+            resume=True,
+            overrides=["tokenizer.subword_alpha=0.1"],
+        )
 
 
 def test_a_saved_cut_that_does_not_fit_is_said_and_the_epoch_cut_anew(tmp_path, caplog):
@@ -114,20 +145,34 @@ def test_a_saved_cut_that_does_not_fit_is_said_and_the_epoch_cut_anew(tmp_path, 
     damages = {
         "no cut": None,
         "offsets past the ids": {**cut, "src_offsets": cut["src_offsets"] + 1},
-        "fewer pairs": {**cut, "src_offsets": cut["src_offsets"][:51], "tgt_offsets": cut["tgt_offsets"][:51], "parts": torch.tensor([50])},
+        "fewer pairs": {
+            **cut,
+            "src_offsets": cut["src_offsets"][:51],
+            "tgt_offsets": cut["tgt_offsets"][:51],
+            "parts": torch.tensor([50]),
+        },
         "another epoch": {**cut, "epoch": 5},
     }
     for steps, (what, damaged) in enumerate(damages.items(), start=4):
         kept = {k: v for k, v in payload.items() if k != "subwords"}
-        save_checkpoint(kept | ({"subwords": damaged} if damaged is not None else {}), tmp_path / "run" / "last.pt")
+        save_checkpoint(
+            kept | ({"subwords": damaged} if damaged is not None else {}),
+            tmp_path / "run" / "last.pt",
+        )
         caplog.clear()
-        result = train(overridden(tiny_run_config(data, tmp_path / "run", 3), sampled), resume=True, overrides=[f"train.max_steps={steps}"])
+        result = train(
+            overridden(tiny_run_config(data, tmp_path / "run", 3), sampled),
+            resume=True,
+            overrides=[f"train.max_steps={steps}"],
+        )
         assert result["step"] == steps, what
         assert "is cut anew, so this resume is not exact" in caplog.text, what
         payload = load_checkpoint(tmp_path / "run" / "last.pt")
 
 
-def test_training_files_changed_during_a_sampled_run_stop_it_at_the_next_cut_keeping_its_steps(tmp_path, monkeypatch):
+def test_training_files_changed_during_a_sampled_run_stop_it_at_the_next_cut_keeping_its_steps(
+    tmp_path, monkeypatch
+):
     """Each epoch's cut reads the training files again: changed ones (even to as many pairs)
     stop the run with a clear error at that epoch, after saving last.pt."""
     import nmt.train as train_module
@@ -143,11 +188,19 @@ def test_training_files_changed_during_a_sampled_run_stop_it_at_the_next_cut_kee
         return cut(cfg, tokenizer, seed)
 
     monkeypatch.setattr(train_module, "sampled_training_corpus", edit_then_cut)
-    with pytest.raises(DataError, match=r"the training files changed during the run \(found when cutting epoch 1: 100 pairs kept, 100 when it started\)"):
-        train(overridden(tiny_run_config(data, tmp_path / "run", 30), ["tokenizer.subword_alpha=0.3"]))
+    with pytest.raises(
+        DataError,
+        match=r"the training files changed during the run \(found when cutting epoch 1: 100 pairs "
+        r"kept, 100 when it started\)",
+    ):
+        train(
+            overridden(tiny_run_config(data, tmp_path / "run", 30), ["tokenizer.subword_alpha=0.3"])
+        )
     last = load_checkpoint(tmp_path / "run" / "last.pt")
     assert last["progress"]["epoch"] == 1 and last["progress"]["batch_in_epoch"] == 0
-    assert last["progress"]["step"] == max(step_losses(tmp_path / "run"))  # every step trained is kept
+    assert last["progress"]["step"] == max(
+        step_losses(tmp_path / "run")
+    )  # every step trained is kept
 
 
 def test_fresh_run_refuses_to_overwrite_a_run(tmp_path):
@@ -164,7 +217,10 @@ def test_fresh_run_refuses_to_overwrite_a_run(tmp_path):
 def test_step_checkpoints_keep_last_k(tmp_path):
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "run", 6, save_every=1, keep_last=2))
-    assert sorted(p.name for p in (tmp_path / "run").glob("step_*.pt")) == ["step_5.pt", "step_6.pt"]
+    assert sorted(p.name for p in (tmp_path / "run").glob("step_*.pt")) == [
+        "step_5.pt",
+        "step_6.pt",
+    ]
     ckpt = load_checkpoint(tmp_path / "run" / "step_6.pt")
     assert ckpt["progress"]["step"] == 6 and "joint" in ckpt["tokenizer"]
 
@@ -173,9 +229,13 @@ def test_unusable_validation_set_fails_before_training(tmp_path):
     data = small_corpus(tmp_path, n=40)
     (data / "valid.en").write_text("\n  \n")
     (data / "valid.de").write_text("\n\n")
-    with pytest.raises(DataError, match=r"the validation set \(.*valid.en and .*valid.de\) has no pair"):
+    with pytest.raises(
+        DataError, match=r"the validation set \(.*valid.en and .*valid.de\) has no pair"
+    ):
         train(tiny_run_config(data, tmp_path / "run", 2))
-    assert not (tmp_path / "run").exists()  # checked before the tokenizer trains or anything is written
+    assert not (
+        tmp_path / "run"
+    ).exists()  # checked before the tokenizer trains or anything is written
 
 
 def test_existing_run_artifacts_are_never_overwritten(tmp_path):
@@ -193,14 +253,18 @@ def test_resume_cannot_change_the_model(tmp_path):
     train(tiny_run_config(data, tmp_path / "run", 1))
     config = (tmp_path / "run" / "config.yaml").read_text()
     with pytest.raises(ConfigError, match="cannot change the model"):
-        train(tiny_run_config(data, tmp_path / "run", 1), resume=True, overrides=["model.d_model=64"])
+        train(
+            tiny_run_config(data, tmp_path / "run", 1), resume=True, overrides=["model.d_model=64"]
+        )
     assert (tmp_path / "run" / "config.yaml").read_text() == config
 
 
 def test_early_stopping_on_validation_bleu(tmp_path):
     data = small_corpus(tmp_path, n=40)
     # lr 0: BLEU cannot change, so after the first validation every one is "no improvement".
-    result = train(tiny_run_config(data, tmp_path / "run", 50, lr_scale=0.0, validate_every=1, patience=2))
+    result = train(
+        tiny_run_config(data, tmp_path / "run", 50, lr_scale=0.0, validate_every=1, patience=2)
+    )
     assert result["step"] == 3
     assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["bad_validations"] == 2
 
@@ -248,7 +312,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 3):
+    while time.time() < deadline and not (
+        (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 3
+    ):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -274,14 +340,21 @@ def test_compiled_training_step_equals_eager():
 
     batches = []
     for seed, lengths in enumerate(([3, 7, 5], [9, 2], [4, 4, 6, 1])):
-        src, tgt = random_sources(lengths, seed=seed), random_sources([n + 1 for n in lengths], seed=seed + 10)
-        batches.append(Batch(src, torch.cat([torch.full((len(lengths), 1), 2), tgt[:, :-1]], dim=1), tgt))
+        src, tgt = (
+            random_sources(lengths, seed=seed),
+            random_sources([n + 1 for n in lengths], seed=seed + 10),
+        )
+        batches.append(
+            Batch(src, torch.cat([torch.full((len(lengths), 1), 2), tgt[:, :-1]], dim=1), tgt)
+        )
 
     def run(compile_: bool) -> tuple[dict, list[float]]:
         torch.manual_seed(0)
         model = Transformer(tiny_config(dropout=0.0))
         updater = Updater(model, TrainConfig(compile=compile_, warmup_steps=2), torch.device("cpu"))
-        label_smoothed_loss(updater.trained(batches[0].src, batches[0].tgt_in), batches[0].tgt_out, 0.1).loss.backward()
+        label_smoothed_loss(
+            updater.trained(batches[0].src, batches[0].tgt_in), batches[0].tgt_out, 0.1
+        ).loss.backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
         return grads, [float(updater.step([b])[0].loss.detach()) for b in batches]
@@ -293,7 +366,8 @@ def test_compiled_training_step_equals_eager():
         torch.testing.assert_close(compiled_grads[name], grad, atol=1e-6, rtol=1e-4)
 
 
-# --------------------------------------------------------------------------- run directory lifecycle
+# --------------------------------------------------------------------------- run directory
+# lifecycle
 
 
 def records(run_dir):
@@ -310,7 +384,10 @@ def test_a_second_trainer_on_a_locked_run_directory_is_refused(tmp_path):
         train(tiny_run_config(data, tmp_path / "run", 1))
     holder.release()
     # A holder killed with SIGKILL leaves no stuck lock: the kernel drops it with the process.
-    script = f"from nmt.rundir import RunDir; import time; r = RunDir({str(tmp_path / 'run')!r}); r.lock(); print('locked', flush=True); time.sleep(60)"
+    script = (
+        f"from nmt.rundir import RunDir; import time; r = RunDir({str(tmp_path / 'run')!r}); "
+        "r.lock(); print('locked', flush=True); time.sleep(60)"
+    )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "locked"
     with pytest.raises(ConfigError, match="in use by another nmt train"):
@@ -348,17 +425,25 @@ def test_resume_takes_the_newest_complete_checkpoint_and_keeps_one_history(tmp_p
     (run / ".step_8.pt.tmp424242").write_bytes(b"partial")
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "loss": 1.0}\n')
-    (run / "step_9.pt").write_bytes(b"")  # a damaged file newer than any: named, though an older one is used
+    (run / "step_9.pt").write_bytes(
+        b""
+    )  # a damaged file newer than any: named, though an older one is used
     with caplog.at_level("WARNING", logger="nmt"):
         result = train(tiny_run_config(data, run, 7), resume=True, overrides=["train.max_steps=10"])
-    skipped = sorted(r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("skipping "))
+    skipped = sorted(
+        r.getMessage().split(":")[0]
+        for r in caplog.records
+        if r.getMessage().startswith("skipping ")
+    )
     assert skipped == [f"skipping {run / 'step_6.pt'}", f"skipping {run / 'step_9.pt'}"]
     assert result["step"] == 10
     assert not (run / ".step_8.pt.tmp424242").exists()
     steps = [r["step"] for r in records(run) if "loss" in r]
     assert steps == list(range(1, 11))  # one history: no duplicate or backward steps
     assert step_losses(run) == step_losses(whole)  # resumed from step 7, exactly
-    assert sorted(int(p.stem[5:]) for p in run.glob("step_*.pt")) == list(range(1, 11))  # keep_last 10
+    assert sorted(int(p.stem[5:]) for p in run.glob("step_*.pt")) == list(
+        range(1, 11)
+    )  # keep_last 10
 
 
 def test_resuming_a_finished_run_changes_nothing(tmp_path):
@@ -380,7 +465,14 @@ def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert train(tiny_run_config("data", tmp_path / "run", 2), resume=True, overrides=["train.max_steps=3"])["step"] == 3
+    assert (
+        train(
+            tiny_run_config("data", tmp_path / "run", 2),
+            resume=True,
+            overrides=["train.max_steps=3"],
+        )["step"]
+        == 3
+    )
 
 
 def test_resume_with_an_edited_config_applies_or_refuses(tmp_path):
@@ -388,10 +480,14 @@ def test_resume_with_an_edited_config_applies_or_refuses(tmp_path):
     run = tmp_path / "run"
     train(tiny_run_config(data, run, 2))
     edited = tmp_path / "edited.yaml"
-    edited.write_text(f"data:\n  dir: {data}\ntrain:\n  run_dir: {run}\n  max_steps: 3\n  log_every: 1\n")
+    edited.write_text(
+        f"data:\n  dir: {data}\ntrain:\n  run_dir: {run}\n  max_steps: 3\n  log_every: 1\n"
+    )
     assert train(tiny_run_config(data, run, 2), resume=True, config_file=edited)["step"] == 3
     edited.write_text("model:\n  d_model: 64\ntrain:\n  max_steps: 4\n")
-    with pytest.raises(ConfigError, match=r"cannot change the model or tokenizer of a run \(model\.d_model\)"):
+    with pytest.raises(
+        ConfigError, match=r"cannot change the model or tokenizer of a run \(model\.d_model\)"
+    ):
         train(tiny_run_config(data, run, 2), resume=True, config_file=edited)
 
 
@@ -440,7 +536,12 @@ def test_an_fp16_update_the_scaler_skips_moves_nothing():
     src, tgt = random_sources([3, 5]), random_sources([4, 6], seed=1)
     batch = Batch(src, torch.cat([torch.full((2, 1), 2), tgt[:, :-1]], dim=1), tgt)
     model = Transformer(tiny_config(dropout=0.0))
-    updater = Updater(model, TrainConfig(precision="fp16", warmup_steps=4), torch.device("cpu"), loss_fn=overflow_first)
+    updater = Updater(
+        model,
+        TrainConfig(precision="fp16", warmup_steps=4),
+        torch.device("cpu"),
+        loss_fn=overflow_first,
+    )
     before = {k: v.clone() for k, v in model.state_dict().items()}
     updater.step([batch])
     assert updater.skipped and updater.scheduler.last_epoch == 0
@@ -482,7 +583,9 @@ def test_a_second_signal_stops_at_once(tmp_path):
             with signals.interruptible():
                 time.sleep(30)
         assert time.perf_counter() - started < 5 and signals.received == signal.SIGTERM
-        os.kill(os.getpid(), signal.SIGINT)  # at once: the same request forwarded (torchrun does this)
+        os.kill(
+            os.getpid(), signal.SIGINT
+        )  # at once: the same request forwarded (torchrun does this)
         time.sleep(StopSignal.SAME_REQUEST_S)
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
         with pytest.raises(KeyboardInterrupt):
@@ -504,7 +607,9 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_error_and_no_temporary(tmp_p
 
     monkeypatch.setattr(os, "fsync", full_for_checkpoints)
     run = tmp_path / "run"
-    with pytest.raises(OutputError, match=rf"^cannot write {run}/last.pt: no space left on the device$"):
+    with pytest.raises(
+        OutputError, match=rf"^cannot write {run}/last.pt: no space left on the device$"
+    ):
         train(tiny_run_config(data, run, 2))
     assert not list(run.glob(".*.tmp*")) and not (run / "last.pt").exists()
 
@@ -517,9 +622,13 @@ def test_max_epochs_stops_at_the_end_of_the_epoch(tmp_path):
     progress = load_checkpoint(tmp_path / "run" / "last.pt")["progress"]
     assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 0)
     assert {r["epoch"] for r in records(tmp_path / "run") if "loss" in r} == {0}
-    assert result["stopped_by"] == "epochs" and 1 < result["step"] == len(step_losses(tmp_path / "run"))
+    assert result["stopped_by"] == "epochs" and 1 < result["step"] == len(
+        step_losses(tmp_path / "run")
+    )
     by_steps = train(tiny_run_config(data, tmp_path / "steps", result["step"]))
-    assert by_steps["stopped_by"] == "steps" and step_losses(tmp_path / "steps") == step_losses(tmp_path / "run")
+    assert by_steps["stopped_by"] == "steps" and step_losses(tmp_path / "steps") == step_losses(
+        tmp_path / "run"
+    )
 
 
 def test_a_validation_abandoned_by_a_signal_runs_when_the_run_resumes(tmp_path, monkeypatch):
@@ -537,9 +646,18 @@ def test_a_validation_abandoned_by_a_signal_runs_when_the_run_resumes(tmp_path, 
     monkeypatch.setattr(nmt.train, "validate", interrupted_validation)
     assert train(tiny_run_config(data, tmp_path / "run", 6, validate_every=2))["step"] == 2
     monkeypatch.setattr(nmt.train, "validate", real_validate)
-    train(tiny_run_config(data, tmp_path / "run", 6, validate_every=2), resume=True, overrides=["train.max_steps=3"])
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "bleu" in r] == [2, 3]  # as an uninterrupted run: step 2's validation is not lost
+    train(
+        tiny_run_config(data, tmp_path / "run", 6, validate_every=2),
+        resume=True,
+        overrides=["train.max_steps=3"],
+    )
+    records = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in records if "bleu" in r] == [
+        2,
+        3,
+    ]  # as an uninterrupted run: step 2's validation is not lost
 
 
 def test_resume_with_the_command_that_started_the_run(tmp_path):
@@ -549,16 +667,37 @@ def test_resume_with_the_command_that_started_the_run(tmp_path):
     run = tmp_path / "run"
     file = tmp_path / "run.yaml"
     file.write_text(
-        f"model:\n  preset: tiny\n  d_model: 128\ndata:\n  dir: {data}\ntokenizer:\n  vocab_size: 1000\n"
+        f"model:\n  preset: tiny\n  d_model: 128\ndata:\n  dir: {data}\ntokenizer:\n  vocab_size: "
+        "1000\n"
         "train:\n  max_tokens: 600\n  validate_every: 1000\n  threads: 1\n"
     )
-    sizes = ["model.d_model=32", "model.d_ff=64", "tokenizer.vocab_size=120", f"train.run_dir={run}"]
-    train(load_config(file, sizes + ["train.max_steps=2"]), overrides=sizes + ["train.max_steps=2"], config_file=file)
-    again = sizes + ["train.max_steps=3"]  # the same sizes again: no change to the model or tokenizer
-    assert train(load_config(file, again), resume=True, overrides=again, config_file=file)["step"] == 3
+    sizes = [
+        "model.d_model=32",
+        "model.d_ff=64",
+        "tokenizer.vocab_size=120",
+        f"train.run_dir={run}",
+    ]
+    train(
+        load_config(file, sizes + ["train.max_steps=2"]),
+        overrides=sizes + ["train.max_steps=2"],
+        config_file=file,
+    )
+    again = sizes + [
+        "train.max_steps=3"
+    ]  # the same sizes again: no change to the model or tokenizer
+    assert (
+        train(load_config(file, again), resume=True, overrides=again, config_file=file)["step"] == 3
+    )
     assert load_checkpoint(run / "last.pt")["config"]["model"]["d_model"] == 32
-    changed = ["model.d_model=64", "tokenizer.vocab_size=120", f"train.run_dir={run}", "train.max_steps=4"]
-    with pytest.raises(ConfigError, match=r"cannot change the model or tokenizer of a run \(model\.d_model\)"):
+    changed = [
+        "model.d_model=64",
+        "tokenizer.vocab_size=120",
+        f"train.run_dir={run}",
+        "train.max_steps=4",
+    ]
+    with pytest.raises(
+        ConfigError, match=r"cannot change the model or tokenizer of a run \(model\.d_model\)"
+    ):
         train(load_config(file, changed), resume=True, overrides=changed, config_file=file)
 
 
@@ -571,22 +710,61 @@ def test_the_result_line_has_every_key_however_the_run_ends(tmp_path, monkeypatc
     from nmt.train import RESULT_METRICS
 
     data = small_corpus(tmp_path, n=40)
-    keys = {"step", "train_seconds", "best_bleu", "interrupted", "stopped_by", "valid_step", *RESULT_METRICS}
-    validated_last = train(tiny_run_config(data, tmp_path / "a", 4, validate_every=2))  # step 4 validated inside the loop
-    assert set(validated_last) == keys and validated_last["valid_step"] == 4 and validated_last["stopped_by"] == "steps"
+    keys = {
+        "step",
+        "train_seconds",
+        "best_bleu",
+        "interrupted",
+        "stopped_by",
+        "valid_step",
+        *RESULT_METRICS,
+    }
+    validated_last = train(
+        tiny_run_config(data, tmp_path / "a", 4, validate_every=2)
+    )  # step 4 validated inside the loop
+    assert (
+        set(validated_last) == keys
+        and validated_last["valid_step"] == 4
+        and validated_last["stopped_by"] == "steps"
+    )
     record = records(tmp_path / "a")[-1]
     assert {k: validated_last[k] for k in RESULT_METRICS} == {k: record[k] for k in RESULT_METRICS}
-    assert validated_last["best_bleu"] == max(r["bleu"] for r in records(tmp_path / "a") if "bleu" in r)
-    validated_at_end = train(tiny_run_config(data, tmp_path / "b", 3, validate_every=2))  # step 3 validated by finish
-    assert set(validated_at_end) == keys and validated_at_end["valid_step"] == 3 and isinstance(validated_at_end["bleu"], float)
+    assert validated_last["best_bleu"] == max(
+        r["bleu"] for r in records(tmp_path / "a") if "bleu" in r
+    )
+    validated_at_end = train(
+        tiny_run_config(data, tmp_path / "b", 3, validate_every=2)
+    )  # step 3 validated by finish
+    assert (
+        set(validated_at_end) == keys
+        and validated_at_end["valid_step"] == 3
+        and isinstance(validated_at_end["bleu"], float)
+    )
     done = train(tiny_run_config(data, tmp_path / "a", 4), resume=True)
-    assert set(done) == keys and done["stopped_by"] == "done" and {k: done[k] for k in RESULT_METRICS} == {k: record[k] for k in RESULT_METRICS}
+    assert (
+        set(done) == keys
+        and done["stopped_by"] == "done"
+        and {k: done[k] for k in RESULT_METRICS} == {k: record[k] for k in RESULT_METRICS}
+    )
     timed = train(tiny_run_config(data, tmp_path / "c", 1000, max_time_s=1e-9))
-    assert set(timed) == keys and timed["stopped_by"] == "time" and timed["valid_step"] == timed["step"]
-    monkeypatch.setattr(nmt.train, "validate", lambda *args: (threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start(), time.sleep(30)))
+    assert (
+        set(timed) == keys
+        and timed["stopped_by"] == "time"
+        and timed["valid_step"] == timed["step"]
+    )
+    monkeypatch.setattr(
+        nmt.train,
+        "validate",
+        lambda *args: (
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start(),
+            time.sleep(30),
+        ),
+    )
     stopped = train(tiny_run_config(data, tmp_path / "d", 10, validate_every=2))
     assert set(stopped) == keys and stopped["stopped_by"] == "signal" and stopped["interrupted"]
-    assert stopped["best_bleu"] is None and all(stopped[k] is None for k in ("valid_step", *RESULT_METRICS))
+    assert stopped["best_bleu"] is None and all(
+        stopped[k] is None for k in ("valid_step", *RESULT_METRICS)
+    )
     json.dumps(stopped)  # the line nmt train prints
 
 
@@ -598,13 +776,21 @@ def test_resume_applies_changed_optimizer_and_schedule_settings_at_once(tmp_path
     data = small_corpus(tmp_path, n=40)
     run = tmp_path / "run"
     train(tiny_run_config(data, run, 3))
-    changes = ["train.max_steps=5", "train.weight_decay=0.01", "train.adam_eps=1e-6", "train.adam_betas=[0.8, 0.95]", "train.warmup_steps=2"]
+    changes = [
+        "train.max_steps=5",
+        "train.weight_decay=0.01",
+        "train.adam_eps=1e-6",
+        "train.adam_betas=[0.8, 0.95]",
+        "train.warmup_steps=2",
+    ]
     train(tiny_run_config(data, run, 3), resume=True, overrides=changes)
     (group,) = load_checkpoint(run / "last.pt")["optimizer"]["param_groups"]
     assert (group["weight_decay"], group["eps"], tuple(group["betas"])) == (0.01, 1e-6, (0.8, 0.95))
     lrs = {r["step"]: r["lr"] for r in records(run) if "lr" in r}
     assert [lrs[k] for k in (1, 2, 3)] == pytest.approx([noam_lr(k, 32, 4) for k in (1, 2, 3)])
-    assert [lrs[k] for k in (4, 5)] == pytest.approx([noam_lr(k, 32, 2) for k in (4, 5)])  # the new warm-up from the first resumed step
+    assert [lrs[k] for k in (4, 5)] == pytest.approx(
+        [noam_lr(k, 32, 2) for k in (4, 5)]
+    )  # the new warm-up from the first resumed step
 
 
 def test_a_linear_schedule_resumed_with_more_steps_follows_the_new_line(tmp_path):
@@ -618,13 +804,16 @@ def test_a_linear_schedule_resumed_with_more_steps_follows_the_new_line(tmp_path
     train(cfg)
     train(cfg, resume=True, overrides=["train.max_steps=5"])
     lrs = {r["step"]: r["lr"] for r in records(run) if "lr" in r}
-    assert [lrs[k] for k in (1, 2, 3)] == pytest.approx([linear_lr(k, 1e-3, 2, 3) for k in (1, 2, 3)])
+    assert [lrs[k] for k in (1, 2, 3)] == pytest.approx(
+        [linear_lr(k, 1e-3, 2, 3) for k in (1, 2, 3)]
+    )
     assert [lrs[k] for k in (4, 5)] == pytest.approx([linear_lr(k, 1e-3, 2, 5) for k in (4, 5)])
 
 
 def test_a_changed_batch_budget_on_resume_applies_from_the_next_epoch(tmp_path):
     """Doubling train.max_tokens on --resume once made the saved position point into other
-    batches (5,926 of 12,000 pairs skipped, 1,035 repeated): the resumed epoch now keeps its batches."""
+    batches (5,926 of 12,000 pairs skipped, 1,035 repeated): the resumed epoch now keeps its
+        batches."""
     data = small_corpus(tmp_path, n=100)
     whole = tmp_path / "whole"
     train(tiny_run_config(data, whole, 30))
@@ -634,11 +823,21 @@ def test_a_changed_batch_budget_on_resume_applies_from_the_next_epoch(tmp_path):
     split = tmp_path / "split"
     stop = first_epoch[len(first_epoch) // 2]
     train(tiny_run_config(data, split, stop))
-    train(tiny_run_config(data, split, stop), resume=True, overrides=["train.max_steps=30", "train.max_tokens=1200"])
+    train(
+        tiny_run_config(data, split, stop),
+        resume=True,
+        overrides=["train.max_steps=30", "train.max_tokens=1200"],
+    )
     resumed = {r["step"]: r for r in records(split) if "loss" in r}
-    assert [resumed[k]["loss"] for k in first_epoch] == [by_step[k]["loss"] for k in first_epoch]  # the same batches to the epoch's end
+    assert [resumed[k]["loss"] for k in first_epoch] == [
+        by_step[k]["loss"] for k in first_epoch
+    ]  # the same batches to the epoch's end
     after = [k for k in resumed if k > first_epoch[-1]]
-    assert after and resumed[after[0]]["epoch"] == 1 and resumed[after[0]]["loss"] != by_step[after[0]]["loss"]  # then the new budget
+    assert (
+        after
+        and resumed[after[0]]["epoch"] == 1
+        and resumed[after[0]]["loss"] != by_step[after[0]]["loss"]
+    )  # then the new budget
     assert load_checkpoint(split / "last.pt")["progress"]["batching"] == [1200, 1, 1]
 
 
@@ -649,9 +848,19 @@ def test_no_module_imports_a_posix_only_module_unguarded():
 
     posix_only = {"fcntl", "resource", "termios", "pwd", "grp", "posix"}
     for path in sorted((Path(__file__).parents[1] / "nmt").rglob("*.py")):
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # module level, outside try blocks
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
-            assert not posix_only & {n.split(".")[0] for n in names if n}, f"{path.name}:{node.lineno} imports {names} unguarded"
+        for node in ast.parse(
+            path.read_text(encoding="utf-8")
+        ).body:  # module level, outside try blocks
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not posix_only & {n.split(".")[0] for n in names if n}, (
+                f"{path.name}:{node.lineno} imports {names} unguarded"
+            )
 
 
 def test_a_system_without_file_locks_runs_unlocked_and_says_so(tmp_path, monkeypatch, caplog):
@@ -662,7 +871,13 @@ def test_a_system_without_file_locks_runs_unlocked_and_says_so(tmp_path, monkeyp
     real_import = builtins.__import__
     monkeypatch.setattr(nmt.rundir, "fcntl", None)
     monkeypatch.setattr(
-        builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name == "msvcrt" else real_import(name, *a, **k)
+        builtins,
+        "__import__",
+        lambda name, *a, **k: (
+            (_ for _ in ()).throw(ImportError(name))
+            if name == "msvcrt"
+            else real_import(name, *a, **k)
+        ),
     )
     run = nmt.rundir.RunDir(tmp_path / "run")
     with caplog.at_level("WARNING", logger="nmt.train"):
@@ -690,11 +905,17 @@ def test_a_nan_gradient_is_caught_at_once_and_leaves_the_weights(tmp_path):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     updater.step([batch])
     assert updater.nonfinite and updater.skipped and updater.scheduler.last_epoch == 1
-    assert all(torch.equal(v, before[k]) or (torch.isnan(v).any() and torch.equal(v.isnan(), before[k].isnan())) for k, v in model.state_dict().items())
+    assert all(
+        torch.equal(v, before[k])
+        or (torch.isnan(v).any() and torch.equal(v.isnan(), before[k].isnan()))
+        for k, v in model.state_dict().items()
+    )
 
 
 @pytest.mark.parametrize("mode", ["stop", "skip"])
-def test_a_nonfinite_gradient_stops_or_skips_as_the_config_says(tmp_path, monkeypatch, caplog, mode):
+def test_a_nonfinite_gradient_stops_or_skips_as_the_config_says(
+    tmp_path, monkeypatch, caplog, mode
+):
     from nmt.core.update import Updater
 
     data = small_corpus(tmp_path, n=40)
@@ -713,7 +934,11 @@ def test_a_nonfinite_gradient_stops_or_skips_as_the_config_says(tmp_path, monkey
         assert result["stopped_by"] == "nonfinite" and result["step"] == 2
         assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == 2
     else:
-        assert result["stopped_by"] == "steps" and result["step"] == 5 and sorted(step_losses(tmp_path / "run")) == [1, 2, 3, 4, 5]
+        assert (
+            result["stopped_by"] == "steps"
+            and result["step"] == 5
+            and sorted(step_losses(tmp_path / "run")) == [1, 2, 3, 4, 5]
+        )
 
 
 def test_a_loss_that_doubles_from_its_lowest_is_warned_about_once(caplog):
@@ -721,12 +946,16 @@ def test_a_loss_that_doubles_from_its_lowest_is_warned_about_once(caplog):
 
     from nmt.train import Trainer
 
-    trainer = SimpleNamespace(lowest_loss=None, warned_divergence=False, ddp=SimpleNamespace(main=True))
+    trainer = SimpleNamespace(
+        lowest_loss=None, warned_divergence=False, ddp=SimpleNamespace(main=True)
+    )
     with caplog.at_level("WARNING", logger="nmt.train"):
         for step, loss in enumerate([5.0, 3.0, 2.5, 4.0, 5.5, 9.0], start=1):
             Trainer.notice_divergence(trainer, {"loss": loss, "step": step})
     (warning,) = [r.getMessage() for r in caplog.records]
-    assert "step 5: the training loss 5.500 is more than twice its lowest, 2.500 at step 3" in warning
+    assert (
+        "step 5: the training loss 5.500 is more than twice its lowest, 2.500 at step 3" in warning
+    )
 
 
 def test_every_checkpoint_of_a_run_names_the_run_also_after_a_resume(tmp_path):
@@ -734,7 +963,9 @@ def test_every_checkpoint_of_a_run_names_the_run_also_after_a_resume(tmp_path):
     train(tiny_run_config(data, tmp_path / "run", 2, save_every=1))
     first = load_checkpoint(tmp_path / "run" / "step_1.pt")["run"]
     train(tiny_run_config(data, tmp_path / "run", 2), resume=True, overrides=["train.max_steps=3"])
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["run"] == first and first["dir"] == str(tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["run"] == first and first["dir"] == str(
+        tmp_path / "run"
+    )
     train(tiny_run_config(data, tmp_path / "other", 1))
     assert load_checkpoint(tmp_path / "other" / "last.pt")["run"]["id"] != first["id"]
 
@@ -755,59 +986,130 @@ def test_init_from_starts_a_new_run_at_step_1_with_fresh_adam_by_default(tmp_pat
     train(tiny_run_config(data, tmp_path / "base", 3))
     base = load_checkpoint(tmp_path / "base" / "last.pt")
     assert adam_steps(base) == [3]
-    # lr 0: the weights cannot move, so the new run's weights are the checkpoint's exactly, whatever Adam holds.
-    config = tiny_run_config(data, tmp_path / "tuned", 2, schedule="constant", lr=0.0, warmup_steps=1)
-    changes = ["model.dropout=0.3", "tokenizer.subword_alpha=0.1"]  # regularisation may change in a fine-tuning run
-    result = train(overridden(config, changes), init_from=tmp_path / "base" / "last.pt", overrides=changes)
+    # lr 0: the weights cannot move, so the new run's weights are the checkpoint's exactly, whatever
+    # Adam holds.
+    config = tiny_run_config(
+        data, tmp_path / "tuned", 2, schedule="constant", lr=0.0, warmup_steps=1
+    )
+    changes = [
+        "model.dropout=0.3",
+        "tokenizer.subword_alpha=0.1",
+    ]  # regularisation may change in a fine-tuning run
+    result = train(
+        overridden(config, changes), init_from=tmp_path / "base" / "last.pt", overrides=changes
+    )
     assert result["step"] == 2 and sorted(step_losses(tmp_path / "tuned")) == [1, 2]
     tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
     assert all(torch.equal(tuned["model"][k], base["model"][k]) for k in base["model"])
-    assert adam_steps(tuned) == [2] and tuned["scheduler"]["last_epoch"] == 2 and tuned["progress"]["step"] == 2
+    assert (
+        adam_steps(tuned) == [2]
+        and tuned["scheduler"]["last_epoch"] == 2
+        and tuned["progress"]["step"] == 2
+    )
     assert tuned["init_from"] == {"path": str(tmp_path / "base" / "last.pt"), "step": 3}
-    assert tuned["config"]["model"]["dropout"] == 0.3 and tuned["config"]["tokenizer"]["subword_alpha"] == 0.1
+    assert (
+        tuned["config"]["model"]["dropout"] == 0.3
+        and tuned["config"]["tokenizer"]["subword_alpha"] == 0.1
+    )
     assert tuned["tokenizer"].keys() == base["tokenizer"].keys()
-    assert all(torch.equal(tuned["tokenizer"][k], base["tokenizer"][k]) for k in base["tokenizer"])  # no tokenizer trained
+    assert all(
+        torch.equal(tuned["tokenizer"][k], base["tokenizer"][k]) for k in base["tokenizer"]
+    )  # no tokenizer trained
 
 
-def test_a_tokenizer_not_trained_on_the_run_s_text_is_measured_on_it_before_training(tmp_path, caplog):
-    """Fine-tuning into text the tokenizer does not cover (here upper-case German, the toy tokenizer knowing lower case
-    only) said nothing; the model could never write those characters. Measured now when the tokenizer comes from
+def test_a_tokenizer_not_trained_on_the_run_s_text_is_measured_on_it_before_training(
+    tmp_path, caplog
+):
+    """Fine-tuning into text the tokenizer does not cover (here upper-case German, the toy tokenizer
+    knowing lower case only) said nothing; the model could never write those characters. Measured
+    now when the tokenizer comes from
     --init-from or the config, never when the run trains its own or resumes."""
     data = small_corpus(tmp_path, n=40)
     upper = tmp_path / "upper"
     upper.mkdir()
     for split in ("train", "valid"):
-        (upper / f"{split}.en").write_text((data / f"{split}.en").read_text(encoding="utf-8"), encoding="utf-8")
-        (upper / f"{split}.de").write_text((data / f"{split}.de").read_text(encoding="utf-8").upper(), encoding="utf-8")
+        (upper / f"{split}.en").write_text(
+            (data / f"{split}.en").read_text(encoding="utf-8"), encoding="utf-8"
+        )
+        (upper / f"{split}.de").write_text(
+            (data / f"{split}.de").read_text(encoding="utf-8").upper(), encoding="utf-8"
+        )
     with caplog.at_level("WARNING", logger="nmt.train"):
         train(tiny_run_config(data, tmp_path / "base", 1))
-        train(tiny_run_config(upper, tmp_path / "own", 1))  # its own tokenizer, trained on the upper-case text
+        train(
+            tiny_run_config(upper, tmp_path / "own", 1)
+        )  # its own tokenizer, trained on the upper-case text
         assert [r for r in caplog.records if "was not trained on this text" in r.getMessage()] == []
-        train(tiny_run_config(upper, tmp_path / "tuned", 1), init_from=tmp_path / "base" / "last.pt")
-        (tuned,) = [r.getMessage() for r in caplog.records if "was not trained on this text" in r.getMessage()]
+        train(
+            tiny_run_config(upper, tmp_path / "tuned", 1), init_from=tmp_path / "base" / "last.pt"
+        )
+        (tuned,) = [
+            r.getMessage()
+            for r in caplog.records
+            if "was not trained on this text" in r.getMessage()
+        ]
         caplog.clear()
-        train(tiny_run_config(upper, tmp_path / "tuned", 1), resume=True, overrides=["train.max_steps=2"])
+        train(
+            tiny_run_config(upper, tmp_path / "tuned", 1),
+            resume=True,
+            overrides=["train.max_steps=2"],
+        )
         given = tiny_run_config(upper, tmp_path / "given", 1)
-        train(overridden(given, [f"tokenizer.model={tmp_path / 'base' / 'spm.model'}"]), overrides=[f"tokenizer.model={tmp_path / 'base' / 'spm.model'}"])
-    (named,) = [r.getMessage() for r in caplog.records if "was not trained on this text" in r.getMessage()]
-    assert tuned.startswith(f"warning: the tokenizer from --init-from {tmp_path / 'base' / 'last.pt'} was not trained on this text: ")
-    assert f"of the target side's pieces ({upper / 'train.de'}) are unknown, in 100.0% of its lines (40 lines sampled); " in tuned
-    assert tuned.endswith("the model can never write them: train a tokenizer on this text (start without --init-from), or accept it")
-    assert named.startswith(f"warning: the tokenizer given by tokenizer.model {tmp_path / 'base' / 'spm.model'} was not trained on this text: ")
-    assert named.endswith("train a tokenizer on this text (leave those keys unset), or accept it") and "100.0% of its lines" in named
+        train(
+            overridden(given, [f"tokenizer.model={tmp_path / 'base' / 'spm.model'}"]),
+            overrides=[f"tokenizer.model={tmp_path / 'base' / 'spm.model'}"],
+        )
+    (named,) = [
+        r.getMessage() for r in caplog.records if "was not trained on this text" in r.getMessage()
+    ]
+    assert tuned.startswith(
+        f"warning: the tokenizer from --init-from {tmp_path / 'base' / 'last.pt'} was not trained "
+        "on this text: "
+    )
+    assert (
+        f"of the target side's pieces ({upper / 'train.de'}) are unknown, in 100.0% of its lines "
+        "(40 lines sampled); " in tuned
+    )
+    assert tuned.endswith(
+        "the model can never write them: train a tokenizer on this text (start without "
+        "--init-from), or accept it"
+    )
+    assert named.startswith(
+        f"warning: the tokenizer given by tokenizer.model {tmp_path / 'base' / 'spm.model'} was "
+        "not trained on this text: "
+    )
+    assert (
+        named.endswith("train a tokenizer on this text (leave those keys unset), or accept it")
+        and "100.0% of its lines" in named
+    )
 
 
 def test_init_from_keeps_adams_moments_when_asked(tmp_path):
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "base", 3))
     base = load_checkpoint(tmp_path / "base" / "last.pt")
-    config = tiny_run_config(data, tmp_path / "tuned", 1, schedule="constant", lr=0.0, warmup_steps=1, reset_optimizer=False)
+    config = tiny_run_config(
+        data,
+        tmp_path / "tuned",
+        1,
+        schedule="constant",
+        lr=0.0,
+        warmup_steps=1,
+        reset_optimizer=False,
+    )
     train(config, init_from=tmp_path / "base" / "last.pt")
     tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
-    assert adam_steps(tuned) == [4] and tuned["progress"]["step"] == 1  # Adam's own count goes on; the run's starts at 1
+    assert (
+        adam_steps(tuned) == [4] and tuned["progress"]["step"] == 1
+    )  # Adam's own count goes on; the run's starts at 1
     beta2 = tuned["config"]["train"]["adam_betas"][1]
-    for key, state in base["optimizer"]["state"].items():  # one more update of the second moment: beta2 · v + (1 - beta2) · g², never below beta2 · v
-        assert torch.all(tuned["optimizer"]["state"][key]["exp_avg_sq"] >= beta2 * state["exp_avg_sq"] * (1 - 1e-6))
+    for key, state in (
+        base["optimizer"]["state"].items()
+    ):  # one more update of the second moment: beta2 · v + (1 - beta2) · g², never below beta2 · v
+        assert torch.all(
+            tuned["optimizer"]["state"][key]["exp_avg_sq"]
+            >= beta2 * state["exp_avg_sq"] * (1 - 1e-6)
+        )
 
 
 def test_init_from_refuses_another_architecture_and_resume_before_writing(tmp_path):
@@ -820,30 +1122,43 @@ def test_init_from_refuses_another_architecture_and_resume_before_writing(tmp_pa
             overrides=["model.d_model=64"],
         )
     assert err.value.key == "model.d_model" and "differs from the checkpoint's 32" in str(err.value)
-    with pytest.raises(ConfigError, match="tokenizer.vocab_size 200 differs from the checkpoint's 120"):
+    with pytest.raises(
+        ConfigError, match="tokenizer.vocab_size 200 differs from the checkpoint's 120"
+    ):
         train(
             overridden(tiny_run_config(data, tmp_path / "tuned", 1), ["tokenizer.vocab_size=200"]),
             init_from=tmp_path / "base" / "last.pt",
             overrides=["tokenizer.vocab_size=200"],
         )
     with pytest.raises(ConfigError) as err:
-        train(tiny_run_config(data, tmp_path / "base", 1), resume=True, init_from=tmp_path / "base" / "last.pt")
-    assert err.value.render({"resume": "--resume", "init_from": "--init-from"}.get).startswith("--resume and --init-from cannot go together")
+        train(
+            tiny_run_config(data, tmp_path / "base", 1),
+            resume=True,
+            init_from=tmp_path / "base" / "last.pt",
+        )
+    assert err.value.render({"resume": "--resume", "init_from": "--init-from"}.get).startswith(
+        "--resume and --init-from cannot go together"
+    )
     assert not (tmp_path / "tuned").exists()
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(limit=st.integers(1, 4), good_first=st.integers(0, 2), interrupted=st.integers(0, 2))
-def test_a_run_whose_updates_are_skipped_in_a_row_stops_at_the_limit_and_a_made_update_resets_the_count(tmp_path_factory, limit, good_first, interrupted):
-    """With train.nonfinite_loss: skip and weights that give a non-finite loss every time, training skipped
-    368 updates in a row at step 1 for 579 s, saving nothing, until it was killed."""
+def test_updates_skipped_in_a_row_stop_the_run_at_the_limit_and_a_made_update_resets_the_count(
+    tmp_path_factory, limit, good_first, interrupted
+):
+    """With train.nonfinite_loss: skip and weights that give a non-finite loss every time, training
+    skipped 368 updates in a row at step 1 for 579 s, saving nothing, until it was killed."""
     from nmt.core.update import Updater
 
     tmp_path = tmp_path_factory.mktemp("skips")
     data = small_corpus(tmp_path, n=40)
     calls = {"n": 0}
     finite = Updater._gradients_finite
-    # good_first updates are made, then `interrupted` skipped ones and one made (fewer than the limit in a row), then only skipped ones.
+    # good_first updates are made, then `interrupted` skipped ones and one made (fewer than the
+    # limit in a row), then only skipped ones.
     pattern = [True] * good_first + [False] * min(interrupted, limit - 1) + [True]
 
     def scripted(self):
@@ -853,7 +1168,11 @@ def test_a_run_whose_updates_are_skipped_in_a_row_stops_at_the_limit_and_a_made_
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Updater, "_gradients_finite", scripted)
-        result = train(tiny_run_config(data, tmp_path / "run", 50, nonfinite_loss="skip", max_skipped_updates=limit))
+        result = train(
+            tiny_run_config(
+                data, tmp_path / "run", 50, nonfinite_loss="skip", max_skipped_updates=limit
+            )
+        )
     made = pattern.count(True)
     assert result["stopped_by"] == "nonfinite" and result["step"] == made
     assert calls["n"] == len(pattern) + limit  # it stopped at the limit's skipped update, not after
@@ -861,7 +1180,9 @@ def test_a_run_whose_updates_are_skipped_in_a_row_stops_at_the_limit_and_a_made_
 
 
 @pytest.mark.parametrize("at_step", [0, 1, 2])
-def test_a_run_directory_removed_during_training_ends_in_one_error_naming_it(tmp_path, monkeypatch, at_step):
+def test_a_run_directory_removed_during_training_ends_in_one_error_naming_it(
+    tmp_path, monkeypatch, at_step
+):
     """A run directory deleted during training ended in a 144-line double traceback (releasing the
     lock listed the directory again and raised over the error that stopped the run)."""
     import shutil
@@ -878,15 +1199,19 @@ def test_a_run_directory_removed_during_training_ends_in_one_error_naming_it(tmp
         return step(self, group)
 
     monkeypatch.setattr(Trainer, "train_step", removed)
-    with pytest.raises(OutputError, match=rf"^cannot write {run}/\S+: its directory {run} no longer exists \(removed while nmt was writing to it\?\)"):
+    with pytest.raises(
+        OutputError,
+        match=rf"^cannot write {run}/\S+: its directory {run} no longer exists \(removed while nmt "
+        r"was writing to it\?\)",
+    ):
         train(tiny_run_config(data, run, 4, save_every=1))
     assert not run.exists()
 
 
 @pytest.mark.parametrize("foreign", ["last.pt", "best.pt"])
 def test_a_checkpoint_of_another_run_in_the_run_directory_is_refused_on_resume(tmp_path, foreign):
-    """A last.pt replaced by another run's checkpoint resumed silently (exit 0): metrics.jsonl then mixed two
-    runs and best.pt belonged to the first."""
+    """A last.pt replaced by another run's checkpoint resumed silently (exit 0): metrics.jsonl then
+    mixed two runs and best.pt belonged to the first."""
     import shutil
 
     from nmt.config import ConfigError
@@ -895,19 +1220,34 @@ def test_a_checkpoint_of_another_run_in_the_run_directory_is_refused_on_resume(t
     train(tiny_run_config(data, tmp_path / "run", 2, save_every=1, validate_every=2))
     train(tiny_run_config(data, tmp_path / "other", 3, validate_every=3))
     records = (tmp_path / "run" / "metrics.jsonl").read_bytes()
-    shutil.copyfile(tmp_path / "other" / "last.pt", tmp_path / "run" / foreign)  # step 3: newer than this run's own
-    with pytest.raises(ConfigError, match=rf"^--resume: {tmp_path / 'run'}/\S+ was written by another run \(started in {tmp_path / 'other'}\) than"):
-        train(tiny_run_config(data, tmp_path / "run", 2), resume=True, overrides=["train.max_steps=4"])
-    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == records  # nothing of the other run was appended
-    train(tiny_run_config(data, tmp_path / "other", 3), resume=True, overrides=["train.max_steps=4"])
+    shutil.copyfile(
+        tmp_path / "other" / "last.pt", tmp_path / "run" / foreign
+    )  # step 3: newer than this run's own
+    with pytest.raises(
+        ConfigError,
+        match=rf"^--resume: {tmp_path / 'run'}/\S+ was written by another run \(started in "
+        rf"{tmp_path / 'other'}\) than",
+    ):
+        train(
+            tiny_run_config(data, tmp_path / "run", 2), resume=True, overrides=["train.max_steps=4"]
+        )
+    assert (
+        tmp_path / "run" / "metrics.jsonl"
+    ).read_bytes() == records  # nothing of the other run was appended
+    train(
+        tiny_run_config(data, tmp_path / "other", 3), resume=True, overrides=["train.max_steps=4"]
+    )
     assert load_checkpoint(tmp_path / "other" / "last.pt")["progress"]["step"] == 4
 
 
 @settings(max_examples=25, deadline=None)
 @given(batch=st.integers(1, 40), holds=st.integers(0, 45), seed=st.integers(0, 3))
-def test_a_token_budget_the_device_cannot_hold_is_one_line_naming_what_fits_and_nothing_changes(batch, holds, seed):
-    """train.max_tokens too large for a GPU ended in a CUDA traceback at some step; before the first step
-    the largest batch now runs once (weights, optimizer and generators untouched), and halving it finds what fits."""
+def test_a_token_budget_the_device_cannot_hold_is_one_line_naming_what_fits_and_nothing_changes(
+    batch, holds, seed
+):
+    """train.max_tokens too large for a GPU ended in a CUDA traceback at some step; before the first
+    step the largest batch now runs once (weights, optimizer and generators untouched), and halving
+    it finds what fits."""
     from nmt.config import ConfigError, TrainConfig
     from nmt.core.batching import Batch
     from nmt.core.model import Transformer
@@ -936,17 +1276,31 @@ def test_a_token_budget_the_device_cannot_hold_is_one_line_naming_what_fits_and_
         fits = batch
         while fits > holds:
             fits //= 2
-        message = f"a batch of {fits * 7} tokens does; set train.max_tokens={fits * 7} or less" if fits else "not even one sentence"
+        message = (
+            f"a batch of {fits * 7} tokens does; set train.max_tokens={fits * 7} or less"
+            if fits
+            else "not even one sentence"
+        )
         with pytest.raises(ConfigError, match=re.escape(message)):
             check_fits(updater, largest, 7 * batch)
-    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items()) and not updater.optimizer.state
-    assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
+    assert (
+        all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+        and not updater.optimizer.state
+    )
+    assert torch.equal(torch.get_rng_state(), rng) and all(
+        p.grad is None for p in model.parameters()
+    )
 
 
 @settings(max_examples=15, deadline=None)
-@given(lengths=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), min_size=1, max_size=6), multiple=st.integers(2, 16), seed=st.integers(0, 3))
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), min_size=1, max_size=6),
+    multiple=st.integers(2, 16),
+    seed=st.integers(0, 3),
+)
 def test_lengths_padded_to_a_multiple_give_the_same_loss_and_gradients(lengths, multiple, seed):
-    """train.pad_to_multiple only adds PAD: masked keys, positions past EOS and ignored targets change nothing."""
+    """train.pad_to_multiple only adds PAD: masked keys, positions past EOS and ignored targets
+    change nothing."""
     from nmt.core.batching import collate
     from nmt.core.loss import label_smoothed_loss
     from nmt.core.model import Transformer
@@ -955,10 +1309,17 @@ def test_lengths_padded_to_a_multiple_give_the_same_loss_and_gradients(lengths, 
 
     class Pairs:
         def src(self, i):
-            return torch.randint(4, 40, (lengths[i][0],), generator=torch.Generator().manual_seed(seed * 100 + i)).numpy()
+            return torch.randint(
+                4, 40, (lengths[i][0],), generator=torch.Generator().manual_seed(seed * 100 + i)
+            ).numpy()
 
         def tgt(self, i):
-            return torch.randint(4, 40, (lengths[i][1],), generator=torch.Generator().manual_seed(seed * 100 + 50 + i)).numpy()
+            return torch.randint(
+                4,
+                40,
+                (lengths[i][1],),
+                generator=torch.Generator().manual_seed(seed * 100 + 50 + i),
+            ).numpy()
 
     torch.manual_seed(int(torch.randint(0, 1000, (1,), generator=g)))
     model = Transformer(tiny_config(dropout=0.0)).train()
@@ -969,7 +1330,9 @@ def test_lengths_padded_to_a_multiple_give_the_same_loss_and_gradients(lengths, 
         model.zero_grad()
         out = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
         out.loss.backward()
-        results.append((out.loss.detach(), int(out.n_tokens), [p.grad.clone() for p in model.parameters()]))
+        results.append(
+            (out.loss.detach(), int(out.n_tokens), [p.grad.clone() for p in model.parameters()])
+        )
     (loss, n, grads), (padded_loss, padded_n, padded_grads) = results
     assert n == padded_n
     torch.testing.assert_close(padded_loss, loss, rtol=1e-5, atol=1e-5)

@@ -19,26 +19,43 @@ def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
     int8 = to_dtype(model, resolve_dtype("int8", torch.device("cpu")))
     assert not any(type(m) is nn.Linear for m in int8.modules())
     quantized = [m for m in int8.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
-    # encoder layer: qkv, out, fc1, fc2; decoder layer: also q, kv, out of cross-attention; and the tied output matrix's copy
+    # encoder layer: qkv, out, fc1, fc2; decoder layer: also q, kv, out of cross-attention; and the
+    # tied output matrix's copy
     assert len(quantized) == 2 * 4 + 2 * 7 + 1 and int8.output_projection in quantized
-    assert torch.equal(int8.tgt_embed.weight, float_model.tgt_embed.weight)  # the embeddings (and the tie) keep float32
+    assert torch.equal(
+        int8.tgt_embed.weight, float_model.tgt_embed.weight
+    )  # the embeddings (and the tie) keep float32
     assert all(m.weight().qscheme() == torch.per_channel_affine for m in quantized)
     assert all(type(m) is Int8Linear for m in quantized)
     x = torch.randn(3, 2, model.cfg.d_model)
     with torch.inference_mode():  # the short call computes what the parent's does, to the bit
-        assert all(torch.equal(m(x), torch.ao.nn.quantized.dynamic.Linear.forward(m, x)) for m in quantized if m.in_features == x.size(-1))
+        assert all(
+            torch.equal(m(x), torch.ao.nn.quantized.dynamic.Linear.forward(m, x))
+            for m in quantized
+            if m.in_features == x.size(-1)
+        )
     src = random_sources([6, 11], seed=4)
     with torch.inference_mode():
-        expected = float_model.decode(torch.full((2, 1), 2), *float_model.encode(src)).log_softmax(-1)
+        expected = float_model.decode(torch.full((2, 1), 2), *float_model.encode(src)).log_softmax(
+            -1
+        )
         got = int8.decode(torch.full((2, 1), 2), *int8.encode(src)).log_softmax(-1)
     assert got.dtype == torch.float32
-    assert float((got - expected).abs().max()) < 0.05  # int8 weights and activations: close, not equal
-    (hyps, _) = translate_batch(int8, src, DecodeConfig(beam_size=3, length_penalty=0.6, max_len_a=1.0, max_len_b=4, n_best=2))
+    assert (
+        float((got - expected).abs().max()) < 0.05
+    )  # int8 weights and activations: close, not equal
+    (hyps, _) = translate_batch(
+        int8,
+        src,
+        DecodeConfig(beam_size=3, length_penalty=0.6, max_len_a=1.0, max_len_b=4, n_best=2),
+    )
     assert len(hyps) == 2 and hyps[0].score >= hyps[1].score
 
 
 def test_int8_names_its_limits():
-    with pytest.raises(ConfigError, match="--dtype must be float32, bfloat16, float16, int8 or auto, got 'int4'"):
+    with pytest.raises(
+        ConfigError, match="--dtype must be float32, bfloat16, float16, int8 or auto, got 'int4'"
+    ):
         resolve_dtype("int4", torch.device("cpu"), "--dtype")
     with pytest.raises(ConfigError, match="--dtype int8 runs on the CPU only"):
         resolve_dtype("int8", torch.device("meta"), "--dtype")
@@ -54,16 +71,28 @@ def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
     tok = cached_tokenizer(200, lines=2000)
     pieces = tok.tgt_pieces
     cut = steering(tok, prefix="the do")
-    assert [pieces[i] for (i,) in cut.prefix] == ["\u2581the"]  # whole words are forced; the last, cut one is a fragment
-    first = dict(cut.fragment[0])  # what may spell "▁do": a piece that holds it (and maybe goes on), or begins it
-    assert {pieces[i] for i, s in first.items() if s == FRAGMENT_DONE} == {p for p in pieces if p.startswith("\u2581do")}
-    assert {pieces[i] for i, s in first.items() if s != FRAGMENT_DONE} == {p for p in pieces if "\u2581do".startswith(p) and p != "\u2581do"}
+    assert [pieces[i] for (i,) in cut.prefix] == [
+        "\u2581the"
+    ]  # whole words are forced; the last, cut one is a fragment
+    first = dict(
+        cut.fragment[0]
+    )  # what may spell "▁do": a piece that holds it (and maybe goes on), or begins it
+    assert {pieces[i] for i, s in first.items() if s == FRAGMENT_DONE} == {
+        p for p in pieces if p.startswith("\u2581do")
+    }
+    assert {pieces[i] for i, s in first.items() if s != FRAGMENT_DONE} == {
+        p for p in pieces if "\u2581do".startswith(p) and p != "\u2581do"
+    }
     assert len(first) > 1
     spaced = steering(tok, prefix="the dog ")
     assert [i for (i,) in spaced.prefix[:-1]] == tok.encode_tgt(["the dog"])[0]
-    assert EOS in spaced.prefix[-1] and all(pieces[i].startswith("\u2581") for i in spaced.prefix[-1] if i != EOS)
+    assert EOS in spaced.prefix[-1] and all(
+        pieces[i].startswith("\u2581") for i in spaced.prefix[-1] if i != EOS
+    )
     terms = steering(tok, constraints=["dog", "", " "], bans=["cat sees"])
-    assert terms.constraints == (tuple(tok.encode_tgt(["dog"])[0]),) and terms.bans == (tuple(tok.encode_tgt(["cat sees"])[0]),)
+    assert terms.constraints == (tuple(tok.encode_tgt(["dog"])[0]),) and terms.bans == (
+        tuple(tok.encode_tgt(["cat sees"])[0]),
+    )
     assert not steering(tok) and not steering(tok, prefix="  ")
 
 
@@ -78,19 +107,29 @@ def test_a_translation_starts_with_its_prefix_holds_its_terms_and_avoids_its_ban
     model = Transformer(tiny_config(src_vocab_size=200, tgt_vocab_size=200)).eval()
     lines = ["the dog sees a cat .", "a man .", "the house is big ."]
     decode = DecodeConfig(beam_size=4, max_len_a=1.0, max_len_b=4, n_best=2)
-    wishes = [steering(tok, prefix="the big ", constraints=["house"]), steering(tok), steering(tok, prefix="a wom", bans=["man"])]
+    wishes = [
+        steering(tok, prefix="the big ", constraints=["house"]),
+        steering(tok),
+        steering(tok, prefix="a wom", bans=["man"]),
+    ]
     results = translate_lines(model, tok, lines, decode, torch.device("cpu"), steering=wishes)
     texts = [[t for t in tok.decode_tgt([h.tokens for h in hyps])] for hyps in results]
     assert all(t.startswith("the big ") and "house" in t for t in texts[0])
     (banned,) = wishes[2].bans
-    generated = [h.tokens[len(wishes[2].prefix) :] for h in results[2]]  # beyond the prefix, which the user wrote
+    generated = [
+        h.tokens[len(wishes[2].prefix) :] for h in results[2]
+    ]  # beyond the prefix, which the user wrote
     assert all(t.startswith("a wom") for t in texts[2])
     assert not any(g[j : j + len(banned)] == list(banned) for g in generated for j in range(len(g)))
-    assert texts[1] == [tok.decode_tgt([h.tokens])[0] for h in translate_lines(model, tok, lines[1:2], decode, torch.device("cpu"))[0]]
+    assert texts[1] == [
+        tok.decode_tgt([h.tokens])[0]
+        for h in translate_lines(model, tok, lines[1:2], decode, torch.device("cpu"))[0]
+    ]
 
 
 def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_sentence(caplog):
-    """A source of only UNK pieces (an emoji, another script) was translated anyway into one invented sentence, with no warning."""
+    """A source of only UNK pieces (an emoji, another script) was translated anyway into one
+    invented sentence, with no warning."""
     from collections import Counter
 
     from conftest import cached_tokenizer, tiny_config, translate_lines
@@ -103,8 +142,17 @@ def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_se
     lines = ["the dog .", "😀😀", "日本語", "", "the cat ."]
     skipped = Counter()
     with caplog.at_level("WARNING", logger="nmt.translate"):
-        results = translate_lines(model, tok, lines, DecodeConfig(beam_size=2, max_len_b=3), torch.device("cpu"), skipped=skipped)
-    assert [bool(r) for r in results] == [True, False, False, False, True] and skipped == Counter(unknown=2)
+        results = translate_lines(
+            model,
+            tok,
+            lines,
+            DecodeConfig(beam_size=2, max_len_b=3),
+            torch.device("cpu"),
+            skipped=skipped,
+        )
+    assert [bool(r) for r in results] == [True, False, False, False, True] and skipped == Counter(
+        unknown=2
+    )
     assert [r.getMessage()[:13] for r in caplog.records] == ["input line 2 ", "input line 3 "]
     assert "only characters the model does not know" in caplog.text
 
@@ -116,25 +164,43 @@ def format_model():
     from nmt.core.model import Transformer
 
     torch.manual_seed(0)
-    return Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval(), format_tokenizer()
+    return Transformer(
+        tiny_config(src_vocab_size=300, tgt_vocab_size=300)
+    ).eval(), format_tokenizer()
 
 
 def test_format_characters_the_tokenizer_kept_are_pieces_a_model_would_read(format_model):
     _, tok = format_model
     kept = [c for c in FORMAT_CHARACTERS if tok.encode_src([c])[0]]
-    assert kept == ["\u202e", "\u202d", "\u2066", "\u2069", "\u00ad", "\u200d", "\u2060"]  # U+200E, U+200F, U+FEFF, U+061C and U+200B are removed
-    assert [tok.src.id_to_piece(i) for i in tok.encode_src(["\u202e"])[0]] == ["▁\u202e"]  # one piece: a word to the model
+    assert kept == [
+        "\u202e",
+        "\u202d",
+        "\u2066",
+        "\u2069",
+        "\u00ad",
+        "\u200d",
+        "\u2060",
+    ]  # U+200E, U+200F, U+FEFF, U+061C and U+200B are removed
+    assert [tok.src.id_to_piece(i) for i in tok.encode_src(["\u202e"])[0]] == [
+        "▁\u202e"
+    ]  # one piece: a word to the model
 
 
 SENTENCES = st.sampled_from(["the dog .", "a cat sees the man ."]).map(lambda line: (line, True))
 
 
-@given(marked=st.lists(st.one_of(NO_TEXT_LINES.map(lambda line: (line, False)), SENTENCES), min_size=1, max_size=8))
-def test_a_line_with_no_text_is_not_translated_into_an_invented_sentence(format_model, caplog, marked):
-    """A line of only U+202E, which the training text held at the start of some lines, was translated into an
-    invented sentence: it was one piece of its own, neither blank nor unknown. A line of no character but format,
-    control and space characters now gives an empty output line, with a warning if it is not blank, whatever
-    the tokenizer made of it."""
+@given(
+    marked=st.lists(
+        st.one_of(NO_TEXT_LINES.map(lambda line: (line, False)), SENTENCES), min_size=1, max_size=8
+    )
+)
+def test_a_line_with_no_text_is_not_translated_into_an_invented_sentence(
+    format_model, caplog, marked
+):
+    """A line of only U+202E, which the training text held at the start of some lines, was
+    translated into an invented sentence: it was one piece of its own, neither blank nor unknown. A
+    line of no character but format, control and space characters now gives an empty output line,
+    with a warning if it is not blank, whatever the tokenizer made of it."""
     from collections import Counter
 
     from conftest import translate_lines
@@ -144,17 +210,28 @@ def test_a_line_with_no_text_is_not_translated_into_an_invented_sentence(format_
     skipped = Counter()
     caplog.clear()
     with caplog.at_level("WARNING", logger="nmt.translate"):
-        results = translate_lines(model, tok, lines, DecodeConfig(beam_size=2, max_len_b=3), torch.device("cpu"), skipped=skipped)
+        results = translate_lines(
+            model,
+            tok,
+            lines,
+            DecodeConfig(beam_size=2, max_len_b=3),
+            torch.device("cpu"),
+            skipped=skipped,
+        )
     assert [bool(r) for r in results] == texts
     warned = [i + 1 for i, line in enumerate(lines) if not texts[i] and line.strip()]
     assert skipped == Counter(no_text=len(warned)) if warned else skipped == Counter()
     messages = [r.getMessage() for r in caplog.records]
-    assert [int(m.split()[2]) for m in messages] == warned and all("has no text (only format, control or space characters, such as U+" in m for m in messages)
+    assert [int(m.split()[2]) for m in messages] == warned and all(
+        "has no text (only format, control or space characters, such as U+" in m for m in messages
+    )
 
 
 @pytest.mark.skipif(not onednn_linear_works(), reason="this torch build has no oneDNN linear")
 @pytest.mark.parametrize("min_rows", [1, 10**9])
-def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_model(model, monkeypatch, min_rows):
+def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_model(
+    model, monkeypatch, min_rows
+):
     """Every linear layer and the tied output matrix are packed (through oneDNN from ``min_rows``
     rows on, MKL's ``F.linear`` below: both paths are run), the state_dict keeps its names and
     values, and the search keeps the exactness of the production path: cached = recompute =
@@ -177,7 +254,10 @@ def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_mo
             assert torch.allclose(layer(x), reference(x), atol=1e-5)
     src = random_sources([1, 2, 7, 19, 33], seed=5)
     decode = DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2)
-    runs = {name: translate_batch(packed, src, decode, scorer=name) for name in ("cached", "tiled", "recompute")}
+    runs = {
+        name: translate_batch(packed, src, decode, scorer=name)
+        for name in ("cached", "tiled", "recompute")
+    }
     runs["dense"] = translate_batch(dense, src, decode)
     for name in ("tiled", "recompute", "dense"):
         for ref, got in zip(runs[name], runs["cached"]):
@@ -192,19 +272,27 @@ def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_mo
         packed.project(x).sum().backward()
         assert torch.allclose(x.grad, dense.tgt_embed.weight.sum(0).expand(2, -1), atol=1e-5)
         y = torch.randn(40, model.cfg.d_model)
-        packed.decoder[0].ffn.fc1(y).sum().backward()  # the layer's weight requires grad: the dense path records it
-        assert torch.allclose(packed.decoder[0].ffn.fc1.weight.grad, y.sum(0).expand(model.cfg.d_ff, -1), atol=1e-4)
+        packed.decoder[0].ffn.fc1(
+            y
+        ).sum().backward()  # the layer's weight requires grad: the dense path records it
+        assert torch.allclose(
+            packed.decoder[0].ffn.fc1.weight.grad, y.sum(0).expand(model.cfg.d_ff, -1), atol=1e-4
+        )
 
 
 def test_int8_per_matrix_weights_when_asked(model):
-    """``per_channel=False``: one scale per weight matrix (what ``scripts/bench_decode.py --int8-weights per-tensor`` measures)."""
+    """``per_channel=False``: one scale per weight matrix (what ``scripts/bench_decode.py
+    --int8-weights per-tensor`` measures)."""
     int8 = to_dtype(model, torch.qint8, per_channel=False)
     quantized = [m for m in int8.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
-    assert len(quantized) == 2 * 4 + 2 * 7 + 1 and all(m.weight().qscheme() == torch.per_tensor_affine for m in quantized)
+    assert len(quantized) == 2 * 4 + 2 * 7 + 1 and all(
+        m.weight().qscheme() == torch.per_tensor_affine for m in quantized
+    )
 
 
 def _cut_words(tok):
-    """Words the target vocabulary holds as one piece whose beginnings it cuts into two or more (``▁Lehr`` as ``▁L ehr``)."""
+    """Words the target vocabulary holds as one piece whose beginnings it cuts into two or more
+    (``▁Lehr`` as ``▁L ehr``)."""
     found = []
     for piece in tok.tgt_pieces:
         word = piece[1:]
@@ -217,9 +305,12 @@ def _cut_words(tok):
 
 @settings(max_examples=20, deadline=None)
 @given(data=st.data())
-def test_a_prefix_that_ends_inside_a_word_lets_the_model_finish_the_word_however_the_fragment_was_cut(data):
-    """`zwei Lehr` (cut `▁L ehr`) gave `zwei Lehr sagen…`: the pieces the fragment was cut into were forced,
-    so the model could not write `▁Lehrer`, the one piece its vocabulary has for the word."""
+def test_a_prefix_ending_inside_a_word_lets_the_model_finish_it_however_the_fragment_was_cut(
+    data,
+):
+    """`zwei Lehr` (cut `▁L ehr`) gave `zwei Lehr sagen…`: the pieces the fragment was cut into were
+    forced, so the model could not write `▁Lehrer`, the one piece its vocabulary has for the
+    word."""
     from conftest import cached_tokenizer, tiny_config
 
     from nmt.config import DecodeConfig
@@ -237,5 +328,11 @@ def test_a_prefix_that_ends_inside_a_word_lets_the_model_finish_the_word_however
     model.project = lambda h: F.linear(h, model.tgt_embed.weight) + favour
     inference = Inference([model], tok, torch.device("cpu"))
     decode = DecodeConfig(beam_size=3, max_len_a=0.0, max_len_b=4)
-    ((best, *_),) = inference.translate(["the dog ."], Decoding(decode), [steering(tok, prefix="der " + word[:cut])])
-    assert best.tokens[:2] == [tok.encode_tgt(["der"])[0][0], whole], (word, cut, [tok.tgt_pieces[i] for i in best.tokens])
+    ((best, *_),) = inference.translate(
+        ["the dog ."], Decoding(decode), [steering(tok, prefix="der " + word[:cut])]
+    )
+    assert best.tokens[:2] == [tok.encode_tgt(["der"])[0][0], whole], (
+        word,
+        cut,
+        [tok.tgt_pieces[i] for i in best.tokens],
+    )

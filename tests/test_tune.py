@@ -15,19 +15,34 @@ from nmt.tune import Setting, grid, rerank, validation_lines
 @pytest.mark.parametrize("beam", [2, 5])
 def test_one_search_reranked_equals_a_search_per_setting(model, beam):
     src = random_sources([2, 6, 11, 17, 30], seed=11)
-    pool = translate_batch(model, src, DecodeConfig(beam_size=beam, length_penalty=0.0, max_len_a=1.0, max_len_b=8, n_best=beam))
+    pool = translate_batch(
+        model,
+        src,
+        DecodeConfig(beam_size=beam, length_penalty=0.0, max_len_a=1.0, max_len_b=8, n_best=beam),
+    )
     compared = 0
     for setting in grid([beam], ["gnmt", "length", "none"], [0.0, 0.6, 1.0, 2.0, -0.5]):
         direct = translate_batch(
             model,
             src,
-            DecodeConfig(beam_size=beam, length_penalty=setting.length_penalty, max_len_a=1.0, max_len_b=8, length_normalization=setting.length_normalization),
+            DecodeConfig(
+                beam_size=beam,
+                length_penalty=setting.length_penalty,
+                max_len_a=1.0,
+                max_len_b=8,
+                length_normalization=setting.length_normalization,
+            ),
         )
-        assert [rerank(p, setting.length_normalization, setting.length_penalty) for p in pool] == [d[0].tokens for d in direct], setting
+        assert [rerank(p, setting.length_normalization, setting.length_penalty) for p in pool] == [
+            d[0].tokens for d in direct
+        ], setting
         compared += 1
     assert compared == 9
     # The grid is not vacuous: some settings choose different translations.
-    picks = {tuple(map(tuple, (rerank(p, n, a) for p in pool))) for n, a in [("none", 0.0), ("length", 2.0), ("length", -0.5)]}
+    picks = {
+        tuple(map(tuple, (rerank(p, n, a) for p in pool)))
+        for n, a in [("none", 0.0), ("length", 2.0), ("length", -0.5)]
+    }
     assert len(picks) > 1
 
 
@@ -65,7 +80,9 @@ def test_rerank_counts_eos_in_the_length():
     ],
 )
 def test_test_file_names(tmp_path, name, is_test):
-    assert looks_like_test_data(tmp_path / "test" / name) == is_test  # the name counts, not the directory
+    assert (
+        looks_like_test_data(tmp_path / "test" / name) == is_test
+    )  # the name counts, not the directory
 
 
 def test_shipped_configs_train_and_select_on_no_test_split():
@@ -73,20 +90,42 @@ def test_shipped_configs_train_and_select_on_no_test_split():
     assert configs
     for path in configs:
         data = config_from_dict(yaml.safe_load(path.read_text(encoding="utf-8")), str(path)).data
-        # Training reads the train split; best.pt, early stopping and validation BLEU use the valid split.
-        used = [data.train_split, data.valid_split, data.train_src, data.train_tgt, data.valid_src, data.valid_tgt]
+        # Training reads the train split; best.pt, early stopping and validation BLEU use the valid
+        # split.
+        used = [
+            data.train_split,
+            data.valid_split,
+            data.train_src,
+            data.train_tgt,
+            data.valid_src,
+            data.valid_tgt,
+        ]
         used += [f"{split}:{file}" for split, file in (data.hf_data_files or {}).items()]
         assert not [u for u in used if u and looks_like_test_data(u)], path
-    for path in sorted((ROOT / "configs" / "sweeps").glob("*.yaml")):  # a sweep's overrides choose on val too
-        sets = [s for entry in yaml.safe_load(path.read_text(encoding="utf-8")) for s in entry.get("set", [])]
-        assert not [s for s in sets if s.split("=")[0].startswith("data.") and looks_like_test_data(s.split("=", 1)[1])], path
+    for path in sorted(
+        (ROOT / "configs" / "sweeps").glob("*.yaml")
+    ):  # a sweep's overrides choose on val too
+        sets = [
+            s
+            for entry in yaml.safe_load(path.read_text(encoding="utf-8"))
+            for s in entry.get("set", [])
+        ]
+        assert not [
+            s
+            for s in sets
+            if s.split("=")[0].startswith("data.") and looks_like_test_data(s.split("=", 1)[1])
+        ], path
 
 
 def test_shipped_scripts_train_and_tune_on_no_test_file():
     for path in sorted((ROOT / "scripts").glob("*.sh")):
-        text = path.read_text(encoding="utf-8").replace("\\\n", " ")  # continued lines as one command
+        text = path.read_text(encoding="utf-8").replace(
+            "\\\n", " "
+        )  # continued lines as one command
         for command in re.findall(r"nmt (?:train|tune-decode)\b[^\n]*", text):
-            assert not [w for w in command.split() if looks_like_test_data(w.split("=")[-1].strip("\"'"))], (path, command)
+            assert not [
+                w for w in command.split() if looks_like_test_data(w.split("=")[-1].strip("\"'"))
+            ], (path, command)
 
 
 def test_tuning_refuses_test_sets_and_bad_grids_in_the_python_api_too(tmp_path):
@@ -94,28 +133,47 @@ def test_tuning_refuses_test_sets_and_bad_grids_in_the_python_api_too(tmp_path):
     (tmp_path / "valid.de").write_text("x\n")
     with pytest.raises(ConfigError) as err:  # refused before it is read: the file does not exist
         validation_lines(tmp_path / "newstest2014.en", tmp_path / "valid.de")
-    assert err.value.key == "src" and str(err.value).startswith(f"src {tmp_path / 'newstest2014.en'}: the name says test data")
-    assert err.value.render({"src": "--src", "allow_test_names": "--allow-test-names"}.get).endswith(
-        "or pass --allow-test-names if this file is a validation set named like a test set"
+    assert err.value.key == "src" and str(err.value).startswith(
+        f"src {tmp_path / 'newstest2014.en'}: the name says test data"
     )
-    with pytest.raises(ConfigError, match=r"^src .*valid.en and ref .*valid.de differ in length \(2 and 1 lines\); they must match line for line$"):
+    assert err.value.render(
+        {"src": "--src", "allow_test_names": "--allow-test-names"}.get
+    ).endswith("or pass --allow-test-names if this file is a validation set named like a test set")
+    with pytest.raises(
+        ConfigError,
+        match=r"^src .*valid.en and ref .*valid.de differ in length \(2 and 1 lines\); they must "
+        r"match line for line$",
+    ):
         validation_lines(tmp_path / "valid.en", tmp_path / "valid.de")
-    assert validation_lines(tmp_path / "valid.en", tmp_path / "valid.de", max_sentences=1) == (["a"], ["x"])
+    assert validation_lines(tmp_path / "valid.en", tmp_path / "valid.de", max_sentences=1) == (
+        ["a"],
+        ["x"],
+    )
     with pytest.raises(ConfigError, match="^max_sentences must be at least 1, got 0$"):
         validation_lines(tmp_path / "valid.en", tmp_path / "valid.de", max_sentences=0)
     with pytest.raises(ConfigError, match=r"^beam_sizes must all be in \[1, 1024\], got 0,5$"):
         grid([0, 5], ["gnmt"], [1.0])
-    with pytest.raises(ConfigError, match="^normalizations: unknown average; choose from gnmt, length, none$"):
+    with pytest.raises(
+        ConfigError, match="^normalizations: unknown average; choose from gnmt, length, none$"
+    ):
         grid([1, 5], ["gnmt", "average"], [1.0])
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     data=st.data(),
-    scores=st.lists(st.tuples(st.sampled_from([20.0, 25.5]), st.sampled_from([50.0, 51.0])), min_size=2, max_size=8),
+    scores=st.lists(
+        st.tuples(st.sampled_from([20.0, 25.5]), st.sampled_from([50.0, 51.0])),
+        min_size=2,
+        max_size=8,
+    ),
     sentences=st.integers(1, 300),
 )
-def test_a_tie_keeps_the_checkpoints_own_setting_or_the_smallest_beam_and_says_so(data, scores, sentences, caplog):
+def test_a_tie_keeps_the_checkpoints_own_setting_or_the_smallest_beam_and_says_so(
+    data, scores, sentences, caplog
+):
     """tune-decode on one sentence tied on every setting and picked the first in grid order."""
     import logging
 
@@ -123,11 +181,21 @@ def test_a_tie_keeps_the_checkpoints_own_setting_or_the_smallest_beam_and_says_s
     from nmt.config import DecodeConfig
 
     rows = [
-        {"beam_size": b, "length_normalization": "length", "length_penalty": a, "bleu": bleu, "chrf": chrf}
+        {
+            "beam_size": b,
+            "length_normalization": "length",
+            "length_penalty": a,
+            "bleu": bleu,
+            "chrf": chrf,
+        }
         for (bleu, chrf), (b, a) in zip(scores, [(b, a) for b in (5, 1, 4, 2) for a in (0.6, 1.0)])
     ]
     own = data.draw(st.sampled_from(rows))
-    decode = DecodeConfig(beam_size=own["beam_size"], length_normalization="length", length_penalty=own["length_penalty"])
+    decode = DecodeConfig(
+        beam_size=own["beam_size"],
+        length_normalization="length",
+        length_penalty=own["length_penalty"],
+    )
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="nmt.tune"):
         best = choose(rows, decode, sentences)

@@ -1,1 +1,2 @@
-"""The commands of ``nmt``, one module each; :mod:`nmt.cli` assembles them and reports their errors."""
+"""The commands of ``nmt``, one module each; :mod:`nmt.cli` assembles them and reports their
+errors."""

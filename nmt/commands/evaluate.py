@@ -1,6 +1,7 @@
 """``nmt evaluate``: sacreBLEU scores of translations, given or made by a checkpoint."""
 
-# Size: evaluate() at most 80 lines: Typer declares every option, with its help, in the command's signature; the body is about 50.
+# Size: evaluate() at most 75: Typer declares every option, with its help, in the command's
+# signature; the body reads them in the order they are checked, before anything is translated.
 
 from __future__ import annotations
 
@@ -55,14 +56,40 @@ from .options import (
 
 def evaluate(
     ctx: typer.Context,
-    ref: Annotated[list[Path], typer.Option("--ref", "-r", metavar="<path>", help="Reference file (repeat for several references; - reads standard input).")],
-    hyp: Annotated[Path | None, typer.Option("--hyp", help="Detokenized hypotheses, one a line (- reads standard input).")] = None,
+    ref: Annotated[
+        list[Path],
+        typer.Option(
+            "--ref",
+            "-r",
+            metavar="<path>",
+            help="Reference file (repeat for several references; - reads standard input).",
+        ),
+    ],
+    hyp: Annotated[
+        Path | None,
+        typer.Option("--hyp", help="Detokenized hypotheses, one a line (- reads standard input)."),
+    ] = None,
     checkpoint: Annotated[
-        list[Path], typer.Option("--checkpoint", help="Translate --src with this checkpoint first (repeat for an ensemble), then score.")
+        list[Path],
+        typer.Option(
+            "--checkpoint",
+            help="Translate --src with this checkpoint first (repeat for an ensemble), then score.",
+        ),
     ] = [],
-    src: Annotated[Path | None, typer.Option("--src", help="Source text to translate (with --checkpoint; - reads standard input).")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="With --checkpoint: also write the translations here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (unrounded scores) instead of text.")] = False,
+    src: Annotated[
+        Path | None,
+        typer.Option(
+            "--src", help="Source text to translate (with --checkpoint; - reads standard input)."
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="With --checkpoint: also write the translations here."),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print one JSON object (unrounded scores) instead of text."),
+    ] = False,
     tokenize: Tokenize = None,
     tgt_lang: TgtLang = None,
     quiet: Quiet = False,
@@ -83,21 +110,36 @@ def evaluate(
     """Score translations with sacreBLEU (BLEU and chrF, with signatures)."""
     setup_logging(quiet)
     standard_output()  # the score goes there: closed, it would be lost
-    settings_given = [p.name for p in ctx.command.params if p.name in (*DECODE_KEYS, *RUNNING, "shortlist") and on_command_line(ctx, p.name)]
+    settings_given = [
+        p.name
+        for p in ctx.command.params
+        if p.name in (*DECODE_KEYS, *RUNNING, "shortlist") and on_command_line(ctx, p.name)
+    ]
     check_inputs(hyp, checkpoint, src, output, settings_given)
     if output == STDIN:
-        raise NmtError("--output -: standard output takes the scores; give a file for the translations")
+        raise NmtError(
+            "--output -: standard output takes the scores; give a file for the translations"
+        )
     check_output(output)
     if output is not None:
         from ..checkpoint import checkpoint_file  # not at the top: `nmt --help` loads without torch
 
-        readers = [("--src", src), ("--shortlist", shortlist)] + [("--ref", r) for r in ref] + [("--checkpoint", checkpoint_file(c)) for c in checkpoint]
+        readers = (
+            [("--src", src), ("--shortlist", shortlist)]
+            + [("--ref", r) for r in ref]
+            + [("--checkpoint", checkpoint_file(c)) for c in checkpoint]
+        )
         check_not_an_input(output, [(flag, path) for flag, path in readers if path is not None])
     read = _reader([("--hyp", hyp), ("--src", src)] + [("--ref", r) for r in ref])
     references = [read(r) for r in ref]
     ref_names = tuple("<stdin>" if r == STDIN else str(r) for r in ref)
-    chosen = bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None  # with a checkpoint, --tgt-lang chooses the direction
-    named = tokenize not in (None, "auto")  # a tokenizer asked for by name, not chosen by a language
+    chosen = (
+        bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None
+    )  # with a checkpoint, --tgt-lang chooses the direction
+    named = tokenize not in (
+        None,
+        "auto",
+    )  # a tokenizer asked for by name, not chosen by a language
     if chosen is not None:
         check_tokenizer(chosen)  # before translating, not after
     if checkpoint:
@@ -109,14 +151,21 @@ def evaluate(
         cfg, tokenizer = inference.cfg, inference.tokenizer
         goal = target(cfg, tokenizer, tgt_lang)
         chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this direction
-        named, tgt_lang = named or cfg.eval.tokenize != "auto", goal.lang  # the language that chose, for the warning below
+        named, tgt_lang = (
+            named or cfg.eval.tokenize != "auto",
+            goal.lang,
+        )  # the language that chose, for the warning below
         check_tokenizer(chosen)
         sources = read(src)
-        check_line_counts(len(sources), "source lines", references, ref_names)  # before translating, not after
+        check_line_counts(
+            len(sources), "source lines", references, ref_names
+        )  # before translating, not after
         allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
         with progress_bar(quiet, total=len(sources)) as bar:
             decoding = Decoding(settings, src_prefix=goal.src_prefix, shortlist=allowed)
-            hyps = inference.best_strings(inference.translate(sources, decoding, progress=bar.update))
+            hyps = inference.best_strings(
+                inference.translate(sources, decoding, progress=bar.update)
+            )
         if output is not None:
             atomic_write(output, "".join(h + "\n" for h in hyps))
     else:
@@ -127,31 +176,54 @@ def evaluate(
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        # sacreBLEU's BLEU line already starts with "BLEU = score": print it, not a second score line.
-        typer.echo(f"{result['bleu_detail']}\n  signature: {result['bleu_signature']}\nchrF = {result['chrf']:.2f}\n  signature: {result['chrf_signature']}")
+        # sacreBLEU's BLEU line already starts with "BLEU = score": print it, not a second score
+        # line.
+        typer.echo(
+            f"{result['bleu_detail']}\n  signature: {result['bleu_signature']}\nchrF = "
+            f"{result['chrf']:.2f}\n  signature: {result['chrf_signature']}"
+        )
 
 
-def _warn_if_unsegmented(references: list[str], chosen: str, tgt_lang: str | None, checkpoint: bool) -> None:
-    """Warn in one line when ``references`` look like Chinese, Japanese or Korean text (:func:`nmt.evaluate.guess_cjk_language`)
-    and the tokenizer chosen for them is 13a, whatever ``tgt_lang`` (``--tgt-lang``, or the checkpoint's) said: a code that names no such language
+def _warn_if_unsegmented(
+    references: list[str], chosen: str, tgt_lang: str | None, checkpoint: bool
+) -> None:
+    """Warn in one line when ``references`` look like Chinese, Japanese or Korean text
+    (:func:`nmt.evaluate.guess_cjk_language`) and the tokenizer chosen for them is 13a, whatever
+    ``tgt_lang`` (``--tgt-lang``, or the checkpoint's) said: a code that names no such language
     (:func:`nmt.evaluate.cjk_language`) chooses 13a, which scores such text, unsegmented, near 0."""
     guessed = guess_cjk_language(references) if chosen == "13a" else None
     if guessed:
-        said = f" (language code {tgt_lang} is none nmt knows for Chinese, Japanese or Korean)" if tgt_lang else ""
+        said = (
+            f" (language code {tgt_lang} is none nmt knows for Chinese, Japanese or Korean)"
+            if tgt_lang
+            else ""
+        )
         tokenizer = LANGUAGE_TOKENIZERS[guessed]
-        fix = f"pass --tokenize {tokenizer}" if checkpoint else f"pass --tgt-lang {guessed} (or --tokenize NAME)"
-        typer.echo(f"warning: the references look like {guessed} text, which sacreBLEU scores with tokenizer {tokenizer}, not 13a{said}: {fix}", err=True)
+        fix = (
+            f"pass --tokenize {tokenizer}"
+            if checkpoint
+            else f"pass --tgt-lang {guessed} (or --tokenize NAME)"
+        )
+        typer.echo(
+            f"warning: the references look like {guessed} text, which sacreBLEU scores with "
+            f"tokenizer {tokenizer}, not 13a{said}: {fix}",
+            err=True,
+        )
 
 
 def _reader(inputs: list[tuple[str, Path | None]]):
-    """``read(path)``: a file's lines (:func:`nmt.corpus.read_lines`), or standard input's for ``-``.
+    """``read(path)``: a file's lines (:func:`nmt.corpus.read_lines`), or standard input's for
+    ``-``.
 
     Raises:
         NmtError: ``-`` given for more than one input: standard input can be read once.
     """
     dashes = [flag for flag, path in inputs if path == STDIN]
     if len(dashes) > 1:
-        raise NmtError(f"{' and '.join(dashes)} all name standard input (-), which can be read once: give files for all but one")
+        raise NmtError(
+            f"{' and '.join(dashes)} all name standard input (-), which can be read once: give "
+            "files for all but one"
+        )
 
     def read(path: Path) -> list[str]:
         if path != STDIN:

@@ -11,19 +11,30 @@ from .options import Checkpoint
 
 
 def export(
-    out: Annotated[Path, typer.Argument(help="Where to write: a directory (huggingface, ctranslate2; created if missing) or a file (nmt, e.g. model.pt).")],
+    out: Annotated[
+        Path,
+        typer.Argument(
+            help="Where to write: a directory (huggingface, ctranslate2; created if missing) or a "
+            "file (nmt, e.g. model.pt)."
+        ),
+    ],
     checkpoint: Checkpoint,
     format: Annotated[
         str,
         typer.Option(
             "--format",
-            help="huggingface (a MarianMTModel directory), ctranslate2 (a CTranslate2 model directory), or nmt (a slim checkpoint: weights, config and "
+            help="huggingface (a MarianMTModel directory), ctranslate2 (a CTranslate2 model "
+            "directory), or nmt (a slim checkpoint: weights, config and "
             "tokenizer, no optimizer state; for translate and evaluate).",
         ),
     ] = "huggingface",
     quantization: Annotated[
         str | None,
-        typer.Option("--quantization", help="With --format ctranslate2: int8, int8_float32, float16, bfloat16, ... (CTranslate2's names). Default: float32."),
+        typer.Option(
+            "--quantization",
+            help="With --format ctranslate2: int8, int8_float32, float16, bfloat16, ... "
+            "(CTranslate2's names). Default: float32.",
+        ),
     ] = None,
 ) -> None:
     """Write a checkpoint for deployment: a Hugging Face MarianMTModel directory, a CTranslate2

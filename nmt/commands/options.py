@@ -23,30 +23,45 @@ Checkpoint = Annotated[Path, typer.Option("--checkpoint", help=CKPT_HELP)]
 Checkpoints = Annotated[
     list[Path],
     typer.Option(
-        "--checkpoint", help=f"{CKPT_HELP[:-1]}. Repeat for an ensemble: models' next-token probabilities averaged; their tokenizers must be the same."
+        "--checkpoint",
+        help=f"{CKPT_HELP[:-1]}. Repeat for an ensemble: models' next-token probabilities "
+        "averaged; their tokenizers must be the same.",
     ),
 ]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="For scripts: no progress bar and no info messages on stderr (warnings and errors still print).")]
+Quiet = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        "-q",
+        help="For scripts: no progress bar and no info messages on stderr (warnings and errors "
+        "still print).",
+    ),
+]
 Tokenize = Annotated[
     str | None,
     typer.Option(
         "--tokenize",
         "-t",
-        help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, or with --checkpoint by its config "
+        help=f"sacreBLEU's BLEU tokenizer: {', '.join(TOKENIZERS)}. Default: chosen by --tgt-lang, "
+        "or with --checkpoint by its config "
         "(eval.tokenize, data.tgt_lang), else 13a.",
     ),
 ]
 TGT_LANG_HELP = (
-    "Target language code. With a multilingual checkpoint, the language to translate into (required; its >>xx<< tag goes before "
-    "each source, and a source language it was not trained from is zero-shot); a checkpoint of one target language takes only that one."
+    "Target language code. With a multilingual checkpoint, the language to translate into "
+    "(required; its >>xx<< tag goes before "
+    "each source, and a source language it was not trained from is zero-shot); a checkpoint of one "
+    "target language takes only that one."
 )
 TgtLang = Annotated[
     str | None,
     typer.Option(
         "--tgt-lang",
         "-l",
-        help=f"{TGT_LANG_HELP} Also picks the BLEU tokenizer as sacreBLEU does: zh → zh, ja → ja-mecab, ko → ko-mecab, others → 13a, "
-        "any spelling (zho, cmn, zho_Hans, zh-Hant-TW, jpn_Jpan, kor_Hang) (with --checkpoint, as validation scored that direction).",
+        help=f"{TGT_LANG_HELP} Also picks the BLEU tokenizer as sacreBLEU does: zh → zh, ja → "
+        "ja-mecab, ko → ko-mecab, others → 13a, "
+        "any spelling (zho, cmn, zho_Hans, zh-Hant-TW, jpn_Jpan, kor_Hang) (with --checkpoint, as "
+        "validation scored that direction).",
     ),
 ]
 TranslateTgtLang = Annotated[str | None, typer.Option("--tgt-lang", "-l", help=TGT_LANG_HELP)]
@@ -54,52 +69,75 @@ TranslateTgtLang = Annotated[str | None, typer.Option("--tgt-lang", "-l", help=T
 # The decode settings, each named as the DecodeConfig field it sets; None keeps the checkpoint's.
 DECODE_KEYS = tuple(f.name for f in fields(DecodeConfig))
 BeamSize = Annotated[
-    int | None, typer.Option("--beam-size", "-b", help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's decode.beam_size.")
+    int | None,
+    typer.Option(
+        "--beam-size",
+        "-b",
+        help="Hypotheses kept per sentence (1 = greedy). Default: the checkpoint's "
+        "decode.beam_size.",
+    ),
 ]
 LengthPenalty = Annotated[
     float | None,
     typer.Option(
         "--length-penalty",
         "-a",
-        help="Length-penalty exponent α (see --length-normalization); 0 = raw log-probability. Default: the checkpoint's decode.length_penalty.",
+        help="Length-penalty exponent α (see --length-normalization); 0 = raw log-probability. "
+        "Default: the checkpoint's decode.length_penalty.",
     ),
 ]
 LengthNormalization = Annotated[
     str | None,
     typer.Option(
         "--length-normalization",
-        help="Rank finished hypotheses by log P / lp(|Y|), |Y| pieces with EOS: length |Y|^α (fairseq, Hugging Face), "
+        help="Rank finished hypotheses by log P / lp(|Y|), |Y| pieces with EOS: length |Y|^α "
+        "(fairseq, Hugging Face), "
         "gnmt ((5+|Y|)/6)^α, none. Default: the checkpoint's decode.length_normalization.",
     ),
 ]
-MaxLenA = Annotated[float | None, typer.Option("--max-len-a", help="Output limit = a · source tokens + b (pieces).")]
-MaxLenB = Annotated[int | None, typer.Option("--max-len-b", help="Output limit = a · source tokens + b (pieces).")]
+MaxLenA = Annotated[
+    float | None, typer.Option("--max-len-a", help="Output limit = a · source tokens + b (pieces).")
+]
+MaxLenB = Annotated[
+    int | None, typer.Option("--max-len-b", help="Output limit = a · source tokens + b (pieces).")
+]
 NBest = Annotated[
     int | None,
     typer.Option(
         "--n-best",
-        help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a blank input line gets one empty entry). "
-        "score = log P(text|source) in nats (EOS included) divided by lp(|Y|) of --length-normalization, |Y| pieces with EOS: the value beam search "
+        help="Hypotheses written per input (> 1 switches to 'index ||| text ||| score' lines; a "
+        "blank input line gets one empty entry). "
+        "score = log P(text|source) in nats (EOS included) divided by lp(|Y|) of "
+        "--length-normalization, |Y| pieces with EOS: the value beam search "
         "ranks by, higher is better.",
     ),
 ]
 MinLen = Annotated[
     int | None,
-    typer.Option("--min-len", help="No translation ends before this many pieces (EOS is forbidden until then). Default: the checkpoint's decode.min_len (0)."),
+    typer.Option(
+        "--min-len",
+        help="No translation ends before this many pieces (EOS is forbidden until then). Default: "
+        "the checkpoint's decode.min_len (0).",
+    ),
 ]
-MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Source tokens per batch, padding included.")]
+MaxTokens = Annotated[
+    int | None, typer.Option("--max-tokens", help="Source tokens per batch, padding included.")
+]
 MaxInputPieces = Annotated[
     int | None,
     typer.Option(
         "--max-input-pieces",
-        help="Longest source line translated, in pieces (default: the checkpoint's decode.max_input_pieces, 1024); a longer line "
+        help="Longest source line translated, in pieces (default: the checkpoint's "
+        "decode.max_input_pieces, 1024); a longer line "
         "gets an empty output line and a warning on stderr.",
     ),
 ]
 AllowUnk = Annotated[
     bool | None,
     typer.Option(
-        "--allow-unk/--no-allow-unk", help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the checkpoint's decode.allow_unk (false)."
+        "--allow-unk/--no-allow-unk",
+        help="Let translations contain the unknown piece (printed ' ⁇ '). Default: the "
+        "checkpoint's decode.allow_unk (false).",
     ),
 ]
 
@@ -107,29 +145,39 @@ AlignmentLayer = Annotated[
     int | None,
     typer.Option(
         "--alignment-layer",
-        help="Decoder layer (1-based) that --print-alignment reads cross-attention from. Default: the checkpoint's "
-        "decode.alignment_layer, else the penultimate layer of three or more, the last of fewer (nmt plot attention shows each layer).",
+        help="Decoder layer (1-based) that --print-alignment reads cross-attention from. Default: "
+        "the checkpoint's "
+        "decode.alignment_layer, else the penultimate layer of three or more, the last of fewer "
+        "(nmt plot attention shows each layer).",
     ),
 ]
 
 # How a checkpoint runs, beside its decode settings.
 RUNNING = ("device", "threads", "dtype")
-Device = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")]
-Threads = Annotated[int, typer.Option("--threads", help="CPU threads for torch (0 = torch's default).")]
+Device = Annotated[
+    str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto (CUDA if available).")
+]
+Threads = Annotated[
+    int, typer.Option("--threads", help="CPU threads for torch (0 = torch's default).")
+]
 ShortlistFile = Annotated[
     Path | None,
     typer.Option(
         "--shortlist",
-        help="Restrict each batch's output to the target pieces this vocabulary shortlist allows for its source pieces (built by nmt shortlist; "
-        "CTranslate2's vocabulary-map format): faster decoding, no longer exact. Default: the whole vocabulary.",
+        help="Restrict each batch's output to the target pieces this vocabulary shortlist allows "
+        "for its source pieces (built by nmt shortlist; "
+        "CTranslate2's vocabulary-map format): faster decoding, no longer exact. Default: the "
+        "whole vocabulary.",
     ),
 ]
 DType = Annotated[
     str,
     typer.Option(
         "--dtype",
-        help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or AVX512-BF16; several times slower on others), "
-        "float16 (GPU), int8 (CPU: every linear layer dynamically quantized), or auto (bfloat16 where it is fast, else float32). Scores stay float32.",
+        help="Weights and activations: float32, bfloat16 (faster on GPUs and on CPUs with AMX or "
+        "AVX512-BF16; several times slower on others), "
+        "float16 (GPU), int8 (CPU: every linear layer dynamically quantized), or auto (bfloat16 "
+        "where it is fast, else float32). Scores stay float32.",
     ),
 ]
 
@@ -142,11 +190,17 @@ def on_command_line(ctx: typer.Context, name: str) -> bool:
 
 def setup_logging(quiet: bool = False) -> None:
     """Info messages (or, ``quiet``, only warnings and errors) on stderr, with the time."""
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
 
 
 def progress_bar(quiet: bool, total: int | None = None, unit: str = "line"):
-    """A progress bar on stderr (tqdm) when stderr is a terminal and not ``quiet``; otherwise one that shows nothing."""
+    """A progress bar on stderr (tqdm) when stderr is a terminal and not ``quiet``; otherwise one
+    that shows nothing."""
     from tqdm import tqdm
 
     shown = not quiet and sys.stderr is not None and sys.stderr.isatty()
@@ -163,7 +217,10 @@ def standard_input():
         NmtError: it is closed (``nmt translate <&-``): one line, not a traceback.
     """
     if sys.stdin is None:
-        raise NmtError("standard input is closed; give the text with --input FILE, or open standard input (< FILE, or a pipe)")
+        raise NmtError(
+            "standard input is closed; give the text with --input FILE, or open standard input (< "
+            "FILE, or a pipe)"
+        )
     return sys.stdin.buffer
 
 
@@ -174,7 +231,10 @@ def standard_output():
         NmtError: it is closed (``nmt evaluate >&-``), so a result would go nowhere.
     """
     if sys.stdout is None:
-        raise NmtError("standard output is closed, so the result would be lost; redirect it to a file (> FILE) or give --output FILE where the command has it")
+        raise NmtError(
+            "standard output is closed, so the result would be lost; redirect it to a file (> "
+            "FILE) or give --output FILE where the command has it"
+        )
     return sys.stdout
 
 
@@ -189,10 +249,12 @@ def check_output(path: Path | None, flag: str = "--output") -> None:
 
 
 def device(ctx: typer.Context):
-    """The torch device and dtype that ``--device``, ``--threads`` and ``--dtype`` ask for (the threads set at once).
+    """The torch device and dtype that ``--device``, ``--threads`` and ``--dtype`` ask for (the
+    threads set at once).
 
     Raises:
-        ConfigError: ``--threads`` out of :data:`nmt.config.THREADS`, or a device or dtype this machine lacks.
+        ConfigError: ``--threads`` out of :data:`nmt.config.THREADS`, or a device or dtype this
+            machine lacks.
     """
     import torch
 
@@ -223,7 +285,9 @@ def load_translator(ctx: typer.Context, checkpoints: list[Path], **fixed):
     """
     from ..inference import Inference
 
-    changes = {name: ctx.params[name] for name in DECODE_KEYS if ctx.params.get(name) is not None} | fixed
+    changes = {
+        name: ctx.params[name] for name in DECODE_KEYS if ctx.params.get(name) is not None
+    } | fixed
     replace(DecodeConfig(), **changes)  # each value's own range, before anything is loaded
     dev, dtype = device(ctx)
     inference = Inference.load(checkpoints, dev, dtype)

@@ -31,7 +31,13 @@ from .options import (
 def metrics(
     run_dir: Annotated[Path, typer.Argument(help="A run directory with metrics.jsonl.")],
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg. Default: RUN_DIR/metrics.png.")
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Image to write: .png (also without a suffix), .pdf or .svg. Default: "
+            "RUN_DIR/metrics.png.",
+        ),
     ] = None,
 ) -> None:
     """Plot training/validation loss, validation BLEU and the learning rate over steps."""
@@ -47,7 +53,12 @@ def attention(
     ctx: typer.Context,
     sentence: Annotated[str, typer.Argument(help="The source sentence to translate.")],
     checkpoint: Checkpoint,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg.")] = Path("attention.png"),
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="Image to write: .png (also without a suffix), .pdf or .svg."
+        ),
+    ] = Path("attention.png"),
     beam_size: BeamSize = None,
     length_penalty: LengthPenalty = None,
     length_normalization: LengthNormalization = None,
@@ -61,7 +72,8 @@ def attention(
     threads: Threads = 0,
     dtype: DType = "float32",
 ) -> None:
-    """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a heatmap."""
+    """Translate one sentence and draw each decoder layer's cross-attention (heads averaged) as a
+    heatmap."""
     check_output(out, "--out")
     from ..plot import check_image_format
 
@@ -75,17 +87,22 @@ def attention(
     from ..plot import plot_attention
 
     goal = target(inference.cfg, inference.tokenizer, tgt_lang)
-    src_pieces, tgt_pieces, weights = sentence_attention(inference, sentence, settings, goal.src_prefix)
-    typer.echo(f"wrote {plot_attention(weights.numpy(), src_pieces, tgt_pieces, out, marked_layer=alignment_layer(weights.size(0), settings.alignment_layer))}")
+    src_pieces, tgt_pieces, weights = sentence_attention(
+        inference, sentence, settings, goal.src_prefix
+    )
+    marked = alignment_layer(weights.size(0), settings.alignment_layer)
+    written = plot_attention(weights.numpy(), src_pieces, tgt_pieces, out, marked_layer=marked)
+    typer.echo(f"wrote {written}")
 
 
 def sentence_attention(inference, sentence: str, decode, src_prefix: tuple[int, ...]):
-    """Translate ``sentence`` (after ``src_prefix``) with beam search and return what the decoder read
-    (:meth:`nmt.inference.Inference.attention`).
+    """Translate ``sentence`` (after ``src_prefix``) with beam search and return what the decoder
+    read (:meth:`nmt.inference.Inference.attention`).
 
     Raises:
-        ConfigError: the sentence has no text (:func:`nmt.clean.has_text`), has more than ``decode.max_input_pieces`` pieces, or only
-            unknown ones: what ``nmt translate`` leaves untranslated (:meth:`nmt.inference.Inference.translate`).
+        ConfigError: the sentence has no text (:func:`nmt.clean.has_text`), has more than
+            ``decode.max_input_pieces`` pieces, or only unknown ones: what ``nmt translate`` leaves
+            untranslated (:meth:`nmt.inference.Inference.translate`).
     """
     from dataclasses import replace
 
@@ -94,11 +111,23 @@ def sentence_attention(inference, sentence: str, decode, src_prefix: tuple[int, 
     from ..tokenizer import unknown_only
 
     if not has_text(sentence):
-        raise ConfigError("the sentence to translate has no text" if sentence.strip() else "the sentence to translate is empty")
+        raise ConfigError(
+            "the sentence to translate has no text"
+            if sentence.strip()
+            else "the sentence to translate is empty"
+        )
     encoded = inference.tokenizer.encode_src([sentence.strip()])[0]
     if len(encoded) > decode.max_input_pieces:
-        raise ConfigError(f"the sentence has {len(encoded)} pieces, over the limit of {decode.max_input_pieces} (--max-input-pieces); give a shorter one")
+        raise ConfigError(
+            f"the sentence has {len(encoded)} pieces, over the limit of {decode.max_input_pieces} "
+            "(--max-input-pieces); give a shorter one"
+        )
     if unknown_only(encoded, inference.tokenizer.src):
-        raise ConfigError("the sentence has only characters the model does not know (every piece is unknown); nothing to plot")
-    ((best, *_),) = inference.translate([sentence.strip()], Decoding(replace(decode, n_best=1), src_prefix=src_prefix))
+        raise ConfigError(
+            "the sentence has only characters the model does not know (every piece is unknown); "
+            "nothing to plot"
+        )
+    ((best, *_),) = inference.translate(
+        [sentence.strip()], Decoding(replace(decode, n_best=1), src_prefix=src_prefix)
+    )
     return inference.attention(sentence.strip(), best, src_prefix)

@@ -17,18 +17,42 @@ WHOLE = Range(1, MAX_INT)
 
 def profile(
     ctx: typer.Context,
-    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help=f"{CKPT_HELP} Or give --preset.")] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help=f"A random model of this size: {', '.join(PRESETS)} (8,000 pieces).")] = None,
-    beam_size: Annotated[int, typer.Option("--beam-size", "-b", help="Hypotheses per sentence.")] = 5,
-    batch: Annotated[int, typer.Option("--batch", help="Sentences decoded together (and in the training batch).")] = 32,
-    src_len: Annotated[int, typer.Option("--src-len", help="Source tokens per sentence, EOS included.")] = 20,
-    tgt_len: Annotated[int, typer.Option("--tgt-len", help="Target pieces generated per sentence (EOS forbidden before, forced after).")] = 25,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the table.")] = False,
-    device_name: Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")] = "auto",
+    checkpoint: Annotated[
+        Path | None, typer.Option("--checkpoint", help=f"{CKPT_HELP} Or give --preset.")
+    ] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset", help=f"A random model of this size: {', '.join(PRESETS)} (8,000 pieces)."
+        ),
+    ] = None,
+    beam_size: Annotated[
+        int, typer.Option("--beam-size", "-b", help="Hypotheses per sentence.")
+    ] = 5,
+    batch: Annotated[
+        int, typer.Option("--batch", help="Sentences decoded together (and in the training batch).")
+    ] = 32,
+    src_len: Annotated[
+        int, typer.Option("--src-len", help="Source tokens per sentence, EOS included.")
+    ] = 20,
+    tgt_len: Annotated[
+        int,
+        typer.Option(
+            "--tgt-len",
+            help="Target pieces generated per sentence (EOS forbidden before, forced after).",
+        ),
+    ] = 25,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of the table.")
+    ] = False,
+    device_name: Annotated[
+        str, typer.Option("--device", help="cpu, cuda, cuda:N or auto.")
+    ] = "auto",
     threads: Threads = 0,
     dtype: DType = "float32",
 ) -> None:
-    """Where decoding and training spend their time and memory, part by part, on batches of a fixed shape.
+    """Where decoding and training spend their time and memory, part by part, on batches of a fixed
+    shape.
 
     Each row of the decode table is milliseconds and share of one batched decode: encoder
     self-attention; decoder self-attention; cross-attention (the source keys/values, computed
@@ -50,8 +74,15 @@ def profile(
 
     standard_output()
     if (checkpoint is None) == (preset is None):
-        raise ConfigError("give a model to profile: --checkpoint CKPT or --preset NAME (one of them)")
-    for flag, value, allowed in (("--beam-size", beam_size, BEAM), ("--batch", batch, WHOLE), ("--src-len", src_len, WHOLE), ("--tgt-len", tgt_len, WHOLE)):
+        raise ConfigError(
+            "give a model to profile: --checkpoint CKPT or --preset NAME (one of them)"
+        )
+    for flag, value, allowed in (
+        ("--beam-size", beam_size, BEAM),
+        ("--batch", batch, WHOLE),
+        ("--src-len", src_len, WHOLE),
+        ("--tgt-len", tgt_len, WHOLE),
+    ):
         if value not in allowed:
             raise ConfigError(f"{flag} must be {allowed}, got {value}")
     if preset is not None and preset not in PRESETS:
@@ -64,13 +95,20 @@ def profile(
         from ..config import ModelConfig
 
         torch.manual_seed(0)
-        model = to_dtype(Transformer(ModelConfig(**PRESETS[preset], src_vocab_size=8000, tgt_vocab_size=8000)).to(dev).eval(), torch_dtype)
+        model = to_dtype(
+            Transformer(ModelConfig(**PRESETS[preset], src_vocab_size=8000, tgt_vocab_size=8000))
+            .to(dev)
+            .eval(),
+            torch_dtype,
+        )
     shape = Shape(batch, src_len, tgt_len, beam_size)
     needed, available = largest_tensors_bytes(model.cfg, shape, dtype), available_memory(dev)
     if available is not None and needed > available:
         raise ConfigError(
-            f"--batch {batch}, --src-len {src_len}, --tgt-len {tgt_len} and --beam-size {beam_size} need at least {needed / 2**30:.1f} GiB"
-            f" for their largest tensors, more than the {available / 2**30:.1f} GiB available on {dev}; make them smaller"
+            f"--batch {batch}, --src-len {src_len}, --tgt-len {tgt_len} and --beam-size "
+            f"{beam_size} need at least {needed / 2**30:.1f} GiB"
+            f" for their largest tensors, more than the {available / 2**30:.1f} GiB available on "
+            f"{dev}; make them smaller"
         )
     result = run_profile(model, shape, dev, dtype)
     typer.echo(json.dumps(result) if as_json else format_profile(result))

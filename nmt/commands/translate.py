@@ -1,6 +1,7 @@
 """``nmt translate``: a stream of lines in, one translation (or n-best list) per line out."""
 
-# Size: translate() at most 160 lines: its 30 options are declared, with their help, in its signature (80 lines); the body is about 80.
+# Size: module at most 425 lines, translate() at most 110: one command of 30 options; its body turns
+# them into one Decoding value and streams lines, each option's errors beside it.
 
 from __future__ import annotations
 
@@ -49,60 +50,108 @@ def translate(
     ctx: typer.Context,
     checkpoint: Checkpoints,
     input: Annotated[
-        Path | None, typer.Option("--input", "-i", help="Source text, one sentence a line (plain or .gz). Default (or -): standard input.")
+        Path | None,
+        typer.Option(
+            "--input",
+            "-i",
+            help="Source text, one sentence a line (plain or .gz). Default (or -): standard input.",
+        ),
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write translations. Default (or -): standard output.")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="Where to write translations. Default (or -): standard output."
+        ),
+    ] = None,
     buffer_size: Annotated[
         int,
         typer.Option(
             "--buffer-size",
-            help="Lines read and translated together (sorted by length into batches); memory is bounded by it, not by the input. Also translated "
+            help="Lines read and translated together (sorted by length into batches); memory is "
+            "bounded by it, not by the input. Also translated "
             "as soon as no more input is waiting, so a typed line is translated when entered.",
         ),
     ] = 1000,
     sampling: Annotated[
-        bool, typer.Option("--sampling", help="Draw --n-best independent random samples per line instead of beam search (back-translation, data augmentation).")
+        bool,
+        typer.Option(
+            "--sampling",
+            help="Draw --n-best independent random samples per line instead of beam search "
+            "(back-translation, data augmentation).",
+        ),
     ] = False,
     temperature: Annotated[
-        float | None, typer.Option("--temperature", help="With --sampling: log-probabilities divided by this (below 1 sharper, above 1 flatter). Default 1.")
+        float | None,
+        typer.Option(
+            "--temperature",
+            help="With --sampling: log-probabilities divided by this (below 1 sharper, above 1 "
+            "flatter). Default 1.",
+        ),
     ] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k", help="With --sampling: draw from the k most probable pieces only (0 = all, the default).")] = None,
+    top_k: Annotated[
+        int | None,
+        typer.Option(
+            "--top-k",
+            help="With --sampling: draw from the k most probable pieces only (0 = all, the "
+            "default).",
+        ),
+    ] = None,
     top_p: Annotated[
         float | None,
         typer.Option(
-            "--top-p", help="With --sampling: draw from the fewest most probable pieces whose probabilities sum to at least p (nucleus; 1 = all, the default)."
+            "--top-p",
+            help="With --sampling: draw from the fewest most probable pieces whose probabilities "
+            "sum to at least p (nucleus; 1 = all, the default).",
         ),
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option("--seed", help="With --sampling: random seed (default 0); the same input, seed and options give the same samples, however batched."),
+        typer.Option(
+            "--seed",
+            help="With --sampling: random seed (default 0); the same input, seed and options give "
+            "the same samples, however batched.",
+        ),
     ] = None,
     prefix_file: Annotated[
         Path | None,
         typer.Option(
             "--prefix-file",
-            help="One line per input line: target text its translation must start with (an empty line: none). A prefix that ends inside "
-            "a word lets the model finish the word in its own pieces; one that ends with a space makes the next piece start a word.",
+            help="One line per input line: target text its translation must start with (an empty "
+            "line: none). A prefix that ends inside "
+            "a word lets the model finish the word in its own pieces; one that ends with a space "
+            "makes the next piece start a word.",
         ),
     ] = None,
     constraints_file: Annotated[
         Path | None,
         typer.Option(
             "--constraints-file",
-            help="One line per input line: target phrases, tab-separated, that its translation must contain, in any order, each as "
+            help="One line per input line: target phrases, tab-separated, that its translation "
+            "must contain, in any order, each as "
             "written (an empty line: none). Beam search only.",
         ),
     ] = None,
     ban_file: Annotated[
         Path | None,
-        typer.Option("--ban-file", help="One line per input line: target phrases, tab-separated, that its translation must not contain (an empty line: none)."),
+        typer.Option(
+            "--ban-file",
+            help="One line per input line: target phrases, tab-separated, that its translation "
+            "must not contain (an empty line: none).",
+        ),
     ] = None,
-    ban: Annotated[list[str], typer.Option("--ban", help="A target phrase no translation may contain (repeatable; adds to --ban-file's).")] = [],
+    ban: Annotated[
+        list[str],
+        typer.Option(
+            "--ban",
+            help="A target phrase no translation may contain (repeatable; adds to --ban-file's).",
+        ),
+    ] = [],
     print_alignment: Annotated[
         bool,
         typer.Option(
             "--print-alignment",
-            help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; the cross-attention of "
+            help="Add ' ||| ' and source-target alignments 'i-j' (0-based SentencePiece pieces; "
+            "the cross-attention of "
             "--alignment-layer, heads averaged) after each translation.",
         ),
     ] = False,
@@ -124,7 +173,8 @@ def translate(
     dtype: DType = "float32",
     shortlist: ShortlistFile = None,
 ) -> None:
-    """Translate text with beam search (or sampling): exactly one output line per input line, in input order.
+    """Translate text with beam search (or sampling): exactly one output line per input line, in
+    input order.
 
     Input is read and translated in buffers, each written out as soon as it is done.
     """
@@ -134,7 +184,14 @@ def translate(
 
     def write_all(write) -> None:  # each buffer goes out as soon as it is translated
         for first, results in lines:
-            write("".join(line + "\n" for line in output_lines(tokenizer, results, first, bool(n_best and n_best > 1), print_alignment)))
+            write(
+                "".join(
+                    line + "\n"
+                    for line in output_lines(
+                        tokenizer, results, first, bool(n_best and n_best > 1), print_alignment
+                    )
+                )
+            )
         if steering is not None:
             steering.check_end()  # before --output is put in place
 
@@ -166,7 +223,10 @@ def translate(
             raise ConfigError(f"--buffer-size must be 1 to {MAX_BUFFER:,} lines, got {buffer_size}")
         sampler = _sampling(sampling, temperature, top_k, top_p, seed)
         if sampler is not None and constraints_file is not None:
-            raise ConfigError("--constraints-file needs beam search: --sampling draws each piece and cannot make a sample hold a phrase")
+            raise ConfigError(
+                "--constraints-file needs beam search: --sampling draws each piece and cannot make "
+                "a sample hold a phrase"
+            )
         inference, settings = load_translator(ctx, checkpoint)
         from ..inference import Decoding
         from ..multilingual import target
@@ -175,24 +235,52 @@ def translate(
         cfg, tokenizer = inference.cfg, inference.tokenizer
         goal = target(cfg, tokenizer, tgt_lang)
 
-        steering = SteeringLines(tokenizer, prefix_file, constraints_file, ban_file, ban) if (prefix_file or constraints_file or ban_file or ban) else None
-        chunks = buffers(iter_lines(input, once=True), buffer_size) if input is not None else stream_buffers(standard_input(), buffer_size)
-        counted = input is not None and output is not None and input.is_file()  # a pipe is read once, by the translation
+        steering = (
+            SteeringLines(tokenizer, prefix_file, constraints_file, ban_file, ban)
+            if (prefix_file or constraints_file or ban_file or ban)
+            else None
+        )
+        chunks = (
+            buffers(iter_lines(input, once=True), buffer_size)
+            if input is not None
+            else stream_buffers(standard_input(), buffer_size)
+        )
+        counted = (
+            input is not None and output is not None and input.is_file()
+        )  # a pipe is read once, by the translation
         with progress_bar(quiet, total=count_lines(input) if counted else None) as bar:
             if input is None and sys.stdin.isatty() and not quiet:
-                typer.echo("nmt translate: the model is loaded; type a sentence and press Enter (Ctrl-D ends)", err=True)
+                typer.echo(
+                    "nmt translate: the model is loaded; type a sentence and press Enter (Ctrl-D "
+                    "ends)",
+                    err=True,
+                )
             allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
-            decoding = Decoding(settings, sampling=sampler, alignment=print_alignment, src_prefix=goal.src_prefix, shortlist=allowed)
+            decoding = Decoding(
+                settings,
+                sampling=sampler,
+                alignment=print_alignment,
+                src_prefix=goal.src_prefix,
+                shortlist=allowed,
+            )
             lines = inference.stream(chunks, decoding, steering, progress=bar.update)
             if output is None:
                 out = standard_output()
                 write_all(lambda text: (out.write(text), out.flush()))
             else:
-                atomic_write(output, lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())))
+                atomic_write(
+                    output,
+                    lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())),
+                )
     except KeyboardInterrupt:  # Ctrl-C ends an interactive session; what was written stays
-        if output is not None and inherited_fd(output) is None and not is_stream(resolve_output(output)):  # a file, not a pipe or device
+        if (
+            output is not None
+            and inherited_fd(output) is None
+            and not is_stream(resolve_output(output))
+        ):  # a file, not a pipe or device
             typer.echo(
-                f"nmt translate: stopped; {output} was left as it was (an output file appears only when complete:"
+                f"nmt translate: stopped; {output} was left as it was (an output file appears only "
+                "when complete:"
                 " to keep translations as they come, write to standard output)",
                 err=True,
             )
@@ -203,19 +291,30 @@ def translate(
 
 
 class SteeringLines:
-    """One :class:`~nmt.core.beams.Steering` per input line, read from the prefix, constraints and ban files
-    in step with the input (:func:`nmt.inference.steering`); ``bans`` apply to every line.
+    """One :class:`~nmt.core.beams.Steering` per input line, read from the prefix, constraints and
+    ban files in step with the input (:func:`nmt.inference.steering`); ``bans`` apply to every line.
 
     Raises:
         DataError: a file ends before the input does (when its line is needed), or, at
             :meth:`check_end`, has lines beyond the input's.
     """
 
-    def __init__(self, tokenizer, prefix_file: Path | None, constraints_file: Path | None, ban_file: Path | None, bans: list[str]):
+    def __init__(
+        self,
+        tokenizer,
+        prefix_file: Path | None,
+        constraints_file: Path | None,
+        ban_file: Path | None,
+        bans: list[str],
+    ):
         self.tokenizer, self.bans, self.lines = tokenizer, list(bans), 0
         self.files = {
             flag: (path, iter_lines(path, once=True))
-            for flag, path in (("--prefix-file", prefix_file), ("--constraints-file", constraints_file), ("--ban-file", ban_file))
+            for flag, path in (
+                ("--prefix-file", prefix_file),
+                ("--constraints-file", constraints_file),
+                ("--ban-file", ban_file),
+            )
             if path is not None
         }
 
@@ -240,17 +339,29 @@ class SteeringLines:
         path, lines = self.files[flag]
         line = next(lines, None)
         if line is None:
-            raise DataError(f"{flag} {path} has {self.lines - 1} lines, the input has more: give one line per input line (an empty line for none)")
+            raise DataError(
+                f"{flag} {path} has {self.lines - 1} lines, the input has more: give one line per "
+                "input line (an empty line for none)"
+            )
         return line
 
     def check_end(self) -> None:
-        """Raise if a file has lines beyond the input's (the input had ``lines - 1`` lines read ahead by none)."""
+        """Raise if a file has lines beyond the input's (the input had ``lines - 1`` lines read
+        ahead by none)."""
         for flag, (path, lines) in self.files.items():
             if next(lines, None) is not None:
-                raise DataError(f"{flag} {path} has more lines than the input: give one line per input line")
+                raise DataError(
+                    f"{flag} {path} has more lines than the input: give one line per input line"
+                )
 
 
-def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None):
+def _sampling(
+    sampling: bool,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+):
     """The :class:`~nmt.core.search.Sampling` the flags ask for, or None for beam search.
 
     Raises:
@@ -259,12 +370,20 @@ def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_
     given = {"--temperature": temperature, "--top-k": top_k, "--top-p": top_p, "--seed": seed}
     if not sampling:
         if any(v is not None for v in given.values()):
-            raise ConfigError(f"{', '.join(k for k, v in given.items() if v is not None)} only apply with --sampling")
+            raise ConfigError(
+                f"{', '.join(k for k, v in given.items() if v is not None)} only apply with "
+                "--sampling"
+            )
         return None
     from ..config import SEED
     from ..core.search import Sampling
 
-    chosen = Sampling(*(v if v is not None else d for v, d in zip((temperature, top_k, top_p, seed), (1.0, 0, 1.0, 0))))
+    chosen = Sampling(
+        *(
+            v if v is not None else d
+            for v, d in zip((temperature, top_k, top_p, seed), (1.0, 0, 1.0, 0))
+        )
+    )
     if not chosen.temperature > 0:
         raise ConfigError(f"--temperature must be above 0, got {chosen.temperature}")
     if chosen.top_k < 0:
@@ -278,17 +397,27 @@ def _sampling(sampling: bool, temperature: float | None, top_k: int | None, top_
 
 def output_lines(tokenizer, results, first: int, n_best: bool, alignment: bool) -> list[str]:
     """The output lines of one buffer: best translations, or ``index ||| text ||| score`` lines
-    (``first``: the buffer's first input index); ``alignment`` adds ``||| i-j ...`` after the text."""
+    (``first``: the buffer's first input index); ``alignment`` adds ``||| i-j ...`` after the
+    text."""
     from ..align import format_alignment
     from ..core.search import Hypothesis
 
     if not n_best:
         rows = [(None, r[0] if r else Hypothesis([], 0.0, 0.0, ())) for r in results]
     else:  # a blank input line still gets one (empty) entry, so every index appears
-        rows = [(first + i, h) for i, hyps in enumerate(results) for h in hyps or [Hypothesis([], 0.0, 0.0, ())]]
+        rows = [
+            (first + i, h)
+            for i, hyps in enumerate(results)
+            for h in hyps or [Hypothesis([], 0.0, 0.0, ())]
+        ]
     texts = tokenizer.decode_tgt([h.tokens for _, h in rows])
     lines = []
     for (index, h), text in zip(rows, texts):
-        parts = ([str(index)] if n_best else []) + [text] + ([format_alignment(h.alignment)] if alignment else []) + ([f"{h.score:.4f}"] if n_best else [])
+        parts = (
+            ([str(index)] if n_best else [])
+            + [text]
+            + ([format_alignment(h.alignment)] if alignment else [])
+            + ([f"{h.score:.4f}"] if n_best else [])
+        )
         lines.append(" ||| ".join(parts))
     return lines

@@ -1,5 +1,8 @@
 """``nmt tune-decode``: BLEU over a grid of decoding settings on a validation set."""
 
+# Size: tune_decode() at most 65: the grid, its ties and the flags it prints are one loop over one
+# validation set.
+
 from __future__ import annotations
 
 import json
@@ -32,18 +35,47 @@ from .options import (
 def tune_decode(
     ctx: typer.Context,
     checkpoint: Checkpoint,
-    src: Annotated[Path, typer.Option("--src", help="Validation source text (never the test set).")],
-    ref: Annotated[Path, typer.Option("--ref", "-r", help="Validation reference text, line for line with --src.")],
-    beam_sizes: Annotated[str, typer.Option("--beam-sizes", help="Comma-separated beam sizes to try (1 = greedy).")] = "1,5",
+    src: Annotated[
+        Path, typer.Option("--src", help="Validation source text (never the test set).")
+    ],
+    ref: Annotated[
+        Path,
+        typer.Option("--ref", "-r", help="Validation reference text, line for line with --src."),
+    ],
+    beam_sizes: Annotated[
+        str, typer.Option("--beam-sizes", help="Comma-separated beam sizes to try (1 = greedy).")
+    ] = "1,5",
     normalizations: Annotated[
-        str, typer.Option("--length-normalizations", help="Comma-separated: gnmt, length, none (see translate --length-normalization).")
+        str,
+        typer.Option(
+            "--length-normalizations",
+            help="Comma-separated: gnmt, length, none (see translate --length-normalization).",
+        ),
     ] = "gnmt,length",
-    alphas: Annotated[str, typer.Option("--length-penalties", help="Comma-separated length-penalty exponents α to try.")] = "0.6,1.0,1.5,2.0",
-    max_sentences: Annotated[int | None, typer.Option("--max-sentences", help="Use only the first N lines (a fixed, faster sample).")] = None,
+    alphas: Annotated[
+        str,
+        typer.Option(
+            "--length-penalties", help="Comma-separated length-penalty exponents α to try."
+        ),
+    ] = "0.6,1.0,1.5,2.0",
+    max_sentences: Annotated[
+        int | None,
+        typer.Option(
+            "--max-sentences", help="Use only the first N lines (a fixed, faster sample)."
+        ),
+    ] = None,
     allow_test_names: Annotated[
-        bool, typer.Option("--allow-test-names", help="Accept a file whose name says test (e.g. WMT's newstest2013 used as a validation set).")
+        bool,
+        typer.Option(
+            "--allow-test-names",
+            help="Accept a file whose name says test (e.g. WMT's newstest2013 used as a validation "
+            "set).",
+        ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (rows and best) instead of a table.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print one JSON object (rows and best) instead of a table."),
+    ] = False,
     tokenize: Tokenize = None,
     tgt_lang: TgtLang = None,
     quiet: Quiet = False,
@@ -61,7 +93,11 @@ def tune_decode(
     from ..tune import tune_decode as run_grid
 
     setup_logging(quiet)
-    settings = grid(_csv("--beam-sizes", beam_sizes, int), _csv("--length-normalizations", normalizations, str), _csv("--length-penalties", alphas, float))
+    settings = grid(
+        _csv("--beam-sizes", beam_sizes, int),
+        _csv("--length-normalizations", normalizations, str),
+        _csv("--length-penalties", alphas, float),
+    )
     src_lines, ref_lines = validation_lines(src, ref, max_sentences, allow_test_names)
     chosen = None if tokenize is None else bleu_tokenizer(tokenize, tgt_lang)
     if chosen:
@@ -75,17 +111,44 @@ def tune_decode(
     chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this run's direction
     check_tokenizer(chosen)
     with progress_bar(quiet, total=len(src_lines) * len({s.beam_size for s in settings})) as bar:
-        rows = run_grid(inference, src_lines, ref_lines, decode, settings, tokenize=chosen, progress=bar.update, src_prefix=goal.src_prefix)
+        rows = run_grid(
+            inference,
+            src_lines,
+            ref_lines,
+            decode,
+            settings,
+            tokenize=chosen,
+            progress=bar.update,
+            src_prefix=goal.src_prefix,
+        )
     best = choose(rows, decode, len(src_lines))
-    flags = f"--beam-size {best['beam_size']} --length-normalization {best['length_normalization']} --length-penalty {best['length_penalty']}"
+    flags = (
+        f"--beam-size {best['beam_size']} --length-normalization "
+        f"{best['length_normalization']} --length-penalty {best['length_penalty']}"
+    )
     if as_json:
-        typer.echo(json.dumps({"src": str(src), "ref": str(ref), "sentences": len(src_lines), "rows": rows, "best": best, "flags": flags}))
+        typer.echo(
+            json.dumps(
+                {
+                    "src": str(src),
+                    "ref": str(ref),
+                    "sentences": len(src_lines),
+                    "rows": rows,
+                    "best": best,
+                    "flags": flags,
+                }
+            )
+        )
         return
     typer.echo(f"{len(src_lines)} sentences of {src}; {rows[0]['bleu_signature']}")
-    typer.echo(f"{'beam':>4} {'normalization':>13} {'alpha':>5} {'BLEU':>6} {'chrF':>6} {'len ratio':>9} {'search s':>8}")
+    typer.echo(
+        f"{'beam':>4} {'normalization':>13} {'alpha':>5} {'BLEU':>6} {'chrF':>6} {'len ratio':>9} "
+        f"{'search s':>8}"
+    )
     for r in rows:
         typer.echo(
-            f"{r['beam_size']:>4} {r['length_normalization']:>13} {r['length_penalty']:>5} {r['bleu']:>6.2f} {r['chrf']:>6.2f} "
+            f"{r['beam_size']:>4} {r['length_normalization']:>13} {r['length_penalty']:>5} "
+            f"{r['bleu']:>6.2f} {r['chrf']:>6.2f} "
             f"{r['length_ratio']:>9.3f} {r['search_s']:>8}"
         )
     typer.echo(f"best: BLEU {best['bleu']:.2f} with {flags}")
@@ -103,7 +166,10 @@ def choose(rows: list[dict], decode, sentences: int) -> dict:
     tell them apart (:data:`FEW_SENTENCES`)."""
     top = max((r["bleu"], r["chrf"]) for r in rows)
     tied = [r for r in rows if (r["bleu"], r["chrf"]) == top]
-    own = lambda r: (r["beam_size"], r["length_normalization"], r["length_penalty"]) == (decode.beam_size, decode.length_normalization, decode.length_penalty)
+    own = lambda r: (
+        (r["beam_size"], r["length_normalization"], r["length_penalty"])
+        == (decode.beam_size, decode.length_normalization, decode.length_penalty)
+    )
     best = next((r for r in tied if own(r)), min(tied, key=lambda r: r["beam_size"]))
     log = logging.getLogger("nmt.tune")
     if len(tied) > 1:
@@ -115,7 +181,11 @@ def choose(rows: list[dict], decode, sentences: int) -> dict:
             "the checkpoint's own" if own(best) else "the smallest beam",
         )
     if sentences < FEW_SENTENCES:
-        log.warning("warning: %d sentences cannot tell search settings apart reliably; tune on a validation set of hundreds of lines", sentences)
+        log.warning(
+            "warning: %d sentences cannot tell search settings apart reliably; tune on a "
+            "validation set of hundreds of lines",
+            sentences,
+        )
     return best
 
 
@@ -128,7 +198,9 @@ def _csv(flag: str, text: str, kind: type) -> list:
     try:
         values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ConfigError(f"{flag} {text!r}: expected comma-separated {kind.__name__} values, e.g. {flag} 1,4,5") from None
+        raise ConfigError(
+            f"{flag} {text!r}: expected comma-separated {kind.__name__} values, e.g. {flag} 1,4,5"
+        ) from None
     if not values:
         raise ConfigError(f"{flag} is empty; give at least one value")
     return values

@@ -1,4 +1,5 @@
-"""The core: the paper's model and the algorithms that train it and search with it, and nothing else.
+"""The core: the paper's model and the algorithms that train it and search with it, and nothing
+else.
 
 Read in this order: :mod:`~nmt.core.pieces` (the special ids), :mod:`~nmt.core.layers` and
 :mod:`~nmt.core.model` (Vaswani et al. 2017, §3), :mod:`~nmt.core.cache` (one decoding step's

@@ -1,6 +1,7 @@
 """Batches from encoded corpora: token-budget length bucketing and collation.
 
-Reading, cleaning and encoding text live outside the core (:mod:`nmt.corpus`, :mod:`nmt.encoded`). Notation:
+Reading, cleaning and encoding text live outside the core (:mod:`nmt.corpus`, :mod:`nmt.encoded`).
+Notation:
 ``src_len``/``tgt_len`` count pieces plus the one EOS (source) or BOS/EOS (target) that
 :func:`collate` adds; every budget in tokens counts padding.
 """
@@ -17,7 +18,8 @@ from .pieces import BOS, EOS, PAD
 
 
 class Pairs(Protocol):
-    """Encoded sentence pairs (:class:`nmt.encoded.EncodedCorpus` is one): each side's piece ids, without EOS."""
+    """Encoded sentence pairs (:class:`nmt.encoded.EncodedCorpus` is one): each side's piece ids,
+    without EOS."""
 
     def src(self, i: int) -> np.ndarray:
         """Pair ``i``'s source piece ids."""
@@ -27,7 +29,8 @@ class Pairs(Protocol):
 
 
 class Mix(Protocol):
-    """How an epoch draws from the corpora of several directions (:class:`nmt.multilingual.DirectionMix`)."""
+    """How an epoch draws from the corpora of several directions
+    (:class:`nmt.multilingual.DirectionMix`)."""
 
     def epoch_examples(self, seed: int, epoch: int) -> np.ndarray:
         """The example indices of ``epoch`` (drawn with replacement), in index order."""
@@ -37,14 +40,17 @@ class Mix(Protocol):
 
 
 def token_batches(lengths: np.ndarray, max_tokens: int, order: np.ndarray) -> list[np.ndarray]:
-    """Greedily cut ``order`` into batches whose padded size ``n · max(lengths)`` fits ``max_tokens``.
+    """Greedily cut ``order`` into batches whose padded size ``n · max(lengths)`` fits
+    ``max_tokens``.
 
     ``lengths`` holds one length per example (tokens, the longer side for pairs);
     ``order`` should already sort examples by length so that padding stays small.
     An example longer than ``max_tokens`` on its own gets a batch of its own.
     """
     batches, start, longest = [], 0, 0
-    for i, n in enumerate(np.asarray(lengths)[order].tolist()):  # Python ints: 10x faster than numpy scalars
+    for i, n in enumerate(
+        np.asarray(lengths)[order].tolist()
+    ):  # Python ints: 10x faster than numpy scalars
         if n > longest:
             if i > start and n * (i - start + 1) > max_tokens:
                 batches.append(order[start:i])
@@ -76,15 +82,33 @@ class TokenBatchSampler:
     """
 
     def __init__(
-        self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int, rank: int = 0, world_size: int = 1, mix: Mix | None = None
+        self,
+        src_lengths: np.ndarray,
+        tgt_lengths: np.ndarray,
+        max_tokens: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        mix: Mix | None = None,
     ):
         self.lengths = np.maximum(src_lengths, tgt_lengths)
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
-        self.max_tokens, self.seed, self.rank, self.world_size, self.mix = max_tokens, seed, rank, world_size, mix
+        self.max_tokens, self.seed, self.rank, self.world_size, self.mix = (
+            max_tokens,
+            seed,
+            rank,
+            world_size,
+            mix,
+        )
 
     def epoch_examples(self, epoch: int) -> np.ndarray:
-        """The examples of ``epoch`` (indices; with ``mix``, drawn and possibly repeated), in index order."""
-        return np.arange(len(self.lengths)) if self.mix is None else self.mix.epoch_examples(self.seed, epoch)
+        """The examples of ``epoch`` (indices; with ``mix``, drawn and possibly repeated), in index
+        order."""
+        return (
+            np.arange(len(self.lengths))
+            if self.mix is None
+            else self.mix.epoch_examples(self.seed, epoch)
+        )
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """The batches (arrays of example indices) of ``epoch``, in training order."""
@@ -124,7 +148,9 @@ class Batch:
 
     def to(self, device: torch.device) -> "Batch":
         """The batch on ``device`` (copied without blocking where it can be)."""
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
+        return Batch(
+            *(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out))
+        )
 
 
 def _width(longest: int, multiple: int) -> int:
@@ -132,7 +158,9 @@ def _width(longest: int, multiple: int) -> int:
     return -(-longest // multiple) * multiple
 
 
-def pad_sources(seqs: list[np.ndarray | list[int]], pin_memory: bool = False, multiple: int = 1) -> torch.Tensor:
+def pad_sources(
+    seqs: list[np.ndarray | list[int]], pin_memory: bool = False, multiple: int = 1
+) -> torch.Tensor:
     """Append EOS to each source and right-pad with PAD: ``(batch, src_len)``, ``src_len`` a
     multiple of ``multiple`` (fewer distinct shapes, and a GPU's tensor cores' tiles).
 
@@ -147,9 +175,11 @@ def pad_sources(seqs: list[np.ndarray | list[int]], pin_memory: bool = False, mu
     return out
 
 
-def collate(corpus: Pairs, indices: np.ndarray, pin_memory: bool = False, multiple: int = 1) -> Batch:
-    """The padded :class:`Batch` of examples ``indices`` (page-locked with ``pin_memory``), both lengths
-    rounded up to a multiple of ``multiple`` (``train.pad_to_multiple``)."""
+def collate(
+    corpus: Pairs, indices: np.ndarray, pin_memory: bool = False, multiple: int = 1
+) -> Batch:
+    """The padded :class:`Batch` of examples ``indices`` (page-locked with ``pin_memory``), both
+    lengths rounded up to a multiple of ``multiple`` (``train.pad_to_multiple``)."""
     src = pad_sources([corpus.src(i) for i in indices], pin_memory, multiple)
     tgts = [corpus.tgt(i) for i in indices]
     width = _width(max(len(t) for t in tgts) + 1, multiple)

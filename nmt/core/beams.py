@@ -43,8 +43,8 @@ class Steering:
         return bool(self.prefix or self.constraints or self.bans or self.fragment)
 
     def fragment_state(self, written: list[int]) -> int:
-        """Where ``written`` (the pieces after the prefix) leaves the fragment's automaton: a state, or
-        :data:`FRAGMENT_DONE` (written, or no fragment)."""
+        """Where ``written`` (the pieces after the prefix) leaves the fragment's automaton: a state,
+        or :data:`FRAGMENT_DONE` (written, or no fragment)."""
         state = 0 if self.fragment else FRAGMENT_DONE
         for piece in written:
             if state == FRAGMENT_DONE:
@@ -75,7 +75,9 @@ class ConstraintProgress:
     beam: int
 
     @classmethod
-    def start(cls, constraints: list[tuple[tuple[int, ...], ...]], beam: int, device: torch.device) -> ConstraintProgress:
+    def start(
+        cls, constraints: list[tuple[tuple[int, ...], ...]], beam: int, device: torch.device
+    ) -> ConstraintProgress:
         """Nothing met yet, for sentences with ``constraints`` each (piece-id tuples)."""
         n, c = len(constraints), max(1, max(map(len, constraints)))
         longest = max([len(p) for cs in constraints for p in cs] or [1])
@@ -96,12 +98,15 @@ class ConstraintProgress:
         )
 
     def after(self, rows: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(met, current, position)`` of hypothesis rows ``rows`` ``(m,)`` extended by ``tokens`` ``(m,)``."""
+        """``(met, current, position)`` of hypothesis rows ``rows`` ``(m,)`` extended by ``tokens``
+        ``(m,)``."""
         sentence = torch.div(rows, self.beam, rounding_mode="floor")
         met, current, position = self.met[rows].clone(), self.current[rows], self.position[rows]
         phrases, lengths = self.phrases[sentence], self.lengths[sentence]  # (m, C, L), (m, C)
         spelling = current >= 0
-        expected = phrases.gather(1, current.clamp(min=0).view(-1, 1, 1).expand(-1, 1, phrases.size(2))).squeeze(1)  # (m, L)
+        expected = phrases.gather(
+            1, current.clamp(min=0).view(-1, 1, 1).expand(-1, 1, phrases.size(2))
+        ).squeeze(1)  # (m, L)
         goes_on = spelling & (expected.gather(1, position.view(-1, 1)).squeeze(1) == tokens)
         position = torch.where(goes_on, position + 1, 0)
         current = torch.where(goes_on, current, -1)
@@ -130,14 +135,24 @@ class ConstraintProgress:
         return ((lengths > 0) & ~self.met[rows]).sum(1)
 
     def advance(self, back: Tensor, tokens: Tensor) -> None:
-        """Follow the back-pointers ``back`` ``(rows,)`` and extend each row by ``tokens`` ``(rows,)``."""
+        """Follow the back-pointers ``back`` ``(rows,)`` and extend each row by ``tokens``
+        ``(rows,)``."""
         self.met, self.current, self.position = self.after(back, tokens)
 
     def keep(self, sentences: Tensor) -> None:
         """Keep sentences ``sentences`` ``(new_n,)``, all their rows."""
-        rows = (sentences.unsqueeze(1) * self.beam + torch.arange(self.beam, device=sentences.device)).view(-1)
-        self.phrases, self.lengths = self.phrases.index_select(0, sentences), self.lengths.index_select(0, sentences)
-        self.met, self.current, self.position = self.met.index_select(0, rows), self.current.index_select(0, rows), self.position.index_select(0, rows)
+        rows = (
+            sentences.unsqueeze(1) * self.beam + torch.arange(self.beam, device=sentences.device)
+        ).view(-1)
+        self.phrases, self.lengths = (
+            self.phrases.index_select(0, sentences),
+            self.lengths.index_select(0, sentences),
+        )
+        self.met, self.current, self.position = (
+            self.met.index_select(0, rows),
+            self.current.index_select(0, rows),
+            self.position.index_select(0, rows),
+        )
 
 
 @dataclass
@@ -160,23 +175,41 @@ class Beams:
     progress: ConstraintProgress | None = None
 
     @classmethod
-    def start(cls, state: Any, max_lens: list[int], beam: int, device: torch.device, steering: list[Steering] | None = None) -> Beams:
-        """Every sentence's ``beam`` rows start as BOS; only the first counts, as all are identical."""
+    def start(
+        cls,
+        state: Any,
+        max_lens: list[int],
+        beam: int,
+        device: torch.device,
+        steering: list[Steering] | None = None,
+    ) -> Beams:
+        """Every sentence's ``beam`` rows start as BOS; only the first counts, as all are
+        identical."""
         scores = torch.zeros(len(max_lens), beam, device=device)
         scores[:, 1:] = float("-inf")
         steering = list(steering) if steering and any(steering) else []
-        progress = ConstraintProgress.start([s.constraints for s in steering], beam, device) if any(s.constraints for s in steering) else None
+        progress = (
+            ConstraintProgress.start([s.constraints for s in steering], beam, device)
+            if any(s.constraints for s in steering)
+            else None
+        )
         tokens = torch.full((len(max_lens) * beam, 1), BOS, dtype=torch.long, device=device)
-        return cls(tokens, scores, list(range(len(max_lens))), list(max_lens), state, steering, progress)
+        return cls(
+            tokens, scores, list(range(len(max_lens))), list(max_lens), state, steering, progress
+        )
 
     def __len__(self) -> int:
         return len(self.sentences)
 
     def at_limit(self, step: int, rows_per_sentence: int, device) -> Tensor | None:
-        """Per row ``(len(self) · rows_per_sentence,)``: whether its sentence has reached the length limit
-        at ``step``; None when no sentence has (no tensor is made)."""
+        """Per row ``(len(self) · rows_per_sentence,)``: whether its sentence has reached the length
+        limit at ``step``; None when no sentence has (no tensor is made)."""
         reached = [step >= m for m in self.max_lens]
-        return torch.tensor(reached, device=device).repeat_interleave(rows_per_sentence) if any(reached) else None
+        return (
+            torch.tensor(reached, device=device).repeat_interleave(rows_per_sentence)
+            if any(reached)
+            else None
+        )
 
     def advance(self, top: Candidates, scorer) -> None:
         """The ``beam`` best candidates that do not end continue; the scorer's state (and the
@@ -185,7 +218,9 @@ class Beams:
         rank = top.is_eos.long() * (2 * beam) + torch.arange(2 * beam, device=self.scores.device)
         chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
         self.scores = top.scores.gather(1, chosen)
-        back = (torch.arange(n, device=chosen.device).unsqueeze(1) * beam + top.beam.gather(1, chosen)).view(-1)  # flat back-pointers
+        back = (
+            torch.arange(n, device=chosen.device).unsqueeze(1) * beam + top.beam.gather(1, chosen)
+        ).view(-1)  # flat back-pointers
         new = top.token.gather(1, chosen).view(-1)
         self.tokens = torch.cat([self.tokens.index_select(0, back), new.unsqueeze(1)], dim=1)
         if self.progress is not None:
@@ -200,7 +235,10 @@ class Beams:
             return
         n, beam = self.scores.shape
         rows = torch.tensor(keep, device=self.scores.device)
-        self.sentences, self.max_lens = [self.sentences[r] for r in keep], [self.max_lens[r] for r in keep]
+        self.sentences, self.max_lens = (
+            [self.sentences[r] for r in keep],
+            [self.max_lens[r] for r in keep],
+        )
         self.steering = [self.steering[r] for r in keep] if self.steering else []
         self.scores = self.scores.index_select(0, rows)
         self.tokens = self.tokens.view(n, beam, -1).index_select(0, rows).view(len(keep) * beam, -1)
@@ -212,7 +250,8 @@ class Beams:
 @dataclass(frozen=True)
 class Candidates:
     """The ``2·beam`` best extensions of each sentence's hypotheses, each ``(n, 2*beam)``:
-    ``scores`` (log-probabilities), ``beam`` (which hypothesis), ``token``, ``is_eos`` (ends, finitely)."""
+    ``scores`` (log-probabilities), ``beam`` (which hypothesis), ``token``, ``is_eos`` (ends,
+    finitely)."""
 
     scores: Tensor
     beam: Tensor
@@ -221,7 +260,8 @@ class Candidates:
 
     @classmethod
     def best(cls, scores: Tensor, lprobs: Tensor) -> Candidates:
-        """Of every hypothesis (``scores`` ``(n, beam)``) extended by every token (``lprobs`` ``(n*beam, vocab)``).
+        """Of every hypothesis (``scores`` ``(n, beam)``) extended by every token (``lprobs``
+        ``(n*beam, vocab)``).
 
         Each hypothesis' ``2·beam`` best tokens first (:func:`row_top`), then the best of those:
         the sentence's ``2·beam`` best extensions are among them, since a hypothesis' own score
@@ -232,7 +272,12 @@ class Candidates:
         values, tokens = row_top(lprobs, each)  # (n*beam, each)
         top_scores, index = (scores.view(-1, 1) + values).view(n, beam * each).topk(2 * beam, dim=1)
         token = tokens.view(n, beam * each).gather(1, index)
-        return cls(top_scores, torch.div(index, each, rounding_mode="floor"), token, (token == EOS) & torch.isfinite(top_scores))
+        return cls(
+            top_scores,
+            torch.div(index, each, rounding_mode="floor"),
+            token,
+            (token == EOS) & torch.isfinite(top_scores),
+        )
 
 
 def row_top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -243,10 +288,13 @@ def row_top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     By blocks of about ``sqrt(width)`` columns: the ``k`` largest lie in the ``k`` blocks with
     the largest maxima, so one pass takes every block's maximum and a top-k then reads only
     those blocks (``k`` blocks of 89 columns of 8,000, against all 8,000). Columns past
-    ``width`` in the last block count as -inf (at column ``width - 1``). On a CPU this is about half the time of
+    ``width`` in the last block count as -inf (at column ``width - 1``). On a CPU this is about half
+    the time of
     ``topk`` over the row (``docs/performance.md``); on a GPU, ``topk`` itself is used.
     """
-    if values.is_cuda:  # a GPU's top-k is one kernel; the blocks below save a CPU's time, not a GPU's
+    if (
+        values.is_cuda
+    ):  # a GPU's top-k is one kernel; the blocks below save a CPU's time, not a GPU's
         return values.topk(k, dim=1)
     rows, width = values.shape
     size = max(16, math.isqrt(width))
@@ -255,8 +303,12 @@ def row_top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if whole * size < width:
         maxima = torch.cat([maxima, values[:, whole * size :].amax(-1, keepdim=True)], dim=1)
     blocks = maxima.topk(min(k, maxima.size(1)), dim=1).indices  # (rows, blocks)
-    columns = (blocks.unsqueeze(2) * size + torch.arange(size, device=values.device)).flatten(1)  # (rows, blocks*size)
+    columns = (blocks.unsqueeze(2) * size + torch.arange(size, device=values.device)).flatten(
+        1
+    )  # (rows, blocks*size)
     outside = columns >= width
-    candidates = values.gather(1, columns.clamp_(max=width - 1)).masked_fill_(outside, float("-inf"))  # columns stay valid ids
+    candidates = values.gather(1, columns.clamp_(max=width - 1)).masked_fill_(
+        outside, float("-inf")
+    )  # columns stay valid ids
     top, index = candidates.topk(k, dim=1)
     return top, columns.gather(1, index)

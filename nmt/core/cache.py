@@ -19,7 +19,8 @@ from torch import Tensor
 #: and a memory peak that grew with every batch). Decoding runs under ``torch.inference_mode()``
 #: (:func:`nmt.core.search.translate_batch`); a caller outside it gets this error, not the leak.
 RECORDING = (
-    "the decoder cache was written with tensors that record autograd (which would keep every step's graph alive); "
+    "the decoder cache was written with tensors that record autograd (which would keep every "
+    "step's graph alive); "
     "decode under torch.inference_mode(), as nmt.core.search.translate_batch does"
 )
 
@@ -46,7 +47,9 @@ class OutputColumns:
         log-softmax over these columns only (normalised over them, as Marian's shortlist is),
         -inf in every other column, so the search and its restrictions see the usual width."""
         sub = F.log_softmax(F.linear(h, self.weight, self.bias).float(), dim=-1)
-        return sub.new_full((*sub.shape[:-1], self.vocab), float("-inf")).scatter_(-1, self.ids.expand_as(sub), sub)  # 3x index_copy_'s speed here
+        return sub.new_full((*sub.shape[:-1], self.vocab), float("-inf")).scatter_(
+            -1, self.ids.expand_as(sub), sub
+        )  # 3x index_copy_'s speed here
 
 
 class DecoderCache:
@@ -71,8 +74,21 @@ class DecoderCache:
     CPU, page-faulting in) a new one each time.
     """
 
-    def __init__(self, self_kv: Tensor, cross_kv: Tensor, src_mask: Tensor, beam: int, columns: OutputColumns | None = None):
-        self.self_kv, self.cross_kv, self.src_mask, self.beam, self.columns = self_kv, cross_kv, src_mask, beam, columns
+    def __init__(
+        self,
+        self_kv: Tensor,
+        cross_kv: Tensor,
+        src_mask: Tensor,
+        beam: int,
+        columns: OutputColumns | None = None,
+    ):
+        self.self_kv, self.cross_kv, self.src_mask, self.beam, self.columns = (
+            self_kv,
+            cross_kv,
+            src_mask,
+            beam,
+            columns,
+        )
         self.length = 0
         self._spare: Tensor | None = None
 
@@ -83,8 +99,8 @@ class DecoderCache:
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, None]:
         """Write ``layer``'s keys and values ``k``/``v`` ``(batch*beam, n_heads, new, head_dim)`` at
         positions ``length..length+new-1`` (growing the capacity if needed), and return that
-        layer's keys and values of every position so far, ``(batch*beam, n_heads, length+new, head_dim)``,
-        and None: no mask, as every position returned is written."""
+        layer's keys and values of every position so far, ``(batch*beam, n_heads, length+new,
+        head_dim)``, and None: no mask, as every position returned is written."""
         if k.requires_grad or v.requires_grad:
             raise RuntimeError(RECORDING)
         end = self.length + k.size(2)
@@ -110,15 +126,26 @@ class DecoderCache:
     def keep_sentences_(self, keep: Tensor) -> None:
         """Keep sentences ``keep`` ``(new_batch,)`` (dropping finished ones), all their beams."""
         self._gather_rows_(beam_rows(keep, self.beam))
-        self.cross_kv, self.src_mask = self.cross_kv.index_select(2, keep), self.src_mask.index_select(0, keep)
+        self.cross_kv, self.src_mask = (
+            self.cross_kv.index_select(2, keep),
+            self.src_mask.index_select(0, keep),
+        )
 
     def _gather_rows_(self, index: Tensor) -> None:
-        """``self_kv`` becomes its rows ``index`` (positions below ``length``), written into the spare buffer when it fits."""
+        """``self_kv`` becomes its rows ``index`` (positions below ``length``), written into the
+        spare buffer when it fits."""
         n, shape, spare = index.numel(), self.self_kv.shape, self._spare
-        if spare is None or spare.size(2) < n or spare.shape[:2] != shape[:2] or spare.shape[3:] != shape[3:]:
+        if (
+            spare is None
+            or spare.size(2) < n
+            or spare.shape[:2] != shape[:2]
+            or spare.shape[3:] != shape[3:]
+        ):
             spare = self.self_kv.new_empty((*shape[:2], n, *shape[3:]))
         out = spare[:, :, :n]
-        torch.index_select(self.self_kv[..., : self.length, :], 2, index, out=out[..., : self.length, :])
+        torch.index_select(
+            self.self_kv[..., : self.length, :], 2, index, out=out[..., : self.length, :]
+        )
         self._spare, self.self_kv = self.self_kv, out
 
     def _grow(self, needed: int) -> None:
@@ -132,8 +159,9 @@ class DecoderCache:
 
 @dataclass(frozen=True)
 class LayerCache:
-    """One decoder layer's part of a :class:`DecoderCache` (or of a :class:`~nmt.graphs.StaticCache`):
-    its self-attention calls :meth:`append`, which returns the keys, the values and a mask or None."""
+    """One decoder layer's part of a :class:`DecoderCache` (or of a
+    :class:`~nmt.graphs.StaticCache`): its self-attention calls :meth:`append`, which returns the
+    keys, the values and a mask or None."""
 
     cache: DecoderCache
     index: int

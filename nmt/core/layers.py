@@ -46,7 +46,9 @@ def sinusoidal_positions(length: int, d_model: int, device=None) -> Tensor:
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
     """``(batch, len, d_model)`` → ``(batch, n_heads, len, head_dim)``."""
     batch, length, d_model = x.shape
-    return x.view(batch, length, n_heads, d_model // n_heads).transpose(1, 2)  # (batch, n_heads, len, head_dim)
+    return x.view(batch, length, n_heads, d_model // n_heads).transpose(
+        1, 2
+    )  # (batch, n_heads, len, head_dim)
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -64,13 +66,20 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False, cache: LayerCache | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
         """Attend ``x`` ``(batch, len, d_model)`` to itself, after the cached positions if given.
 
         Args:
             mask: ``(batch, 1, 1, len)`` key mask, True = may attend; None for no padding.
             causal: each position attends only to itself and earlier ones.
-            cache: this layer's part of a :class:`DecoderCache` (or a :class:`~nmt.graphs.StaticCache`);
+            cache: this layer's part of a :class:`DecoderCache` (or a
+                :class:`~nmt.graphs.StaticCache`);
                 ``x``'s keys and values are appended to it (by the cache) and ``x`` attends to every
                 cached position (under the cache's own mask, when it gives one).
 
@@ -79,7 +88,9 @@ class SelfAttention(nn.Module):
         """
         q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
         if cache is not None:
-            k, v, mask = cache.append(k, v)  # mask: None, or the positions written so far in a cache of fixed capacity
+            k, v, mask = cache.append(
+                k, v
+            )  # mask: None, or the positions written so far in a cache of fixed capacity
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         return self.out(merge_heads(y))
@@ -101,25 +112,34 @@ class CrossAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of ``memory`` ``(batch, src_len, d_model)``, each ``(batch, n_heads, src_len, head_dim)``."""
+        """Keys and values of ``memory`` ``(batch, src_len, d_model)``, each ``(batch, n_heads,
+        src_len, head_dim)``."""
         k, v = self.kv(memory).chunk(2, dim=-1)
         return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
 
     def probabilities(self, x: Tensor, k: Tensor, src_mask: Tensor) -> Tensor:
         """The attention distribution of queries ``x`` ``(batch, tgt_len, d_model)`` over keys ``k``
         ``(batch, n_heads, src_len, head_dim)``: ``(batch, n_heads, tgt_len, src_len)`` in float32,
-        each row summing to 1 over the real source tokens (what :meth:`forward` weights values by)."""
+        each row summing to 1 over the real source tokens (what :meth:`forward` weights values
+        by)."""
         q = split_heads(self.q(x), self.n_heads)  # (batch, n_heads, tgt_len, head_dim)
-        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.size(-1))  # (batch, n_heads, tgt_len, src_len)
+        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(
+            q.size(-1)
+        )  # (batch, n_heads, tgt_len, src_len)
         return torch.softmax(scores.masked_fill(~src_mask, float("-inf")), dim=-1)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor, beam: int = 1) -> Tensor:
-        """``x`` ``(batch*beam, tgt_len, d_model)`` attends to ``k``/``v`` ``(batch, n_heads, src_len, head_dim)``
-        under ``src_mask`` ``(batch, 1, 1, src_len)``; returns ``(batch*beam, tgt_len, d_model)``."""
+        """``x`` ``(batch*beam, tgt_len, d_model)`` attends to ``k``/``v`` ``(batch, n_heads,
+        src_len, head_dim)`` under ``src_mask`` ``(batch, 1, 1, src_len)``; returns ``(batch*beam,
+        tgt_len, d_model)``."""
         q = split_heads(self.q(x), self.n_heads)  # (batch*beam, n_heads, tgt_len, head_dim)
         n, h, t, hd = q.shape
         if beam > 1:
-            q = q.view(n // beam, beam, h, t, hd).transpose(1, 2).reshape(n // beam, h, beam * t, hd)
+            q = (
+                q.view(n // beam, beam, h, t, hd)
+                .transpose(1, 2)
+                .reshape(n // beam, h, beam * t, hd)
+            )
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=src_mask, dropout_p=p)
         if beam > 1:
@@ -127,7 +147,11 @@ class CrossAttention(nn.Module):
         return self.out(merge_heads(y))
 
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # swish: x · sigmoid(x) (Ramachandran et al. 2017), Marian's default
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "swish": F.silu,
+}  # swish: x · sigmoid(x) (Ramachandran et al. 2017), Marian's default
 
 
 class FeedForward(nn.Module):
@@ -153,14 +177,19 @@ class Residual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
-        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
+        self.norm, self.dropout, self.pre_norm = (
+            nn.LayerNorm(d_model),
+            nn.Dropout(dropout),
+            pre_norm,
+        )
 
     def before(self, x: Tensor) -> Tensor:
         """The sublayer's input: ``x`` itself (Post-LN) or normalised (Pre-LN)."""
         return self.norm(x) if self.pre_norm else x
 
     def after(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
-        """The residual sum of ``x`` and the dropped-out ``sublayer_out``, normalised after (Post-LN) or not (Pre-LN)."""
+        """The residual sum of ``x`` and the dropped-out ``sublayer_out``, normalised after
+        (Post-LN) or not (Pre-LN)."""
         y = x + self.dropout(sublayer_out)
         return y if self.pre_norm else self.norm(y)
 
@@ -173,7 +202,10 @@ class EncoderLayer(nn.Module):
         pre = cfg.norm_position == "pre"
         self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
-        self.res_attn, self.res_ffn = Residual(cfg.d_model, cfg.dropout, pre), Residual(cfg.d_model, cfg.dropout, pre)
+        self.res_attn, self.res_ffn = (
+            Residual(cfg.d_model, cfg.dropout, pre),
+            Residual(cfg.d_model, cfg.dropout, pre),
+        )
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """``x`` ``(batch, src_len, d_model)``, ``mask`` ``(batch, 1, 1, src_len)``."""
@@ -182,7 +214,8 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention to the encoder output, then feed-forward, each in a :class:`Residual` (§3.1)."""
+    """Causal self-attention, cross-attention to the encoder output, then feed-forward, each in a
+    :class:`Residual` (§3.1)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -190,13 +223,26 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
-        self.res_self, self.res_cross, self.res_ffn = (Residual(cfg.d_model, cfg.dropout, pre) for _ in range(3))
+        self.res_self, self.res_cross, self.res_ffn = (
+            Residual(cfg.d_model, cfg.dropout, pre) for _ in range(3)
+        )
 
-    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, cache: LayerCache | None = None, beam: int = 1) -> Tensor:
-        """``x`` ``(batch*beam, tgt_len, d_model)`` → same shape. Without ``cache``, self-attention is
-        causal over ``x``; with it, ``x`` holds the positions after the cached ones and attends to
-        all of them (see :class:`SelfAttention`). ``cross_k``/``cross_v``: ``(batch, n_heads, src_len, head_dim)``."""
+    def forward(
+        self,
+        x: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        src_mask: Tensor,
+        cache: LayerCache | None = None,
+        beam: int = 1,
+    ) -> Tensor:
+        """``x`` ``(batch*beam, tgt_len, d_model)`` → same shape. Without ``cache``, self-attention
+        is causal over ``x``; with it, ``x`` holds the positions after the cached ones and attends
+        to all of them (see :class:`SelfAttention`). ``cross_k``/``cross_v``: ``(batch, n_heads,
+        src_len, head_dim)``."""
         h = self.self_attn(self.res_self.before(x), causal=cache is None, cache=cache)
         x = self.res_self.after(x, h)
-        x = self.res_cross.after(x, self.cross_attn(self.res_cross.before(x), cross_k, cross_v, src_mask, beam))
+        x = self.res_cross.after(
+            x, self.cross_attn(self.res_cross.before(x), cross_k, cross_v, src_mask, beam)
+        )
         return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))

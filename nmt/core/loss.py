@@ -51,12 +51,16 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         grad = lprobs.exp()  # softmax(z), then minus q:
         grad -= share  # every class ...
         grad[:, pad] += share  # ... but PAD, which gets no mass,
-        grad.scatter_add_(-1, target.unsqueeze(-1), torch.full_like(grad[:, :1], share - (1.0 - eps)))  # and the reference 1 - ε
+        grad.scatter_add_(
+            -1, target.unsqueeze(-1), torch.full_like(grad[:, :1], share - (1.0 - eps))
+        )  # and the reference 1 - ε
         grad *= torch.where(keep, grad_loss, torch.zeros((), device=grad.device)).unsqueeze(-1)
         return grad.to(ctx.dtype), None, None, None
 
 
-def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int = PAD) -> LossOutput:
+def label_smoothed_loss(
+    logits: Tensor, target: Tensor, smoothing: float, pad_id: int = PAD
+) -> LossOutput:
     """Cross entropy against a smoothed target distribution.
 
     The reference token gets probability ``1 - smoothing``; the remaining mass is spread
@@ -75,5 +79,7 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id
         :class:`LossOutput` with sums; the training objective is ``loss / n_tokens``.
     """
     flat_target = target.reshape(-1)
-    loss, nll = _LabelSmoothedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), flat_target, smoothing, pad_id)
+    loss, nll = _LabelSmoothedCrossEntropy.apply(
+        logits.reshape(-1, logits.size(-1)), flat_target, smoothing, pad_id
+    )
     return LossOutput(loss.sum(), nll.sum(), (flat_target != pad_id).sum())

@@ -1,5 +1,5 @@
-"""The Transformer encoder-decoder of Vaswani et al. 2017 ("Attention Is All You Need", §3), built of
-the layers of :mod:`nmt.core.layers` (whose docstring gives the notation for shapes and masks):
+"""The Transformer encoder-decoder of Vaswani et al. 2017 ("Attention Is All You Need", §3), built
+of the layers of :mod:`nmt.core.layers` (whose docstring gives the notation for shapes and masks):
 embeddings and positions, the encoder and decoder stacks, the tied output projection; encoding
 once, teacher-forced decoding, and one cached decoding step (:mod:`nmt.core.cache`).
 """
@@ -37,13 +37,22 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.src_vocab_size <= 0 or cfg.tgt_vocab_size <= 0:
-            raise ValueError("ModelConfig needs src_vocab_size and tgt_vocab_size (set from the tokenizer)")
+            raise ValueError(
+                "ModelConfig needs src_vocab_size and tgt_vocab_size (set from the tokenizer)"
+            )
         self.cfg = cfg
         d = cfg.d_model
         if cfg.share_embeddings and cfg.src_vocab_size != cfg.tgt_vocab_size:
-            raise ValueError(f"share_embeddings needs one vocabulary, got {cfg.src_vocab_size} source and {cfg.tgt_vocab_size} target pieces")
+            raise ValueError(
+                f"share_embeddings needs one vocabulary, got {cfg.src_vocab_size} source and "
+                f"{cfg.tgt_vocab_size} target pieces"
+            )
         self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=PAD)
-        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD)
+        self.tgt_embed = (
+            self.src_embed
+            if cfg.share_embeddings
+            else nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD)
+        )
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         pre = cfg.norm_position == "pre"
@@ -52,18 +61,22 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.register_buffer("positions", sinusoidal_positions(256, d), persistent=False)
-        # An inference-only copy of the tied output matrix: quantized for int8, packed for float32 on a CPU (nmt.runtime.to_dtype).
+        # An inference-only copy of the tied output matrix: quantized for int8, packed for float32
+        # on a CPU (nmt.runtime.to_dtype).
         self.output_projection: nn.Module | None = None
         self.output_bias = nn.Buffer(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform linear weights and zero biases; embeddings ``N(0, d_model^-0.5)`` with the PAD row zero."""
+        """Xavier-uniform linear weights and zero biases; embeddings ``N(0, d_model^-0.5)`` with the
+        PAD row zero."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        for emb in dict.fromkeys((self.src_embed, self.tgt_embed)):  # in order (a set's would vary run to run), once each
+        for emb in dict.fromkeys(
+            (self.src_embed, self.tgt_embed)
+        ):  # in order (a set's would vary run to run), once each
             nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[PAD].zero_()
@@ -71,10 +84,13 @@ class Transformer(nn.Module):
     def grow_positions(self, length: int) -> None:
         """Make the position table hold at least ``length`` positions (it doubles, at least)."""
         if length > self.positions.size(0):
-            self.positions = sinusoidal_positions(max(length, 2 * self.positions.size(0)), self.cfg.d_model, self.positions.device)
+            self.positions = sinusoidal_positions(
+                max(length, 2 * self.positions.size(0)), self.cfg.d_model, self.positions.device
+            )
 
     def _embed(self, tokens: Tensor, embedding: nn.Embedding, start: int | Tensor = 0) -> Tensor:
-        """``tokens`` ``(batch, len)`` at positions ``start..start+len-1`` → ``(batch, len, d_model)``.
+        """``tokens`` ``(batch, len)`` at positions ``start..start+len-1`` → ``(batch, len,
+        d_model)``.
 
         ``start`` may be a ``(1,)`` tensor on the device, for one position (``len`` 1) read from
         there: a decode step whose shapes and host values repeat (:mod:`nmt.graphs`); the table
@@ -101,8 +117,9 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), src_mask
 
     def project(self, h: Tensor) -> Tensor:
-        """Decoder states ``(..., d_model)`` → logits ``(..., vocab)`` through the tied embedding and the output bias
-        (or, when inference set one, their quantized or packed copy ``output_projection``)."""
+        """Decoder states ``(..., d_model)`` → logits ``(..., vocab)`` through the tied embedding
+        and the output bias (or, when inference set one, their quantized or packed copy
+        ``output_projection``)."""
         if self.output_projection is not None:
             return self.output_projection(h)
         return F.linear(h, self.tgt_embed.weight, self.output_bias)
@@ -115,21 +132,24 @@ class Transformer(nn.Module):
         return self.project(self.decode_states(tgt_in, memory, src_mask))
 
     def decode_states(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
-        """The decoder's output states ``(batch, tgt_len, d_model)`` that :meth:`decode` projects to logits."""
+        """The decoder's output states ``(batch, tgt_len, d_model)`` that :meth:`decode` projects to
+        logits."""
         x = self._embed(tgt_in, self.tgt_embed)
         for layer in self.decoder:
             x = layer(x, *layer.cross_attn.memory_kv(memory), src_mask)
         return self.decoder_norm(x)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Logits ``(batch, tgt_len, vocab)`` for ``src`` ``(batch, src_len)`` and ``tgt_in`` ``(batch, tgt_len)``."""
+        """Logits ``(batch, tgt_len, vocab)`` for ``src`` ``(batch, src_len)`` and ``tgt_in``
+        ``(batch, tgt_len)``."""
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask)
 
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Every decoder layer's cross-attention probabilities while teacher-forcing ``tgt_in``
         ``(batch, tgt_len)`` on ``src`` ``(batch, src_len)``: ``(n_decoder_layers, batch, n_heads,
-        tgt_len, src_len)`` in float32; row ``t`` is the step that predicts the token after ``tgt_in[:, t]``.
+        tgt_len, src_len)`` in float32; row ``t`` is the step that predicts the token after
+        ``tgt_in[:, t]``.
 
         The decoder runs unchanged; a forward hook on each layer's cross-attention recomputes
         the distribution from that layer's own inputs, so nothing is threaded through the model.
@@ -148,7 +168,14 @@ class Transformer(nn.Module):
                 handle.remove()
         return torch.stack(weights)
 
-    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32, columns: Tensor | None = None) -> DecoderCache:
+    def start_decoding(
+        self,
+        memory: Tensor,
+        src_mask: Tensor,
+        beam: int,
+        capacity: int = 32,
+        columns: Tensor | None = None,
+    ) -> DecoderCache:
         """An empty cache for ``beam`` hypotheses per sentence with room for ``capacity`` target
         positions (it grows if needed), with every layer's cross-attention keys/values computed
         once from ``memory`` ``(batch, src_len, d_model)``; ``columns``: sorted target ids
@@ -156,8 +183,16 @@ class Transformer(nn.Module):
         cfg = self.cfg
         rows, head_dim = memory.size(0) * beam, cfg.d_model // cfg.n_heads
         self_kv = memory.new_empty(cfg.n_decoder_layers, 2, rows, cfg.n_heads, capacity, head_dim)
-        cross_kv = torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder])
-        return DecoderCache(self_kv, cross_kv, src_mask, beam, None if columns is None else self.output_columns(columns))
+        cross_kv = torch.stack(
+            [torch.stack(layer.cross_attn.memory_kv(memory)) for layer in self.decoder]
+        )
+        return DecoderCache(
+            self_kv,
+            cross_kv,
+            src_mask,
+            beam,
+            None if columns is None else self.output_columns(columns),
+        )
 
     def output_columns(self, ids: Tensor) -> OutputColumns:
         """The rows of the tied output matrix (and output bias) for target ids ``ids`` ``(n,)``."""
@@ -178,19 +213,35 @@ class Transformer(nn.Module):
             log-probabilities ``(batch*beam, vocab)`` in float32 for the next token (over the
             cache's ``columns`` only, when it has them), and the cache.
         """
-        x = self._embed(tokens.unsqueeze(1), self.tgt_embed, start=cache.length)  # (batch*beam, 1, d_model)
+        x = self._embed(
+            tokens.unsqueeze(1), self.tgt_embed, start=cache.length
+        )  # (batch*beam, 1, d_model)
         for i, layer in enumerate(self.decoder):
-            x = layer(x, cache.cross_kv[i, 0], cache.cross_kv[i, 1], cache.src_mask, cache=cache.layer(i), beam=cache.beam)
+            x = layer(
+                x,
+                cache.cross_kv[i, 0],
+                cache.cross_kv[i, 1],
+                cache.src_mask,
+                cache=cache.layer(i),
+                beam=cache.beam,
+            )
         cache.advance_()
         h = self.decoder_norm(x[:, 0])
         return (self.log_probs(h) if cache.columns is None else cache.columns.log_probs(h)), cache
 
     def log_probs(self, h: Tensor) -> Tensor:
-        """Next-token log-probabilities ``(..., vocab)`` in float32 from decoder states ``(..., d_model)``."""
+        """Next-token log-probabilities ``(..., vocab)`` in float32 from decoder states ``(...,
+        d_model)``."""
         return F.log_softmax(self.project(h).float(), dim=-1)
 
 
-_RANDOM_FILLS = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.bernoulli_, torch.Tensor.random_, torch.Tensor.exponential_}
+_RANDOM_FILLS = {
+    torch.Tensor.normal_,
+    torch.Tensor.uniform_,
+    torch.Tensor.bernoulli_,
+    torch.Tensor.random_,
+    torch.Tensor.exponential_,
+}
 
 
 class _SkipInit(TorchFunctionMode):

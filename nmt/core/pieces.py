@@ -1,4 +1,5 @@
-"""The special pieces every nmt vocabulary reserves, and what a target vocabulary may never generate.
+"""The special pieces every nmt vocabulary reserves, and what a target vocabulary may never
+generate.
 
 Every model nmt trains reserves the same four ids, so that a model and any code that
 builds batches agree without looking them up:
@@ -20,7 +21,8 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 @dataclass(frozen=True)
 class OutputRules:
-    """What a target vocabulary may never generate (enforced by :class:`nmt.core.restrictions.Restrictions`).
+    """What a target vocabulary may never generate (enforced by
+    :class:`nmt.core.restrictions.Restrictions`).
 
     ``unwritable``: ids of pieces whose text holds a character no translation may contain
     (:data:`nmt.tokenizer.NEVER_OUTPUT`), the byte pieces of such single bytes among them.

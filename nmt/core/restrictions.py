@@ -33,24 +33,44 @@ class Restrictions:
     :class:`~nmt.core.beams.ConstraintProgress`, which the beams carry.
     """
 
-    def __init__(self, decode: DecodeConfig, rules: OutputRules | None, vocab: int, device: torch.device):
+    def __init__(
+        self, decode: DecodeConfig, rules: OutputRules | None, vocab: int, device: torch.device
+    ):
         self.min_len = decode.min_len
-        banned = [PAD, BOS] + ([] if decode.allow_unk else [UNK]) + [i for i in (rules.unwritable if rules else ()) if i < vocab]
-        self.banned = torch.tensor(sorted(set(banned)), device=device)  # column ids: filling them is cheaper than a (rows, vocab) mask
+        banned = (
+            [PAD, BOS]
+            + ([] if decode.allow_unk else [UNK])
+            + [i for i in (rules.unwritable if rules else ()) if i < vocab]
+        )
+        self.banned = torch.tensor(
+            sorted(set(banned)), device=device
+        )  # column ids: filling them is cheaper than a (rows, vocab) mask
         self.byte_values = None
         if rules is not None and rules.byte_values:
             values = torch.tensor(rules.byte_values[:vocab], dtype=torch.long)
-            # After a complete character: no continuation byte (0x80-0xBF) and no byte that never starts one (0xC0, 0xC1, 0xF5-0xFF).
-            self.not_a_start = torch.nonzero(((values >= 0x80) & (values <= 0xC1)) | (values >= 0xF5)).squeeze(1).to(device)
+            # After a complete character: no continuation byte (0x80-0xBF) and no byte that never
+            # starts one (0xC0, 0xC1, 0xF5-0xFF).
+            self.not_a_start = (
+                torch.nonzero(((values >= 0x80) & (values <= 0xC1)) | (values >= 0xF5))
+                .squeeze(1)
+                .to(device)
+            )
             self.byte_values = values.to(device)
 
     def __call__(self, lprobs: Tensor, beams: Beams, step: int) -> None:
-        """Restrict ``lprobs`` ``(rows, vocab)`` of the hypotheses ``beams`` at ``step`` (pieces so far)."""
+        """Restrict ``lprobs`` ``(rows, vocab)`` of the hypotheses ``beams`` at ``step`` (pieces so
+        far)."""
         rows_per_sentence = lprobs.size(0) // len(beams)
         limit = beams.at_limit(step, rows_per_sentence, lprobs.device)  # (rows,) or None
         eos = lprobs[limit, EOS] if limit is not None else None
-        forced = [i for i, s in enumerate(beams.steering) if step < len(s.prefix) or (s.fragment and step < len(s.prefix) + _longest(s))]
-        written = {i: lprobs[i * rows_per_sentence : (i + 1) * rows_per_sentence].clone() for i in forced}  # before any rule
+        forced = [
+            i
+            for i, s in enumerate(beams.steering)
+            if step < len(s.prefix) or (s.fragment and step < len(s.prefix) + _longest(s))
+        ]
+        written = {
+            i: lprobs[i * rows_per_sentence : (i + 1) * rows_per_sentence].clone() for i in forced
+        }  # before any rule
         lprobs.index_fill_(1, self.banned, float("-inf"))
         if step < self.min_len:
             lprobs[:, EOS] = float("-inf")
@@ -58,7 +78,9 @@ class Restrictions:
             self._complete_characters(lprobs, beams.tokens)
         if beams.steering:
             self._steer(lprobs, beams, step, written)
-        if limit is not None:  # the limit wins over every rule: a hypothesis there ends, so each sentence gets one
+        if (
+            limit is not None
+        ):  # the limit wins over every rule: a hypothesis there ends, so each sentence gets one
             lprobs[limit] = float("-inf")
             lprobs[limit, EOS] = eos
 
@@ -79,34 +101,62 @@ class Restrictions:
                 if len(phrase) == 1:
                     lprobs[rows, phrase[0]] = float("-inf")
                 elif beams.tokens.size(1) > len(phrase) - 1:  # the tokens hold BOS too
-                    ends_with = (beams.tokens[rows, 1 - len(phrase) :] == torch.tensor(phrase[:-1], device=lprobs.device)).all(1)
+                    ends_with = (
+                        beams.tokens[rows, 1 - len(phrase) :]
+                        == torch.tensor(phrase[:-1], device=lprobs.device)
+                    ).all(1)
                     lprobs[rows][ends_with, phrase[-1]] = float("-inf")
         if beams.progress is not None:
-            lprobs[beams.progress.unmet(torch.arange(lprobs.size(0), device=lprobs.device)) > 0, EOS] = float("-inf")
+            lprobs[
+                beams.progress.unmet(torch.arange(lprobs.size(0), device=lprobs.device)) > 0, EOS
+            ] = float("-inf")
 
     def _complete_characters(self, lprobs: Tensor, tokens: Tensor) -> None:
         """Byte pieces spell whole, valid characters: a new character starts only with a byte that
-        can start one; in the middle of one, only the continuation bytes RFC 3629 allows there follow."""
-        tail = self.byte_values[tokens[:, -3:]]  # (rows, <=3): the last pieces' byte values, -1 for other pieces
+        can start one; in the middle of one, only the continuation bytes RFC 3629 allows there
+        follow."""
+        tail = self.byte_values[
+            tokens[:, -3:]
+        ]  # (rows, <=3): the last pieces' byte values, -1 for other pieces
         if tail.size(1) < 3:
             tail = torch.cat([tail.new_full((tail.size(0), 3 - tail.size(1)), -1), tail], 1)
-        lead_at = torch.where(tail[:, 2] >= 0xC0, 2, torch.where(tail[:, 1] >= 0xC0, 1, 0))  # (rows,) where the last character starts
+        lead_at = torch.where(
+            tail[:, 2] >= 0xC0, 2, torch.where(tail[:, 1] >= 0xC0, 1, 0)
+        )  # (rows,) where the last character starts
         lead = tail.gather(1, lead_at.unsqueeze(1)).squeeze(1)
         have, need = 3 - lead_at, 2 + (lead >= 0xE0).long() + (lead >= 0xF0).long()
-        pending = (tail[:, 2] >= 0x80) & (lead >= 0xC0) & (have < need)  # (rows,) in the middle of a character
+        pending = (
+            (tail[:, 2] >= 0x80) & (lead >= 0xC0) & (have < need)
+        )  # (rows,) in the middle of a character
         rows = pending.nonzero().squeeze(1) if bool(pending.any()) else None
-        middle = lprobs[rows] if rows is not None else None  # (pending rows, vocab), before the next line
+        middle = (
+            lprobs[rows] if rows is not None else None
+        )  # (pending rows, vocab), before the next line
         lprobs.index_fill_(1, self.not_a_start, float("-inf"))
         if rows is None:
             return
         lead, have, second = lead[rows], have[rows], tail[rows, 2]
         low, high = torch.full_like(lead, 0x80), torch.full_like(lead, 0xBF)
-        first = have == 1  # the byte after the lead: no overlong form, surrogate, code point over U+10FFFF, or C1 control
-        low = torch.where(first & ((lead == 0xE0) | (lead == 0xC2)), 0xA0, torch.where(first & (lead == 0xF0), 0x90, low))
-        high = torch.where(first & (lead == 0xED), 0x9F, torch.where(first & (lead == 0xF4), 0x8F, high))
+        first = (
+            have == 1
+            # the byte after the lead: no overlong form, surrogate, code point over U+10FFFF, or C1
+            # control
+        )
+        low = torch.where(
+            first & ((lead == 0xE0) | (lead == 0xC2)),
+            0xA0,
+            torch.where(first & (lead == 0xF0), 0x90, low),
+        )
+        high = torch.where(
+            first & (lead == 0xED), 0x9F, torch.where(first & (lead == 0xF4), 0x8F, high)
+        )
         values = self.byte_values.unsqueeze(0)  # (1, vocab)
-        allowed = (values >= low.unsqueeze(1)) & (values <= high.unsqueeze(1))  # (pending rows, vocab)
-        separator = ((have == 2) & (lead == 0xE2) & (second == 0x80)).unsqueeze(1)  # E2 80 A8/A9: U+2028, U+2029
+        allowed = (values >= low.unsqueeze(1)) & (
+            values <= high.unsqueeze(1)
+        )  # (pending rows, vocab)
+        separator = ((have == 2) & (lead == 0xE2) & (second == 0x80)).unsqueeze(
+            1
+        )  # E2 80 A8/A9: U+2028, U+2029
         allowed &= ~(separator & ((values == 0xA8) | (values == 0xA9)))
         lprobs[rows] = middle.masked_fill(~allowed, float("-inf"))
 
@@ -116,13 +166,20 @@ def _longest(steering: Steering) -> int:
     return len(steering.fragment)
 
 
-def _follow_fragment(lprobs: Tensor, tokens: Tensor, first: int, k: int, steering: Steering, written: Tensor) -> None:
-    """Rows ``first .. first+k-1`` of a sentence whose prefix is written: each row still spelling the
-    fragment may only take the pieces its state allows, at the model's own scores (as a prefix's)."""
-    after = tokens[first : first + k, 1 + len(steering.prefix) :].tolist()  # the pieces since the prefix
+def _follow_fragment(
+    lprobs: Tensor, tokens: Tensor, first: int, k: int, steering: Steering, written: Tensor
+) -> None:
+    """Rows ``first .. first+k-1`` of a sentence whose prefix is written: each row still spelling
+    the fragment may only take the pieces its state allows, at the model's own scores (as a
+    prefix's)."""
+    after = tokens[
+        first : first + k, 1 + len(steering.prefix) :
+    ].tolist()  # the pieces since the prefix
     for row, pieces in enumerate(after):
         state = steering.fragment_state(pieces)
         if state != FRAGMENT_DONE:
-            allowed = torch.tensor([piece for piece, _ in steering.fragment[state]], device=lprobs.device)
+            allowed = torch.tensor(
+                [piece for piece, _ in steering.fragment[state]], device=lprobs.device
+            )
             lprobs[first + row] = float("-inf")
             lprobs[first + row, allowed] = written[row, allowed]

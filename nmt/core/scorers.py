@@ -18,11 +18,12 @@ from .cache import beam_rows
 
 
 class Scorer(Protocol):
-    """What the search needs of a model: next-token log-probabilities, and a state that follows the beams."""
+    """What the search needs of a model: next-token log-probabilities, and a state that follows the
+    beams."""
 
     def step(self, prefix: Tensor, state: Any) -> tuple[Tensor, Any]:
-        """Log-probabilities ``(batch*beam, vocab)`` of the token after ``prefix`` ``(batch*beam, t)``
-        (which starts with BOS), and the state extended by that prefix's last token."""
+        """Log-probabilities ``(batch*beam, vocab)`` of the token after ``prefix`` ``(batch*beam,
+        t)`` (which starts with BOS), and the state extended by that prefix's last token."""
 
     def reorder(self, state: Any, index: Tensor) -> Any:
         """Keep hypothesis rows ``index`` ``(batch*beam,)``."""
@@ -39,7 +40,15 @@ class TransformerScorer:
         self.model = model
 
     @classmethod
-    def start(cls, model, memory: Tensor, src_mask: Tensor, beam: int, capacity: int = 32, columns: Tensor | None = None):
+    def start(
+        cls,
+        model,
+        memory: Tensor,
+        src_mask: Tensor,
+        beam: int,
+        capacity: int = 32,
+        columns: Tensor | None = None,
+    ):
         """The scorer and its first state; ``capacity``: target positions to allocate for at first;
         ``columns``: the target ids the batch may generate (a shortlist), None for all."""
         return cls(model), model.start_decoding(memory, src_mask, beam, capacity, columns)
@@ -68,7 +77,13 @@ class TiledScorer(TransformerScorer):
         """See :meth:`TransformerScorer.start`."""
         scorer = cls(model)
         scorer.beam = beam
-        return scorer, model.start_decoding(memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0), 1, capacity, columns)
+        return scorer, model.start_decoding(
+            memory.repeat_interleave(beam, 0),
+            src_mask.repeat_interleave(beam, 0),
+            1,
+            capacity,
+            columns,
+        )
 
     def keep_sentences(self, cache, keep):
         """See :meth:`Scorer.keep_sentences`: every sentence's ``beam`` rows."""
@@ -86,12 +101,17 @@ class RecomputeScorer:
     @classmethod
     def start(cls, model, memory, src_mask, beam, capacity=0, columns=None):
         """The scorer and its state: the source side tiled ``beam`` times."""
-        return cls(model, beam, columns), (memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0))
+        return cls(model, beam, columns), (
+            memory.repeat_interleave(beam, 0),
+            src_mask.repeat_interleave(beam, 0),
+        )
 
     def step(self, prefix, state):
         """See :meth:`Scorer.step`."""
         h = self.model.decode_states(prefix, *state)[:, -1]
-        return (self.model.log_probs(h) if self.columns is None else self.columns.log_probs(h)), state
+        return (
+            self.model.log_probs(h) if self.columns is None else self.columns.log_probs(h)
+        ), state
 
     def reorder(self, state, index):
         """See :meth:`Scorer.reorder`."""
@@ -116,7 +136,9 @@ class EnsembleScorer:
         """See :meth:`Scorer.step`."""
         outputs = [member.step(prefix, state) for member, state in zip(self.members, states)]
         lprobs = torch.stack([lp for lp, _ in outputs])  # (n_models, batch*beam, vocab)
-        return torch.logsumexp(lprobs, dim=0) - math.log(len(outputs)), tuple(state for _, state in outputs)
+        return torch.logsumexp(lprobs, dim=0) - math.log(len(outputs)), tuple(
+            state for _, state in outputs
+        )
 
     def reorder(self, states, index):
         """See :meth:`Scorer.reorder`."""
@@ -124,7 +146,9 @@ class EnsembleScorer:
 
     def keep_sentences(self, states, keep):
         """See :meth:`Scorer.keep_sentences`."""
-        return tuple(member.keep_sentences(state, keep) for member, state in zip(self.members, states))
+        return tuple(
+            member.keep_sentences(state, keep) for member, state in zip(self.members, states)
+        )
 
 
 #: ``cached``: the dynamic cache; ``tiled`` and ``recompute``: references. A step of fixed shapes,

@@ -2,20 +2,21 @@
 
 The search only needs a :class:`~nmt.core.scorers.Scorer`: something that gives next-token
 log-probabilities for every hypothesis and can reorder or shrink its state. The
-Transformer's cached decoder is one (:class:`~nmt.core.scorers.TransformerScorer`); tests drive the same
-search with scripted scorers whose probabilities are fixed by hand. Its settings travel as
+Transformer's cached decoder is one (:class:`~nmt.core.scorers.TransformerScorer`); tests drive the
+same search with scripted scorers whose probabilities are fixed by hand. Its settings travel as
 one value, the :class:`~nmt.config.DecodeConfig` built from the config and the flags.
 
-Each step of :func:`beam_search` is named: score, restrict (:class:`~nmt.core.restrictions.Restrictions`), take
-the best :class:`Candidates`, finish those that end, advance the others (the scorer's state
-follows their back-pointers), keep the sentences not yet settled. What moves together when
-sentences leave the batch lives in one record, :class:`Beams`.
+Each step of :func:`beam_search` is named: score, restrict
+(:class:`~nmt.core.restrictions.Restrictions`), take the best :class:`Candidates`, finish those that
+end, advance the others (the scorer's state follows their back-pointers), keep the sentences not yet
+settled. What moves together when sentences leave the batch lives in one record, :class:`Beams`.
 
 Shapes: ``batch`` active sentences, ``beam`` hypotheses each, rows of
 ``(batch*beam, ...)`` tensors ordered sentence-major (row ``b*beam + k``).
 """
 
-# Size: sample() at most 70 lines: its signature and docstring; its code is 31 lines.
+# Size: module at most 415 lines: beam search and sampling with the steps they share, read top to
+# bottom as one search.
 
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ class Hypothesis:
     score: float
     log_prob: float
     alignment: tuple[tuple[int, int], ...] | None = None
-    unmet: int = 0  # constraints the hypothesis does not hold: only when its length limit forced the end
+    unmet: int = (
+        0  # constraints the hypothesis does not hold: only when its length limit forced the end
+    )
 
 
 def _gnmt(length: int, alpha: float) -> float:
@@ -55,7 +58,8 @@ def _gnmt(length: int, alpha: float) -> float:
 
 
 def _length(length: int, alpha: float) -> float:
-    """``|Y| ** alpha``: fairseq's ``--lenpen``, Hugging Face's and CTranslate2's ``length_penalty``."""
+    """``|Y| ** alpha``: fairseq's ``--lenpen``, Hugging Face's and CTranslate2's
+    ``length_penalty``."""
     return float(length) ** alpha
 
 
@@ -79,7 +83,9 @@ def length_penalty(length: int, alpha: float, normalization: str) -> float:
     return LENGTH_NORMALIZATIONS[normalization](length, alpha)
 
 
-def _settled(done: list[Hypothesis], best_running: float, step: int, max_len: int, decode: DecodeConfig) -> bool:
+def _settled(
+    done: list[Hypothesis], best_running: float, step: int, max_len: int, decode: DecodeConfig
+) -> bool:
     """Whether a sentence's result can no longer change.
 
     Either ``beam_size`` hypotheses have finished (the usual rule), or the ``n_best`` best
@@ -95,30 +101,48 @@ def _settled(done: list[Hypothesis], best_running: float, step: int, max_len: in
     if len(done) < decode.n_best:
         return False
     alpha, normalization = decode.length_penalty, decode.length_normalization
-    lp = max(length_penalty(step + 2, alpha, normalization), length_penalty(max_len + 1, alpha, normalization))
+    lp = max(
+        length_penalty(step + 2, alpha, normalization),
+        length_penalty(max_len + 1, alpha, normalization),
+    )
     bound = best_running / lp if best_running < 0 else best_running
     return min(h.score for h in sorted(done, key=lambda h: -h.score)[: decode.n_best]) >= bound
 
 
-def _finish(top: Candidates, beams: Beams, finished: list[list[Hypothesis]], step: int, decode: DecodeConfig) -> None:
-    """Set aside the hypotheses that end (EOS among the first ``beam`` candidates) while their sentence has room."""
+def _finish(
+    top: Candidates, beams: Beams, finished: list[list[Hypothesis]], step: int, decode: DecodeConfig
+) -> None:
+    """Set aside the hypotheses that end (EOS among the first ``beam`` candidates) while their
+    sentence has room."""
     beam = decode.beam_size
     eos_rows, eos_cols = top.is_eos[:, :beam].nonzero(as_tuple=True)
     if not eos_rows.numel():
         return
     penalty = length_penalty(step + 1, decode.length_penalty, decode.length_normalization)
     src_rows = eos_rows * beam + top.beam[eos_rows, eos_cols]
-    unmet = beams.progress.unmet(src_rows).tolist() if beams.progress is not None else [0] * len(src_rows)
-    # Each read from a GPU waits for it: the finished hypotheses' tokens are read at once, not one by one.
+    unmet = (
+        beams.progress.unmet(src_rows).tolist()
+        if beams.progress is not None
+        else [0] * len(src_rows)
+    )
+    # Each read from a GPU waits for it: the finished hypotheses' tokens are read at once, not one
+    # by one.
     tokens = beams.tokens[src_rows, 1:].tolist()
-    for r, hyp_tokens, log_prob, lacking in zip(eos_rows.tolist(), tokens, top.scores[eos_rows, eos_cols].tolist(), unmet):
+    for r, hyp_tokens, log_prob, lacking in zip(
+        eos_rows.tolist(), tokens, top.scores[eos_rows, eos_cols].tolist(), unmet
+    ):
         done = finished[beams.sentences[r]]
         if len(done) < beam:
             done.append(Hypothesis(hyp_tokens, log_prob / penalty, log_prob, unmet=lacking))
 
 
 def beam_search(
-    scorer: Scorer, state: Any, max_lens: Tensor, decode: DecodeConfig, rules: OutputRules | None = None, steering: list[Steering] | None = None
+    scorer: Scorer,
+    state: Any,
+    max_lens: Tensor,
+    decode: DecodeConfig,
+    rules: OutputRules | None = None,
+    steering: list[Steering] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of sentences.
 
@@ -136,14 +160,18 @@ def beam_search(
             ``beam_size``), ``length_penalty`` (α) and ``length_normalization`` (how finished
             hypotheses are ranked, see :func:`length_penalty`), ``min_len``, ``allow_unk``.
         rules: what the target vocabulary may never generate (:class:`Restrictions`).
-        steering: per sentence, a prefix, constraints and banned phrases (:class:`~nmt.core.beams.Steering`);
-            a sentence with constraints chooses its beam by dynamic beam allocation (:mod:`nmt.core.constraints`).
+        steering: per sentence, a prefix, constraints and banned phrases
+            (:class:`~nmt.core.beams.Steering`); a sentence with constraints chooses its beam by
+            dynamic beam allocation (:mod:`nmt.core.constraints`).
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
     """
     finished: list[list[Hypothesis]] = [[] for _ in range(max_lens.size(0))]
-    beams, restrict = Beams.start(state, max_lens.tolist(), decode.beam_size, max_lens.device, steering), None
+    beams, restrict = (
+        Beams.start(state, max_lens.tolist(), decode.beam_size, max_lens.device, steering),
+        None,
+    )
     for step in itertools.count():
         lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (n*beam, vocab)
         restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
@@ -151,18 +179,22 @@ def beam_search(
         top = allocate(Candidates.best(beams.scores, lprobs), beams, lprobs)
         _finish(top, beams, finished, step, decode)
         beams.advance(top, scorer)
-        best_running = beams.scores.max(1).values.tolist()  # the first column, unless constraints shared the beam out
+        best_running = beams.scores.max(
+            1
+        ).values.tolist()  # the first column, unless constraints shared the beam out
         beams.keep(
             [
                 r
                 for r, s in enumerate(beams.sentences)
-                if step < beams.max_lens[r] and not _settled(finished[s], best_running[r], step, beams.max_lens[r], decode)
+                if step < beams.max_lens[r]
+                and not _settled(finished[s], best_running[r], step, beams.max_lens[r], decode)
             ],
             scorer,
         )
         if not beams:
             break
-    # A hypothesis that misses a constraint (cut by the length limit) ranks below every one that meets them all.
+    # A hypothesis that misses a constraint (cut by the length limit) ranks below every one that
+    # meets them all.
     return [sorted(h, key=lambda hyp: (hyp.unmet, -hyp.score))[: decode.n_best] for h in finished]
 
 
@@ -193,20 +225,24 @@ def sample_seed(seed: int, index: int) -> int:
 def sampling_probs(lprobs: Tensor, sampling: Sampling) -> Tensor:
     """The distribution a piece is drawn from, ``(rows, vocab)``, from log-probabilities
     ``(rows, vocab)``: temperature, then top-k, then top-p (see :class:`Sampling`), renormalised."""
-    # Scaled after subtracting each row's maximum (which stays 0), and what may not follow (-inf) kept as
-    # it is: any temperature above 0 gives a distribution (1e-300, 0 in float32: the maximum's pieces;
+    # Scaled after subtracting each row's maximum (which stays 0), and what may not follow (-inf)
+    # kept as it is: any temperature above 0 gives a distribution (1e-300, 0 in float32: the
+    # maximum's pieces;
     # inf: uniform over what may follow), never NaN.
     shifted = lprobs - lprobs.max(-1, keepdim=True).values.clamp(min=torch.finfo(lprobs.dtype).min)
     scaled = torch.where(shifted == 0, 0.0, shifted / sampling.temperature)
     probs = torch.softmax(torch.where(torch.isneginf(lprobs), lprobs, scaled), dim=-1)
     if sampling.top_k <= 0 and sampling.top_p >= 1.0:
         return probs
-    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # ties: lower id first, as argmax
+    sorted_p, order = probs.sort(
+        dim=-1, descending=True, stable=True
+    )  # ties: lower id first, as argmax
     if sampling.top_k > 0:
         sorted_p[:, sampling.top_k :] = 0.0
     if sampling.top_p < 1.0:
         kept = sorted_p / sorted_p.sum(-1, keepdim=True)
-        # A piece is in the nucleus if the pieces before it do not reach top_p yet (so the first always is).
+        # A piece is in the nucleus if the pieces before it do not reach top_p yet (so the first
+        # always is).
         sorted_p = sorted_p * ((kept.cumsum(-1) - kept) < sampling.top_p)
     probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
     return probs / probs.sum(-1, keepdim=True)
@@ -222,7 +258,8 @@ def sample(
     rules: OutputRules | None = None,
     steering: list[Steering] | None = None,
 ) -> list[list[Hypothesis]]:
-    """``decode.n_best`` independent samples per sentence (ancestral sampling, see :class:`Sampling`).
+    """``decode.n_best`` independent samples per sentence (ancestral sampling, see
+    :class:`Sampling`).
 
     Each sentence's rows draw from their own distributions with uniform numbers from a
     generator seeded by ``seeds[sentence]``, so results are reproducible and independent of
@@ -245,7 +282,10 @@ def sample(
         ValueError: constraints (sampling cannot promise them: a sample is drawn, not searched for).
     """
     if steering and any(s.constraints for s in steering):
-        raise ValueError("constraints need beam search: sampling draws each piece and cannot make a sample hold a phrase")
+        raise ValueError(
+            "constraints need beam search: sampling draws each piece and cannot make a sample hold "
+            "a phrase"
+        )
     n = decode.n_best
     generators = [torch.Generator().manual_seed(s) for s in seeds]
     beams = Beams.start(state, max_lens.tolist(), n, max_lens.device, steering)
@@ -253,24 +293,39 @@ def sample(
     samples: list[list[Hypothesis]] = [[] for _ in seeds]
     done = torch.zeros_like(beams.scores, dtype=torch.bool)
     restrict = None
-    for step in range(int(max_lens.max()) + 1):  # at its limit a sample ends (below), so this many steps end them all
+    for step in range(
+        int(max_lens.max()) + 1
+    ):  # at its limit a sample ends (below), so this many steps end them all
         lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (rows, vocab)
         restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
         restrict(lprobs, beams, step)
-        uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in beams.sentences]).to(lprobs.device)
+        uniform = torch.cat([torch.rand(n, generator=generators[s]) for s in beams.sentences]).to(
+            lprobs.device
+        )
         cdf = sampling_probs(lprobs, sampling).cumsum(-1)
-        token = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
-        token[~torch.isfinite(lprobs).any(1)] = EOS  # nothing may follow (a shortlist and the restrictions leave no piece): the sample ends
+        token = (
+            torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True)
+            .squeeze(1)
+            .clamp_(max=cdf.size(1) - 1)
+        )
+        token[~torch.isfinite(lprobs).any(1)] = (
+            # nothing may follow (a shortlist and the restrictions leave no piece): the sample ends
+            EOS
+        )
         if (limit := beams.at_limit(step, n, token.device)) is not None:
             token[limit] = EOS  # even where the scores are NaN
         flat_done = done.view(-1)
-        beams.scores += torch.where(flat_done, 0.0, lprobs.gather(1, token.unsqueeze(1)).squeeze(1)).view_as(beams.scores)
+        beams.scores += torch.where(
+            flat_done, 0.0, lprobs.gather(1, token.unsqueeze(1)).squeeze(1)
+        ).view_as(beams.scores)
         beams.tokens = torch.cat([beams.tokens, token.unsqueeze(1)], dim=1)
         ended = (token == EOS) & ~flat_done
         penalty = length_penalty(step + 1, decode.length_penalty, decode.length_normalization)
         for row in ended.nonzero().view(-1).tolist():
             log_prob = float(beams.scores.view(-1)[row])
-            samples[beams.sentences[row // n]].append(Hypothesis(beams.tokens[row, 1:-1].tolist(), log_prob / penalty, log_prob))
+            samples[beams.sentences[row // n]].append(
+                Hypothesis(beams.tokens[row, 1:-1].tolist(), log_prob / penalty, log_prob)
+            )
         done |= ended.view_as(done)
         keep = (~done.all(1)).nonzero().view(-1).tolist()
         done = done[keep]
@@ -280,16 +335,23 @@ def sample(
     return [sorted(s, key=lambda hyp: -hyp.score) for s in samples]
 
 
-INITIAL_CAPACITY = 64  # target positions a decoder cache starts with; it doubles when a hypothesis needs more
+INITIAL_CAPACITY = (
+    64  # target positions a decoder cache starts with; it doubles when a hypothesis needs more
+)
 
 
-def output_limits(src_lens: Tensor, decode: DecodeConfig, steering: list[Steering] | None = None) -> Tensor:
-    """Each sentence's output limit in pieces (EOS not counted), ``(batch,)`` from source lengths ``(batch,)``
-    (EOS and any tag included): ``max_len_a · src_len + max_len_b``, or with ``steering`` at least its
-    prefix and constraints plus ``max_len_b``."""
+def output_limits(
+    src_lens: Tensor, decode: DecodeConfig, steering: list[Steering] | None = None
+) -> Tensor:
+    """Each sentence's output limit in pieces (EOS not counted), ``(batch,)`` from source lengths
+    ``(batch,)`` (EOS and any tag included): ``max_len_a · src_len + max_len_b``, or with
+    ``steering`` at least its prefix and constraints plus ``max_len_b``."""
     max_lens = (decode.max_len_a * src_lens.double() + decode.max_len_b).long()
     if steering:
-        needed = torch.tensor([len(s.prefix) + len(s.fragment) + sum(map(len, s.constraints)) for s in steering], device=max_lens.device)
+        needed = torch.tensor(
+            [len(s.prefix) + len(s.fragment) + sum(map(len, s.constraints)) for s in steering],
+            device=max_lens.device,
+        )
         max_lens = torch.maximum(max_lens, needed + decode.max_len_b)
     return max_lens
 
@@ -316,8 +378,8 @@ def translate_batch(
     picks the path: a name of :data:`SCORERS` (``"cached"``, the dynamic cache; ``"tiled"``,
     ``"recompute"``: references) or a scorer class (:func:`nmt.runtime.decode_scorer` gives the
     device's fastest). Runs under ``torch.inference_mode()``: a decoder cache refuses to record
-    autograd (:data:`nmt.core.cache.RECORDING`). With ``sampling``, each sentence gets ``decode.n_best``
-    independent samples (:func:`sample`) instead, its draws seeded by ``seeds[i]``
+    autograd (:data:`nmt.core.cache.RECORDING`). With ``sampling``, each sentence gets
+    ``decode.n_best`` independent samples (:func:`sample`) instead, its draws seeded by ``seeds[i]``
     (default: :func:`sample_seed` of ``sampling.seed`` and ``i``). ``rules``: what the
     target vocabulary may never generate (:class:`Restrictions`); ``steering``: each
     sentence's prefix, constraints and banned phrases (:class:`~nmt.core.beams.Steering`), whose
@@ -330,15 +392,23 @@ def translate_batch(
     src_lens = (src != PAD).sum(1)
     max_lens = output_limits(src_lens, decode, steering)
     rows = decode.n_best if sampling is not None else decode.beam_size
-    capacity = min(int(max_lens.max()) + 1, INITIAL_CAPACITY)  # grown on demand: a generous limit allocates nothing
+    capacity = min(
+        int(max_lens.max()) + 1, INITIAL_CAPACITY
+    )  # grown on demand: a generous limit allocates nothing
     members, states = [], []
     for m in models:
         memory, src_mask = m.encode(src)
         member, state = scorer.start(m, memory, src_mask, rows, capacity=capacity, columns=columns)
         members.append(member)
         states.append(state)
-    step_scorer, state = (members[0], states[0]) if len(members) == 1 else (EnsembleScorer(members), tuple(states))
+    step_scorer, state = (
+        (members[0], states[0]) if len(members) == 1 else (EnsembleScorer(members), tuple(states))
+    )
     if sampling is not None:
-        seeds = seeds if seeds is not None else [sample_seed(sampling.seed, i) for i in range(src.size(0))]
+        seeds = (
+            seeds
+            if seeds is not None
+            else [sample_seed(sampling.seed, i) for i in range(src.size(0))]
+        )
         return sample(step_scorer, state, max_lens, decode, sampling, seeds, rules, steering)
     return beam_search(step_scorer, state, max_lens, decode, rules, steering)

@@ -44,9 +44,23 @@ class Updater:
         exist); ``loss_fn(logits, target, smoothing) -> LossOutput`` (sums), which benchmarks swap;
         ``context``: entered around each forward pass, for what the device needs
         (:func:`nmt.runtime.attention_backends`). ``model.cfg.d_model`` sets the noam scale."""
-        self.model, self.tc, self.device, self.loss_fn, self.context = model, tc, device, loss_fn, context
-        # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU step).
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=tc.adam_betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=True)
+        self.model, self.tc, self.device, self.loss_fn, self.context = (
+            model,
+            tc,
+            device,
+            loss_fn,
+            context,
+        )
+        # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU
+        # step).
+        self.optimizer = torch.optim.Adam(
+            model.parameters(),
+            lr=1.0,
+            betas=tc.adam_betas,
+            eps=tc.adam_eps,
+            weight_decay=tc.weight_decay,
+            fused=True,
+        )
         self.scheduler = build_scheduler(self.optimizer, tc, model.cfg.d_model)
         self.scaler = torch.amp.GradScaler(device.type, enabled=tc.precision == "fp16")
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.precision)
@@ -54,13 +68,17 @@ class Updater:
         # Buffers (the position table) are deterministic: no need to broadcast them every step.
         trained = DistributedDataParallel(model, broadcast_buffers=False) if distributed else model
         if tc.compile:
-            log.info("train.compile: compiling the training step; the first steps take a minute or more")
+            log.info(
+                "train.compile: compiling the training step; the first steps take a minute or more"
+            )
         self.trained = torch.compile(trained, dynamic=True) if tc.compile else trained
         self.ddp_model = trained if distributed else None
         self.world_size = world_size
         self.last_tokens = 0  # non-pad target tokens of the last update on this process
         self.last_lr = 0.0  # the learning rate the last update used
-        self.skipped = False  # the last update was skipped (fp16 overflow, or a non-finite gradient)
+        self.skipped = (
+            False  # the last update was skipped (fp16 overflow, or a non-finite gradient)
+        )
         self.nonfinite = False  # the last update's gradients were NaN or infinite
 
     def apply_settings(self) -> None:
@@ -69,8 +87,15 @@ class Updater:
         written with, and a changed ``adam_betas``, ``adam_eps``, ``weight_decay`` or schedule
         (``warmup_steps``, ``lr``, ...) would otherwise be ignored, or apply one step late."""
         tc, scheduler = self.tc, self.scheduler
-        for group, base, rate in zip(self.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-            group.update(betas=tuple(tc.adam_betas), eps=tc.adam_eps, weight_decay=tc.weight_decay, lr=base * rate(scheduler.last_epoch))
+        for group, base, rate in zip(
+            self.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
+        ):
+            group.update(
+                betas=tuple(tc.adam_betas),
+                eps=tc.adam_eps,
+                weight_decay=tc.weight_decay,
+                lr=base * rate(scheduler.last_epoch),
+            )
 
     def step(self, group: list[Batch]) -> list[LossOutput]:
         """Train on ``group`` (host tensors, up to ``update_freq`` batches) and update once.
@@ -94,7 +119,11 @@ class Updater:
             last = self.ddp_model is None or k == len(group) - 1
             with contextlib.nullcontext() if last else self.ddp_model.no_sync():
                 with (
-                    torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None),
+                    torch.autocast(
+                        self.device.type,
+                        dtype=self.autocast_dtype or torch.float32,
+                        enabled=self.autocast_dtype is not None,
+                    ),
                     self.context(),  # the backward pass runs the kernels the forward pass chose
                 ):
                     logits = self.trained(batch.src, batch.tgt_in)
@@ -113,24 +142,35 @@ class Updater:
         # The scaler skips an update whose gradients overflowed, and lowers its scale.
         self.skipped = self.scaler.is_enabled() and self.scaler.get_scale() < scale
         if self.skipped:
-            log.info("fp16: gradients overflowed at loss scale %g; update skipped, the schedule does not move", scale)
+            log.info(
+                "fp16: gradients overflowed at loss scale %g; update skipped, the schedule does "
+                "not move",
+                scale,
+            )
         else:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return outs
 
     def trial(self, batch: Batch) -> None:
-        """The forward and backward pass of ``batch`` (host tensors) as a step runs them, with nothing
+        """The forward and backward pass of ``batch`` (host tensors) as a step runs them, with
+        nothing
         kept: the gradients are dropped, the weights, optimizer and schedule untouched (what
         :func:`nmt.runtime.check_fits` runs to see whether a batch fits in memory). Random draws
         (dropout) are consumed: a caller that needs them unchanged saves the generators' states."""
         batch = batch.to(self.device)
         self.model.train()
         with (
-            torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None),
+            torch.autocast(
+                self.device.type,
+                dtype=self.autocast_dtype or torch.float32,
+                enabled=self.autocast_dtype is not None,
+            ),
             self.context(),
         ):
-            logits = self.model(batch.src, batch.tgt_in)  # the model itself: DDP's wrapper would wait for the other processes
+            logits = self.model(
+                batch.src, batch.tgt_in
+            )  # the model itself: DDP's wrapper would wait for the other processes
         self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing).loss.backward()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -166,14 +206,21 @@ class Window:
         self.time = time.perf_counter()
 
     def add(self, out) -> None:
-        """Add one micro-batch's summed loss and NLL (detached: the window never holds the graph)."""
+        """Add one micro-batch's summed loss and NLL (detached: the window never holds the
+        graph)."""
         self.loss += out.loss.detach()
         self.nll += out.nll.detach()
 
     def flush(self, progress, lr: float) -> dict:
         """Per-token means over the window (the one host sync per log interval); ``lr`` as given."""
         tokens = max(1, self.tokens)
-        values = {"step": progress.step, "epoch": progress.epoch, "loss": float(self.loss) / tokens, "nll": float(self.nll) / tokens, "lr": lr}
+        values = {
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "loss": float(self.loss) / tokens,
+            "nll": float(self.nll) / tokens,
+            "lr": lr,
+        }
         values["ppl"] = math.exp(min(values["nll"], 50.0))
         values["tgt_tokens_per_s"] = self.tokens / (time.perf_counter() - self.time)
         self.reset()
