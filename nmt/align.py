@@ -44,8 +44,7 @@ def alignment_layer(n_layers: int, chosen: int | None = None) -> int:
 def attention_matrix(models, src: Tensor, tgt_in: Tensor, layer: int | None = None) -> Tensor:
     """Heads-averaged cross-attention of decoder layer ``layer`` (1-based; default
     :func:`alignment_layer`'s), averaged over ``models``: ``(batch, tgt_len, src_len)`` for ``src``
-    ``(batch, src_len)`` and
-    ``tgt_in`` ``(batch, tgt_len)`` (starting with BOS)."""
+    ``(batch, src_len)`` and ``tgt_in`` ``(batch, tgt_len)`` (starting with BOS)."""
     matrices = []
     for model in models:
         weights = model.cross_attention(src, tgt_in)  # (n_layers, batch, n_heads, tgt_len, src_len)

@@ -103,9 +103,8 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
         "tokenizer": last["tokenizer"],
         "averaged_from": [str(p) for p in paths],
     }
-    payload |= {
-        key: last[key] for key in ("progress", "init_from", "imported_from") if key in last
-    }  # where the weights came from, for nmt info
+    # where the weights came from, for nmt info
+    payload |= {key: last[key] for key in ("progress", "init_from", "imported_from") if key in last}
     if "run" in last and not different_runs:
         payload["run"] = last["run"]
     save_checkpoint(payload, Path(out))

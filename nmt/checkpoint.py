@@ -10,7 +10,7 @@ the step, the sampler's position and every process's RNG states, so that ``nmt t
 --resume`` continues exactly where the run stopped.
 """
 
-# Size: module at most 445 lines, check_payload() at most 80: one file format written, verified and
+# Size: module at most 440 lines, check_payload() at most 75: one file format written, verified and
 # read; check_payload() states each entry's rule once, a few lines each, in the order the file holds
 # them.
 
@@ -32,12 +32,8 @@ from .progress import Progress
 from .tokenizer import TokenizerError
 from .vocab import tokenizer_from_protos
 
-TRAINING_STATE = (
-    "optimizer",
-    "scheduler",
-    "progress",
-    "rng",
-)  # what --resume needs beyond the model
+# what --resume needs beyond the model
+TRAINING_STATE = ("optimizer", "scheduler", "progress", "rng")
 # A tokenizer's entries: one SentencePiece model, one per side, or (an imported Marian model's) one
 # segmenter per side and the vocabulary that numbers their pieces (nmt.vocab).
 TOKENIZER_ENTRIES = ({"joint"}, {"src", "tgt"}, {"src", "tgt", "vocab"})
@@ -134,9 +130,8 @@ def load_checkpoint(
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for foreign archives
-        if "weights_only" in str(
-            exc
-        ):  # torch's advice (weights_only=False) would run arbitrary code
+        # torch's advice (weights_only=False) would run arbitrary code
+        if "weights_only" in str(exc):
             raise CheckpointError(
                 f"{path} is not an nmt checkpoint: it holds objects other than tensors and plain "
                 "values (not written by nmt)"
@@ -220,9 +215,8 @@ def check_payload(payload: Any, path: Path, training: bool = False) -> Checkpoin
             "entries"
         )
     missing = [k for k in ("model", "config", "tokenizer") if k not in payload]
-    if (
-        len(missing) == 3 and "nmt_version" not in payload
-    ):  # nothing of nmt's: another program's file
+    # nothing of nmt's: another program's file
+    if len(missing) == 3 and "nmt_version" not in payload:
         keys = ", ".join(map(repr, list(payload)[:5])) or "none"
         raise CheckpointError(
             f"{path} is not an nmt checkpoint: a dict without nmt's model, config and tokenizer "
@@ -373,8 +367,7 @@ def size_mismatches(
     config: str = "the config",
 ) -> list[str]:
     """The sizes of ``model_cfg`` (layer counts, widths) larger than the tensors of ``state`` show,
-    as
-    ``"model.d_model 1048576 in the config vs 128 in the tensors"``; empty when none is.
+    as ``"model.d_model 1048576 in the config vs 128 in the tensors"``; empty when none is.
 
     Run before anything of the config's size is built: a damaged or hand-edited config (``d_model``
     2^20, 10^9 layers) would otherwise allocate terabytes or loop for ever before the tensors could

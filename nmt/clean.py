@@ -22,9 +22,8 @@ from .tokenizer import UNK, WORD_BOUNDARY, Tokenizer
 # Why a pair is dropped (one int8 a pair); a CleanReport counts them in this order.
 KEPT, EMPTY, TOO_LONG, BAD_RATIO, UNKNOWN = 0, 1, 2, 3, 4
 
-Flat = tuple[
-    np.ndarray, np.ndarray
-]  # (ids, offsets): int32 pieces back to back, int64 (n + 1,) where each line's start
+# (ids, offsets): int32 pieces back to back, int64 (n + 1,) where each line's start
+Flat = tuple[np.ndarray, np.ndarray]
 
 #: Unicode categories of the characters that hold nothing to translate: controls (Cc), format
 #: characters (Cf: U+200B, the direction marks U+200E and U+202E, U+FEFF, the soft hyphen ...),
@@ -41,9 +40,8 @@ def has_text(line: str) -> bool:
     piece invents a sentence. Training drops a pair with such a side (:data:`EMPTY`), and
     translation leaves its line empty.
     """
-    if (
-        line.isprintable()
-    ):  # no character of those categories but the ASCII space: most lines, at C speed
+    # no character of those categories but the ASCII space: most lines, at C speed
+    if line.isprintable():
         return bool(line.strip(" "))
     return any(
         not ch.isspace() and unicodedata.category(ch) not in NO_TEXT_CATEGORIES for ch in line
@@ -149,9 +147,8 @@ def unknown_only_lines(flat: Flat, boundary: int) -> np.ndarray:
     """:func:`nmt.tokenizer.unknown_only` of every line of ``flat`` at once, bool ``(n,)``;
     ``boundary``: the id of the bare word-boundary piece."""
     ids, offsets = flat
-    seen = np.zeros(
-        len(ids) + 1, dtype=np.int64
-    )  # seen[k]: pieces other than UNK and boundary among the first k
+    # seen[k]: pieces other than UNK and boundary among the first k
+    seen = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum((ids != UNK) & (ids != boundary), out=seen[1:])
     return (offsets[1:] > offsets[:-1]) & (seen[offsets[1:]] == seen[offsets[:-1]])
 
@@ -172,8 +169,7 @@ def drop_reasons(
     (:func:`nmt.tokenizer.unknown_only`: both sides, since a model learns as little from a target it
     cannot spell as from a source it cannot read). With ``max_len``, a pair is then :data:`TOO_LONG`
     when a side has more than ``max_len`` pieces, and :data:`BAD_RATIO` when the longer side has
-    more than
-    ``max_len_ratio`` times the pieces of the shorter. :data:`KEPT` otherwise.
+    more than ``max_len_ratio`` times the pieces of the shorter. :data:`KEPT` otherwise.
     """
     s, t = np.diff(src[1]), np.diff(tgt[1])
     reason = np.full(len(s), KEPT, dtype=np.int8)
@@ -206,8 +202,7 @@ def encode_rows(
     Lines are encoded as ``nmt translate`` encodes them
     (:meth:`~nmt.tokenizer.Tokenizer.encode_src`: control characters read as spaces, then
     SentencePiece's normalisation, which removes leading, trailing and repeated whitespace itself; a
-    line of only U+200B, not blank to
-    ``str.strip``, has no pieces either).
+    line of only U+200B, not blank to ``str.strip``, has no pieces either).
 
     Returns:
         source ids, target ids (one list a pair, in order) and the reasons, int8 ``(n,)``.

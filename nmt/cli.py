@@ -107,9 +107,8 @@ def refuse_repeated_options(ctx: typer.Context, order: list) -> None:
     )
     for param, times in given.items():
         if times > 1:
-            spellings = "/".join(
-                sorted(param.opts, key=len, reverse=True) + param.secondary_opts
-            )  # --output/-o, --allow-unk/--no-allow-unk
+            # --output/-o, --allow-unk/--no-allow-unk
+            spellings = "/".join(sorted(param.opts, key=len, reverse=True) + param.secondary_opts)
             raise click_errors.BadOptionUsage(
                 param.name,
                 f"option {spellings} is given {'twice' if times == 2 else f'{times} times'}; it is "
@@ -149,9 +148,8 @@ class Command(TyperCommand):
         (:func:`refuse_repeated_options`) and expanding ``~`` in paths (:func:`expand_home`)."""
         if ctx.resilient_parsing:  # shell completion
             return super().parse_args(ctx, args)
-        typed, _, order = self.make_parser(ctx).parse_args(
-            args=list(args)
-        )  # the text given for each parameter, before conversion
+        # the text given for each parameter, before conversion
+        typed, _, order = self.make_parser(ctx).parse_args(args=list(args))
         refuse_repeated_options(ctx, order)
         rest = super().parse_args(ctx, args)
         expand_home(ctx, typed)
@@ -183,15 +181,13 @@ def _usage_errors(ctx: typer.Context):
     user error."""
     try:
         yield
-    except getattr(
-        click_errors, "NoArgsIsHelpError", ()
-    ):  # `nmt plot` alone, which prints help (click 8.2+)
+    # `nmt plot` alone, which prints help (click 8.2+)
+    except getattr(click_errors, "NoArgsIsHelpError", ()):
         raise
     except click_errors.UsageError as exc:
         message = exc.format_message().rstrip(".")
-        if getattr(
-            exc, "possibilities", None
-        ):  # a misspelt flag: the closest of click's candidates
+        # a misspelt flag: the closest of click's candidates
+        if getattr(exc, "possibilities", None):
             (closest,) = difflib.get_close_matches(
                 exc.option_name, exc.possibilities, n=1, cutoff=0
             )
@@ -322,8 +318,7 @@ def main() -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
             raise
-        os.dup2(
-            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
-        )  # what is still buffered goes nowhere, quietly
+        # what is still buffered goes nowhere, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         typer.echo(f"error: cannot write standard output: {reason(exc)}", err=True)
         raise SystemExit(2) from None

@@ -14,7 +14,7 @@ The resolved config is stored inside every checkpoint, so a checkpoint alone reb
 its model.
 """
 
-# Size: module at most 845 lines, validate() at most 105: every section's fields, with their ranges
+# Size: module at most 835 lines, validate() at most 105: every section's fields, with their ranges
 # and help, are declared here, as the one place they are; validate() states each rule that relates
 # two fields once.
 
@@ -60,9 +60,8 @@ BEAM = Range(
 )
 THREADS = Range(0, 1024)  # torch.set_num_threads(100_000) crashes the process
 SEED = Range(0, 2**32 - 1)  # NumPy's seed range
-LENGTH_PENALTY = Range(
-    -10, 10
-)  # α: |Y| ** α stays a finite float64 for every output length (at most 100 · src_len + 10,000)
+# α: |Y| ** α stays a finite float64 for every output length (at most 100 · src_len + 10,000)
+LENGTH_PENALTY = Range(-10, 10)
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017, Table 3.
@@ -290,8 +289,7 @@ class TrainConfig(Checked):
     step · warmup_steps^-1.5)``; ``schedule="inverse_sqrt"`` warms up linearly to the peak
     ``lr`` and decays as ``lr · sqrt(warmup_steps / step)``; ``schedule="linear"`` warms up linearly
     to ``lr`` and decays linearly, reaching 0 just after ``max_steps``; ``schedule="constant"``
-    warms up linearly to
-    ``lr`` and stays there (fine-tuning). Intervals are in optimizer steps.
+    warms up linearly to ``lr`` and stays there (fine-tuning). Intervals are in optimizer steps.
     ``reset_optimizer`` applies to ``nmt train --init-from`` only.
     """
 
@@ -401,9 +399,8 @@ class DecodeConfig(Checked):
         1.5, "output limit per source piece (at most 100: no translation is longer)", Range(0, 100)
     )
     max_len_b: int = setting(10, "output limit added, in pieces (at most 10,000)", Range(0, 10_000))
-    n_best: int = setting(
-        1, "hypotheses written per sentence", Range(1, 10_000)
-    )  # beam search: at most beam_size; sampling: samples
+    # beam search: at most beam_size; sampling: samples
+    n_best: int = setting(1, "hypotheses written per sentence", Range(1, 10_000))
     min_len: int = setting(0, "EOS is forbidden before this many output pieces", AT_LEAST_0)
     max_tokens: int = setting(
         4096, "source-side batch budget in tokens, padding included", AT_LEAST_1
@@ -546,9 +543,8 @@ def config_from_dict(raw: dict[str, Any], source: str | None = None) -> Config:
                 Key(given),
                 ": write the language pairs in one of them, not both",
             )
-        if "share_embeddings" not in raw.get(
-            "model", {}
-        ):  # the default: tie exactly when there is one vocabulary
+        # the default: tie exactly when there is one vocabulary
+        if "share_embeddings" not in raw.get("model", {}):
             parts["model"] = replace(parts["model"], share_embeddings=parts["tokenizer"].joint)
         cfg = Config(**parts)
         validate(cfg)
@@ -775,9 +771,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         try:
             raw.setdefault(section, {})[name] = read_override(value, f"{section}.{name}")
         except ConfigError as exc:
-            raise exc.located(
-                f"--set {item if item.isprintable() else repr(item)}"
-            ) from None  # a line break in it would split the one line
+            # a line break in it would split the one line
+            raise exc.located(f"--set {item if item.isprintable() else repr(item)}") from None
     return raw
 
 
@@ -816,9 +811,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict (tuples as lists), as stored in checkpoints and ``config.yaml``."""
     out = dataclasses.asdict(cfg)
     out["train"]["adam_betas"] = list(cfg.train.adam_betas)
-    if (
-        cfg.data.directions is not None
-    ):  # they replace src_lang and tgt_lang, which would only mislead a reader
+    # they replace src_lang and tgt_lang, which would only mislead a reader
+    if cfg.data.directions is not None:
         out["data"]["directions"] = list(cfg.data.directions)
         del out["data"]["src_lang"], out["data"]["tgt_lang"]
     return out

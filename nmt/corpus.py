@@ -84,9 +84,8 @@ def _open_bytes(path: Path) -> Iterator[BinaryIO]:
         DataError: UTF-16 text, or the file cannot be read or decompressed (also while reading).
     """
     try:
-        with open(
-            path, "rb"
-        ) as raw:  # opened once and peeked at, so that a pipe's first bytes are not lost
+        # opened once and peeked at, so that a pipe's first bytes are not lost
+        with open(path, "rb") as raw:
             head = raw.peek(64)[:64]
             magic = head[:2]
             if magic in (b"\xff\xfe", b"\xfe\xff") or _utf16_without_bom(head):
@@ -139,9 +138,10 @@ def _utf16_without_bom(head: bytes) -> bool:
     byte (the high half of Latin text's code units), which UTF-8 text has nowhere."""
     pairs = len(head) // 2
     halves = [head[start : 2 * pairs : 2] for start in (0, 1)]
+    # NULs only: no text at all
     return pairs >= 4 and any(
         not any(zeros) and any(other) for zeros, other in (halves, halves[::-1])
-    )  # NULs only: no text at all
+    )
 
 
 def decode_line(raw: bytes, number: int, name) -> str:
@@ -249,9 +249,8 @@ class _Gunzip:
             except zlib.error as exc:
                 raise DataError(f"{self.name}: damaged gzip data ({exc})") from None
             data = self.inflate.unused_data
-            if (
-                data[:1] == b"\0"
-            ):  # zeros after a member (tape blocks, a padded image): gzip -d ignores them too
+            # zeros after a member (tape blocks, a padded image): gzip -d ignores them too
+            if data[:1] == b"\0":
                 self.padding = True
                 data = self._zeros(data)
             elif data:  # the next member begins
@@ -445,9 +444,8 @@ class ParallelText:
                     digest.update(data)
             return
         for path in (self.src_path, self.tgt_path):
-            digest.update(
-                path.stat().st_size.to_bytes(8, "little")
-            )  # sizes first: no two file pairs hash alike
+            # sizes first: no two file pairs hash alike
+            digest.update(path.stat().st_size.to_bytes(8, "little"))
             with open(path, "rb") as f:
                 while block := f.read(1 << 20):
                     digest.update(block)

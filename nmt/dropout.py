@@ -63,9 +63,8 @@ def dropout_mask(
 
 def _mask(shape, p: float, dtype: torch.dtype, generator: torch.Generator | None = None) -> Tensor:
     """:func:`dropout_mask` for a rate already checked."""
-    drop = round(
-        p * 2**32
-    )  # elements whose uniform 32-bit integer is below this many of 2^32 are dropped
+    # elements whose uniform 32-bit integer is below this many of 2^32 are dropped
+    drop = round(p * 2**32)
     if drop == 2**32:
         return torch.zeros(shape, dtype=dtype)
     n = math.prod(shape)

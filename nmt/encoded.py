@@ -15,7 +15,7 @@ removes. See ``docs/performance.md``, "Data at scale". This module needs no torc
 lives in :mod:`nmt.core.batching`.
 """
 
-# Size: module at most 505 lines: one cache: its key, its Arrow file with a checksum, and the
+# Size: module at most 495 lines: one cache: its key, its Arrow file with a checksum, and the
 # encoding that writes it.
 
 from __future__ import annotations
@@ -57,14 +57,10 @@ class EncodedCorpus:
     """
 
     def __init__(self, src_blocks: list[Flat], tgt_blocks: list[Flat], key: str = ""):
-        self.src_blocks, self.tgt_blocks, self.key = (
-            src_blocks,
-            tgt_blocks,
-            key,
-        )  # key: the cache key
-        self.parts = (
-            sum(len(offsets) - 1 for _, offsets in src_blocks),
-        )  # examples of each corpus joined here (see joined)
+        # key: the cache key
+        self.src_blocks, self.tgt_blocks, self.key = (src_blocks, tgt_blocks, key)
+        # examples of each corpus joined here (see joined)
+        self.parts = (sum(len(offsets) - 1 for _, offsets in src_blocks),)
         sizes = [len(offsets) - 1 for _, offsets in src_blocks]
         self.starts = np.zeros(len(sizes) + 1, dtype=np.int64)  # first example of each block
         np.cumsum(sizes, out=self.starts[1:])
@@ -420,9 +416,8 @@ def _open(directory: Path, name: str, mapped: bool = True) -> EncodedCorpus:
         if mapped
         else pa.OSFile(str(directory / "ids.arrow")) as source
     ):
-        table = pa.ipc.open_stream(
-            source
-        ).read_all()  # a mapped table's buffers keep the mapping open
+        # a mapped table's buffers keep the mapping open
+        table = pa.ipc.open_stream(source).read_all()
     return EncodedCorpus.from_table(table, key=name)
 
 
@@ -440,13 +435,8 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
         corpus = _open(path, path.name)
         if len(corpus) != report.kept:
             raise ValueError(f"{len(corpus)} pairs, not the {report.kept} recorded")
-    except (
-        OSError,
-        ValueError,
-        TypeError,
-        KeyError,
-        AttributeError,
-    ) as exc:  # pyarrow's errors are ValueError or OSError
+    # pyarrow's errors are ValueError or OSError
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         log.warning("cache %s is damaged (%s); encoding again", path, exc)
         trash = path.with_name(f"{_temporary_prefix(path.name)}damaged")
         try:

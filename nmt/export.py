@@ -13,7 +13,7 @@ tokenizer without its config, say); the temporary directory of a killed export i
 the next export to the same place, while that of an export at work is left to it.
 """
 
-# Size: module at most 725 lines, write_huggingface() at most 80, export() at most 75: three export
+# Size: module at most 715 lines, write_huggingface() at most 80, export() at most 70: three export
 # formats and the directory they share; export() checks each format's options before it writes.
 
 from __future__ import annotations
@@ -149,9 +149,8 @@ def generation_settings(
         )
     )
     if isinstance(tokenizer, MarianTokenizer):
-        values["bad_words_ids"] = [
-            [i] for i in banned
-        ]  # as OPUS-MT's own generation_config.json bans <pad>
+        # as OPUS-MT's own generation_config.json bans <pad>
+        values["bad_words_ids"] = [[i] for i in banned]
     else:
         values |= {"bos_token_id": BOS, "suppress_tokens": sorted(banned)}
     if decode.beam_size > 1:
@@ -296,14 +295,11 @@ def export_huggingface(
     ``MarianMTModel.from_pretrained(out_dir)`` and ``MarianTokenizer.from_pretrained(out_dir)`` load
     it, with ``generation_config.json`` set so that
     ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`),
-    and
-    ``tokenizer_config.json`` naming the ``languages`` (source, target) of a model nmt trained.
+    and ``tokenizer_config.json`` naming the ``languages`` (source, target) of a model nmt trained.
 
     A model nmt trained: generation starts from BOS, stops at EOS, never emits PAD or BOS (nor UNK
-    unless
-    ``decode.allow_unk``). The tokenizer gives the ids nmt gives for any text (special-token
-    spellings such as
-    ``</s>`` and ``<pad>`` and very long words included) with two exceptions that
+    unless ``decode.allow_unk``). The tokenizer gives the ids nmt gives for any text (special-token
+    spellings such as ``</s>`` and ``<pad>`` and very long words included) with two exceptions that
     ``MarianTokenizer`` cannot be configured out of: it removes a leading ``>>...<<`` (Marian's
     target-language tag), which nmt reads as text; and it hands control characters to SentencePiece
     as they are, where nmt reads them as spaces (:func:`nmt.tokenizer.controls_as_spaces`). The
@@ -519,9 +515,8 @@ def export_ctranslate2(
                 for piece, _ in sorted(tokenizer.target_encoder.items(), key=lambda item: item[1])
             ]
 
-        def set_vocabulary(
-            self, spec, tokens
-        ):  # the stock loader registers the source vocabulary on both sides
+        # the stock loader registers the source vocabulary on both sides
+        def set_vocabulary(self, spec, tokens):
             spec.register_source_vocabulary(tokens[0])
             spec.register_target_vocabulary(tokens[1])
 
@@ -560,9 +555,8 @@ def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, 
     translate with it."""
     imported = isinstance(tokenizer, MarianTokenizer)
     pieces = tokenizer.tgt.id_to_piece
-    banned = list(
-        dict.fromkeys([pieces(BOS), pieces(PAD)])
-    )  # what nmt never writes; an OPUS-MT import's start piece is its pad
+    # what nmt never writes; an OPUS-MT import's start piece is its pad
+    banned = list(dict.fromkeys([pieces(BOS), pieces(PAD)]))
     names = list(sentencepiece_files(tokenizer))
     files = (names[0], names[-1])
     detok = '.replace("\\u2581", " ").strip()' if imported else ""
@@ -677,9 +671,8 @@ def export(
                 model, tokenizer, out, max_positions, cfg.decode, languages=languages, tags=tag_list
             )
             return
-        with directory_in_place(
-            out
-        ) as tmp:  # the Marian directory it is converted from is written inside, then removed
+        # the Marian directory it is converted from is written inside, then removed
+        with directory_in_place(out) as tmp:
             (tmp / "huggingface").mkdir()
             # The Marian directory is a step of the conversion: what its own users should know does
             # not concern this one's.
@@ -697,9 +690,8 @@ def export(
             try:
                 with quiet_transformers():
                     export_ctranslate2(tmp / "huggingface", tmp / "ctranslate2", quantization)
-            except (
-                ValueError
-            ) as exc:  # CTranslate2 rejects an unknown quantization with a ValueError
+            # CTranslate2 rejects an unknown quantization with a ValueError
+            except ValueError as exc:
                 if quantization is None:
                     raise
                 raise ExportError(Key("quantization"), f" {quantization!r}: {exc}") from None

@@ -212,9 +212,8 @@ def _check(key: str, value: Any, tp: Any, meta: Any) -> None:
             )
         return
     allowed, pattern = meta["range"], meta["pattern"]
-    if (
-        isinstance(value, str) and not value.strip()
-    ):  # a path or a name: "" would mean the current directory or "train."
+    # a path or a name: "" would mean the current directory or "train."
+    if isinstance(value, str) and not value.strip():
         raise ConfigError(
             Key(key),
             f" must not be empty, got {value!r}: write a value"
@@ -315,14 +314,14 @@ def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
     elif tp in (str, PathText):
         if isinstance(value, str):
             return os.path.expanduser(str(value)) if tp is PathText else str(value)
-    elif (
-        origin is tuple and typing.get_args(tp)[-1] is Ellipsis
-    ):  # any length: a list, or text with commas (fairseq's --lang-pairs)
+    # any length: a list, or text with commas (fairseq's --lang-pairs)
+    elif origin is tuple and typing.get_args(tp)[-1] is Ellipsis:
+        # an empty item is refused, not dropped
         items = (
             ([v.strip() for v in value.split(",")] if value.strip() else [])
             if isinstance(value, str)
             else value
-        )  # an empty item is refused, not dropped
+        )
         if isinstance(items, (list, tuple)):
             return tuple(
                 read(v, typing.get_args(tp)[0], f"{key}[{i}]", allowed) for i, v in enumerate(items)
@@ -477,9 +476,8 @@ def read_yaml(text: str, path: Path | None = None, key: str = "") -> tuple[Any, 
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = (
-            mark.line + 1 if mark else text[: getattr(exc, "position", 0)].count("\n") + 1
-        )  # a ReaderError (a control character) has a position
+        # a ReaderError (a control character) has a position
+        line = mark.line + 1 if mark else text[: getattr(exc, "position", 0)].count("\n") + 1
         raise ConfigError(
             f"not valid YAML ({_yaml_problem(exc)})", path=path, line=line if path else None
         ) from None

@@ -123,9 +123,8 @@ def resolve_output(path: Path) -> Path:
         return path
     try:
         os.stat(path)
-    except (
-        OSError
-    ) as exc:  # a dangling link is written through (its target made), as the shell's > does
+    # a dangling link is written through (its target made), as the shell's > does
+    except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise OutputError(
                 f"cannot write {path}: it is a loop of symbolic links; remove it or give another "
@@ -274,9 +273,8 @@ def _raise_output_error(exc: Exception, path: Path):
     cause = os_error(exc)
     if cause is None:
         raise exc
-    if (
-        cause.errno == errno.EPIPE
-    ):  # the reader of a FIFO left: as a pipe's reader leaving, not an error of ours
+    # the reader of a FIFO left: as a pipe's reader leaving, not an error of ours
+    if cause.errno == errno.EPIPE:
         raise BrokenPipeError(errno.EPIPE, f"the reader of {path} left") from None
     raise OutputError(f"cannot write {path}: {reason(cause, path)}") from None
 

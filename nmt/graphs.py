@@ -25,7 +25,7 @@ to float32 rounding (attention over the capacity sums its zeros in another order
 the written positions, so the last bits may differ).
 """
 
-# Size: module at most 455 lines: the static cache, the arena, its slabs and the scorer that replays
+# Size: module at most 450 lines: the static cache, the arena, its slabs and the scorer that replays
 # them are one mechanism.
 
 from __future__ import annotations
@@ -89,8 +89,7 @@ class StaticCache:
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Write ``layer``'s keys and values ``(rows, n_heads, 1, head_dim)`` at position
         ``length``; returns that layer's keys and values ``(rows, n_heads, capacity, head_dim)`` and
-        the mask
-        ``(1, 1, 1, capacity)``, True at positions ``0..length``."""
+        the mask ``(1, 1, 1, capacity)``, True at positions ``0..length``."""
         kv = self.self_kv[layer]
         kv[0].index_copy_(2, self.length, k)
         kv[1].index_copy_(2, self.length, v)
@@ -368,9 +367,8 @@ class StaticScorer:
             slab.tokens.index_copy_(0, state.rows, tokens)
         try:
             out = slab.run(self.model, state.which, self.graphs)
-        except (
-            RuntimeError
-        ) as exc:  # a capture this device or build cannot make: the step runs eagerly
+        # a capture this device or build cannot make: the step runs eagerly
+        except RuntimeError as exc:
             if not self.graphs:
                 raise
             graphs_failed(exc)
@@ -413,10 +411,8 @@ class StaticScorer:
         old, w, n = state.slab, state.written, slot.numel()
         new = old.arena.slab(self.model, sentences, self.beam, old.src_len, capacity)
         new.load(self.model, old.cross_kv.index_select(2, slot), old.src_mask.index_select(0, slot))
-        rows, which = (
-            beam_rows(slot, self.beam),
-            1 - state.which,
-        )  # the other buffer: the new slab may view the same memory
+        # the other buffer: the new slab may view the same memory
+        rows, which = (beam_rows(slot, self.beam), 1 - state.which)
         torch.index_select(
             old.kv[state.which][..., :w, :],
             2,

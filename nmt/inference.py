@@ -3,7 +3,7 @@ and translates lines for every command (translate, evaluate, tune-decode, serve,
 during training), owning inference mode, the device's attention kernels and decode step
 (:mod:`nmt.runtime`), and batching; what a call asks travels as one :class:`Decoding`."""
 
-# Size: module at most 455 lines: the one way into decoding: loading, batching, steering, streaming
+# Size: module at most 445 lines: the one way into decoding: loading, batching, steering, streaming
 # and attention share one value.
 
 from __future__ import annotations
@@ -132,9 +132,8 @@ class Inference:
                 ``unknown``).
         """
         decode, src_prefix = decoding.decode, decoding.src_prefix
-        encoded = self.tokenizer.encode_src(
-            lines
-        )  # SentencePiece's normalisation strips whitespace, as in training
+        # SentencePiece's normalisation strips whitespace, as in training
+        encoded = self.tokenizer.encode_src(lines)
         present = self._translatable(
             lines,
             encoded,
@@ -204,9 +203,8 @@ class Inference:
                     max_input_pieces,
                 )
                 skipped["too_long"] += 1
-            elif unknown_only(
-                pieces, self.tokenizer.src
-            ):  # the model would see nothing and invent a sentence
+            # the model would see nothing and invent a sentence
+            elif unknown_only(pieces, self.tokenizer.src):
                 log.warning(
                     "input line %d has only characters the model does not know (every piece is "
                     "unknown): its output line is left empty",
@@ -283,9 +281,8 @@ class Inference:
         with torch.inference_mode():
             src = pad_sources([ids]).to(self.device)
             tgt_in = torch.tensor([[BOS, *hyp.tokens]], device=self.device)
-            weights = self.model.cross_attention(src, tgt_in)[:, 0].mean(
-                1
-            )  # (n_layers, tgt_len, src_len)
+            # (n_layers, tgt_len, src_len)
+            weights = self.model.cross_attention(src, tgt_in)[:, 0].mean(1)
         pieces = lambda sp, seq: [sp.id_to_piece(i) for i in seq] + ["</s>"]
         return (
             pieces(self.tokenizer.src, ids),
@@ -305,8 +302,7 @@ class Inference:
 
         Yields ``(index of the buffer's first line in the whole input, its n-best lists)``;
         ``steering`` gives one :class:`~nmt.core.beams.Steering` per input line, read as the lines
-        are;
-        ``options`` are :meth:`translate`'s ``progress`` and ``skipped``.
+        are; ``options`` are :meth:`translate`'s ``progress`` and ``skipped``.
         """
         first, steering = 0, iter(steering) if steering is not None else None
         for lines in buffers:
@@ -378,9 +374,8 @@ def steering(
         )
         steps = steps[:start]
     wanted = [(c, p) for c in constraints if (p := pieces(c, "constraint"))]
-    banned = [
-        (b, p) for b in bans if (p := pieces(b))
-    ]  # a ban with UNK bans what is never written anyway
+    # a ban with UNK bans what is never written anyway
+    banned = [(b, p) for b in bans if (p := pieces(b))]
     for c, need in wanted:
         clash = next(
             (
@@ -416,9 +411,8 @@ def fragment_automaton(
     for done in states:  # grows as states are found
         rest, moves = fragment[done:], []
         at = bisect.bisect_left(ordered, (rest, -1))
-        while at < len(ordered) and ordered[at][0].startswith(
-            rest
-        ):  # spells the rest of the word, and maybe more
+        # spells the rest of the word, and maybe more
+        while at < len(ordered) and ordered[at][0].startswith(rest):
             moves.append((ordered[at][1], FRAGMENT_DONE))
             at += 1
         for end in range(1, len(rest)):  # spells a beginning of the rest: a state further on

@@ -26,7 +26,7 @@ trained keeps its own ids and starts from BOS when exported; an imported one get
 layout back, so export after import gives the weights it was imported from.
 """
 
-# Size: module at most 1025 lines, read_tokenizer() at most 75, model_config() at most 125,
+# Size: module at most 1015 lines, read_tokenizer() at most 75, model_config() at most 125,
 # import_huggingface() at most 75: one weight map read both ways; Marian's config and tokenizer
 # files checked key by key, each key with transformers' default and the reason a value is refused.
 
@@ -78,12 +78,8 @@ MARIAN_DEFAULTS = {
     "tie_word_embeddings": True,
     "max_position_embeddings": 1024,
 }
-ACTIVATIONS = {
-    "relu": "relu",
-    "gelu": "gelu",
-    "swish": "swish",
-    "silu": "swish",
-}  # transformers' name → nmt's (the same functions)
+# transformers' name → nmt's (the same functions)
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -264,9 +260,8 @@ def from_marian(
             f"{path}: final_logits_bias has {bias.numel()} entries, the target vocabulary "
             f"{len(rows.tgt)}"
         )
-    state["output_bias"] = torch.full(
-        (cfg.tgt_vocab_size,), NEVER
-    )  # what no Marian row fills: the PAD row nmt adds, if it adds one
+    # what no Marian row fills: the PAD row nmt adds, if it adds one
+    state["output_bias"] = torch.full((cfg.tgt_vocab_size,), NEVER)
     state["output_bias"][rows.tgt] = bias
     _check_positions(marian, cfg.d_model, path)
     return state
@@ -346,9 +341,8 @@ def _check_positions(marian: dict[str, torch.Tensor], d_model: int, path) -> Non
         if name in marian:
             table = marian[name].float()
             expected = marian_positions(table.size(0), d_model)
-            if (
-                table.shape != expected.shape or (table - expected).abs().max() > 2e-3
-            ):  # 2e-3: float16 files round sin/cos
+            # 2e-3: float16 files round sin/cos
+            if table.shape != expected.shape or (table - expected).abs().max() > 2e-3:
                 raise MarianError(
                     f"{path}: {name} is not the sinusoidal table (learned positions?), which nmt "
                     "computes and cannot replace"
@@ -432,9 +426,8 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
                 f"{file}: reading .safetensors files needs the safetensors package: pip install "
                 "safetensors"
             ) from None
-        except (
-            Exception
-        ) as exc:  # safetensors, torch and zipfile raise several types for damaged files
+        # safetensors, torch and zipfile raise several types for damaged files
+        except Exception as exc:
             raise MarianError(
                 f"{file}: cannot read the weights "
                 f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
@@ -449,10 +442,11 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
         and not any(k.startswith("model.") for k in state)
         and any(k.startswith(("encoder.", "decoder.", "shared.")) for k in state)
     ):
+        # saved from MarianModel
         state = {
             k if k in ("final_logits_bias", "lm_head.weight") else f"model.{k}": v
             for k, v in state.items()
-        }  # saved from MarianModel
+        }
     return state, found
 
 
@@ -565,9 +559,8 @@ def read_tokenizer(directory: Path, config: dict[str, Any] | None = None) -> Mar
             if not (sp.is_control(i) or sp.is_unknown(i))
         ]
         missing = sum(p not in known for p in pieces)
-        if (
-            missing > len(pieces) / 2
-        ):  # OPUS-MT's vocab.json holds (nearly) every piece of both models
+        # OPUS-MT's vocab.json holds (nearly) every piece of both models
+        if missing > len(pieces) / 2:
             raise MarianError(
                 f"{directory}: {missing:,} of the {len(pieces):,} pieces of {name} are not in "
                 "vocab.json, so most text would be <unk>: "
@@ -785,8 +778,7 @@ def decode_config(
     decoder's start token) → at most L - 2 pieces and EOS (``max_len_a`` 0, ``max_len_b`` L - 2),
     ``max_new_tokens`` N → N - 1 pieces; ``min_length`` M → M - 1 pieces;
     ``<unk>`` may be generated unless ``bad_words_ids`` bans it (generate() bans only what it lists;
-    nmt always bans
-    ``<pad>``, its BOS).
+    nmt always bans ``<pad>``, its BOS).
     """
     get = generation.get
 
@@ -825,9 +817,8 @@ def decode_config(
     )
     notes = []
     for key, neutral, why in NOT_APPLIED:
-        value = (
-            get(key, False) if key == "early_stopping" else get(key, neutral)
-        )  # generate()'s default early_stopping is false
+        # generate()'s default early_stopping is false
+        value = get(key, False) if key == "early_stopping" else get(key, neutral)
         if value != neutral and not (key == "early_stopping" and beam == 1):
             notes.append(f"{key}={value!r}" + (f": {why}" if why else " is not applied"))
     # What nmt bans: its padding and start pieces, target-language tags (>>fr<<), and <unk> unless
@@ -876,9 +867,8 @@ def tokenizer_config(tokenizer: MarianTokenizer) -> TokenizerConfig:
 
         proto = model_pb2.ModelProto()
         proto.ParseFromString(tokenizer.src.serialized_model_proto())
-        kind = {2: "bpe"}.get(
-            proto.trainer_spec.model_type, "unigram"
-        )  # word and char models segment as well; the type is only shown
+        # word and char models segment as well; the type is only shown
+        kind = {2: "bpe"}.get(proto.trainer_spec.model_type, "unigram")
     except ImportError:
         pass
     return TokenizerConfig(
@@ -927,22 +917,23 @@ def import_huggingface(
                 key,
                 config[key],
             )
+    # opus-mt-en-de, opus-mt-tc-big-en-de
     named = (
         directory.name.split("-")[-2:] if directory.name.startswith("opus-mt-") else [None, None]
-    )  # opus-mt-en-de, opus-mt-tc-big-en-de
-    if (
-        "snapshots" in directory.parts
-    ):  # a hub cache entry: models--Helsinki-NLP--opus-mt-en-de/snapshots/HASH
+    )
+    # a hub cache entry: models--Helsinki-NLP--opus-mt-en-de/snapshots/HASH
+    if "snapshots" in directory.parts:
         entry = directory.parent.parent.name.split("--")[-1]
         named = entry.split("-")[-2:] if entry.startswith("opus-mt-") else named
     found = [
         tokenizer.spec.get("source_lang") or named[0],
         tokenizer.spec.get("target_lang") or named[1],
     ]
+    # a code nmt can name files by
     found = [
         guess if isinstance(guess, str) and re.fullmatch(LANGUAGE[0], guess) else None
         for guess in found
-    ]  # a code nmt can name files by
+    ]
     langs = [str(given or guess or "und") for given, guess in zip((src_lang, tgt_lang), found)]
     # Target-language tags in the vocabulary (>>fr<<, as nmt's multilingual export and OPUS-MT's
     # multi-target models have them): one direction per tag, chosen with --tgt-lang, unless a target

@@ -23,11 +23,8 @@ import sys
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameters, from glibc's <malloc.h>
 NEVER_TRIM = 2**31 - 1  # bytes: mallopt takes an int
 DEFAULT_MMAP_MAX = 65536  # glibc's default count of mmapped blocks
-ALLOCATORS = (
-    "malloc",
-    "hoard",
-    "scudo",
-)  # in the file name of a preloaded allocator: jemalloc, tcmalloc, mimalloc, ...
+# in the file name of a preloaded allocator: jemalloc, tcmalloc, mimalloc, ...
+ALLOCATORS = ("malloc", "hoard", "scudo")
 
 
 def chosen_by_user(
@@ -68,9 +65,8 @@ def keep_freed_memory() -> bool:
     if not sys.platform.startswith("linux") or chosen_by_user():
         return False
     try:
-        libc = ctypes.CDLL(
-            None
-        )  # the symbols already loaded into this process, its C library's among them
+        # the symbols already loaded into this process, its C library's among them
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 (glibc only)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
@@ -79,8 +75,7 @@ def keep_freed_memory() -> bool:
     if mallopt(M_MMAP_MAX, 0) != 1:
         return False
     if mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) != 1:
-        mallopt(
-            M_MMAP_MAX, DEFAULT_MMAP_MAX
-        )  # half applied is worse than neither: blocks kept but trimmed away
+        # half applied is worse than neither: blocks kept but trimmed away
+        mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
         return False
     return True

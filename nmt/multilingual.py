@@ -306,9 +306,8 @@ class DirectionMix:
         """The examples of ``epoch`` (indices into the joined corpora, sorted): direction ``d``'s
         every example ``draws[d] // sizes[d]`` times, and a uniform sample without repeats for the
         rest."""
-        rng = np.random.default_rng(
-            [seed, epoch, 1]
-        )  # not the stream the sampler sorts and shuffles with
+        # not the stream the sampler sorts and shuffles with
+        rng = np.random.default_rng([seed, epoch, 1])
         starts = np.concatenate([[0], np.cumsum(self.sizes)])
         chosen = []
         for start, size, draws in zip(starts, self.sizes, self.draws):

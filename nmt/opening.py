@@ -343,9 +343,8 @@ def _open_init(
             f" {init_from} is a directory without best.pt (a run directory means its best.pt); "
             f"pass a checkpoint file, such as {Path(init_from) / 'last.pt'}",
         )
-    init_from = checkpoint_file(
-        init_from
-    )  # a Path: a run directory's best.pt, as translate reads it
+    # a Path: a run directory's best.pt, as translate reads it
+    init_from = checkpoint_file(init_from)
     init = load_checkpoint(init_from)
     step = init.get("progress", {}).get("step")
     origin = init.get("imported_from")
@@ -382,9 +381,8 @@ def open_run(
     run.lock(
         resuming=resume, inputs=tuple(Path(m) for m in (tk.model, tk.src_model, tk.tgt_model) if m)
     )
-    remove_abandoned_temporaries(
-        run.path
-    )  # what writers killed mid-write left, not what writers at work hold
+    # what writers killed mid-write left, not what writers at work hold
+    remove_abandoned_temporaries(run.path)
     opened, start = Opened(absolute_paths(cfg), None, None), 0
     if init_from is not None:
         opened = _open_init(cfg, overrides, config_file, init_from)
@@ -424,16 +422,16 @@ def open_run(
         start = progress.step
     else:
         run.check_fresh()
-    evaluate.check_tokenizer(
-        evaluate.config_tokenizer(opened.cfg)
-    )  # now, not at the first validation
+    # now, not at the first validation
+    evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))
     given = opened.payload or opened.init
     tokenizer = given.tokenizer if given else None
+    # a resumed run's is its own
     foreign = (
         (f"from --init-from {init_from}", "start without --init-from")
         if opened.init is not None
         else None
-    )  # a resumed run's is its own
+    )
     opened.data = prepare(opened.cfg, run.path, tokenizer, foreign=foreign)
     run.keep_history_until(start)
     opened.cfg = with_vocab(

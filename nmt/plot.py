@@ -121,9 +121,10 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
     axes[0].plot(
         [r["step"] for r in train], [r["loss"] for r in train], label="train (label-smoothed)"
     )
+    # the directions, if several
     names = list(
         dict.fromkeys(k.partition("/")[2] for r in valid for k in r if k.startswith("bleu/"))
-    )  # the directions, if several
+    )
     mean = f" (mean of {len(names)} directions)" if names else ""
     axes[0].plot(
         [r["step"] for r in valid],
@@ -223,9 +224,8 @@ def plot_attention(
     plt = _pyplot()
     fonts = label_fonts(src_pieces + tgt_pieces)
     with plt.rc_context({"font.family": fonts} if fonts else {}), warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="Glyph .* missing from"
-        )  # said once above, not once per glyph
+        # said once above, not once per glyph
+        warnings.filterwarnings("ignore", message="Glyph .* missing from")
         return _draw_attention(plt, weights, src_pieces, tgt_pieces, Path(out), marked_layer)
 
 
@@ -260,8 +260,9 @@ def _draw_attention(
         )
     axes[0][0].set_ylabel("output piece")
     fig.colorbar(image, ax=axes[0].tolist(), label="attention (heads averaged)")
+    # checked before the translation
     atomic_write(
         out, lambda f: fig.savefig(f, dpi=dpi, bbox_inches="tight", format=_suffix_format(out))
-    )  # checked before the translation
+    )
     plt.close(fig)
     return out

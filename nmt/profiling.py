@@ -303,9 +303,8 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
         timer.close()
     seconds = dict(timer.seconds)
     total = seconds["total"]
-    seconds["cross-attention"] += seconds[
-        "source side"
-    ]  # the source keys/values, computed once per sentence
+    # the source keys/values, computed once per sentence
+    seconds["cross-attention"] += seconds["source side"]
     seconds["search bookkeeping"] = (
         total - seconds["encode"] - seconds["source side"] - seconds["scorer"]
     )

@@ -15,7 +15,7 @@
   (:func:`nmt.temporaries.remove_abandoned_temporaries`).
 """
 
-# Size: module at most 550 lines: one run directory's lifecycle: lock, fresh start or resume, and
+# Size: module at most 540 lines: one run directory's lifecycle: lock, fresh start or resume, and
 # one history.
 
 from __future__ import annotations
@@ -208,9 +208,8 @@ class RunDir:
                 "or never started); run without --resume to start afresh"
             )
         first_error = None
-        for path in [
-            path for path, step in steps.items() if step < 0
-        ]:  # unreadable: named now, whatever a readable one holds
+        # unreadable: named now, whatever a readable one holds
+        for path in [path for path, step in steps.items() if step < 0]:
             try:
                 load_checkpoint(path, training=True)
             except CheckpointError as exc:
@@ -262,9 +261,8 @@ class RunDir:
         metrics = self.path / METRICS
         if not metrics.is_file():
             return
-        lines = (
-            metrics.read_bytes().splitlines()
-        )  # bytes: a damaged line is dropped, never a reason to fail
+        # bytes: a damaged line is dropped, never a reason to fail
+        lines = metrics.read_bytes().splitlines()
         kept = [line for line in lines if _record_step(line) <= step]
         if len(kept) < len(lines):
             log.info(
@@ -280,9 +278,8 @@ class RunDir:
         metrics = self.path / METRICS
         lines = metrics.read_bytes().splitlines() if metrics.is_file() else []
         for line in reversed(lines):
-            if (
-                _record_step(line) == _NOT_A_RECORD
-            ):  # a line cut by a kill mid-write, or edited by hand
+            # a line cut by a kill mid-write, or edited by hand
+            if _record_step(line) == _NOT_A_RECORD:
                 continue
             record = json.loads(line)
             if isinstance(record.get("bleu"), (int, float)):
@@ -355,9 +352,8 @@ def _peek(path: Path) -> tuple[int, str | None]:
         return -1, None
 
 
-_NOT_A_RECORD = (
-    1 << 62
-)  # the "step" of a line that is not a record: after every history, so never kept
+# the "step" of a line that is not a record: after every history, so never kept
+_NOT_A_RECORD = 1 << 62
 
 
 def _record_step(line: bytes) -> int:
@@ -420,11 +416,12 @@ def resume_config(
         for key in _written_keys(overrides, config_file)
         if given[key[0]][key[1]] != raw[key[0]].get(key[1])
     ]
+    # directions: the tokenizer's tags
     fixed = [
         f"{s}.{k}"
         for s, k in changes
         if s in ("model", "tokenizer") or (s, k) == ("data", "directions")
-    ]  # directions: the tokenizer's tags
+    ]
     if fixed:
         raise ConfigError(
             f"--resume cannot change the model or tokenizer of a run ({', '.join(fixed)}); start a "
@@ -455,19 +452,15 @@ REGULARISATION = (
 def _written_keys(overrides: list[str], config_file: Path | None) -> list[tuple[str, str]]:
     """The ``(section, key)`` pairs a config file writes and the ``--set`` overrides set, in order,
     once each."""
-    written = (
-        read_config_file(config_file)[0] if config_file is not None else {}
-    )  # read as load_config reads it (a pipe: once)
+    # read as load_config reads it (a pipe: once)
+    written = read_config_file(config_file)[0] if config_file is not None else {}
     keys = [(s, k) for s, values in written.items() for k in values or {}]
     keys += [tuple(o.split("=", 1)[0].strip().split(".", 1)) for o in overrides]
     return list(dict.fromkeys(keys))
 
 
-LANGUAGE_KEYS = (
-    "src_lang",
-    "tgt_lang",
-    "directions",
-)  # what a run translates between: one pair, or directions
+# what a run translates between: one pair, or directions
+LANGUAGE_KEYS = ("src_lang", "tgt_lang", "directions")
 
 
 def init_config(

@@ -168,11 +168,8 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None, min_rows: int = 1):
         super().__init__()
-        self.weight, self.bias, self.min_rows = (
-            weight,
-            bias,
-            min_rows,
-        )  # a Linear's own Parameters stay its state_dict entries
+        # a Linear's own Parameters stay its state_dict entries
+        self.weight, self.bias, self.min_rows = (weight, bias, min_rows)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
     def forward(self, x: Tensor) -> Tensor:
@@ -228,17 +225,17 @@ class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., in)`` float32 → ``(..., out)`` float32."""
+        # True: reduce_range, as the parent's version 4
         return torch.ops.quantized.linear_dynamic.default(
             x, self._packed_params._packed_params, True
-        )  # True: reduce_range, as the parent's version 4
+        )
 
 
 def to_dtype(model: Transformer, dtype: torch.dtype, per_channel: bool = True) -> nn.Module:
     """``model`` for inference in ``dtype`` (from :func:`resolve_dtype`): float32, bfloat16 or
     float16 weights and activations, or ``torch.qint8``: every ``nn.Linear`` dynamically
     quantized (an :class:`Int8Linear`) (int8 weights, one scale per output channel, or per matrix
-    without
-    ``per_channel``; activations quantized per batch on the fly) with PyTorch's own
+    without ``per_channel``; activations quantized per batch on the fly) with PyTorch's own
     ``quantize_dynamic``, on the CPU, in ``torch.backends.quantized.engine``'s layout, and a
     quantized copy of the tied output matrix computes the logits. Embeddings, LayerNorm and the
     scores stay float32. In float32 on the CPU every linear layer becomes a :class:`PackedLinear`
@@ -263,9 +260,8 @@ def to_dtype(model: Transformer, dtype: torch.dtype, per_channel: bool = True) -
     )
 
     qconfig = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
-    with (
-        warnings.catch_warnings()
-    ):  # torch.ao.quantization announces its move to torchao; it still works
+    # torch.ao.quantization announces its move to torchao; it still works
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         mapping = {nn.Linear: Int8Linear}
@@ -278,9 +274,8 @@ def to_dtype(model: Transformer, dtype: torch.dtype, per_channel: bool = True) -
             model.cfg.d_model, model.cfg.tgt_vocab_size, bias=model.output_bias is not None
         )
         output.weight = nn.Parameter(model.tgt_embed.weight.detach().clone(), requires_grad=False)
-        if (
-            model.output_bias is not None
-        ):  # an imported model's fixed logit bias (Marian's final_logits_bias)
+        # an imported model's fixed logit bias (Marian's final_logits_bias)
+        if model.output_bias is not None:
             output.bias = nn.Parameter(model.output_bias.detach().clone(), requires_grad=False)
         output.qconfig = qconfig
         quantized.output_projection = quantize_dynamic(

@@ -33,7 +33,7 @@ never as a traceback. When ``max_queued_requests`` requests already wait, a new 
 answered 503 with ``Retry-After: 1`` at once (before its body is parsed).
 """
 
-# Size: module at most 475 lines, create_app() at most 140: create_app()'s routes, admission count
+# Size: module at most 470 lines, create_app() at most 140: create_app()'s routes, admission count
 # and error handler are closures over one batcher and translator (Starlette's idiom).
 
 from __future__ import annotations
@@ -78,9 +78,8 @@ class Translator:
     checkpoint: str = ""
     step: int | None = None
     dtype: str = "float32"
-    skipped: Counter = field(
-        default_factory=Counter
-    )  # lines left untranslated since the start, by reason
+    # lines left untranslated since the start, by reason
+    skipped: Counter = field(default_factory=Counter)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -229,9 +228,8 @@ class Batcher:
                         for line, hyps in zip(job.lines, results[start : start + len(job.lines)])
                     ]
                     start += len(job.lines)
-            except (
-                Exception
-            ) as exc:  # answered as a 500 to these requests; the server keeps serving
+            # answered as a 500 to these requests; the server keeps serving
+            except Exception as exc:
                 for i in members:
                     out[i] = exc
         return out
@@ -353,9 +351,8 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-        if (
-            not job.future.done()
-        ):  # the client left while it waited: its lines are not translated (Batcher skips it)
+        # the client left while it waited: its lines are not translated (Batcher skips it)
+        if not job.future.done():
             job.future.cancel()
             return _error("the client closed the connection before its answer", CLIENT_GONE), job
         try:
@@ -419,9 +416,8 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
             task.cancel()
             batcher.executor.shutdown(wait=True)
 
-    async def http_error(
-        request: Request, exc: HTTPException
-    ) -> JSONResponse:  # 404, 405: the API's one error shape
+    # 404, 405: the API's one error shape
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return _error(
             f"{request.method} {request.url.path}: {exc.detail}", exc.status_code, exc.headers
         )

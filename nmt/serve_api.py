@@ -17,7 +17,7 @@ translate`` takes (a subtitle's two rows, a segment with a soft break) for a bre
 never seen; splitting it would answer more lines than were sent.
 """
 
-# Size: module at most 460 lines: every field a request may hold, with its check and its one-line
+# Size: module at most 455 lines: every field a request may hold, with its check and its one-line
 # error.
 
 from __future__ import annotations
@@ -52,11 +52,8 @@ MAX_BODY_BYTES = (
     # read no further: a body this large is beyond every other limit anyway (a compressed one: as
     # sent, and decompressed)
 )
-CODINGS = {
-    "gzip": 16 + zlib.MAX_WBITS,
-    "x-gzip": 16 + zlib.MAX_WBITS,
-    "deflate": zlib.MAX_WBITS,
-}  # zlib's wbits for each (RFC 9110 §8.4.1)
+# zlib's wbits for each (RFC 9110 §8.4.1)
+CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 class RequestError(ValueError):
@@ -355,9 +352,8 @@ def _check_attention_size(
         RequestError: 413, naming the count.
     """
     lengths = torch.tensor([n + 1 + tag for n in pieces])  # as the search counts a source
-    weights = int(
-        (lengths * (output_limits(lengths, decode, steered) + 1)).sum()
-    )  # + 1: the row of EOS
+    # + 1: the row of EOS
+    weights = int((lengths * (output_limits(lengths, decode, steered) + 1)).sum())
     if weights > MAX_ATTENTION_WEIGHTS:
         raise RequestError(
             f"with alignment, these lines' attention matrices could hold {weights:,} weights;"
@@ -369,9 +365,8 @@ def _check_attention_size(
 def _check_unicode(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
-    except (
-        UnicodeEncodeError
-    ) as exc:  # JSON's "\ud800" escapes decode to a lone surrogate, which is no character
+    # JSON's "\ud800" escapes decode to a lone surrogate, which is no character
+    except UnicodeEncodeError as exc:
         raise RequestError(
             f"{where} holds a lone UTF-16 surrogate ({ascii(text[exc.start])}) at character "
             f"{exc.start}: send valid Unicode text"

@@ -65,9 +65,8 @@ class Shortlist:
         """Write the CTranslate2 vocabulary-map text (see the module docstring), atomically."""
         src, tgt = tokenizer.src, tokenizer.tgt_pieces
 
-        def ok(
-            piece: str,
-        ) -> bool:  # what the format cannot hold: the separators of pieces, rules and lines
+        # what the format cannot hold: the separators of pieces, rules and lines
+        def ok(piece: str) -> bool:
             return bool(piece) and not any(c in " \t\n\r" for c in piece)
 
         def targets(ids):
@@ -98,9 +97,8 @@ class Shortlist:
         tgt_ids = {p: i for i, p in enumerate(tokenizer.tgt_pieces)}
         always: tuple[int, ...] = ()
         by_source: dict[int, tuple[int, ...]] = {}
-        for number, line in enumerate(
-            text.split("\n"), 1
-        ):  # lines end at \n only (a piece may hold U+2028 or U+0085)
+        # lines end at \n only (a piece may hold U+2028 or U+0085)
+        for number, line in enumerate(text.split("\n"), 1):
             where, line = f"{path}, line {number}", line.removesuffix("\r")
             if not line.strip():
                 continue
@@ -120,9 +118,8 @@ class Shortlist:
                     f"{where}: the source {key!r} {what}; nmt reads one piece, or nothing (the "
                     "pieces always allowed), before the tab"
                 )
-            pieces = [
-                p for p in values.split(" ") if p
-            ]  # spaces only, as CTranslate2 splits: a piece may hold other whitespace
+            # spaces only, as CTranslate2 splits: a piece may hold other whitespace
+            pieces = [p for p in values.split(" ") if p]
             unknown = [p for p in pieces if p not in tgt_ids]
             if unknown or (key and key not in src_ids):
                 missing = f"target piece {unknown[0]!r}" if unknown else f"source piece {key!r}"
@@ -216,10 +213,8 @@ def build(
             f"no sentence pair with pieces on both sides among {n} pairs: nothing to build a "
             "shortlist from"
         )
-    per_source, frequent = (
-        min(per_source, tgt_vocab),
-        min(frequent, tgt_vocab),
-    )  # no list is longer than the vocabulary
+    # no list is longer than the vocabulary
+    per_source, frequent = (min(per_source, tgt_vocab), min(frequent, tgt_vocab))
     always = tuple(
         int(i) for i in np.argsort(-tgt_counts, kind="stable")[:frequent] if tgt_counts[i] > 0
     )
@@ -241,9 +236,8 @@ def rank(
     order = np.lexsort((t, -dice, s))  # by source, then best first
     s, t = s[order], t[order]
     starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if len(s) else np.zeros(0, np.int64)
-    ends = np.r_[
-        starts[1:], len(s)
-    ]  # a source's list stops at its own group, whatever per_source is
+    # a source's list stops at its own group, whatever per_source is
+    ends = np.r_[starts[1:], len(s)]
     return {
         int(s[a]): tuple(int(i) for i in t[a : min(b, a + per_source)])
         for a, b in zip(starts, ends)

@@ -45,11 +45,8 @@ def _name_max(directory: Path) -> int:
     say)."""
     try:
         limit = os.pathconf(directory, "PC_NAME_MAX")
-    except (
-        OSError,
-        ValueError,
-        AttributeError,
-    ):  # a directory not made yet, or a system without pathconf
+    # a directory not made yet, or a system without pathconf
+    except (OSError, ValueError, AttributeError):
         limit = -1
     return limit if limit > 0 else 255
 
@@ -94,14 +91,12 @@ def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, 
                 fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
             else:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except (
-            FileNotFoundError
-        ):  # a sweeper removed the new directory before it was opened: make another
+        # a sweeper removed the new directory before it was opened: make another
+        except FileNotFoundError:
             continue
         if fcntl is not None:
-            with contextlib.suppress(
-                OSError
-            ):  # a file system without locks (some NFS or FUSE mounts): written unheld
+            # a file system without locks (some NFS or FUSE mounts): written unheld
+            with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             ours = os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd))
@@ -116,9 +111,8 @@ def held_temporary(path: Path, directory: bool = False) -> Iterator[tuple[Path, 
         yield tmp, fd
     finally:
         with contextlib.suppress(OSError):
-            if os.path.samestat(
-                os.stat(tmp, follow_symlinks=False), os.fstat(fd)
-            ):  # still there: not renamed into place
+            # still there: not renamed into place
+            if os.path.samestat(os.stat(tmp, follow_symlinks=False), os.fstat(fd)):
                 shutil.rmtree(tmp) if directory else tmp.unlink()
         os.close(fd)
 
@@ -154,20 +148,17 @@ def remove_abandoned_temporaries(directory: Path, name: str | None = None) -> No
         if match is None or (stem is not None and match["name"] != stem):
             continue
         try:
-            fd = os.open(
-                tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-            )  # a FIFO of that name does not wait for a writer
+            # a FIFO of that name does not wait for a writer
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:  # a link, gone, or unreadable: not ours to judge
             continue
         try:
             kind = os.fstat(fd).st_mode
-            if not (
-                stat.S_ISREG(kind) or (stat.S_ISDIR(kind) and match["token"])
-            ):  # a directory only of the names nmt makes
+            # a directory only of the names nmt makes
+            if not (stat.S_ISREG(kind) or (stat.S_ISDIR(kind) and match["token"])):
                 continue
-            if stat.S_ISREG(
-                kind
-            ):  # NFS takes an exclusive flock only on a descriptor open for writing
+            # NFS takes an exclusive flock only on a descriptor open for writing
+            if stat.S_ISREG(kind):
                 with contextlib.suppress(OSError):
                     writable = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
                     if os.path.samestat(os.fstat(writable), os.fstat(fd)):
@@ -245,10 +236,8 @@ def _exchange(a: Path, b: Path) -> bool:
         return False
     try:
         call = ctypes.CDLL(None, use_errno=True).renameat2
-    except (
-        OSError,
-        AttributeError,
-    ):  # a C library without it (musl before 1.2.?, glibc before 2.28)
+    # a C library without it (musl before 1.2.?, glibc before 2.28)
+    except (OSError, AttributeError):
         return False
     call.argtypes, call.restype = (
         [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint],

@@ -323,9 +323,8 @@ def train_sentencepiece(
     :class:`~nmt.corpus.DataError`, say) is raised as it is. ``user_defined_symbols`` (a
     multilingual model's target tags, ``>>de<<``) are pieces of their own, ids 4 on, never split.
     """
-    sample = [
-        controls_as_spaces(s) for s in reservoir_sample(sentences, input_sentence_size, seed)
-    ]  # the text encode_src will give it
+    # the text encode_src will give it
+    sample = [controls_as_spaces(s) for s in reservoir_sample(sentences, input_sentence_size, seed)]
     buffer = io.BytesIO()
     extra = {"user_defined_symbols": list(user_defined_symbols)} if user_defined_symbols else {}
     try:

@@ -18,7 +18,7 @@ should stop, finish). Under ``torchrun`` every stop and validate decision is one
 processes agree on (:mod:`nmt.distributed`).
 """
 
-# Size: module at most 810 lines, __init__() at most 90: the Trainer is one class whose named steps
+# Size: module at most 805 lines, __init__() at most 90: the Trainer is one class whose named steps
 # share one state (progress, batches, model, updater); __init__() builds that state.
 
 from __future__ import annotations
@@ -204,12 +204,10 @@ class Trainer:
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
-        self.model = for_training(
-            Transformer(self.cfg.model).to(ddp.device), ddp.device
-        )  # the device's tricks (nmt.runtime)
-        if (
-            ddp.device.type == "cpu" and keep_freed_memory() and ddp.main
-        ):  # for_training asked already: this says whether it held
+        # the device's tricks (nmt.runtime)
+        self.model = for_training(Transformer(self.cfg.model).to(ddp.device), ddp.device)
+        # for_training asked already: this says whether it held
+        if ddp.device.type == "cpu" and keep_freed_memory() and ddp.main:
             log.info(
                 "memory: freed blocks are kept for reuse (glibc mallopt), so large tensors are not "
                 "paged in again every step"
@@ -248,9 +246,8 @@ class Trainer:
             None  # the lowest logged training loss and its step, to notice divergence
         )
         self.warned_divergence = False
-        self.last_validation = (
-            run.last_validation() if opened.payload else None
-        )  # the newest validation record, for the result
+        # the newest validation record, for the result
+        self.last_validation = run.last_validation() if opened.payload else None
         self.writer = run.tensorboard(self.progress.step) if ddp.main and tc.tensorboard else None
         self.started = time.perf_counter()
         if ddp.main:
@@ -286,13 +283,13 @@ class Trainer:
         if "scaler" in payload:
             u.scaler.load_state_dict(payload["scaler"])
         self.progress = Progress.of(payload["progress"])
-        states = (
-            payload["rng"] if isinstance(payload["rng"], list) else [payload["rng"]]
-        )  # one dict: written before per-process states
+        # one dict: written before per-process states
+        states = payload["rng"] if isinstance(payload["rng"], list) else [payload["rng"]]
         saved = payload["config"]["train"]
+        # before this was recorded
         self.progress.batching = self.progress.batching or Batching(
             saved["max_tokens"], saved["seed"], len(states)
-        )  # before this was recorded
+        )
         self.keep_epoch_batching()
         if len(states) != self.ddp.world_size:
             log.warning(
@@ -372,9 +369,8 @@ class Trainer:
             disable=not (self.cfg.train.progress_bar and self.ddp.main) or None,
             dynamic_ncols=True,
         )
-        if (
-            self.ddp.device.type == "cuda"
-        ):  # a budget the GPU cannot hold: one line now, not a CUDA traceback at some step
+        # a budget the GPU cannot hold: one line now, not a CUDA traceback at some step
+        if self.ddp.device.type == "cuda":
             largest = max(
                 self.epoch_batches(),
                 key=lambda b: (
@@ -447,9 +443,8 @@ class Trainer:
                     lambda: sampled_training_corpus(self.cfg, self.tokenizer, (seed, epoch))
                 )
             )
-            if (
-                corpus.key != self.corpus.key
-            ):  # the files are read again each epoch; the cache is of the text the run started on
+            # the files are read again each epoch; the cache is of the text the run started on
+            if corpus.key != self.corpus.key:
                 raise DataError(
                     f"the training files changed during the run (found when cutting epoch {epoch}: "
                     f"{len(corpus)} pairs kept, "
@@ -743,9 +738,8 @@ class Trainer:
             )
         if self.progress.validated_step != self.progress.step and reason != "signal":
             self.validate(signals)
-        if (
-            self.progress.validated_step != self.progress.step
-        ):  # no validation saved last.pt at this step
+        # no validation saved last.pt at this step
+        if self.progress.validated_step != self.progress.step:
             self.checkpoint("last.pt")
         if self.writer is not None:
             self.writer.close()

@@ -92,10 +92,11 @@ def grid(beam_sizes: list[int], normalizations: list[str], alphas: list[float]) 
         ConfigError: a beam size or α out of ``decode.beam_size``'s or ``decode.length_penalty``'s
             range, or an unknown normalisation.
     """
+    # decode.beam_size's and length_penalty's ranges
     for key, values, allowed in (
         ("beam_sizes", beam_sizes, BEAM),
         ("alphas", alphas, LENGTH_PENALTY),
-    ):  # decode.beam_size's and length_penalty's ranges
+    ):
         if not values or any(v not in allowed for v in values):
             raise ConfigError(Key(key), f" must all be {allowed}, got {','.join(map(str, values))}")
     unknown = [n for n in normalizations if n not in LENGTH_NORMALIZATIONS]

@@ -292,8 +292,7 @@ class MarianTokenizer(Tokenizer):
         self, lines: list[str], threads: int = -1, alpha: float = 0.0
     ) -> list[list[int]]:
         """Ids of each line as ``MarianTokenizer`` gives them (without the ``</s>`` it appends: nmt
-        appends EOS itself);
-        ``alpha`` > 0 samples the pieces."""
+        appends EOS itself); ``alpha`` > 0 samples the pieces."""
         return self.src.encode(lines, num_threads=threads, alpha=alpha)
 
     def encode_tgt(

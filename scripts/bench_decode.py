@@ -124,16 +124,16 @@ def worker(args, work: Path) -> None:
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    engine, _, dtype_name = args.worker.partition(
-        "@"
-    )  # nmt@float16: this engine in another dtype than --dtype
+    # nmt@float16: this engine in another dtype than --dtype
+    engine, _, dtype_name = args.worker.partition("@")
     dtype_name = dtype_name or args.dtype
+    # int8: float32 activations between quantized matmuls
     dtype = {
         "float32": torch.float32,
         "bfloat16": torch.bfloat16,
         "float16": torch.float16,
         "int8": torch.float32,
-    }[dtype_name]  # int8: float32 activations between quantized matmuls
+    }[dtype_name]
     loaded = load_checkpoint(
         (work / "checkpoint").read_text()
     )  # in its own dtype: each engine casts it (to_dtype below)
@@ -149,9 +149,8 @@ def worker(args, work: Path) -> None:
         from nmt.shortlist import Shortlist
 
         if args.quantized_engine:
-            torch.backends.quantized.engine = (
-                args.quantized_engine
-            )  # before quantizing: the weights are packed for it
+            # before quantizing: the weights are packed for it
+            torch.backends.quantized.engine = args.quantized_engine
         model = to_dtype(
             model, resolve_dtype(dtype_name, device), per_channel=args.int8_weights == "per-channel"
         )
@@ -242,9 +241,8 @@ def worker(args, work: Path) -> None:
             results = translator.translate_batch(
                 pieces, beam_size=beam, max_batch_size=len(idx), use_vmap=bool(args.shortlist), **kw
             )
-            return [
-                [tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results
-            ]  # target pieces (one model per side when not joint)
+            # target pieces (one model per side when not joint)
+            return [[tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
 
     def sync():
         if device.type == "cuda":
@@ -253,9 +251,8 @@ def worker(args, work: Path) -> None:
     lengths = [len(s) for s in ids]
     for size in [int(b) for b in str(args.batch).split(",")]:
         plan = batches(len(ids), lengths, size, args.max_batches)
-        for idx in (
-            plan if args.warm_all else plan[:1]
-        ):  # warm-up: the first batch, or every one (what CUDA graphs capture once)
+        # warm-up: the first batch, or every one (what CUDA graphs capture once)
+        for idx in plan if args.warm_all else plan[:1]:
             run(idx)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -285,9 +282,10 @@ def worker(args, work: Path) -> None:
                 if dtype_name == "int8" and engine.startswith("nmt")
                 else {}
             ),
+            # equal outputs, equal digests
             "outputs_digest": hashlib.sha256(
                 json.dumps([outputs[i] for i in sorted(outputs)]).encode()
-            ).hexdigest()[:16],  # equal outputs, equal digests
+            ).hexdigest()[:16],
             "sentences_per_s": round(len(outputs) / seconds, 2),
             "tgt_tokens_per_s": round(sum(map(len, outputs.values())) / seconds, 1),
             "seconds": round(seconds, 3),
@@ -310,9 +308,8 @@ def worker(args, work: Path) -> None:
         if engine.startswith("nmt") and device.type == "cuda":
             from nmt.graphs import graph_report
 
-            record["cuda_graphs"] = graph_report(
-                model
-            )  # captured so far: slabs, graphs, their buffers and pools
+            # captured so far: slabs, graphs, their buffers and pools
+            record["cuda_graphs"] = graph_report(model)
             record["model_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
         if engine == "nmt":
             record.update(
@@ -500,9 +497,8 @@ def main() -> None:
             ]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             sys.stdout.flush()
-            result = subprocess.run(
-                cmd, stderr=subprocess.PIPE, text=True, env=env
-            )  # the worker's records go straight to stdout
+            # the worker's records go straight to stdout
+            result = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, env=env)
             if result.returncode != 0:
                 print(
                     json.dumps(

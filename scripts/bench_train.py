@@ -135,9 +135,8 @@ def child(args) -> None:
     )
     sampler = TokenBatchSampler(corpus.src_lengths, corpus.tgt_lengths, args.max_tokens, seed=1)
     indices, epoch = [], 0
-    while (
-        len(indices) < args.warmup + args.steps
-    ):  # a large budget leaves fewer batches in an epoch than a run needs
+    # a large budget leaves fewer batches in an epoch than a run needs
+    while len(indices) < args.warmup + args.steps:
         indices += sampler.epoch_batches(epoch)
         epoch += 1
     indices = indices[: args.warmup + args.steps]
@@ -155,9 +154,8 @@ def child(args) -> None:
         config_from_dict(overrides), tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size()
     )
     torch.manual_seed(0)
-    model = for_training(
-        Transformer(cfg.model).to(device), device
-    )  # as nmt train: the CPU's dropout masks (nmt.runtime)
+    # as nmt train: the CPU's dropout masks (nmt.runtime)
+    model = for_training(Transformer(cfg.model).to(device), device)
     loss_fn = label_smoothed_loss
     if args.engine.startswith("hf"):
         from nmt.export import marian_model
@@ -165,9 +163,8 @@ def child(args) -> None:
         hf = marian_model(model, tokenizer).to(device)
         hf.config._attn_implementation = "sdpa"
 
-        class Marian(
-            torch.nn.Module
-        ):  # nmt's (src, tgt_in) -> logits interface around MarianMTModel
+        # nmt's (src, tgt_in) -> logits interface around MarianMTModel
+        class Marian(torch.nn.Module):
             def __init__(self):
                 super().__init__()
                 self.hf, self.cfg = hf, model.cfg
@@ -182,9 +179,8 @@ def child(args) -> None:
 
         smoother = LabelSmoother(epsilon=cfg.train.label_smoothing, ignore_index=0)
 
-        def hf_loss(
-            logits, target, smoothing
-        ):  # what Seq2SeqTrainer(label_smoothing_factor=0.1) computes, as a sum
+        # what Seq2SeqTrainer(label_smoothing_factor=0.1) computes, as a sum
+        def hf_loss(logits, target, smoothing):
             loss = smoother({"logits": logits}, target, num_items_in_batch=1)
             return LossOutput(loss, loss.detach(), (target != 0).sum())
 
@@ -250,12 +246,8 @@ def child(args) -> None:
     print(json.dumps(record), flush=True)
 
 
-PRODUCTS = (
-    "aten::mm",
-    "aten::addmm",
-    "aten::bmm",
-    "aten::baddbmm",
-)  # the matrix products of a step: linear layers, their gradients
+# the matrix products of a step: linear layers, their gradients
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
 def product_share(updater, batches) -> dict:
@@ -394,9 +386,8 @@ def main() -> None:
         src, tgt = read_parallel(*train_files(args.data))
         train_tokenizer(src, tgt, TokenizerConfig(vocab_size=args.vocab_size)).save(Path(work))
         records = {}
-        for round_ in range(
-            args.rounds
-        ):  # engines alternate, so a slow spell of the machine hits all of them
+        # engines alternate, so a slow spell of the machine hits all of them
+        for round_ in range(args.rounds):
             for engine in args.engines.split(","):
                 cmd = [sys.executable, __file__, *sys.argv[1:], "--engine", engine, "--work", work]
                 env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}

@@ -413,9 +413,8 @@ def setup(work: Path, results: Results) -> Path | None:
     record["missing"] = missing
     site = None
     wheels = sorted((GPU_DATA / "wheels").glob("*.whl"))
-    if (
-        missing and wheels
-    ):  # a machine with no network: install the wheels copied along, beside the installed packages
+    # a machine with no network: install the wheels copied along, beside the installed packages
+    if missing and wheels:
         site = work / "site"
         cmd = [
             sys.executable,
@@ -910,9 +909,8 @@ def select_and_score(
     splits = test_split.split(",")  # scored once each, the chosen checkpoint only
     tests = {split: bleu(candidates[chosen], split) for split in splits}
     test_split, test = splits[0], tests[splits[0]]
-    dynamic = bleu(
-        candidates[chosen], test_split, "dynamic"
-    )  # the same search with the dynamic cache: the same BLEU, in its time
+    # the same search with the dynamic cache: the same BLEU, in its time
+    dynamic = bleu(candidates[chosen], test_split, "dynamic")
     return {
         "tests": {
             split: {
@@ -950,9 +948,8 @@ def prepare(source: str | None, python_version: str) -> None:
         fail(f"{src} holds no Multi30k (train.en.gz); pass --data DIR")
     dest = GPU_DATA / "multi30k"
     dest.mkdir(parents=True, exist_ok=True)
-    for f in (
-        src.iterdir()
-    ):  # contents only: a read-only source's permissions would block the next --prepare
+    # contents only: a read-only source's permissions would block the next --prepare
+    for f in src.iterdir():
         if f.is_file():
             shutil.copyfile(f, dest / f.name)
     wheels = GPU_DATA / "wheels"

@@ -99,9 +99,8 @@ def train_concurrently(
         ]
         for s in [*common, f"train.max_time_s={train_s:.0f}", *c["set"]]:
             cmd += ["--set", s]
-        log = open(
-            work / f"{c['name']}.log", "w", encoding="utf-8"
-        )  # closed below, once the process has ended
+        # closed below, once the process has ended
+        log = open(work / f"{c['name']}.log", "w", encoding="utf-8")
         procs[c["name"]] = (
             subprocess.Popen(
                 cmd,

@@ -71,9 +71,8 @@ def _train(model, tokenizer, steps: int, seed: int) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(steps):
-        rows = torch.randint(
-            0, len(SOURCE) - 100, (24,), generator=generator
-        ).tolist()  # the last 100 lines stay unseen
+        # the last 100 lines stay unseen
+        rows = torch.randint(0, len(SOURCE) - 100, (24,), generator=generator).tolist()
         batch = tokenizer(
             [SOURCE[i] for i in rows],
             text_target=[TARGET[i] for i in rows],
@@ -110,9 +109,8 @@ def make_opus_dir(
     protos = [segmenter("source", 150), segmenter("target", 170)]
     if separate_vocabs:
         vocab = marian_vocab(protos[:1], [SOURCE], CODES)
-        target_vocab = marian_vocab(
-            protos[1:], [TARGET], (), size=len(vocab)
-        )  # the converter assumes one size for both (one pad id)
+        # the converter assumes one size for both (one pad id)
+        target_vocab = marian_vocab(protos[1:], [TARGET], (), size=len(vocab))
         (out / "target_vocab.json").write_text(
             json.dumps(target_vocab, ensure_ascii=False), encoding="utf-8"
         )
@@ -169,9 +167,8 @@ def make_opus_dir(
             embedding.weight[pad] = 0.0
         model.final_logits_bias[0, pad] = 0.0
     model.eval()
-    if (
-        weights == "bin"
-    ):  # what transformers 4 wrote: every tensor, tied and position tables included
+    # what transformers 4 wrote: every tensor, tied and position tables included
+    if weights == "bin":
         torch.save(model.state_dict(), out / "pytorch_model.bin")
     else:
         model.save_pretrained(out)

@@ -44,9 +44,8 @@ def test_alignment_of_a_model_whose_attention_is_known():
 
 
 def test_hard_alignment_ignores_source_eos_and_padding():
-    attention = torch.tensor(
-        [[0.1, 0.2, 0.6, 0.1], [0.5, 0.1, 0.1, 0.3]]
-    )  # (tgt_len, src_len): piece, piece, EOS, PAD
+    # (tgt_len, src_len): piece, piece, EOS, PAD
+    attention = torch.tensor([[0.1, 0.2, 0.6, 0.1], [0.5, 0.1, 0.1, 0.3]])
     assert hard_alignment(attention, n_src=2, n_tgt=2) == ((1, 0), (0, 1))
     assert hard_alignment(attention, n_src=0, n_tgt=2) == ()
 
@@ -157,9 +156,8 @@ def test_the_alignment_layer_is_a_setting_that_reaches_the_alignments():
 
     sources = [[7, 8, 9]]
     results = [[Hypothesis([4, 5, 6], -1.0, -1.0)]]
-    chosen = add_alignments(
-        [ScriptedAttention()], sources, results, torch.device("cpu"), layer=1
-    )  # the first layer looks at piece 0
+    # the first layer looks at piece 0
+    chosen = add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"), layer=1)
     assert chosen[0][0].alignment == ((0, 0), (0, 1), (0, 2))
     assert add_alignments([ScriptedAttention()], sources, results, torch.device("cpu"), layer=2)[0][
         0

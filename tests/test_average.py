@@ -96,9 +96,8 @@ def test_average_refuses_different_tokenizers_and_models_before_writing(tmp_path
         r"the tensors",
     ):
         average_checkpoints([tmp_path / "wide.pt"], tmp_path / "avg.pt")
-    narrow = config_to_dict(
-        config_from_dict({"model": {**other["config"]["model"], "d_ff": 32}})
-    )  # smaller: compared tensor by tensor
+    # smaller: compared tensor by tensor
+    narrow = config_to_dict(config_from_dict({"model": {**other["config"]["model"], "d_ff": 32}}))
     save_checkpoint({**other, "config": narrow}, tmp_path / "narrow.pt")
     with pytest.raises(CheckpointError, match=r"do not fit the model .*shape in file vs config"):
         average_checkpoints([tmp_path / "narrow.pt"], tmp_path / "avg.pt")
@@ -175,9 +174,8 @@ def test_averaging_refuses_to_replace_a_runs_checkpoint_in_the_python_api_too(tm
         f"out {run / 'last.pt'} would replace a training checkpoint of the run in {run}"
     )
     assert (run / "last.pt").read_bytes() == before
-    average_checkpoints(
-        [tmp_path / "a.pt"], tmp_path / "last.pt"
-    )  # not in a run directory: any name will do
+    # not in a run directory: any name will do
+    average_checkpoints([tmp_path / "a.pt"], tmp_path / "last.pt")
     assert load_checkpoint(tmp_path / "last.pt")["averaged_from"] == [str(tmp_path / "a.pt")]
     with pytest.raises(ConfigError, match="^last must be at least 1, got 0$"):
         newest_step_checkpoints(run, 0)
@@ -207,9 +205,8 @@ def test_checkpoints_of_two_runs_are_refused_unless_asked(tmp_path):
     for seed, (name, run) in enumerate(
         (("a.pt", "runs/one"), ("b.pt", "runs/two"), ("c.pt", "runs/one"))
     ):
-        write(
-            tmp_path / name, seed
-        )  # different weights: identical ones would be one checkpoint given twice
+        # different weights: identical ones would be one checkpoint given twice
+        write(tmp_path / name, seed)
         payload = load_checkpoint(tmp_path / name)
         save_checkpoint(
             {**payload, "run": {"id": run.replace("/", "-"), "dir": run}}, tmp_path / name

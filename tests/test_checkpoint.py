@@ -86,18 +86,16 @@ def test_a_flipped_bit_in_a_weight_is_detected(tmp_path, protos):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize(
-    "field, value", [(8, 0x01), (10, 0x08)]
-)  # general-purpose flags: "encrypted"; compression method: deflate
+# general-purpose flags: "encrypted"; compression method: deflate
+@pytest.mark.parametrize("field, value", [(8, 0x01), (10, 0x08)])
 def test_a_flipped_bit_in_the_zip_directory_is_a_damaged_checkpoint(tmp_path, protos, field, value):
     path = tmp_path / "a.pt"
     write(path, protos)
     with zipfile.ZipFile(path) as z:
         name = max(z.infolist(), key=lambda i: i.file_size).filename.encode()
     data = bytearray(path.read_bytes())
-    entry = (
-        data.rfind(name) - 46
-    )  # the entry's central-directory header: 46 fixed bytes, then its name
+    # the entry's central-directory header: 46 fixed bytes, then its name
+    entry = data.rfind(name) - 46
     assert data[entry : entry + 4] == b"PK\x01\x02"
     data[entry + field] ^= value
     path.write_bytes(bytes(data))
@@ -293,9 +291,8 @@ def test_the_uninitialised_model_has_the_real_ones_names_shapes_and_dtypes():
     assert count_parameters(uninitialised_model(cfg)) == count_parameters(Transformer(cfg))
     state = torch.get_rng_state()
     uninitialised_model(cfg)
-    assert torch.equal(
-        torch.get_rng_state(), state
-    )  # draws nothing: a resumed run's random stream is untouched
+    # draws nothing: a resumed run's random stream is untouched
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_checking_a_checkpoint_does_not_import_dynamo(tmp_path, protos):
@@ -335,12 +332,10 @@ def test_a_run_directory_names_its_best_pt_or_says_what_it_lacks(
         checkpoint_file(run)
     message = str(err.value)
     assert message.startswith(f"{run} ") and "\n" not in message
-    assert (f"pass --checkpoint {run / 'last.pt'}" in message) == (
-        run / "last.pt"
-    ).is_file()  # the advice names only a file that is there
-    assert (
-        checkpoint_file(run / "config.yaml") == run / "config.yaml"
-    )  # a file is itself, whatever it holds
+    # the advice names only a file that is there
+    assert (f"pass --checkpoint {run / 'last.pt'}" in message) == (run / "last.pt").is_file()
+    # a file is itself, whatever it holds
+    assert checkpoint_file(run / "config.yaml") == run / "config.yaml"
 
 
 @settings(
@@ -461,9 +456,8 @@ def test_weights_that_are_not_finite_are_refused_naming_them(tmp_path, protos):
         ):
             load_checkpoint(path)
     tied = {**state, "src_embed.weight": state["src_embed.weight"].clone().fill_(float("nan"))}
-    tied["tgt_embed.weight"] = tied[
-        "src_embed.weight"
-    ]  # one matrix under two names, as a joint vocabulary ties them
+    # one matrix under two names, as a joint vocabulary ties them
+    tied["tgt_embed.weight"] = tied["src_embed.weight"]
     save_checkpoint({**payload, "model": tied}, path)
     with pytest.raises(
         CheckpointError, match=r"1 weight tensor\(s\) hold nan or inf \(src_embed\.weight\)"

@@ -214,16 +214,18 @@ def test_evaluate_reads_one_input_from_standard_input_as_from_a_file(trained_run
         json.loads(invoke(*translated, "-", input=src.read_bytes()).stdout)["bleu"]
         == json.loads(invoke(*translated, src).stdout)["bleu"]
     )
+    # and translate's -i -, as its default
     assert (
         invoke(
             "translate", "--checkpoint", trained_run, "-i", "-", "-q", input=src.read_bytes()
         ).stdout
         == invoke("translate", "--checkpoint", trained_run, "-i", src, "-q").stdout
-    )  # and translate's -i -, as its default
+    )
+    # -o - is standard output, not a file named -
     assert (
         invoke("translate", "--checkpoint", trained_run, "-i", src, "-o", "-", "-q").stdout
         == invoke("translate", "--checkpoint", trained_run, "-i", src, "-q").stdout
-    )  # -o - is standard output, not a file named -
+    )
     refused = invoke(*translated, src, "-o", "-")
     assert (
         refused.exit_code == 2 and "--output -: standard output takes the scores" in refused.output
@@ -395,11 +397,12 @@ def test_average_command(trained_run, tmp_path):
             tmp_path / "avg.pt",
         )
     )
+    # both written at the last step: one checkpoint
     assert line == (
         f"error: {trained_run / 'best.pt'} is given twice (as {trained_run / 'last.pt'} too: the "
         f"same run, {trained_run}, at step 4); "
         "each checkpoint counts once in an average, so give each once"
-    )  # both written at the last step: one checkpoint
+    )
     result = invoke(
         "average",
         _earlier_step(trained_run, tmp_path),
@@ -466,9 +469,8 @@ def test_help_shows_flags_as_flags():
         assert "<bool>" not in result.output and "BOOLEAN" not in result.output
     lines = invoke("train", "--help").output.splitlines()
     assert any(line.split() == ["--resume", "Continue", *line.split()[2:]] for line in lines)
-    assert (
-        "--beam-size <int>" in invoke("translate", "--help").output
-    )  # options that take values keep their type
+    # options that take values keep their type
+    assert "--beam-size <int>" in invoke("translate", "--help").output
 
 
 def _one_line_error(result) -> str:
@@ -547,9 +549,8 @@ def test_flags_are_named_from_error_data_so_paths_are_never_rewritten(tmp_path):
             f"data.dir={TOY}",
         )
     )
-    assert (
-        line == f"error: train.run_dir {run_dir / 'train.run_dir'} is a file; choose a directory"
-    )  # set as a key, named as one
+    # set as a key, named as one
+    assert line == f"error: train.run_dir {run_dir / 'train.run_dir'} is a file; choose a directory"
     config = tmp_path / "c.yaml"
     config.write_text(f"train:\n  run_dir: {run_dir}\n  warmup_steps: 50\ntrain:\n  max_steps: 3\n")
     line = _one_line_error(invoke("train", "--config", config, "--run-dir", run_dir))
@@ -565,9 +566,8 @@ def test_usage_errors_are_one_line_with_a_suggestion():
         "error: no such option: --nbest"
     )
     assert "missing option '--out'" in _one_line_error(invoke("average", "a.pt"))
-    assert (
-        invoke("plot").exit_code == 2 and "Commands:" in invoke("plot").output
-    )  # `nmt plot` alone prints its help, as before
+    # `nmt plot` alone prints its help, as before
+    assert invoke("plot").exit_code == 2 and "Commands:" in invoke("plot").output
 
 
 def test_info_takes_the_checkpoint_as_argument_or_as_flag(trained_run, tmp_path):
@@ -589,9 +589,8 @@ def test_info_takes_the_checkpoint_as_argument_or_as_flag(trained_run, tmp_path)
     line = _one_line_error(invoke("info", empty))  # the advice it gives works as written
     assert f"pass --checkpoint {empty / 'last.pt'}" in line
     assert invoke("info", "--checkpoint", empty / "last.pt").exit_code == 0
-    (
-        empty / "last.pt"
-    ).unlink()  # a directory with no checkpoint at all is named as such, not as a missing best.pt
+    # a directory with no checkpoint at all is named as such, not as a missing best.pt
+    (empty / "last.pt").unlink()
     expected = (
         "is a directory with no nmt checkpoint (no best.pt or last.pt); give a run "
         "directory of nmt train or a .pt file"
@@ -620,9 +619,8 @@ def test_min_len_keeps_translations_from_ending_early(trained_run):
     free = invoke(*args, input="a dog .\nthe cat .\n")
     held = invoke(*args, "--min-len", "12", input="a dog .\nthe cat .\n")
     assert held.exit_code == 0, held.output
-    assert pieces(held) == [12, 12] and all(
-        n <= 12 for n in pieces(free)
-    )  # EOS only at the length limit, 12 pieces
+    # EOS only at the length limit, 12 pieces
+    assert pieces(held) == [12, 12] and all(n <= 12 for n in pieces(free))
     assert pieces(invoke(*args, "--min-len", "5", input="a dog .\n"))[0] >= 5
 
 
@@ -669,9 +667,10 @@ def test_evaluate_refuses_conflicting_options(trained_run, tmp_path):
         invoke("evaluate", "--hyp", ref, "--ref", ref, "--beam-size", "3", "--dtype", "bfloat16")
     )
     assert "--beam-size, --dtype:" in line
+    # the default, typed: still ignored
     line = _one_line_error(
         invoke("evaluate", "--hyp", ref, "--ref", ref, "--min-len", "3", "--device", "auto")
-    )  # the default, typed: still ignored
+    )
     assert (
         line
         == "error: --min-len, --device: these set how --checkpoint translates; with --hyp nothing "
@@ -710,9 +709,8 @@ def test_plot_output_is_checked_like_every_output(trained_run, tmp_path):
     assert "does not exist; create it first" in line
     line = _one_line_error(invoke("plot", trained_run, "-o", tmp_path / "m.txt"))
     assert "cannot write .txt images" in line and not (tmp_path / "m.txt").exists()
-    result = invoke(
-        "plot", trained_run, "-o", tmp_path / "plain"
-    )  # no suffix: a PNG at exactly that name
+    # no suffix: a PNG at exactly that name
+    result = invoke("plot", trained_run, "-o", tmp_path / "plain")
     assert result.exit_code == 0 and result.stdout.strip() == f"wrote {tmp_path / 'plain'}"
     assert (tmp_path / "plain").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (
@@ -998,9 +996,8 @@ def test_dtype_auto_and_the_bf16_warning(trained_run, monkeypatch, caplog):
         )
     assert result.exit_code == 0 and "several times slower than float32" in caplog.text
     caplog.clear()
-    monkeypatch.setattr(
-        runtime, "native_bf16", lambda: None
-    )  # unknown CPU: no warning, auto keeps float32
+    # unknown CPU: no warning, auto keeps float32
+    monkeypatch.setattr(runtime, "native_bf16", lambda: None)
     with caplog.at_level("WARNING", logger="nmt.runtime"):
         assert (
             resolve_dtype("bfloat16", cpu) == torch.bfloat16
@@ -1155,9 +1152,8 @@ def test_invalid_utf8_late_in_a_stream_leaves_earlier_output_and_no_partial_file
         "3",
         input=text,
     )
-    assert (
-        piped.exit_code == 2 and len(piped.stdout.splitlines()) == 2
-    )  # the two good lines were already written
+    # the two good lines were already written
+    assert piped.exit_code == 2 and len(piped.stdout.splitlines()) == 2
 
 
 def test_ensemble_of_a_checkpoint_with_itself_and_tokenizer_mismatch(trained_run, tmp_path):
@@ -1186,9 +1182,10 @@ def test_ensemble_of_a_checkpoint_with_itself_and_tokenizer_mismatch(trained_run
     ]
     payload = torch.load(trained_run / "best.pt", weights_only=True)
     src, tgt = read_lines(TOY / "train.en")[:300], read_lines(TOY / "train.de")[:300]
+    # as many pieces, other ones
     payload["tokenizer"] = tokenizer_to_tensors(
         train_tokenizer(src, tgt, TokenizerConfig(vocab_size=200)).protos()
-    )  # as many pieces, other ones
+    )
     save_checkpoint(payload, tmp_path / "other.pt")
     result = invoke(
         "translate", "--checkpoint", trained_run, "--checkpoint", tmp_path / "other.pt", input=text
@@ -1208,6 +1205,7 @@ def test_sampling_flags(trained_run):
     assert [line.split(" ||| ")[0] for line in first.stdout.splitlines()] == ["0"] * 4 + ["1"] + [
         "2"
     ] * 4 + ["3"] * 4
+    # however batched
     assert (
         invoke(
             *args,
@@ -1222,7 +1220,7 @@ def test_sampling_flags(trained_run):
             input=text,
         ).stdout
         == first.stdout
-    )  # however batched
+    )
     assert invoke(*args, "--n-best", "4", "--seed", "4", input=text).stdout != first.stdout
     greedy = invoke(
         "translate", "--checkpoint", trained_run, "--max-len-b", "5", "--beam-size", "1", input=text
@@ -1259,9 +1257,8 @@ def test_print_alignment_and_int8(trained_run):
         assert len(lines) == 3 and lines[1] == " ||| "
         for source, line in zip(text.splitlines(), lines):
             pairs = [tuple(map(int, p.split("-"))) for p in line.split(" ||| ")[1].split()]
-            assert [j for _, j in pairs] == list(range(len(pairs))) and bool(pairs) == bool(
-                source
-            )  # one pair per output piece
+            # one pair per output piece
+            assert [j for _, j in pairs] == list(range(len(pairs))) and bool(pairs) == bool(source)
             assert all(0 <= i < len(tokenizer.encode_src([source])[0]) for i, _ in pairs)
 
 
@@ -1349,9 +1346,8 @@ def test_train_checks_every_input_before_writing_anything(tmp_path):
             f"data.cache_dir={cache}",
         )
         assert result.exit_code == 2 and re.search(message, result.output), result.output
-        assert (
-            not (tmp_path / "run").exists() and not cache.exists()
-        )  # no tokenizer, no cache, no run directory
+        # no tokenizer, no cache, no run directory
+        assert not (tmp_path / "run").exists() and not cache.exists()
 
 
 def test_lines_without_pieces_and_overlong_lines_give_empty_output_lines(
@@ -1389,10 +1385,8 @@ def test_lines_without_pieces_and_overlong_lines_give_empty_output_lines(
         "5",
         input="the dog .\nthe cat .\n",
     )
-    assert alone.stdout.split("\n")[:2] == [
-        lines[0],
-        lines[3],
-    ]  # the other lines translate as they do on their own
+    # the other lines translate as they do on their own
+    assert alone.stdout.split("\n")[:2] == [lines[0], lines[3]]
 
 
 def test_translate_length_normalization_flag(trained_run):
@@ -1497,17 +1491,17 @@ def test_tune_decode_refuses_test_files_before_reading_them(trained_run, tmp_pat
         ("--src", "--ref", "test.en"),
         ("--ref", "--src", "newstest2014.de"),
     ):
+        # the test file does not even exist
         result = invoke(
             "tune-decode", "--checkpoint", trained_run, flag, tmp_path / named, other, valid
-        )  # the test file does not even exist
+        )
         assert (
             result.exit_code == 2
             and f"{flag} {tmp_path / named}: the name says test data" in result.output
             and "not found" not in result.output
         )
-    renamed = (
-        tmp_path / "newstest2013.en"
-    )  # a validation set named like a test set, declared as such
+    # a validation set named like a test set, declared as such
+    renamed = tmp_path / "newstest2013.en"
     renamed.write_text("the dog sees a cat .\n", encoding="utf-8")
     one_ref = tmp_path / "valid1.de"
     one_ref.write_text("der Hund sieht eine Katze .\n", encoding="utf-8")
@@ -1567,9 +1561,8 @@ def test_misspelt_config_key_names_the_file_and_lists_config_keys(tmp_path):
     config.write_text("train:\n  zzz: 3\n")
     message = _one_line_error(invoke("train", "--config", config, "--run-dir", tmp_path / "r"))
     assert message.startswith(f"error: {config}:2: unknown key train.zzz; the keys of [train] are ")
-    assert (
-        " run_dir," in message and "--run-dir" not in message
-    )  # the keys a config file can hold, not flags
+    # the keys a config file can hold, not flags
+    assert " run_dir," in message and "--run-dir" not in message
     assert not (tmp_path / "r").exists()
 
 
@@ -1912,9 +1905,8 @@ def test_shortlist_command_builds_a_file_that_translate_and_evaluate_take(traine
             shortlist,
         )
     )
-    assert "--shortlist" in line and shortlist.read_text(encoding="utf-8").startswith(
-        "\t"
-    )  # the output may not overwrite an input
+    # the output may not overwrite an input
+    assert "--shortlist" in line and shortlist.read_text(encoding="utf-8").startswith("\t")
     line = _one_line_error(
         invoke(
             "evaluate",
@@ -1974,9 +1966,8 @@ def test_no_output_overwrites_the_checkpoint_a_run_directory_names(trained_run, 
             f"{run / 'best.pt'} would replace a training checkpoint of the run in {run}" in line
         ), command
     assert (run / "best.pt").read_bytes() == before
-    alone = (
-        tmp_path / "model.pt"
-    )  # a checkpoint outside a run directory: refused as the input it is
+    # a checkpoint outside a run directory: refused as the input it is
+    alone = tmp_path / "model.pt"
     shutil.copy(run / "best.pt", alone)
     for command in commands:
         command = tuple(alone if part in (run, run / "best.pt") else part for part in command)
@@ -2161,11 +2152,12 @@ def test_export_ctranslate2_says_only_what_concerns_a_ctranslate2_user(trained_r
         text=True,
         timeout=300,
     )
+    # the directory's own users are told
     assert (
         hf.returncode == 0
         and "MarianTokenizer" in hf.stderr
         and "Writing model shards" not in hf.stderr
-    )  # the directory's own users are told
+    )
 
 
 def _commands():
@@ -2306,11 +2298,8 @@ def test_a_leading_tilde_in_every_path_of_every_command_is_the_home_directory(
                     paths += 1
                     assert values[-1] == expected, (words, param.name, values)
                 else:
-                    assert values[-1] == given_path, (
-                        words,
-                        param.name,
-                        values,
-                    )  # text is not a path
+                    # text is not a path
+                    assert values[-1] == given_path, (words, param.name, values)
     assert paths >= 35
 
 

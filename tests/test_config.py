@@ -114,10 +114,11 @@ def test_missing_config_file(tmp_path):
         ({"train": {"adam_betas": [2, 3]}}, r"adam_betas\[0\]"),
         ({"train": {"device": "foo"}}, "train.device must be"),
         ({"decode": {"max_len_a": -5}}, r"decode.max_len_a must be in \[0, 100\], got -5"),
+        # once a 30 TB cache
         (
             {"decode": {"max_len_a": 1e12}},
             r"decode.max_len_a must be in \[0, 100\], got 1000000000000\.0",
-        ),  # once a 30 TB cache
+        ),
         (
             {"decode": {"max_len_b": 1000000000}},
             r"decode.max_len_b must be in \[0, 10000\], got 1000000000",
@@ -340,9 +341,8 @@ def test_errors_name_the_key_and_the_file_and_line_it_is_on(tmp_path):
         err.path,
         err.line,
     ) == ("train.max_steps", path, 5)
-    assert (
-        str(load_error(path, ["train.max_steps=0"])) == "train.max_steps must be >= 1, got 0"
-    )  # the override replaces the file's value, and its line
+    # the override replaces the file's value, and its line
+    assert str(load_error(path, ["train.max_steps=0"])) == "train.max_steps must be >= 1, got 0"
     path = write(tmp_path, "decode:\n  beam_size: 2\n  n_best: 3\n")
     assert (
         str(load_error(path)) == f"{path}:3: decode.n_best must be <= decode.beam_size (got 3 > 2)"
@@ -361,9 +361,10 @@ def test_misspelt_keys_sections_and_choices_get_a_suggestion(tmp_path):
         str(load_error(path))
         == f"{path}:3: unknown key train.warmup_step; did you mean train.warmup_steps?"
     )
+    # the key of another section
     with pytest.raises(
         ConfigError, match=r"^unknown key train.beam_size; did you mean decode.beam_size\?$"
-    ):  # the key of another section
+    ):
         load_config(None, ["train.beam_size=4"])
     with pytest.raises(
         ConfigError,
@@ -403,9 +404,8 @@ def test_sections_check_their_own_fields_whenever_they_are_built():
         match="^decode.length_normalization must be gnmt, length or none, got 'average'$",
     ):
         DecodeConfig(length_normalization="average")
-    assert (
-        replace(DecodeConfig(), beam_size=3, n_best=3).n_best == 3
-    )  # n_best <= beam_size relates fields: validate's rule
+    # n_best <= beam_size relates fields: validate's rule
+    assert replace(DecodeConfig(), beam_size=3, n_best=3).n_best == 3
 
 
 def test_error_keys_are_data_so_naming_a_flag_never_rewrites_a_path():
@@ -442,9 +442,8 @@ def _one_line_naming_its_key(err: ConfigError, where: str = "") -> None:
     message = str(err)
     assert "\n" not in message and message.startswith(where)
     if err.key is not None:
-        assert (
-            err.key in message or not err.key.isprintable()
-        )  # an unprintable key is shown quoted, escaped
+        # an unprintable key is shown quoted, escaped
+        assert err.key in message or not err.key.isprintable()
 
 
 KEYS = [f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in fields(cls)]
@@ -474,9 +473,8 @@ DOCUMENTS = st.dictionaries(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(DOCUMENTS)
-@example(
-    {"model": {"\n": None}}
-)  # found by Hypothesis: a key holding a line break broke the one-line message
+# found by Hypothesis: a key holding a line break broke the one-line message
+@example({"model": {"\n": None}})
 def test_any_yaml_document_gives_a_config_or_one_line_naming_the_key(tmp_path, document):
     path = write(tmp_path, yaml.safe_dump(document, allow_unicode=True))
     try:
@@ -560,9 +558,8 @@ def _valid_value(f, tp):
             )
         elif member is type(None):
             options.append(st.none())
-        elif (
-            typing.get_origin(member) is tuple and typing.get_args(member)[-1] is Ellipsis
-        ):  # data.directions: distinct pairs of two languages
+        # data.directions: distinct pairs of two languages
+        elif typing.get_origin(member) is tuple and typing.get_args(member)[-1] is Ellipsis:
             pairs = (
                 st.tuples(*[st.from_regex(r"[a-z]{2}(_[A-Z]{2})?", fullmatch=True)] * 2)
                 .filter(lambda p: p[0] != p[1])
@@ -601,9 +598,8 @@ def _valid_sections(draw):
         tokenizer.pop("src_model", None), tokenizer.pop("tgt_model", None)
     for a, b in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
         data[a] = data[b] = data.get(a) or data.get(b)
-    if data.get(
-        "directions"
-    ):  # they replace src_lang and tgt_lang; several need one vocabulary and no one-direction files
+    # they replace src_lang and tgt_lang; several need one vocabulary and no one-direction files
+    if data.get("directions"):
         data.pop("src_lang", None), data.pop("tgt_lang", None)
         if len(data["directions"]) > 1:
             for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
@@ -615,17 +611,15 @@ def _valid_sections(draw):
         and not data.get("directions")
         and not (data.get("train_src") and data.get("valid_src"))
     ):
-        data["tgt_lang"] = (
-            data.get("src_lang", "en") + "x"
-        )  # two languages, or each split's one file would be both sides
+        # two languages, or each split's one file would be both sides
+        data["tgt_lang"] = data.get("src_lang", "en") + "x"
     if not data.get("allow_test_names"):
         for key in ("valid_split", "valid_src", "valid_tgt"):
             if data.get(key) and looks_like_test_data(data[key]):
                 data[key] = "dev"
     decode["n_best"] = min(decode.get("n_best", 1), decode.get("beam_size", 5))
-    if (
-        decode.get("max_len_a", 1.5) == 0
-    ):  # an output limit of max_len_b alone must leave room, above min_len
+    # an output limit of max_len_b alone must leave room, above min_len
+    if decode.get("max_len_a", 1.5) == 0:
         decode["max_len_b"] = max(decode.get("max_len_b", 10), 1)
         decode["min_len"] = min(decode.get("min_len", 0), decode["max_len_b"])
     if decode.get("alignment_layer") is not None:

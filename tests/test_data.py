@@ -138,9 +138,8 @@ def test_encoding_is_cached_and_filters_are_counted(tmp_path, toy_tokenizer, mon
     )
     assert _examples(again) == _examples(corpus) and report_again == report
     (arrow,) = (tmp_path / again.key).glob("*.arrow")  # the ids only: the text's Arrow copy is gone
-    assert (
-        str(arrow) in Path("/proc/self/maps").read_text()
-    )  # read through a memory map, not copied
+    # read through a memory map, not copied
+    assert str(arrow) in Path("/proc/self/maps").read_text()
 
 
 def test_hugging_face_datasets_from_local_json(tmp_path):
@@ -221,9 +220,10 @@ def test_threads_and_blocks_give_the_same_cache_as_one_pass(tmp_path, toy_tokeni
     )
     assert len(many.src_blocks) == 8  # one record batch a block of 64 pairs, in one file
     assert toy_tokenizer.src.decode(many.src(0).tolist()) == src[0]
+    # no temporary left
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [
         next((tmp_path / "cache").iterdir()).name
-    ]  # no temporary left
+    ]
 
 
 def test_a_bad_line_found_while_encoding_leaves_no_cache(tmp_path, toy_tokenizer):
@@ -260,13 +260,11 @@ def test_damaged_cache_is_encoded_again_and_stale_temporaries_go(tmp_path, toy_t
     (arrow,) = entry.glob("*.arrow")
     with open(arrow, "r+b") as f:  # cut the file short, as an interrupted copy would
         f.truncate(arrow.stat().st_size // 2)
-    stale = (
-        tmp_path / f"{entry.name}.tmp-{encoded_module._HOST}-999999999-x"
-    )  # left by a killed run here (no such process)
+    # left by a killed run here (no such process)
+    stale = tmp_path / f"{entry.name}.tmp-{encoded_module._HOST}-999999999-x"
     stale.mkdir()
-    elsewhere = (
-        tmp_path / f"{entry.name}.tmp-another-machine-999999999-x"
-    )  # in progress on another host sharing the directory
+    # in progress on another host sharing the directory
+    elsewhere = tmp_path / f"{entry.name}.tmp-another-machine-999999999-x"
     elsewhere.mkdir()
     again, report_again = encode_corpus(text, toy_tokenizer, tmp_path)
     assert _examples(again) == expected
@@ -287,9 +285,8 @@ def test_cache_keys_cannot_collide(tmp_path, toy_tokenizer, monkeypatch):
         key(["a\nb", "c"], ["d", "x"]),
     ]
     assert len(set(keys)) == 4
-    monkeypatch.setattr(
-        encoded_module, "CACHE_FORMAT", encoded_module.CACHE_FORMAT + 1
-    )  # new cleaning or encoding rules
+    # new cleaning or encoding rules
+    monkeypatch.setattr(encoded_module, "CACHE_FORMAT", encoded_module.CACHE_FORMAT + 1)
     assert key(["a", "b"], ["c", "d"]) != keys[1]
 
 
@@ -304,10 +301,11 @@ def test_gzip_is_recognised_by_content_and_other_files_are_named(tmp_path):
         DataError,
         match=r"pipe: not a regular file \(a pipe\?\); nmt train reads its text more than once",
     ):
+        # read once, a pipe would do
         load_split(
             DataConfig(train_src=str(tmp_path / "pipe"), train_tgt=str(tmp_path / "packed.txt")),
             "train",
-        )  # read once, a pipe would do
+        )
     with pytest.raises(DataError, match=r"is a directory"):
         load_split(
             DataConfig(train_src=str(tmp_path), train_tgt=str(tmp_path / "packed.txt")), "train"
@@ -330,18 +328,16 @@ def test_stream_buffers_hand_over_what_a_pipe_has_so_far():
     with open(read_fd, "rb", buffering=0) as reader:
         chunks = stream_buffers(reader, size=3)
         os.write(write_fd, "\ufeffone\r\n".encode())
-        assert next(chunks) == [
-            "one"
-        ]  # nothing more waiting: handed over at once, BOM and CR removed
+        # nothing more waiting: handed over at once, BOM and CR removed
+        assert next(chunks) == ["one"]
         os.write(write_fd, b"two\nthree\nfour\nfive\nsi")
         assert next(chunks) == ["two", "three", "four"]  # full buffer
         assert next(chunks) == ["five"]  # "si" is not a line yet
         os.write(write_fd, b"x\n\nseven")
         assert next(chunks) == ["six", ""]
         os.close(write_fd)
-        assert (
-            next(chunks) == ["seven"] and next(chunks, None) is None
-        )  # a last line without newline
+        # a last line without newline
+        assert next(chunks) == ["seven"] and next(chunks, None) is None
 
 
 def test_stream_buffers_of_a_file_or_memory_fill_up_and_report_bad_lines(tmp_path):
@@ -360,6 +356,7 @@ def test_stream_buffers_of_a_file_or_memory_fill_up_and_report_bad_lines(tmp_pat
 
 
 def test_count_lines_agrees_with_iter_lines(tmp_path):
+    # é's two bytes straddle the first 1 MiB block
     cases = {
         "none": b"",
         "one_newline": b"\n",
@@ -367,7 +364,7 @@ def test_count_lines_agrees_with_iter_lines(tmp_path):
         "final_newline": b"a\nb\n",
         "crlf_bom": b"\xef\xbb\xbfa\r\nb\r\n",
         "block_boundary": b"x" * ((1 << 20) - 1) + "é\nz".encode(),
-    }  # é's two bytes straddle the first 1 MiB block
+    }
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with gzip.open(tmp_path / f"{name}.gz", "wb") as f:
@@ -384,9 +381,8 @@ def test_count_lines_agrees_with_iter_lines(tmp_path):
     (tmp_path / "bad").write_bytes(b"ok\nok\n" * 3 + b"caf\xe9\n")
     with pytest.raises(DataError, match=r"bad:7: invalid UTF-8"):
         count_lines(tmp_path / "bad")
-    (tmp_path / "cut").write_bytes(
-        "ok\né".encode()[:-1]
-    )  # a multi-byte character cut at the end of the file
+    # a multi-byte character cut at the end of the file
+    (tmp_path / "cut").write_bytes("ok\né".encode()[:-1])
     with pytest.raises(DataError, match=r"cut:2: invalid UTF-8"):
         count_lines(tmp_path / "cut")
 
@@ -482,9 +478,10 @@ def test_has_text_sees_one_character_of_text_among_any_others():
         has_text(line)
         for line in ["", " \t", "\u202e", "\u200b\u2066 \x01\u2029", "\ud800", "\u3000"]
     )
+    # a private-use or unassigned one counts
     assert all(
         has_text(line) for line in ["a", "\u202eabc", "😀", "\u0301", "\ue000", "\ufffd", "!"]
-    )  # a private-use or unassigned one counts
+    )
 
 
 def _covered(tokenizer) -> set[str]:
@@ -511,9 +508,10 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
 
     known = _covered(toy_tokenizer)
     outside = st.characters(categories=["Lu", "Ll", "Lo", "Nd", "Po", "Sm", "Sc", "So"]).filter(
+        # U+FFFD: a space to SentencePiece
         lambda ch: (
             ch not in known and unicodedata.normalize("NFKC", ch) == ch and ch not in "\u2581\ufffd"
-        )  # U+FFFD: a space to SentencePiece
+        )
     )
     inserted = data.draw(st.lists(st.lists(outside, max_size=3), min_size=n, max_size=n))
     lines = [
@@ -527,9 +525,10 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
         and found.holding == holding / n
         and found.missing == Counter(ch for chars in inserted for ch in chars)
     )
+    # one UNK a character
     assert found.pieces * sum(map(len, toy_tokenizer.encode_tgt(lines))) == pytest.approx(
         sum(map(len, inserted))
-    )  # one UNK a character
+    )
     caplog.clear()
     with caplog.at_level("WARNING", logger="nmt.train"):
         warn_if_uncovered(
@@ -620,9 +619,8 @@ def test_stopping_an_encoding_ends_it_at_once_and_leaves_no_cache(tmp_path, toy_
         while not _encoding_underway(tmp_path / "cache"):
             assert proc.poll() is None and time.monotonic() < deadline, "the encoding never started"
             time.sleep(0.02)
-        assert (
-            _children(proc.pid) == []
-        )  # threads, not processes: nothing else for a signal or the OOM killer to hit
+        # threads, not processes: nothing else for a signal or the OOM killer to hit
+        assert _children(proc.pid) == []
         stopped = time.monotonic()
         if how == "SIGKILL":
             os.kill(proc.pid, signal.SIGKILL)
@@ -638,15 +636,13 @@ def test_stopping_an_encoding_ends_it_at_once_and_leaves_no_cache(tmp_path, toy_
         assert list((tmp_path / "cache").iterdir()) == []  # the temporary directory went too
     else:
         assert proc.returncode == -signal.SIGKILL
-        assert not [
-            p for p in (tmp_path / "cache").iterdir() if ".tmp-" not in p.name
-        ]  # only a temporary, swept by the next run
+        # only a temporary, swept by the next run
+        assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" not in p.name]
         corpus, _ = encode_corpus(
             ParallelText.lists(["a ."], ["b ."]), toy_tokenizer, tmp_path / "cache"
         )
-        assert [p.name for p in (tmp_path / "cache").iterdir()] == [
-            corpus.key
-        ]  # the next run on this machine swept it
+        # the next run on this machine swept it
+        assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.key]
 
 
 def test_empty_corpus_and_a_cache_entry_that_is_not_a_directory(tmp_path, toy_tokenizer):
@@ -658,10 +654,8 @@ def test_empty_corpus_and_a_cache_entry_that_is_not_a_directory(tmp_path, toy_to
             assert (len(corpus), report, corpus.src_lengths.shape) == (0, CleanReport(), (0,))
     text = ParallelText.lists(["the dog ."], ["der Hund ."])
     key = encode_corpus(text, toy_tokenizer, tmp_path / "k")[0].key
-    for make in (
-        lambda p: p.write_text("x"),
-        lambda p: os.symlink(tmp_path / "nowhere", p),
-    ):  # a file, a dangling link
+    # a file, a dangling link
+    for make in (lambda p: p.write_text("x"), lambda p: os.symlink(tmp_path / "nowhere", p)):
         import shutil
 
         shutil.rmtree(tmp_path / "k" / key)
@@ -677,9 +671,8 @@ def test_uncached_encodings_killed_midway_are_swept(tmp_path, toy_tokenizer, mon
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = (
-        tmp_path / f"nmt-encode.tmp-{encoded_module._HOST}-999999999-x"
-    )  # a killed run's copy (no such process)
+    # a killed run's copy (no such process)
+    dead = tmp_path / f"nmt-encode.tmp-{encoded_module._HOST}-999999999-x"
     dead.mkdir()
     alive = tmp_path / f"nmt-encode.tmp-{encoded_module._HOST}-{os.getpid()}-y"
     alive.mkdir()
@@ -725,9 +718,8 @@ def test_a_full_disk_while_encoding_is_one_error_and_leaves_nothing(
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(
-        encoded_module, "_write_ids", full
-    )  # the disk fills while the ids are written
+    # the disk fills while the ids are written
+    monkeypatch.setattr(encoded_module, "_write_ids", full)
     with pytest.raises(
         DataError,
         match=r"cannot write the encoded corpus under .*cache \(No space left on device\); free "
@@ -767,16 +759,8 @@ def test_pairs_the_model_cannot_see_are_dropped_and_counted(tmp_path, toy_tokeni
         False,
     ]
     assert unknown_only(tgt_ids[6], toy_tokenizer.tgt) and not unknown_only([], toy_tokenizer.tgt)
-    assert reason.tolist() == [
-        0,
-        4,
-        4,
-        4,
-        4,
-        0,
-        4,
-        1,
-    ]  # NUL and NEL are spaces now: that source is empty
+    # NUL and NEL are spaces now: that source is empty
+    assert reason.tolist() == [0, 4, 4, 4, 4, 0, 4, 1]
     kept = clean_pairs(toy_tokenizer, src, tgt)
     assert kept.src == ["the dog .", "the 😀 dog ."] and kept.report == CleanReport(
         total=8, empty=1, unknown=5
@@ -999,9 +983,8 @@ def test_bzip2_and_xz_inputs_read_as_gzip_does_and_other_compressions_are_named(
         ("t.xz-named-txt.txt", lzma.compress),
     ):
         (tmp / name).write_bytes(pack(text))
-        assert read_lines(tmp / name) == lines and count_lines(tmp / name) == len(
-            lines
-        )  # by content, whatever the name
+        # by content, whatever the name
+        assert read_lines(tmp / name) == lines and count_lines(tmp / name) == len(lines)
     for kind, data in (
         ("zstd", b"\x28\xb5\x2f\xfd" + bytes(20)),
         ("zip", b"PK\x03\x04" + bytes(20)),

@@ -65,9 +65,8 @@ def setup():
     model = Transformer(
         tiny_config(src_vocab_size=300, tgt_vocab_size=300, n_decoder_layers=3)
     ).eval()
-    assert all(
-        p.requires_grad for p in model.parameters()
-    )  # as in training: what would let a decode record
+    # as in training: what would let a decode record
+    assert all(p.requires_grad for p in model.parameters())
     torch.manual_seed(1)
     other = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval()
     return model, other, tokenizer
@@ -139,9 +138,8 @@ def test_no_decoding_path_records_autograd_or_keeps_memory(setup, path):
     start = live_tensors()  # what earlier tests of this process left: not this test's to judge
     with Recorded() as recorded:
         run()
-    if (
-        path != "validation"
-    ):  # validation's loss pass is a forward pass under no_grad; its search is checked below
+    # validation's loss pass is a forward pass under no_grad; its search is checked below
+    if path != "validation":
         assert recorded.calls == Counter()
     run()  # the first call may allocate what later calls reuse (the position table, packed weights)
     before = live_tensors()

@@ -176,9 +176,8 @@ def test_time_limit_stops_every_rank_at_the_same_step(tmp_path, corpus):
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     last = load_checkpoint(run / "last.pt")
     assert 0 < last["progress"]["step"] < 100000
-    assert [r["step"] for r in records(run) if "bleu" in r] == [
-        last["progress"]["step"]
-    ]  # validated once, at the end
+    # validated once, at the end
+    assert [r["step"] for r in records(run) if "bleu" in r] == [last["progress"]["step"]]
 
 
 def test_max_epochs_stops_every_rank_and_says_epochs(tmp_path, corpus):
@@ -326,13 +325,11 @@ def test_with_subword_sampling_rank_0_cuts_every_epoch_for_both(tmp_path, corpus
     for code, err in wait(procs):
         assert code == 0, err[-3000:]
     steps = {r["step"]: r.get("epoch") for r in records(tmp_path / "ddp") if "loss" in r}
-    assert (
-        len(steps) == 12 and steps[12] >= 1
-    )  # an epoch boundary crossed: a second cut, shared too
+    # an epoch boundary crossed: a second cut, shared too
+    assert len(steps) == 12 and steps[12] >= 1
     cut = load_checkpoint(tmp_path / "ddp" / "last.pt")["subwords"]
-    assert (
-        cut["epoch"] == steps[12] and len(cut["src_offsets"]) == 101
-    )  # every training pair, as rank 0 cut them
+    # every training pair, as rank 0 cut them
+    assert cut["epoch"] == steps[12] and len(cut["src_offsets"]) == 101
 
 
 def test_a_rank_killed_ends_the_survivor_in_one_line(tmp_path, corpus):

@@ -69,9 +69,8 @@ def test_output_is_input_times_mask_and_its_gradient_the_mask():
 def test_expectation_is_the_input():
     torch.manual_seed(0)
     x = torch.full((1000, 1000), 2.0)
-    assert (
-        abs(dropout(x, 0.3).mean().item() - 2.0) < 0.01
-    )  # sd of the mean: 2 · sqrt(0.3 / 0.7) / 1000 ≈ 0.0013
+    # sd of the mean: 2 · sqrt(0.3 / 0.7) / 1000 ≈ 0.0013
+    assert abs(dropout(x, 0.3).mean().item() - 2.0) < 0.01
 
 
 def test_module_is_identity_in_eval_and_at_rate_zero():

@@ -125,15 +125,13 @@ def test_moses_escaped_references_are_warned_about(caplog):
         in caplog.text
     )
     caplog.clear()
-    score(
-        ["a &quot; b"], [['a " b']], ("ref.en",)
-    )  # escaped hypotheses (a model trained on escaped text) too
+    # escaped hypotheses (a model trained on escaped text) too
+    score(["a &quot; b"], [['a " b']], ("ref.en",))
     assert "differ in Moses escapes (line 1: &quot;" in caplog.text
     caplog.clear()
     score(["Tom &amp; Jerry &apos;s"], [["Tom &amp; Jerry &apos;s"]])  # escaped alike: scored alike
-    score(
-        ["It is red ."], [["It isn&apos;t red ."]]
-    )  # no ' in the hypothesis: a different word, not a different spelling
+    # no ' in the hypothesis: a different word, not a different spelling
+    score(["It is red ."], [["It isn&apos;t red ."]])
     assert caplog.text == ""
 
 
@@ -197,12 +195,8 @@ def test_chinese_needs_the_zh_tokenizer():
         (JA_HYP, JA_REF, "ja-mecab", 63.68),  # MeCab words: 私/は/毎朝/コーヒー/を/飲み/ます/。 ...
         (JA_HYP, JA_REF, "char", 70.37),
         (KO_HYP, KO_REF, "ko-mecab", 46.39),
-        (
-            KO_HYP,
-            KO_REF,
-            "13a",
-            25.67,
-        ),  # Korean has spaces between phrases, so 13a scores something
+        # Korean has spaces between phrases, so 13a scores something
+        (KO_HYP, KO_REF, "13a", 25.67),
     ],
 )
 def test_japanese_and_korean_match_sacrebleu(hyp, ref, tokenize, expected):
@@ -279,12 +273,13 @@ SPELLINGS = [
         [None, "Latn", "Cyrl", "Arab", "Deva", "Thai"],
         [None, "DE", "US", "IN"],
     ),
+    # pinyin, romaji: spaced words
     (
         "13a",
         st.sampled_from(["zh", "zho", "cmn", "ja", "jpn", "ko", "kor"]),
         ["Latn"],
         [None, "CN", "JP", "KR"],
-    ),  # pinyin, romaji: spaced words
+    ),
 ]
 
 
@@ -349,9 +344,8 @@ def test_nmt_evaluate_scores_every_spelling_as_its_language_and_warns_when_13a_m
     )
     assert result.exit_code == 0, result.output
     scored = json.loads(result.stdout)
-    expected = {"zh": 57.97, "ja-mecab": 63.68, "ko-mecab": 46.39, "13a": 0.0}[
-        tokenize
-    ]  # as test_chinese_needs_the_zh_tokenizer and sacreBLEU
+    # as test_chinese_needs_the_zh_tokenizer and sacreBLEU
+    expected = {"zh": 57.97, "ja-mecab": 63.68, "ko-mecab": 46.39, "13a": 0.0}[tokenize]
     assert (
         scored["tokenize"] == tokenize
         and round(scored["bleu"], 2) == expected

@@ -156,9 +156,8 @@ def test_ctranslate2_conversion_translates_like_nmt(exported, tmp_path):
             DecodeConfig(beam_size=1, length_penalty=0.0, max_len_a=0.0, max_len_b=12),
         )
         pieces = [sp.id_to_piece(i) for i in ids] + [sp.id_to_piece(EOS)]
-        result = translator.translate_batch(
-            [pieces], beam_size=1, max_decoding_length=12
-        )  # pieces, EOS not counted
+        # pieces, EOS not counted
+        result = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12)
         theirs = [sp.piece_to_id(p) for p in result[0].hypotheses[0]]
         assert theirs == hyps[0].tokens
 
@@ -233,9 +232,8 @@ def test_generation_config_searches_as_nmt_translate_does_by_default(
             rules=tokenizer.output_rules,
         )
         with torch.no_grad():
-            generated = hf.generate(
-                input_ids=src, attention_mask=torch.ones_like(src)
-            )  # its own generation settings only
+            # its own generation settings only
+            generated = hf.generate(input_ids=src, attention_mask=torch.ones_like(src))
         assert [t for t in generated[0, 1:].tolist() if t not in (EOS, PAD)] == hyps[0].tokens
     # A beam: generate() ranks by log P / |Y|^α and stops a sentence once num_beams hypotheses have
     # ended, as nmt does.
@@ -272,18 +270,16 @@ def test_a_killed_export_leaves_nothing_that_loads(checkpoint, tmp_path, monkeyp
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert not out.exists()
     (left,) = [p for p in tmp_path.iterdir() if p.name.startswith(".hf.tmp")]
-    assert (left / "config.json").is_file() and not (
-        left / "tokenizer_config.json"
-    ).exists()  # the partial directory, hidden beside
+    # the partial directory, hidden beside
+    assert (left / "config.json").is_file() and not (left / "tokenizer_config.json").exists()
     with pytest.raises(OSError):
         transformers.MarianMTModel.from_pretrained(out)
     export(checkpoint, out)  # the next export removes what the killed one left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "model.pt"]
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    def interrupted(
-        *args, **kwargs
-    ):  # Ctrl-C (or any failure) while an export replaces an earlier one
+    # Ctrl-C (or any failure) while an export replaces an earlier one
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(transformers.MarianTokenizer, "save_pretrained", interrupted)
@@ -363,17 +359,14 @@ def test_ctranslate2_export_carries_its_tokenizer_and_usage(checkpoint, tmp_path
     out = tmp_path / "ct2"
     export(checkpoint, out, format="ctranslate2")
     assert {"model.bin", "spm.model", "README.md"} <= {p.name for p in out.iterdir()}
-    assert (
-        "generate()" not in caplog.text and "MarianTokenizer" not in caplog.text
-    )  # notes for the Marian directory it converts from: not said
-    assert "tmp" not in caplog.text.replace(
-        str(tmp_path), ""
-    )  # anything said names the output, not a temporary directory
+    # notes for the Marian directory it converts from: not said
+    assert "generate()" not in caplog.text and "MarianTokenizer" not in caplog.text
+    # anything said names the output, not a temporary directory
+    assert "tmp" not in caplog.text.replace(str(tmp_path), "")
     code = re.search(r"```python\n(.*?)```", (out / "README.md").read_text(), re.S)[1]
     printed = []
-    exec(
-        code.replace("print(", "printed.append("), {"printed": printed}
-    )  # the README's lines run as written
+    # the README's lines run as written
+    exec(code.replace("print(", "printed.append("), {"printed": printed})
     assert len(printed[0]) == 1 and isinstance(printed[0][0], str)
 
 
@@ -473,9 +466,8 @@ def test_separate_vocabularies_convert_to_ctranslate2_with_the_target_vocabulary
         )
         pieces = [tokenizer.src.id_to_piece(i) for i in ids] + ["</s>"]
         result = translator.translate_batch([pieces], beam_size=1, max_decoding_length=12)
-        assert result[0].hypotheses[0] == [
-            tokenizer.tgt.id_to_piece(i) for i in hyps[0].tokens
-        ]  # German pieces, from the target vocabulary
+        # German pieces, from the target vocabulary
+        assert result[0].hypotheses[0] == [tokenizer.tgt.id_to_piece(i) for i in hyps[0].tokens]
 
 
 def test_sides_that_spell_a_special_piece_differently_are_refused(separate, tmp_path):
@@ -526,11 +518,8 @@ def test_a_han_target_of_its_own_vocabulary_exports_with_byte_pieces(tmp_path):
     ).eval()
     export_huggingface(model, tokenizer, tmp_path / "hf")
     hf_tok = transformers.MarianTokenizer.from_pretrained(tmp_path / "hf")
-    for text in (
-        han[0],
-        han[1] + " " + han[2],
-        "\u4e00\u9fff\u3042",
-    ):  # U+9FFF and あ: unseen, spelled in bytes
+    # U+9FFF and あ: unseen, spelled in bytes
+    for text in (han[0], han[1] + " " + han[2], "\u4e00\u9fff\u3042"):
         ids = tokenizer.encode_tgt([text])[0]
         assert hf_tok(text_target=text)["input_ids"] == ids + [EOS]
     assert any(tokenizer.tgt.is_byte(i) for i in tokenizer.encode_tgt(["\u9fff"])[0])

@@ -65,9 +65,8 @@ def test_a_fifo_is_written_through_to_its_reader(tmp_path):
 def test_a_character_device_is_written_through_not_replaced(tmp_path):
     null = tmp_path / "null"
     try:
-        os.mknod(
-            null, 0o666 | stat.S_IFCHR, os.makedev(1, 3)
-        )  # the kernel's null device, made here
+        # the kernel's null device, made here
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     except (PermissionError, OSError):
         pytest.skip("cannot make a device node here")
     check_writable(null)
@@ -296,9 +295,8 @@ def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(
         tmp_path / f".out.txt.tmp{_dead_pid()}-0000000a",
         tmp_path / f".out.txt.tmp{os.getpid()}-0000000b",
     )
-    elsewhere = (
-        tmp_path / f".out.txt.tmp{_dead_pid()}-0000000c-another.host"
-    )  # its process id means nothing here
+    # its process id means nothing here
+    elsewhere = tmp_path / f".out.txt.tmp{_dead_pid()}-0000000c-another.host"
     for path in (dead, alive, elsewhere):
         path.write_bytes(b"partial")
     atomic_write(tmp_path / "out.txt", "whole\n")
@@ -359,9 +357,8 @@ def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_writer_removes(tm
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".avg.pt.tmp*")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(
-        0.5
-    )  # the temporary exists; its writer has locked it (the lock precedes the first byte)
+    # the temporary exists; its writer has locked it (the lock precedes the first byte)
+    time.sleep(0.5)
     remove_abandoned_temporaries(tmp_path)
     (held,) = list(tmp_path.glob(".avg.pt.tmp*"))
     writer.send_signal(signal.SIGKILL)
@@ -413,9 +410,8 @@ def test_a_directory_replaced_by_a_writer_that_stops_at_any_moment_is_never_miss
         assert (out / "config.json").read_text() in ("first", "second")
     with directory_in_place(place / "other"):  # any later export (here: elsewhere) leaves it be
         pass
-    with directory_in_place(
-        out
-    ) as tmp:  # the next export to the place finds an export there or puts it back first
+    # the next export to the place finds an export there or puts it back first
+    with directory_in_place(out) as tmp:
         assert (out / "config.json").read_text() in ("first", "second")
         (tmp / "config.json").write_text("third")
     assert (out / "config.json").read_text() == "third" and sorted(
@@ -474,9 +470,8 @@ def test_an_output_of_any_name_the_file_system_takes_is_written_and_its_abandone
         assert len(os.fsencode(made.name)) <= NAME_MAX and made.parent == root
     assert temporary_name(out) != temporary_name(out)  # unique
     stem = temporaries._TEMPORARY.fullmatch(temporary_name(out).name)["name"]
-    assert (
-        stem == name or len(os.fsencode(name)) > NAME_MAX - temporaries._ADDED
-    )  # the name itself wherever it fits
+    # the name itself wherever it fits
+    assert stem == name or len(os.fsencode(name)) > NAME_MAX - temporaries._ADDED
     left = temporary_name(out)  # what a killed writer left: nobody holds it
     left.mkdir() if kind == "directory" else left.write_bytes(b"partial")
     others = [root / f".{stem}.tmp", root / f".{stem}.tmpnotes"]  # look alike, but no nmt temporary

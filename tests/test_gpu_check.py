@@ -103,9 +103,8 @@ def test_setup_installs_only_what_is_missing_from_copied_wheels_without_an_index
     monkeypatch.setattr(
         gpu_check, "OPTIONAL", {**gpu_check.OPTIONAL, "gpucheck_probe": "gpucheck-probe"}
     )
-    monkeypatch.setattr(
-        sys, "path", list(sys.path)
-    )  # setup puts the install folder on this process's path
+    # setup puts the install folder on this process's path
+    monkeypatch.setattr(sys, "path", list(sys.path))
     _write_wheel(tmp_path / "gpu_data" / "wheels")
     work = tmp_path / "work"
     work.mkdir()
@@ -202,12 +201,10 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
             and r["steps"] == 2
             and r["matmul_ceiling_tflops"] == pytest.approx(env_["bf16_matmul_tflops"], rel=1e-3)
         )
-        assert (
-            r["tgt_tokens_per_step"] <= 800
-        )  # the token budget, padding included, bounds the targets
-        assert (
-            abs(r["first_step_loss"] - math.log(1000)) < 1.5
-        )  # a random model's loss is near ln(vocab)
+        # the token budget, padding included, bounds the targets
+        assert r["tgt_tokens_per_step"] <= 800
+        # a random model's loss is near ln(vocab)
+        assert abs(r["first_step_loss"] - math.log(1000)) < 1.5
         assert r["mfu"] == pytest.approx(
             r["tflops_per_s"] / r["matmul_ceiling_tflops"], rel=0.05, abs=1e-3
         )
@@ -217,11 +214,8 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     assert set(by_key) == {
         (e, b) for e in ("nmt", "nmt-static", "hf", "ct2-int8") for b in (1, 4, 8)
     }
-    for batch in (
-        1,
-        4,
-        8,
-    ):  # the GPU's static step, eager on the CPU, generates what the dynamic cache does
+    # the GPU's static step, eager on the CPU, generates what the dynamic cache does
+    for batch in (1, 4, 8):
         assert (
             by_key[("nmt-static", batch)]["outputs_digest"]
             == by_key[("nmt", batch)]["outputs_digest"]
@@ -229,9 +223,8 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     for (_engine, batch), r in by_key.items():
         # --max-batches 3 of 24 sentences: 3 batches of each size, 24 at most
         assert r["sentences"] == min(24, 3 * batch)
-        assert r["tgt_tokens_per_s"] == pytest.approx(
-            3 * r["sentences_per_s"], rel=0.02
-        )  # every engine generated exactly the 3 forced pieces
+        # every engine generated exactly the 3 forced pieces
+        assert r["tgt_tokens_per_s"] == pytest.approx(3 * r["sentences_per_s"], rel=0.02)
     assert (
         by_key[("nmt", 8)]["self_cache_bytes_measured"]
         == by_key[("nmt", 8)]["self_cache_bytes_formula"]
@@ -285,9 +278,8 @@ def test_dry_run_sweep_trains_configurations_at_once_and_scores_the_best_on_val(
     for run in r["runs"].values():
         assert run["status"] == "ok" and [v["step"] for v in run["validations"]] == [3, 6]
     assert r["chosen"] == max(r["runs"], key=lambda k: r["runs"][k]["best_valid_bleu"])
-    assert r["selection"]["tests"] and all(
-        t["lines"] > 0 for t in r["selection"]["tests"].values()
-    )  # each test split, once
+    # each test split, once
+    assert r["selection"]["tests"] and all(t["lines"] > 0 for t in r["selection"]["tests"].values())
     assert "sweep:" in proc.stdout and "chosen on val" in proc.stdout
 
 

@@ -49,9 +49,8 @@ def test_buckets_by_hand():
 def test_the_production_path_is_static_only_on_a_gpu_without_a_shortlist():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert decode_scorer(cpu) is TransformerScorer and decode_scorer(cuda) is StaticScorer
-    assert (
-        decode_scorer(cuda, columns=torch.arange(5)) is TransformerScorer
-    )  # a shortlist: the dynamic cache
+    # a shortlist: the dynamic cache
+    assert decode_scorer(cuda, columns=torch.arange(5)) is TransformerScorer
     assert (
         decode_scorer(cpu, cache="static") is StaticScorer
         and decode_scorer(cuda, cache="dynamic") is TransformerScorer
@@ -74,9 +73,8 @@ def test_static_search_equals_the_dynamic_cache(model, beam, n_best, alpha):
 
 def test_static_search_grows_its_capacity_as_the_dynamic_cache_does(model):
     src = random_sources([3, 8, 21], seed=5)
-    decode = DecodeConfig(
-        beam_size=3, n_best=3, min_len=70, max_len_a=0.0, max_len_b=80
-    )  # 80 steps: capacity 64, then 128
+    # 80 steps: capacity 64, then 128
+    decode = DecodeConfig(beam_size=3, n_best=3, min_len=70, max_len_a=0.0, max_len_b=80)
     static, dynamic = (
         translate_batch(model, src, decode, scorer=StaticScorer),
         translate_batch(model, src, decode, scorer="cached"),
@@ -170,25 +168,18 @@ def test_a_slab_holds_finite_values_in_every_unused_slot_and_position(model):
             mask,
         )
         out = slab.run(model, 0, graphs=False)
-    assert (
-        slab.src_mask[2:, 0, 0].tolist() == [[True] + [False] * 15] * 2
-    )  # empty slots attend to one zero key
+    # empty slots attend to one zero key
+    assert slab.src_mask[2:, 0, 0].tolist() == [[True] + [False] * 15] * 2
     assert torch.isfinite(out).all() and int(slab.length) == 1
 
 
 def test_the_slabs_of_every_bucket_share_one_arena_sized_by_the_largest(model):
     arena = Arena(model, torch.float32, torch.device("cpu"))
     arena.slab(model, 8, 3, 32, 32)
-    large, small = (
-        arena.slab(model, 8, 3, 32, 16),
-        arena.slab(model, 2, 3, 16, 32),
-    )  # fit: no growth
-    assert arena.size == (
-        24,
-        32,
-        8,
-        32,
-    )  # rows, capacity, sentences, source positions: each axis's largest
+    # fit: no growth
+    large, small = (arena.slab(model, 8, 3, 32, 16), arena.slab(model, 2, 3, 16, 32))
+    # rows, capacity, sentences, source positions: each axis's largest
+    assert arena.size == (24, 32, 8, 32)
     assert (
         large.kv[0].shape == (2, 2, 24, 4, 16, 8)
         and large.kv[0].data_ptr() == arena.kv[0].data_ptr()
@@ -198,10 +189,8 @@ def test_the_slabs_of_every_bucket_share_one_arena_sized_by_the_largest(model):
         and small.cross_kv.data_ptr() == arena.cross_kv.data_ptr()
     )
     assert arena.slab(model, 2, 3, 16, 32) is small  # made once per bucket
-    arena.slab(
-        model, 16, 3, 16, 16
-    )  # more rows than the arena has: it grows, and the old slabs (and graphs) go
+    # more rows than the arena has: it grows, and the old slabs (and graphs) go
+    arena.slab(model, 16, 3, 16, 16)
     assert arena.size == (48, 32, 16, 32) and list(arena.slabs) == [(16, 3, 16, 16)]
-    assert (
-        small.kv[0].data_ptr() != arena.kv[0].data_ptr()
-    )  # a batch in flight keeps reading its old views
+    # a batch in flight keeps reading its old views
+    assert small.kv[0].data_ptr() != arena.kv[0].data_ptr()

@@ -157,9 +157,8 @@ def test_evaluate_flags_choose_the_tokenizer(zh_run, tmp_path):
         )["bleu"]
         == by_flag["zh"]["bleu"]
     )
-    default = invoke(
-        "evaluate", "--hyp", hyp, "--ref", ref, "--json"
-    )  # no language given: sacreBLEU's default, with a warning
+    # no language given: sacreBLEU's default, with a warning
+    default = invoke("evaluate", "--hyp", hyp, "--ref", ref, "--json")
     assert json.loads(default.stdout)["tokenize"] == "13a"
     assert (
         "warning: the references look like zh text, which sacreBLEU scores with tokenizer zh, not "
@@ -365,20 +364,17 @@ def test_a_run_is_warned_when_its_language_code_leaves_chinese_validation_to_13a
 
 
 def test_auto_character_coverage_by_script():
-    ja = lines(
-        TOY_ZH / "train.zh"
-    )  # 61 distinct characters: a small sample is not a large character set
+    # 61 distinct characters: a small sample is not a large character set
+    ja = lines(TOY_ZH / "train.zh")
     assert auto_character_coverage({"source": lines(TOY_ZH / "train.en"), "target": ja})[0] == 1.0
-    many = [
-        "".join(chr(0x4E00 + 7 * i + j) for j in range(7)) for i in range(80)
-    ]  # 560 distinct Han characters
+    # 560 distinct Han characters
+    many = ["".join(chr(0x4E00 + 7 * i + j) for j in range(7)) for i in range(80)]
     coverage, reason = auto_character_coverage({"source": ["a b c"], "target": many})
     assert coverage == 0.9995 and reason.startswith(
         "the target text has 560 distinct characters in its first 80 sentences, more than 500"
     )
-    assert (
-        auto_character_coverage({"source": many[:71], "target": ["x"]})[0] == 1.0
-    )  # 497 characters
+    # 497 characters
+    assert auto_character_coverage({"source": many[:71], "target": ["x"]})[0] == 1.0
 
 
 def test_auto_coverage_is_logged_and_reaches_sentencepiece(caplog):
@@ -409,9 +405,8 @@ def test_auto_coverage_is_logged_and_reaches_sentencepiece(caplog):
 
 def test_byte_fallback_spells_unseen_characters_instead_of_unk():
     text = ["他每天喝茶。", "我们在公园散步。", "这本书很有意思。"] * 50
-    plain = train_tokenizer(
-        text, text, TokenizerConfig(vocab_size=60, character_coverage=1.0)
-    )  # byte_fallback auto: off
+    # byte_fallback auto: off
+    plain = train_tokenizer(text, text, TokenizerConfig(vocab_size=60, character_coverage=1.0))
     fallback = train_tokenizer(
         text, text, TokenizerConfig(vocab_size=300, character_coverage=1.0, byte_fallback=True)
     )

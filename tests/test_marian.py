@@ -12,8 +12,7 @@ under which settings both searches are defined to agree:
   ``max_len_b`` L - 2 (the import's own mapping), every sentence, those cut by the limit too (both
   force EOS there, and greedy picks the same token whatever the forced token's score);
 * beam search: ``generate(num_beams=4, early_stopping=True, length_penalty=α)`` against nmt's beam
-  4,
-  ``length`` normalisation, α, on every sentence whose result ends before the limit (at the limit
+  4, ``length`` normalisation, α, on every sentence whose result ends before the limit (at the limit
   generate() forces EOS with log-probability 0, nmt with the model's own, so a result cut there may
   be ranked differently; until the last step the two searches hold the same hypotheses);
 * the decoded text: ``batch_decode(..., skip_special_tokens=True)``.
@@ -135,22 +134,17 @@ def test_layout_numbers_marian_pieces_in_nmts_layout():
     layout = Layout.of(
         {"</s>": 0, "<unk>": 1, "▁a": 2, "b": 3, "<pad>": 4}, "</s>", "<unk>", "<pad>"
     )
-    assert layout.pieces == (
-        PAD_PIECE,
-        "<unk>",
-        "<pad>",
-        "</s>",
-        "▁a",
-        "b",
-    )  # PAD added, <pad> (the start) as BOS
+    # PAD added, <pad> (the start) as BOS
+    assert layout.pieces == (PAD_PIECE, "<unk>", "<pad>", "</s>", "▁a", "b")
     assert layout.marian_ids == (-1, 1, 4, 0, 2, 3) and layout.to_marian() == [3, 1, 4, 5, 2]
+    # nmt export's
     exported = Layout.of(
         {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3, "▁a": 4},
         "</s>",
         "<unk>",
         "<pad>",
         start="<s>",
-    )  # nmt export's
+    )
     assert (
         exported.pieces == ("<pad>", "<unk>", "<s>", "</s>", "▁a")
         and exported.to_marian() == [0, 1, 2, 3, 4]
@@ -180,9 +174,8 @@ def test_ids_equal_marian_tokenizer_for_any_text(opus):
         assert tok(text_target=text)["input_ids"] == marian_ids(
             tokenizer.encode_tgt([text])[0], tokenizer.tgt.layout
         ) + [0], repr(text)
-    assert tokenizer.encode_src(LINES) == [
-        tokenizer.encode_src([line])[0] for line in LINES
-    ]  # batched as one by one
+    # batched as one by one
+    assert tokenizer.encode_src(LINES) == [tokenizer.encode_src([line])[0] for line in LINES]
 
 
 def test_teacher_forced_log_probs_equal(opus):
@@ -193,14 +186,12 @@ def test_teacher_forced_log_probs_equal(opus):
     start = hf.config.decoder_start_token_id
     decoder_in = torch.cat([torch.full((len(targets), 1), start), labels[:, :-1]], 1)
     src = pad_sources(tokenizer.encode_src(sources))
-    tgt_in = pad_sources([[BOS, *ids] for ids in tokenizer.encode_tgt(targets)])[
-        :, :-1
-    ]  # pad_sources appends EOS: dropped
+    # pad_sources appends EOS: dropped
+    tgt_in = pad_sources([[BOS, *ids] for ids in tokenizer.encode_tgt(targets)])[:, :-1]
     with torch.no_grad():
         theirs = torch.log_softmax(hf(**enc, decoder_input_ids=decoder_in).logits, -1)
-        ours = torch.log_softmax(model(src, tgt_in), -1)[
-            ..., Rows.of(tokenizer).tgt
-        ]  # Marian's columns, in Marian's order
+        # Marian's columns, in Marian's order
+        ours = torch.log_softmax(model(src, tgt_in), -1)[..., Rows.of(tokenizer).tgt]
     real = labels != hf.config.pad_token_id  # positions of real target tokens (</s> included)
     assert real.sum() > 30
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-4, rtol=0)
@@ -245,9 +236,8 @@ def test_beam_search_tokens_equal_generate(opus, alpha):
         max_len_b=38,
     )
     results = translate_lines(model, tokenizer, LINES, decode, torch.device("cpu"))
-    ended = [
-        i for i, row in enumerate(output.tolist()) if 0 in row[1:39]
-    ]  # </s> before the forced one at the limit
+    # </s> before the forced one at the limit
+    ended = [i for i, row in enumerate(output.tolist()) if 0 in row[1:39]]
     assert len(ended) >= 6
     theirs = generated(output, hf.config.pad_token_id)
     assert [marian_ids(results[i][0].tokens, tokenizer.tgt.layout) for i in ended] == [
@@ -258,6 +248,7 @@ def test_beam_search_tokens_equal_generate(opus, alpha):
 def test_imported_decode_defaults_follow_generation_config(opus):
     directory, _, _, _, tokenizer, cfg = opus
     generation = json.loads((directory / "generation_config.json").read_text())
+    # generate() bans only <pad>, not <unk>
     assert cfg.decode == DecodeConfig(
         beam_size=generation["num_beams"],
         length_penalty=1.0,
@@ -265,7 +256,7 @@ def test_imported_decode_defaults_follow_generation_config(opus):
         max_len_a=0.0,
         max_len_b=generation["max_length"] - 2,
         allow_unk=True,
-    )  # generate() bans only <pad>, not <unk>
+    )
     assert cfg.model.activation in ("swish", "gelu", "relu") and cfg.model.output_bias
     assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("en", "de")
     assert (
@@ -361,9 +352,8 @@ def test_translate_defaults_equal_generate_defaults(small_opus, tmp_path):
     hf = transformers.MarianMTModel.from_pretrained(directory).eval()
     tok = transformers.MarianTokenizer.from_pretrained(directory)
     with torch.no_grad():
-        output = hf.generate(
-            **tok(lines, padding=True, return_tensors="pt")
-        )  # the directory's generation settings
+        # the directory's generation settings
+        output = hf.generate(**tok(lines, padding=True, return_tensors="pt"))
     ended = [i for i, row in enumerate(output.tolist()) if 0 in row[1:29]]
     assert len(ended) >= 4
     theirs = tok.batch_decode(output, skip_special_tokens=True)
@@ -538,9 +528,8 @@ def test_ids_equal_with_and_without_sacremoses(small_opus, monkeypatch, sacremos
     else:
         pytest.importorskip("sacremoses")
     tok = transformers.MarianTokenizer.from_pretrained(small_opus)
-    assert (tok.punc_normalizer("«a»") == "«a»") == (
-        sacremoses == "absent"
-    )  # the normaliser nmt must not apply differs with sacremoses
+    # the normaliser nmt must not apply differs with sacremoses
+    assert (tok.punc_normalizer("«a»") == "«a»") == (sacremoses == "absent")
     from nmt.marian import read_tokenizer
 
     tokenizer = read_tokenizer(small_opus)
@@ -763,9 +752,10 @@ def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
     )
     import_checkpoint(tmp_path / "hf", tmp_path / "back.pt")
     back, back_tokenizer, back_cfg = load_model(tmp_path / "back.pt", torch.device("cpu"))
+    # the same ids
     assert back_tokenizer.src.layout.pieces == tuple(
         tokenizer.src.id_to_piece(i) for i in range(300)
-    )  # the same ids
+    )
     assert (
         back_tokenizer.tgt.layout.pieces == tuple(tokenizer.tgt.id_to_piece(i) for i in range(300))
         and back_tokenizer.joint == joint
@@ -775,11 +765,12 @@ def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
         all(torch.equal(state[k], v) for k, v in model.state_dict().items())
         and not state["output_bias"].any()
     )
+    # its generation_config.json
     assert (back_cfg.decode.beam_size, back_cfg.decode.max_len_b, back_cfg.decode.allow_unk) == (
         3,
         8,
         False,
-    )  # its generation_config.json
+    )
     lines = ["the dog sees a cat .", "a man , a woman and a child ."]
     ours = translate_lines(model, tokenizer, lines, cfg.decode, torch.device("cpu"))
     theirs = translate_lines(back, back_tokenizer, lines, back_cfg.decode, torch.device("cpu"))
@@ -830,9 +821,8 @@ def test_a_ctranslate2_export_of_an_import_bans_pad_as_nmt_does(tmp_path):
     code = re.search(r"```python\n(.*?)```", (tmp_path / "ct2" / "README.md").read_text(), re.S)[1]
     assert "suppress_sequences=[['<s>'], ['<pad>']]" in code
     printed = []
-    exec(
-        code.replace("print(", "printed.append("), {"printed": printed}
-    )  # the README's lines run as written
+    # the README's lines run as written
+    exec(code.replace("print(", "printed.append("), {"printed": printed})
     assert len(printed[0]) == 1 and isinstance(printed[0][0], str)
 
 

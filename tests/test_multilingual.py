@@ -137,9 +137,8 @@ def test_directions_replace_the_language_pair_and_read_back():
     )
     one = load_config(None, [])
     assert directions(one.data) == (Direction("en", "de"),) and tags(one.data) == ()
-    assert (
-        tags(load_config(None, ["data.directions=[de-en, fr-en]"]).data) == ()
-    )  # one target language: no tag needed
+    # one target language: no tag needed
+    assert tags(load_config(None, ["data.directions=[de-en, fr-en]"]).data) == ()
 
 
 @pytest.mark.parametrize(
@@ -168,10 +167,8 @@ def test_directions_replace_the_language_pair_and_read_back():
             "data.train_src names the files of one direction",
         ),
         (["data.directions=[]"], "data.directions is empty"),
-        (
-            ["data.directions=en-de,,en-fr"],
-            r"data.directions\[1\] must be SRC-TGT.*got ''",
-        ),  # an empty item was dropped silently
+        # an empty item was dropped silently
+        (["data.directions=en-de,,en-fr"], r"data.directions\[1\] must be SRC-TGT.*got ''"),
     ],
 )
 def test_direction_settings_that_cannot_work_are_one_line(overrides, message):
@@ -219,9 +216,8 @@ def test_a_tag_is_one_piece_never_written_and_starts_every_training_source(tmp_p
     ids = [sp.piece_to_id(t) for t in (">>de<<", ">>up<<")]
     assert ids == [4, 5]  # user-defined pieces come right after the four special ones
     for text in (">>up<<", ">>up<< the dog .", "the >>up<< dog", ">>up<<the"):
-        assert ">>up<<" in sp.encode(text, out_type=str), (
-            text
-        )  # never split, wherever it is written
+        # never split, wherever it is written
+        assert ">>up<<" in sp.encode(text, out_type=str), text
     assert set(ids) <= set(tokenizer.output_rules.unwritable)
     corpus, _ = encode_corpus(texts[1][1], tokenizer, tmp_path / "cache", src_prefix=(ids[1],))
     assert all(
@@ -242,9 +238,8 @@ def test_a_tag_is_one_piece_never_written_and_starts_every_training_source(tmp_p
 def test_the_tokenizer_sample_gives_a_small_language_its_share():
     assert language_shares({"en": 1000, "de": 1000}, 2000, 1.5) == {"en": 1000, "de": 1000}
     assert language_shares({"en": 900, "ha": 100}, 1000, 1.0) == {"en": 900, "ha": 100}
-    shares = language_shares(
-        {"en": 900, "ha": 100}, 1000, 5.0
-    )  # (900/100)^(1/5) = 1.55: ha's 100 sentences given 392 places, repeated
+    # (900/100)^(1/5) = 1.55: ha's 100 sentences given 392 places, repeated
+    shares = language_shares({"en": 900, "ha": 100}, 1000, 5.0)
     assert shares == {"en": 608, "ha": 392}
 
 
@@ -257,33 +252,27 @@ def test_a_batch_mixes_directions_in_the_configured_proportions():
     src, tgt = rng.integers(2, 40, size=sum(sizes)), rng.integers(2, 40, size=sum(sizes))
     for temperature, expected in ((1.0, (3000, 1000)), (2.0, (2536, 1464)), (1e6, (2000, 2000))):
         mix = DirectionMix(sizes, temperature)
-        assert (
-            mix.draws == expected
-        )  # 4,000 · n^(1/T) / Σ n^(1/T): 3000^0.5 : 1000^0.5 = 0.634 : 0.366 at T = 2
+        # 4,000 · n^(1/T) / Σ n^(1/T): 3000^0.5 : 1000^0.5 = 0.634 : 0.366 at T = 2
+        assert mix.draws == expected
         sampler = TokenBatchSampler(src, tgt, 300, seed=3, mix=mix)
         for epoch in (0, 1):
             batches = sampler.epoch_batches(epoch)
-            counts = Counter(
-                int(i >= sizes[0]) for b in batches for i in b
-            )  # examples of each direction, counted
+            # examples of each direction, counted
+            counts = Counter(int(i >= sizes[0]) for b in batches for i in b)
             assert (counts[0], counts[1]) == expected
-            assert all(
-                len(b) * int(sampler.lengths[b].max()) <= 300 for b in batches
-            )  # the same token budget
+            # the same token budget
+            assert all(len(b) * int(sampler.lengths[b].max()) <= 300 for b in batches)
             mixed = [b for b in batches if len(b) > 4]
-            share = np.mean(
-                [np.mean(b >= sizes[0]) for b in mixed]
-            )  # batches hold both directions, in proportion
+            # batches hold both directions, in proportion
+            share = np.mean([np.mean(b >= sizes[0]) for b in mixed])
             assert share == pytest.approx(expected[1] / sum(expected), abs=0.03)
     examples = TokenBatchSampler(src, tgt, 300, seed=3, mix=DirectionMix(sizes, 2.0)).epoch_examples
     small = [Counter(examples(epoch)[examples(epoch) >= 3000].tolist()) for epoch in (0, 1)]
-    assert (
-        all(set(c.values()) == {1, 2} for c in small) and small[0] != small[1]
-    )  # 1,464 draws of 1,000: each once, 464 twice, others each epoch
+    # 1,464 draws of 1,000: each once, 464 twice, others each epoch
+    assert all(set(c.values()) == {1, 2} for c in small) and small[0] != small[1]
     big = examples(0)[examples(0) < 3000]
-    assert (
-        len(set(big.tolist())) == len(big) == 2536
-    )  # no repeats where the direction is drawn below its size
+    # no repeats where the direction is drawn below its size
+    assert len(set(big.tolist())) == len(big) == 2536
 
 
 def test_one_direction_batches_are_those_of_the_sampler_without_directions():
@@ -317,9 +306,8 @@ def test_one_direction_written_as_directions_trains_exactly_as_the_language_pair
 
 
 def test_a_resumed_run_of_two_directions_equals_an_uninterrupted_one(tmp_path):
-    data = two_target_corpus(
-        tmp_path / "data", n=40, n_valid=4, n_up=15
-    )  # 36 en-de pairs an epoch (of 40), 19 en-up (of 15; 4 twice)
+    # 36 en-de pairs an epoch (of 40), 19 en-up (of 15; 4 twice)
+    data = two_target_corpus(tmp_path / "data", n=40, n_valid=4, n_up=15)
     mixed = {"max_tokens": 300, "log_every": 1}
     whole = train(run_config(data, tmp_path / "whole", 12, **mixed))
     train(run_config(data, tmp_path / "split", 6, **mixed))
@@ -333,12 +321,8 @@ def test_a_resumed_run_of_two_directions_equals_an_uninterrupted_one(tmp_path):
         load_checkpoint(tmp_path / "whole" / "last.pt"),
         load_checkpoint(tmp_path / "split" / "last.pt"),
     )
-    assert a["progress"]["epoch"] >= 1 and a["progress"]["batching"] == [
-        300,
-        1,
-        1,
-        1.5,
-    ]  # crossed an epoch; the temperature cut its batches
+    # crossed an epoch; the temperature cut its batches
+    assert a["progress"]["epoch"] >= 1 and a["progress"]["batching"] == [300, 1, 1, 1.5]
     assert all(torch.equal(t, b["model"][k]) for k, t in a["model"].items())
     losses = [
         {
@@ -366,9 +350,10 @@ def test_validation_per_direction_equals_nmt_evaluate_of_that_direction(trained)
     data, run, result = trained
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     validation = [r for r in records if "bleu" in r][-1]
+    # best.pt follows the mean
     assert validation["bleu"] == pytest.approx(
         (validation["bleu/en-de"] + validation["bleu/en-up"]) / 2
-    )  # best.pt follows the mean
+    )
     assert (
         result["bleu/en-up"] == validation["bleu/en-up"]
         and result["best_bleu"] == validation["bleu"]
@@ -430,10 +415,8 @@ def test_a_two_direction_model_translates_into_the_requested_language(trained, t
         lang: sum(line == line.upper() and any(c.isalpha() for c in line) for line in lines)
         for lang, lines in outputs.items()
     }
-    assert capitals == {
-        "de": 0,
-        "up": 20,
-    }  # >>up<< writes capitals, >>de<< German (lower case words, capitalised nouns)
+    # >>up<< writes capitals, >>de<< German (lower case words, capitalised nouns)
+    assert capitals == {"de": 0, "up": 20}
     # German, not English: its words are German training words far more often than English ones. Not
     # a share pinned near what one processor gives: after 100 steps the model writes half-formed
     # words, and how many depends on the summation order (on an AMD EPYC 80 of 160 were German
@@ -459,9 +442,8 @@ def test_a_two_direction_model_translates_into_the_requested_language(trained, t
         "-q",
         input="der Hund sieht eine Katze .\n",
     )
-    assert (
-        zero_shot.exit_code == 0 and len(zero_shot.stdout.splitlines()) == 1
-    )  # a source language never trained from: zero-shot, asked all the same
+    # a source language never trained from: zero-shot, asked all the same
+    assert zero_shot.exit_code == 0 and len(zero_shot.stdout.splitlines()) == 1
 
 
 def test_the_target_language_is_required_and_checked(trained, tmp_path):
@@ -561,9 +543,8 @@ def test_serve_takes_tgt_lang_and_the_page_offers_the_languages(trained):
                 ),
             )
             assert [t["text"] for t in answer] == expected
-            assert (
-                answer[0]["attention"]["src_pieces"][0] == f">>{lang}<<"
-            )  # the heatmap shows what the model read
+            # the heatmap shows what the model read
+            assert answer[0]["attention"]["src_pieces"][0] == f">>{lang}<<"
         refused = client.post("/translate", json={"text": "a dog ."})
         assert refused.status_code == 422 and "choose one with tgt_lang" in refused.json()["error"]
         assert client.post("/translate", json={"text": "a dog .", "tgt_lang": 3}).status_code == 422
@@ -596,9 +577,8 @@ def test_export_keeps_the_tags_as_marian_does(trained, tmp_path):
             *target(cfg, tokenizer, lang).src_prefix,
             *tokenizer.encode_src(["the dog sees a cat ."])[0],
         ]
-        assert hf_tok(f">>{lang}<< the dog sees a cat .")["input_ids"] == ids + [
-            3
-        ]  # as OPUS-MT's multi-target models take it
+        # as OPUS-MT's multi-target models take it
+        assert hf_tok(f">>{lang}<< the dog sees a cat .")["input_ids"] == ids + [3]
         (hyps,) = translate_batch(
             model, pad_sources([ids]), replace_beam(cfg.decode), rules=tokenizer.output_rules
         )
@@ -628,10 +608,8 @@ def test_init_from_a_multilingual_checkpoint_keeps_or_replaces_its_languages_who
         "en-de",
         "en-up",
     ]
-    pair = [
-        "data.src_lang=en",
-        "data.tgt_lang=de",
-    ]  # written: the languages come from the new config, whole
+    # written: the languages come from the new config, whole
+    pair = ["data.src_lang=en", "data.tgt_lang=de"]
     train(
         run_config(data, tmp_path / "pair", 2, {"src_lang": "en", "tgt_lang": "de"}),
         init_from=run / "last.pt",
@@ -641,9 +619,8 @@ def test_init_from_a_multilingual_checkpoint_keeps_or_replaces_its_languages_who
     assert (saved["src_lang"], saved["tgt_lang"]) == ("en", "de") and saved.get(
         "directions"
     ) is None
-    more = (
-        tmp_path / "data"
-    )  # the same text, with "fr" files: a target the tokenizer has no tag for
+    # the same text, with "fr" files: a target the tokenizer has no tag for
+    more = tmp_path / "data"
     more.mkdir()
     for f in data.iterdir():
         (more / f.name).write_bytes(f.read_bytes())
@@ -677,16 +654,8 @@ def test_an_exported_multilingual_model_imports_back_with_its_directions(trained
     )
     lines = read_lines(data / "valid.en")[:5]
     for lang in ("de", "up"):
-        same = [
-            "--tgt-lang",
-            lang,
-            "--beam-size",
-            "1",
-            "--max-len-a",
-            "0",
-            "--max-len-b",
-            "12",
-        ]  # generate()'s limit is absolute
+        # generate()'s limit is absolute
+        same = ["--tgt-lang", lang, "--beam-size", "1", "--max-len-a", "0", "--max-len-b", "12"]
         ours = invoke(
             "translate", "--checkpoint", run / "best.pt", *same, input="\n".join(lines) + "\n"
         )
@@ -714,9 +683,8 @@ def test_import_refuses_to_write_over_a_file_it_reads(trained, tmp_path):
         "is the same file as DIR" in line
         and (tmp_path / "hf" / "config.json").read_bytes() == before
     )
-    (tmp_path / "link.pt").symlink_to(
-        tmp_path / "hf" / "model.safetensors"
-    )  # another name for one of its files
+    # another name for one of its files
+    (tmp_path / "link.pt").symlink_to(tmp_path / "hf" / "model.safetensors")
     weights = (tmp_path / "hf" / "model.safetensors").read_bytes()
     assert "is the same file as DIR" in one_line_error(
         invoke("import", tmp_path / "hf", "--out", tmp_path / "link.pt")

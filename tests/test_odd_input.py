@@ -153,9 +153,8 @@ def test_any_temperature_gives_a_distribution_over_what_may_follow(logits, banne
     assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0, abs=1e-5)
     assert (probs[0, torch.tensor(banned)] == 0).all()
     best = lprobs[0].max()
-    assert (
-        probs[0, lprobs[0] == best].sum() >= max(probs[0].max().item(), 1e-30) - 1e-6
-    )  # the likeliest stay the likeliest
+    # the likeliest stay the likeliest
+    assert probs[0, lprobs[0] == best].sum() >= max(probs[0].max().item(), 1e-30) - 1e-6
 
 
 class NaNScorer:
@@ -241,17 +240,15 @@ def test_empty_text_is_refused_for_every_text_key_whichever_way_written(
     with pytest.raises(ConfigError, match=f"^{key} must (not be empty|be text)"):
         config_from_dict({section: {name: blank}})
     path = tmp_path_factory.mktemp("cfg") / "c.yaml"
-    written = (
-        json.dumps(blank) if quoted else blank.replace("\t", " ")
-    )  # a tab cannot start a YAML token
+    # a tab cannot start a YAML token
+    written = json.dumps(blank) if quoted else blank.replace("\t", " ")
     path.write_text(f"{section}:\n  {name}: {written}\n", encoding="utf-8")
     from nmt.config import Config, load_config
     from nmt.fields import _members, hints
 
     nullable = type(None) in _members(hints(type(getattr(Config(), section)))[name])
-    if (
-        quoted or not nullable
-    ):  # unquoted nothing is YAML's null: refused where a key needs text, else null
+    # unquoted nothing is YAML's null: refused where a key needs text, else null
+    if quoted or not nullable:
         with pytest.raises(ConfigError, match=f"{key} must (not be empty|be text)"):
             load_config(path)
     else:
@@ -342,9 +339,8 @@ def test_any_metrics_line_is_dropped_on_resume_or_named_by_plot(tmp_path_factory
         assert str(exc).startswith(f"{run / 'metrics.jsonl'}:3: ")
     else:
         assert records[:2] == good and len(records) == 3
-    RunDir(run).keep_history_until(
-        200
-    )  # never raises: a line that is no record is not in the history
+    # never raises: a line that is no record is not in the history
+    RunDir(run).keep_history_until(200)
     kept = (run / "metrics.jsonl").read_bytes().splitlines()
     assert [json.loads(line) for line in kept[:2]] == good and len(kept) <= 3
     newest = RunDir(run).last_validation()
@@ -359,9 +355,8 @@ def test_a_line_longer_than_the_limit_is_an_error_naming_it(tmp_path, monkeypatc
         list(iter_lines(tmp_path / "in.txt"))
     with pytest.raises(DataError, match="<stdin>:2: the line is longer than"):
         list(stream_buffers(io.BytesIO(text), 10))
-    with pytest.raises(
-        DataError, match="<stdin>:1: the line is longer than"
-    ):  # no newline yet: refused before it is all in memory
+    # no newline yet: refused before it is all in memory
+    with pytest.raises(DataError, match="<stdin>:1: the line is longer than"):
         list(stream_buffers(io.BytesIO(b"a" * 100), 10))
     (tmp_path / "fits.txt").write_bytes(b"12345678\n1234567")
     assert list(iter_lines(tmp_path / "fits.txt")) == ["12345678", "1234567"]
@@ -398,15 +393,13 @@ def test_utf16_without_a_mark_is_named_and_utf8_never_mistaken_for_it(
     (tmp / "u8.txt").write_bytes(body.encode("utf-8"))
     assert list(iter_lines(tmp / "u8.txt")) == body.split("\n")[:-1]
     latin = "".join(c for c in body if c < "\u0100")
-    if (
-        len(latin.encode(codec)) == len(body.encode(codec)) and len(body) >= 4
-    ):  # Latin text: a NUL in every other byte
+    # Latin text: a NUL in every other byte
+    if len(latin.encode(codec)) == len(body.encode(codec)) and len(body) >= 4:
         (tmp / "u16.txt").write_bytes(body.encode(codec))
         with pytest.raises(DataError, match="UTF-16 text; convert it to UTF-8"):
             list(iter_lines(tmp / "u16.txt"))
-    (tmp / "zeros.txt").write_bytes(
-        b"\0" * 8 * lines + b"\n"
-    )  # NULs only (`-i /dev/zero` was called UTF-16): no text of any encoding
+    # NULs only (`-i /dev/zero` was called UTF-16): no text of any encoding
+    (tmp / "zeros.txt").write_bytes(b"\0" * 8 * lines + b"\n")
     assert list(iter_lines(tmp / "zeros.txt")) == ["\0" * 8 * lines]
 
 
@@ -488,9 +481,8 @@ def test_a_fresh_run_never_replaces_files_of_a_directory_no_run_has_used(tmp_pat
     for name in names:
         (directory / name).write_text(f"mine: {name}\n")
     run = RunDir(directory)
-    copied_run = bool(
-        names & {"last.pt", "step_3.pt"}
-    )  # a run copied without its .lock: check_fresh names the checkpoints
+    # a run copied without its .lock: check_fresh names the checkpoints
+    copied_run = bool(names & {"last.pt", "step_3.pt"})
     theirs = sorted(names & {"config.yaml", "metrics.jsonl", "spm.model", "spm.src.model"})
     if copied_run:
         run.lock()
@@ -669,9 +661,8 @@ def test_a_config_that_is_no_file_is_named_and_one_read_once_is_read(tmp_path, k
         ).start()
     else:
         try:
-            os.mknod(
-                path, 0o666 | stat.S_IFCHR, os.makedev(1, 3)
-            )  # the null device: an empty config
+            # the null device: an empty config
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         except OSError:
             pytest.skip("cannot make a device node here")
     if expected is None:

@@ -35,9 +35,8 @@ def test_time_shares_are_the_parts_of_the_whole(result):
     assert "decoder self-attention" in format_profile(result)
 
 
-@pytest.mark.parametrize(
-    "beam,tgt_len", [(1, 5), (4, 6), (3, 70)]
-)  # 70 outgrows the cache's first capacity
+# 70 outgrows the cache's first capacity
+@pytest.mark.parametrize("beam,tgt_len", [(1, 5), (4, 6), (3, 70)])
 def test_cache_bytes_equal_the_formula(beam, tgt_len):
     cfg = ModelConfig(
         d_model=48,

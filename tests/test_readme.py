@@ -138,9 +138,10 @@ def test_every_readme_command_runs_as_written(tmp_path):
         (data / "multi30k" / f"train.{lang}").write_text(
             "".join(text["train"].splitlines(True)[:2000]), encoding="utf-8"
         )
+        # tune-decode's input
         (data / "multi30k" / f"val.{lang}").write_text(
             "".join(text["valid"].splitlines(True)[:40]), encoding="utf-8"
-        )  # tune-decode's input
+        )
         (data / f"test.{lang}").write_text(
             "".join(text["test"].splitlines(True)[:20]), encoding="utf-8"
         )

@@ -90,10 +90,8 @@ def run_recipe(tmp_path, data, tests: str, *extra: str):
 @pytest.mark.slow
 def test_the_recipe_chooses_on_validation_and_reads_the_test_split_only_at_the_end(tmp_path):
     data = data_dir(tmp_path, {"train": 600, "valid": 12, "test": 10})
-    for lang in (
-        "en",
-        "de",
-    ):  # explicit validation files win over data.dir's valid split, in training as in tuning
+    # explicit validation files win over data.dir's valid split, in training as in tuning
+    for lang in ("en", "de"):
         (data / f"dev.{lang}").write_text(
             "".join((TOY / f"valid.{lang}").read_text(encoding="utf-8").splitlines(True)[20:32]),
             encoding="utf-8",
@@ -238,10 +236,8 @@ def test_what_the_recipe_cannot_run_fails_before_any_training_in_one_line(
     tmp_path, tests, extra, message
 ):
     data = data_dir(tmp_path, {"train": 50, "valid": 5, "test": 5})
-    for lang in (
-        "en",
-        "de",
-    ):  # the test split here is called "other"; a copy of valid is named like WMT's validation sets
+    # the test split here is called "other"; a copy of valid is named like WMT's validation sets
+    for lang in ("en", "de"):
         (data / f"test.{lang}.gz").rename(data / f"other.{lang}.gz")
         (data / f"newstest2013.{lang}.gz").write_bytes((data / f"valid.{lang}.gz").read_bytes())
     empty = data_dir(tmp_path / "e", {"train": 50, "valid": 5})

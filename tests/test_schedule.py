@@ -36,9 +36,8 @@ def test_linear_warms_up_then_decays_to_zero_at_max_steps():
         [6e-3, 5e-3, 4e-3, 3e-3, 2e-3, 1e-3, 0.0]
     )
     assert linear_lr(50, 7e-3, 4, 10) == 0.0
-    assert [linear_lr(s, 1e-3, 10, 5) for s in (1, 5, 6)] == pytest.approx(
-        [1e-4, 5e-4, 0.0]
-    )  # max_steps inside the warm-up: never reaches the peak
+    # max_steps inside the warm-up: never reaches the peak
+    assert [linear_lr(s, 1e-3, 10, 5) for s in (1, 5, 6)] == pytest.approx([1e-4, 5e-4, 0.0])
 
 
 @given(warmup=st.integers(1, 50), max_steps=st.integers(1, 200), peak=st.floats(1e-6, 1.0))
@@ -66,8 +65,7 @@ def test_scheduler_sets_the_rate_of_each_step(schedule):
         "linear": lambda s: linear_lr(s, 1e-3, 10, 25),
     }[schedule]
     for step in range(1, 30):
-        assert opt.param_groups[0]["lr"] == pytest.approx(
-            fn(step)
-        )  # the rate used by update `step`
+        # the rate used by update `step`
+        assert opt.param_groups[0]["lr"] == pytest.approx(fn(step))
         opt.step()
         sched.step()

@@ -111,9 +111,8 @@ def test_length_penalty_values():
     with pytest.raises(
         ConfigError, match="decode.length_normalization must be gnmt, length or none, got 'average'"
     ):
-        search(
-            {(): {EOS: 1.0}}, beam=2, normalization="average"
-        )  # the settings refuse it when they are built
+        # the settings refuse it when they are built
+        search({(): {EOS: 1.0}}, beam=2, normalization="average")
 
 
 def test_beam_beats_greedy_on_garden_path():
@@ -469,9 +468,8 @@ def test_samples_follow_the_distribution_and_report_model_log_probs():
     counts = {t: sum(h.tokens == [t] for h in samples) for t in (A, B, C)}
     assert counts[C] == 0  # outside the nucleus {A, B}
     assert abs(counts[A] / n - 0.625) < 3 * math.sqrt(0.625 * 0.375 / n)
-    assert {h.tokens[0]: h.log_prob for h in samples}[B] == pytest.approx(
-        math.log(0.3), abs=1e-6
-    )  # the model's, not the nucleus's
+    # the model's, not the nucleus's
+    assert {h.tokens[0]: h.log_prob for h in samples}[B] == pytest.approx(math.log(0.3), abs=1e-6)
 
 
 def test_top_k_one_is_greedy(model):
@@ -545,9 +543,10 @@ def test_ensemble_of_two_models_cached_equals_recompute_and_tiled(model):
         src,
         DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2),
     )
+    # the second model counts
     assert [[h.tokens for h in hyps] for hyps in alone] != [
         [h.tokens for h in hyps] for hyps in runs["cached"]
-    ]  # the second model counts
+    ]
 
 
 # ---------------------------------------------------------------- what may never be generated
@@ -606,12 +605,8 @@ def test_search_never_writes_line_breaks_controls_or_broken_characters(byte_toke
         # last.
         last = prefix[-2:]
         if last == (b(0xE2), b(0x80)):
-            return {
-                b(0xA8): 9.0,
-                b(0xA9): 8.5,
-                b(0x94): 1.0,
-                EOS: 9.5,
-            }  # U+2014 EM DASH is the one allowed
+            # U+2014 EM DASH is the one allowed
+            return {b(0xA8): 9.0, b(0xA9): 8.5, b(0x94): 1.0, EOS: 9.5}
         if prefix[-1:] == (b(0xE2),):
             return {b(0x80): 9.0, EOS: 9.5}
         if prefix[-1:] == (b(0xC2),):
@@ -643,9 +638,8 @@ def test_search_never_writes_line_breaks_controls_or_broken_characters(byte_toke
         assert (
             not set(text) & NEVER_OUTPUT and "\ufffd" not in text and len(text.splitlines()) <= 1
         ), (h.tokens, text)
-    assert any(
-        "\u2014" in text for text in tok.decode_tgt([h.tokens for h in beams])
-    )  # the allowed character is reachable
+    # the allowed character is reachable
+    assert any("\u2014" in text for text in tok.decode_tgt([h.tokens for h in beams]))
     # Unrestricted, the same scorer writes a line feed first.
     (free,) = beam_search(scorer, None, torch.tensor([20]), decode)
     assert b(0x0A) in free[0].tokens
@@ -665,13 +659,8 @@ def test_decoding_drops_what_the_search_could_not_prevent(byte_tokenizer):
             [b(0x80), *dog],
         ]
     )
-    assert texts == [
-        "dog",
-        "dog  dog",
-        " ",
-        "é",
-        "dog",
-    ]  # the line feed became a space before " dog"
+    # the line feed became a space before " dog"
+    assert texts == ["dog", "dog  dog", " ", "é", "dog"]
 
 
 def test_length_limit_wins_over_an_unfinished_character(byte_tokenizer):
@@ -687,9 +676,8 @@ def test_length_limit_wins_over_an_unfinished_character(byte_tokenizer):
         DecodeConfig(beam_size=2, length_penalty=0.0),
         tok.output_rules,
     )
-    assert hyps and all(
-        len(h.tokens) <= 2 for h in hyps
-    )  # every sentence gets a translation, however cut
+    # every sentence gets a translation, however cut
+    assert hyps and all(len(h.tokens) <= 2 for h in hyps)
     assert all("\ufffd" not in t for t in tok.decode_tgt([h.tokens for h in hyps]))
 
 
@@ -732,9 +720,8 @@ def test_any_scores_give_one_valid_line_per_sentence(byte_tokenizer, seed, beam,
         assert PAD not in h.tokens and BOS not in h.tokens and UNK not in h.tokens
         (text,) = tok.decode_tgt([h.tokens])
         assert "\ufffd" not in text and not set(text) & NEVER_OUTPUT and len(text.splitlines()) <= 1
-        if (
-            len(h.tokens) < 12
-        ):  # ended by choice, not cut by the limit: every byte piece belongs to a whole character
+        # ended by choice, not cut by the limit: every byte piece belongs to a whole character
+        if len(h.tokens) < 12:
             bytes(int(values[i]) for i in h.tokens if values[i] >= 0).decode("utf-8")
 
 
@@ -827,9 +814,10 @@ def test_a_prefix_is_forced_then_the_best_continuations_follow():
     }
     (hyps,) = steered(table, 3, [Steering(prefix=((B,),))], n_best=3)
     assert [h.tokens for h in hyps] == [[B], [B, A], [B, C]]
+    # the prefix's own probability counts
     assert [h.log_prob for h in hyps] == pytest.approx(
         [math.log(0.06), math.log(0.03), math.log(0.01)], abs=1e-6
-    )  # the prefix's own probability counts
+    )
     # A prefix step with a choice (a word the user has not finished): the best allowed piece.
     (hyps,) = steered(table, 2, [Steering(prefix=((B, C),))])
     assert hyps[0].tokens == [B]
@@ -845,9 +833,8 @@ def test_banned_phrases_never_appear():
 
 def test_a_constraint_the_length_limit_cuts_is_reported():
     table = {(): {A: 0.9, B: 0.1}, (A,): {A: 0.9, EOS: 0.1}, (A, A): {A: 0.9, EOS: 0.1}}
-    (hyps,) = steered(
-        table, 1, [Steering(constraints=((C,),))], max_len=2
-    )  # C has probability 0: it cannot be met
+    # C has probability 0: it cannot be met
+    (hyps,) = steered(table, 1, [Steering(constraints=((C,),))], max_len=2)
     assert hyps and hyps[0].unmet == 1
 
 
@@ -888,9 +875,10 @@ def _holds(tokens, phrase):
     )
 
 
+# the model is only read
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)  # the model is only read
+)
 @given(data=st.data(), beam=st.integers(1, 5), sampling=st.booleans())
 def test_every_output_holds_its_constraints_and_no_banned_phrase(model, data, beam, sampling):
     piece = st.integers(4, 39)
@@ -1010,9 +998,8 @@ def test_candidates_are_the_best_sums_of_hypothesis_and_token(data, n, beam, voc
 
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
     scores = -torch.rand(n, beam, generator=g) * 5
-    scores[:, data.draw(st.integers(1, beam)) :] = float(
-        "-inf"
-    )  # the first step: one live hypothesis
+    # the first step: one live hypothesis
+    scores[:, data.draw(st.integers(1, beam)) :] = float("-inf")
     lprobs = torch.log_softmax(torch.randn(n * beam, vocab, generator=g), dim=-1)
     lprobs[:, data.draw(st.lists(st.integers(0, vocab - 1), max_size=vocab - 1))] = float("-inf")
     top = Candidates.best(scores, lprobs)

@@ -153,12 +153,8 @@ def test_translate_equals_translate_lines_in_input_order(client, translator):
         assert [p for _, _, p in as_tuples(translation)] == pytest.approx(
             [p for _, _, p in hyps], abs=1e-5
         )
-    assert got[1] == {
-        "text": "",
-        "score": 0.0,
-        "log_prob": 0.0,
-        "n_best": [],
-    }  # a blank line is not translated
+    # a blank line is not translated
+    assert got[1] == {"text": "", "score": 0.0, "log_prob": 0.0, "n_best": []}
     assert (
         got[0]["text"] == got[0]["n_best"][0]["text"]
         and got[0]["score"] >= got[0]["n_best"][1]["score"]
@@ -256,9 +252,8 @@ def test_bad_request_gets_4xx_with_one_line_reason(client, body, status, reason)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert reason in error and "\n" not in error
-    assert (
-        client.post("/translate", json={"text": "a dog ."}).status_code == 200
-    )  # the server still serves
+    # the server still serves
+    assert client.post("/translate", json={"text": "a dog ."}).status_code == 200
 
 
 def test_alignment_and_attention_equal_the_translate_path(client, translator):
@@ -291,13 +286,10 @@ def test_alignment_and_attention_equal_the_translate_path(client, translator):
         assert attention["src_pieces"] == [
             translator.tokenizer.src.id_to_piece(i) for i in src_ids
         ] + ["</s>"]
-        assert weights.shape == (
-            len(hyps[0].tokens) + 1,
-            len(src_ids) + 1,
-        )  # one row per output piece and EOS
-        assert torch.allclose(
-            weights.sum(1), torch.ones(weights.size(0)), atol=1e-5
-        )  # each row a distribution over the source
+        # one row per output piece and EOS
+        assert weights.shape == (len(hyps[0].tokens) + 1, len(src_ids) + 1)
+        # each row a distribution over the source
+        assert torch.allclose(weights.sum(1), torch.ones(weights.size(0)), atol=1e-5)
         # The hard alignment is the row-wise argmax of these weights, source EOS excluded.
         assert [
             (int(weights[j, : len(src_ids)].argmax()), j) for j in range(len(hyps[0].tokens))
@@ -344,10 +336,8 @@ def test_lines_of_unknown_characters_or_no_text_are_answered_empty_and_counted(c
         and second["text"]
     )
     after = client.get("/health").json()["untranslated_lines"]
-    assert after == {
-        "unknown_only": before["unknown_only"] + 1,
-        "no_text": before["no_text"] + 1,
-    }  # a blank line is not counted
+    # a blank line is not counted
+    assert after == {"unknown_only": before["unknown_only"] + 1, "no_text": before["no_text"] + 1}
 
 
 def test_health_and_info(client, translator):
@@ -522,9 +512,8 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint, translat
                 b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
                 b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body[:9])
             )
-            while (
-                httpx.get(f"{url}/health", timeout=10).json()["queued_requests"] == 0
-            ):  # admitted, its body not yet whole
+            # admitted, its body not yet whole
+            while httpx.get(f"{url}/health", timeout=10).json()["queued_requests"] == 0:
                 assert time.monotonic() < deadline, "the half-sent request was never admitted"
                 time.sleep(0.02)
 
@@ -664,9 +653,8 @@ def test_page_in_a_real_browser(translator):
             best = translate_lines(
                 translator.model, translator.tokenizer, SENTENCES[:1], decode, translator.device
             )[0][0]
-            assert (
-                first.locator("tbody tr").count() == len(best.tokens) + 1
-            )  # one row per output piece and EOS
+            # one row per output piece and EOS
+            assert first.locator("tbody tr").count() == len(best.tokens) + 1
             assert first.locator("tbody td").count() == (len(best.tokens) + 1) * len(src_pieces)
             page.uncheck("#alignment")
             page.fill("#prefix", "die ")
@@ -765,9 +753,8 @@ FIELD_VALUES = st.fixed_dictionaries(
 def test_any_json_request_gets_a_json_answer(client, body):
     """Random JSON (valid fields with random values, random documents): 200 or a 4xx, always
     JSON."""
-    raw = json.dumps(
-        body, ensure_ascii=True
-    ).encode()  # \\uXXXX escapes: lone surrogates travel as JSON allows
+    # \\uXXXX escapes: lone surrogates travel as JSON allows
+    raw = json.dumps(body, ensure_ascii=True).encode()
     response = client.post("/translate", content=raw, headers={"content-type": "application/json"})
     assert response.status_code == 200 or 400 <= response.status_code < 500, response.text
     answer = response.json()
@@ -843,10 +830,8 @@ def test_prefix_constraints_and_bans_per_line_equal_the_translate_path(client, t
         ),
         ({"text": ["a"], "ban": [[3]]}, "ban[0] must be a list of strings, got [3]"),
         ({"text": "a", "constraints": ["x"] * 17}, "constraints has 17 phrases; the limit is 16"),
-        (
-            {"text": ["a"], "constraints": [[SENTENCES[3]] * 8]},
-            "constraints[0] hold 1",
-        ),  # a constrained search's state grows with their pieces
+        # a constrained search's state grows with their pieces
+        ({"text": ["a"], "constraints": [[SENTENCES[3]] * 8]}, "constraints[0] hold 1"),
         ({"text": "a", "prefix": "\ud800"}, "prefix holds a lone UTF-16 surrogate"),
     ],
 )
@@ -909,9 +894,8 @@ def test_requests_beyond_the_queue_limit_are_refused_at_once_and_the_rest_answer
     async def main():
         async with app.router.lifespan_context(app):
             running = asyncio.ensure_future(asgi_call(app, "/translate", {"text": [SENTENCES[0]]}))
-            await asyncio.get_running_loop().run_in_executor(
-                None, started.wait, 30
-            )  # the worker holds the first request
+            # the worker holds the first request
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
             queued = [
                 asyncio.ensure_future(asgi_call(app, "/translate", {"text": [line]}))
                 for line in SENTENCES[1:3]
@@ -920,9 +904,10 @@ def test_requests_beyond_the_queue_limit_are_refused_at_once_and_the_rest_answer
                 if json.loads((await asgi_call(app, "/health"))[1]["body"])["queued_requests"] == 2:
                     break
                 await asyncio.sleep(0.01)
+            # while the worker is still blocked
             refused = await asyncio.wait_for(
                 asgi_call(app, "/translate", {"text": [SENTENCES[3]]}), 10
-            )  # while the worker is still blocked
+            )
             release.set()
             return await running, [await q for q in queued], refused
 
@@ -930,9 +915,8 @@ def test_requests_beyond_the_queue_limit_are_refused_at_once_and_the_rest_answer
 
     # admitted requests whose bodies have not arrived count as waiting too
     async def slow_uploads():
-        app = create_app(
-            translator, Limits(max_wait_ms=0.0, max_queued_requests=2)
-        )  # a new server: the first has shut down
+        # a new server: the first has shut down
+        app = create_app(translator, Limits(max_wait_ms=0.0, max_queued_requests=2))
         async with app.router.lifespan_context(app):
             release.clear()
             started.clear()
@@ -959,9 +943,8 @@ def test_requests_beyond_the_queue_limit_are_refused_at_once_and_the_rest_answer
         in json.loads(refused[1]["body"])["error"]
     )
     assert [r[0]["status"] for r in [running, *queued]] == [200, 200, 200]
-    assert [line for batch in calls for line in batch] == SENTENCES[
-        :3
-    ]  # the refused line never reached the model
+    # the refused line never reached the model
+    assert [line for batch in calls for line in batch] == SENTENCES[:3]
     calls.clear()
     late_running, late_queued, late_refused = asyncio.run(slow_uploads())
     assert late_refused[0]["status"] == 503 and [
@@ -990,19 +973,18 @@ def test_alignment_answers_are_bounded_by_the_weights_they_could_hold(translator
     ) as refused:
         parse_request(body, translator, Limits())
     assert refused.value.status == 413
-    parse_request(
-        json.dumps({"text": [SENTENCES[1]] * 2}).encode(), translator, Limits()
-    )  # without alignment: no such bound
+    # without alignment: no such bound
+    parse_request(json.dumps({"text": [SENTENCES[1]] * 2}).encode(), translator, Limits())
+    # a prefix longer than the limit
     prefixed = {
         "text": [SENTENCES[1]] * 2,
         "alignment": True,
         "prefix": [" ".join(SENTENCES * 2)] * 2,
-    }  # a prefix longer than the limit
+    }
     monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", 10**9)
     steered = parse_request(json.dumps(prefixed).encode(), translator, Limits()).steering[0]
-    forced = len(steered.prefix) + len(
-        steered.fragment
-    )  # the whole words, and at most a piece for each state of the cut last one
+    # the whole words, and at most a piece for each state of the cut last one
+    forced = len(steered.prefix) + len(steered.fragment)
     assert forced > n + 1  # so the output limit grows to hold it, and the bound with it
     monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", weights)
     with pytest.raises(
@@ -1036,11 +1018,12 @@ def test_a_checkpoint_setting_in_its_configs_range_is_served_and_requests_are_ju
             ),
         ),
     )
+    # JSON's 1.0 is the integer 1
     body = {
         "text": "a dog .",
         **({"length_penalty": asked} if asked is not None else {}),
         "n_best": 1.0,
-    }  # JSON's 1.0 is the integer 1
+    }
     if asked is None or asked in LENGTH_PENALTY:
         job = parse_request(json.dumps(body).encode(), served, Limits())
         assert (
@@ -1058,9 +1041,8 @@ def compressed(data: bytes, coding: str, empty_blocks: int = 0) -> bytes:
     if coding.strip().lower() in ("", "identity"):
         return data
     stream = zlib.compressobj(6, zlib.DEFLATED, 31 if "gzip" in coding.lower() else 15)
-    head = stream.compress(b"") + stream.flush(
-        zlib.Z_SYNC_FLUSH
-    )  # the header and one empty stored block
+    # the header and one empty stored block
+    head = stream.compress(b"") + stream.flush(zlib.Z_SYNC_FLUSH)
     return head + b"\x00\x00\x00\xff\xff" * empty_blocks + stream.compress(data) + stream.flush()
 
 
@@ -1111,9 +1093,8 @@ def test_a_compressed_body_reads_as_sent_within_the_limit_both_as_sent_and_decom
     elif not plain and damage == "mislabelled":
         wire = compressed(data, "deflate" if "gzip" in coding.lower() else "gzip", empty_blocks)
     got = read_body(coding, chunked(wire, cuts))
-    if (
-        damage == "mislabelled" and not plain
-    ):  # refused at its header, unless the chunks before it passed the limit
+    # refused at its header, unless the chunks before it passed the limit
+    if damage == "mislabelled" and not plain:
         assert (
             isinstance(got, RequestError)
             and got.status in (400, 413)
@@ -1259,9 +1240,8 @@ def test_a_key_repeated_in_any_object_at_any_depth_is_refused_naming_it(translat
         assert repeat is None
 
 
-LINE_BREAKS = [
-    c for c in map(chr, range(0x110000)) if len(f"a{c}b".splitlines()) == 2
-]  # \n, \r, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029
+# \n, \r, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029
+LINE_BREAKS = [c for c in map(chr, range(0x110000)) if len(f"a{c}b".splitlines()) == 2]
 WORDS = sorted({word for sentence in SENTENCES for word in sentence.split()})
 
 

@@ -21,9 +21,8 @@ def test_log_probs_are_the_log_softmax_over_the_columns_and_minus_infinity_elsew
     got = model.output_columns(ids).log_probs(h)
     logits = F.linear(h, model.tgt_embed.weight)
     assert torch.allclose(got[:, ids], logits[:, ids].log_softmax(-1), atol=1e-6)
-    assert torch.allclose(
-        got[:, ids].exp().sum(-1), torch.ones(3)
-    )  # normalised over the shortlist, as Marian's is
+    # normalised over the shortlist, as Marian's is
+    assert torch.allclose(got[:, ids].exp().sum(-1), torch.ones(3))
     others = torch.ones(model.cfg.tgt_vocab_size, dtype=torch.bool)
     others[ids] = False
     assert torch.isneginf(got[:, others]).all()
@@ -88,14 +87,10 @@ def test_a_constraint_outside_the_shortlist_is_still_met(model):
 
 
 def test_cooccurrence_counts_sentence_pairs_and_dice_ranks_by_hand():
-    pairs = [
-        ([1, 2, 2], [5, 6]),
-        ([1], [5]),
-        ([2, 3], [6, 7]),
-    ]  # a piece twice in a sentence counts once
-    keys, counts, src_counts, tgt_counts, n = cooccurrence(
-        pairs, tgt_vocab=8, block=2
-    )  # two blocks: the merge is exercised
+    # a piece twice in a sentence counts once
+    pairs = [([1, 2, 2], [5, 6]), ([1], [5]), ([2, 3], [6, 7])]
+    # two blocks: the merge is exercised
+    keys, counts, src_counts, tgt_counts, n = cooccurrence(pairs, tgt_vocab=8, block=2)
     assert dict(zip((keys // 8 * 10 + keys % 8).tolist(), counts.tolist())) == {
         15: 2,
         16: 1,
@@ -175,9 +170,8 @@ def test_the_file_round_trips_in_ctranslate2_vocabulary_map_format(toy_tokenizer
     path = tmp_path / "shortlist.txt"
     shortlist.write(path, toy_tokenizer)
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert (
-        lines[0].startswith("\t") and len(lines[0].split("\t")[1].split(" ")) == 4
-    )  # the empty source: always allowed
+    # the empty source: always allowed
+    assert lines[0].startswith("\t") and len(lines[0].split("\t")[1].split(" ")) == 4
     assert all(len(line.split("\t")) == 2 and " " not in line.split("\t")[0] for line in lines)
     assert Shortlist.read(path, toy_tokenizer) == shortlist
 
@@ -207,10 +201,8 @@ def test_sampling_ends_where_the_shortlist_leaves_no_piece(model):
             "line 1: target piece '▁zzzz' is not in the model's vocabulary",
         ),
         ("\n\n▁zzzz\t▁Hund\n", "line 3: source piece '▁zzzz' is not in the model's vocabulary"),
-        (
-            "▁dog\t▁Hund\u2028x\n▁zzzz\t▁Hund\n",
-            "line 1: target piece '▁Hund.{6}x' is not",
-        ),  # lines end at \n only; the message shows U+2028 escaped
+        # lines end at \n only; the message shows U+2028 escaped
+        ("▁dog\t▁Hund\u2028x\n▁zzzz\t▁Hund\n", "line 1: target piece '▁Hund.{6}x' is not"),
         (" \t▁Hund\n", "line 1: the source ' ' is only spaces"),
         ("", "the shortlist allows no target piece"),
         ("\n\n\t\n▁dog\t\n", "the shortlist allows no target piece"),

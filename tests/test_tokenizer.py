@@ -84,9 +84,8 @@ def test_control_characters_part_words_as_spaces_do(toy_tokenizer):
         controls_as_spaces("a\tb\x00c\u0085d\x7fe") == "a\tb c d e"
         and controls_as_spaces("the dog .") == "the dog ."
     )
-    assert toy_tokenizer.encode_src(["a\ud800b"]) == toy_tokenizer.encode_src(
-        ["a\ufffdb"]
-    )  # a lone surrogate: U+FFFD, not a crash
+    # a lone surrogate: U+FFFD, not a crash
+    assert toy_tokenizer.encode_src(["a\ud800b"]) == toy_tokenizer.encode_src(["a\ufffdb"])
 
 
 def test_a_tokenizer_learns_no_piece_of_a_control_character():

@@ -198,9 +198,8 @@ def test_training_files_changed_during_a_sampled_run_stop_it_at_the_next_cut_kee
         )
     last = load_checkpoint(tmp_path / "run" / "last.pt")
     assert last["progress"]["epoch"] == 1 and last["progress"]["batch_in_epoch"] == 0
-    assert last["progress"]["step"] == max(
-        step_losses(tmp_path / "run")
-    )  # every step trained is kept
+    # every step trained is kept
+    assert last["progress"]["step"] == max(step_losses(tmp_path / "run"))
 
 
 def test_fresh_run_refuses_to_overwrite_a_run(tmp_path):
@@ -233,9 +232,8 @@ def test_unusable_validation_set_fails_before_training(tmp_path):
         DataError, match=r"the validation set \(.*valid.en and .*valid.de\) has no pair"
     ):
         train(tiny_run_config(data, tmp_path / "run", 2))
-    assert not (
-        tmp_path / "run"
-    ).exists()  # checked before the tokenizer trains or anything is written
+    # checked before the tokenizer trains or anything is written
+    assert not (tmp_path / "run").exists()
 
 
 def test_existing_run_artifacts_are_never_overwritten(tmp_path):
@@ -425,9 +423,8 @@ def test_resume_takes_the_newest_complete_checkpoint_and_keeps_one_history(tmp_p
     (run / ".step_8.pt.tmp424242").write_bytes(b"partial")
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "loss": 1.0}\n')
-    (run / "step_9.pt").write_bytes(
-        b""
-    )  # a damaged file newer than any: named, though an older one is used
+    # a damaged file newer than any: named, though an older one is used
+    (run / "step_9.pt").write_bytes(b"")
     with caplog.at_level("WARNING", logger="nmt"):
         result = train(tiny_run_config(data, run, 7), resume=True, overrides=["train.max_steps=10"])
     skipped = sorted(
@@ -441,9 +438,8 @@ def test_resume_takes_the_newest_complete_checkpoint_and_keeps_one_history(tmp_p
     steps = [r["step"] for r in records(run) if "loss" in r]
     assert steps == list(range(1, 11))  # one history: no duplicate or backward steps
     assert step_losses(run) == step_losses(whole)  # resumed from step 7, exactly
-    assert sorted(int(p.stem[5:]) for p in run.glob("step_*.pt")) == list(
-        range(1, 11)
-    )  # keep_last 10
+    # keep_last 10
+    assert sorted(int(p.stem[5:]) for p in run.glob("step_*.pt")) == list(range(1, 11))
 
 
 def test_resuming_a_finished_run_changes_nothing(tmp_path):
@@ -583,9 +579,8 @@ def test_a_second_signal_stops_at_once(tmp_path):
             with signals.interruptible():
                 time.sleep(30)
         assert time.perf_counter() - started < 5 and signals.received == signal.SIGTERM
-        os.kill(
-            os.getpid(), signal.SIGINT
-        )  # at once: the same request forwarded (torchrun does this)
+        # at once: the same request forwarded (torchrun does this)
+        os.kill(os.getpid(), signal.SIGINT)
         time.sleep(StopSignal.SAME_REQUEST_S)
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
         with pytest.raises(KeyboardInterrupt):
@@ -654,10 +649,8 @@ def test_a_validation_abandoned_by_a_signal_runs_when_the_run_resumes(tmp_path, 
     records = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert [r["step"] for r in records if "bleu" in r] == [
-        2,
-        3,
-    ]  # as an uninterrupted run: step 2's validation is not lost
+    # as an uninterrupted run: step 2's validation is not lost
+    assert [r["step"] for r in records if "bleu" in r] == [2, 3]
 
 
 def test_resume_with_the_command_that_started_the_run(tmp_path):
@@ -682,9 +675,8 @@ def test_resume_with_the_command_that_started_the_run(tmp_path):
         overrides=sizes + ["train.max_steps=2"],
         config_file=file,
     )
-    again = sizes + [
-        "train.max_steps=3"
-    ]  # the same sizes again: no change to the model or tokenizer
+    # the same sizes again: no change to the model or tokenizer
+    again = sizes + ["train.max_steps=3"]
     assert (
         train(load_config(file, again), resume=True, overrides=again, config_file=file)["step"] == 3
     )
@@ -719,9 +711,8 @@ def test_the_result_line_has_every_key_however_the_run_ends(tmp_path, monkeypatc
         "valid_step",
         *RESULT_METRICS,
     }
-    validated_last = train(
-        tiny_run_config(data, tmp_path / "a", 4, validate_every=2)
-    )  # step 4 validated inside the loop
+    # step 4 validated inside the loop
+    validated_last = train(tiny_run_config(data, tmp_path / "a", 4, validate_every=2))
     assert (
         set(validated_last) == keys
         and validated_last["valid_step"] == 4
@@ -732,9 +723,8 @@ def test_the_result_line_has_every_key_however_the_run_ends(tmp_path, monkeypatc
     assert validated_last["best_bleu"] == max(
         r["bleu"] for r in records(tmp_path / "a") if "bleu" in r
     )
-    validated_at_end = train(
-        tiny_run_config(data, tmp_path / "b", 3, validate_every=2)
-    )  # step 3 validated by finish
+    # step 3 validated by finish
+    validated_at_end = train(tiny_run_config(data, tmp_path / "b", 3, validate_every=2))
     assert (
         set(validated_at_end) == keys
         and validated_at_end["valid_step"] == 3
@@ -788,9 +778,8 @@ def test_resume_applies_changed_optimizer_and_schedule_settings_at_once(tmp_path
     assert (group["weight_decay"], group["eps"], tuple(group["betas"])) == (0.01, 1e-6, (0.8, 0.95))
     lrs = {r["step"]: r["lr"] for r in records(run) if "lr" in r}
     assert [lrs[k] for k in (1, 2, 3)] == pytest.approx([noam_lr(k, 32, 4) for k in (1, 2, 3)])
-    assert [lrs[k] for k in (4, 5)] == pytest.approx(
-        [noam_lr(k, 32, 2) for k in (4, 5)]
-    )  # the new warm-up from the first resumed step
+    # the new warm-up from the first resumed step
+    assert [lrs[k] for k in (4, 5)] == pytest.approx([noam_lr(k, 32, 2) for k in (4, 5)])
 
 
 def test_a_linear_schedule_resumed_with_more_steps_follows_the_new_line(tmp_path):
@@ -829,15 +818,15 @@ def test_a_changed_batch_budget_on_resume_applies_from_the_next_epoch(tmp_path):
         overrides=["train.max_steps=30", "train.max_tokens=1200"],
     )
     resumed = {r["step"]: r for r in records(split) if "loss" in r}
-    assert [resumed[k]["loss"] for k in first_epoch] == [
-        by_step[k]["loss"] for k in first_epoch
-    ]  # the same batches to the epoch's end
+    # the same batches to the epoch's end
+    assert [resumed[k]["loss"] for k in first_epoch] == [by_step[k]["loss"] for k in first_epoch]
     after = [k for k in resumed if k > first_epoch[-1]]
+    # then the new budget
     assert (
         after
         and resumed[after[0]]["epoch"] == 1
         and resumed[after[0]]["loss"] != by_step[after[0]]["loss"]
-    )  # then the new budget
+    )
     assert load_checkpoint(split / "last.pt")["progress"]["batching"] == [1200, 1, 1]
 
 
@@ -848,9 +837,8 @@ def test_no_module_imports_a_posix_only_module_unguarded():
 
     posix_only = {"fcntl", "resource", "termios", "pwd", "grp", "posix"}
     for path in sorted((Path(__file__).parents[1] / "nmt").rglob("*.py")):
-        for node in ast.parse(
-            path.read_text(encoding="utf-8")
-        ).body:  # module level, outside try blocks
+        # module level, outside try blocks
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
             names = (
                 [a.name for a in node.names]
                 if isinstance(node, ast.Import)
@@ -991,10 +979,8 @@ def test_init_from_starts_a_new_run_at_step_1_with_fresh_adam_by_default(tmp_pat
     config = tiny_run_config(
         data, tmp_path / "tuned", 2, schedule="constant", lr=0.0, warmup_steps=1
     )
-    changes = [
-        "model.dropout=0.3",
-        "tokenizer.subword_alpha=0.1",
-    ]  # regularisation may change in a fine-tuning run
+    # regularisation may change in a fine-tuning run
+    changes = ["model.dropout=0.3", "tokenizer.subword_alpha=0.1"]
     result = train(
         overridden(config, changes), init_from=tmp_path / "base" / "last.pt", overrides=changes
     )
@@ -1012,9 +998,8 @@ def test_init_from_starts_a_new_run_at_step_1_with_fresh_adam_by_default(tmp_pat
         and tuned["config"]["tokenizer"]["subword_alpha"] == 0.1
     )
     assert tuned["tokenizer"].keys() == base["tokenizer"].keys()
-    assert all(
-        torch.equal(tuned["tokenizer"][k], base["tokenizer"][k]) for k in base["tokenizer"]
-    )  # no tokenizer trained
+    # no tokenizer trained
+    assert all(torch.equal(tuned["tokenizer"][k], base["tokenizer"][k]) for k in base["tokenizer"])
 
 
 def test_a_tokenizer_not_trained_on_the_run_s_text_is_measured_on_it_before_training(
@@ -1036,9 +1021,8 @@ def test_a_tokenizer_not_trained_on_the_run_s_text_is_measured_on_it_before_trai
         )
     with caplog.at_level("WARNING", logger="nmt.train"):
         train(tiny_run_config(data, tmp_path / "base", 1))
-        train(
-            tiny_run_config(upper, tmp_path / "own", 1)
-        )  # its own tokenizer, trained on the upper-case text
+        # its own tokenizer, trained on the upper-case text
+        train(tiny_run_config(upper, tmp_path / "own", 1))
         assert [r for r in caplog.records if "was not trained on this text" in r.getMessage()] == []
         train(
             tiny_run_config(upper, tmp_path / "tuned", 1), init_from=tmp_path / "base" / "last.pt"
@@ -1099,13 +1083,11 @@ def test_init_from_keeps_adams_moments_when_asked(tmp_path):
     )
     train(config, init_from=tmp_path / "base" / "last.pt")
     tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
-    assert (
-        adam_steps(tuned) == [4] and tuned["progress"]["step"] == 1
-    )  # Adam's own count goes on; the run's starts at 1
+    # Adam's own count goes on; the run's starts at 1
+    assert adam_steps(tuned) == [4] and tuned["progress"]["step"] == 1
     beta2 = tuned["config"]["train"]["adam_betas"][1]
-    for key, state in (
-        base["optimizer"]["state"].items()
-    ):  # one more update of the second moment: beta2 · v + (1 - beta2) · g², never below beta2 · v
+    # one more update of the second moment: beta2 · v + (1 - beta2) · g², never below beta2 · v
+    for key, state in base["optimizer"]["state"].items():
         assert torch.all(
             tuned["optimizer"]["state"][key]["exp_avg_sq"]
             >= beta2 * state["exp_avg_sq"] * (1 - 1e-6)
@@ -1220,9 +1202,8 @@ def test_a_checkpoint_of_another_run_in_the_run_directory_is_refused_on_resume(t
     train(tiny_run_config(data, tmp_path / "run", 2, save_every=1, validate_every=2))
     train(tiny_run_config(data, tmp_path / "other", 3, validate_every=3))
     records = (tmp_path / "run" / "metrics.jsonl").read_bytes()
-    shutil.copyfile(
-        tmp_path / "other" / "last.pt", tmp_path / "run" / foreign
-    )  # step 3: newer than this run's own
+    # step 3: newer than this run's own
+    shutil.copyfile(tmp_path / "other" / "last.pt", tmp_path / "run" / foreign)
     with pytest.raises(
         ConfigError,
         match=rf"^--resume: {tmp_path / 'run'}/\S+ was written by another run \(started in "
@@ -1231,9 +1212,8 @@ def test_a_checkpoint_of_another_run_in_the_run_directory_is_refused_on_resume(t
         train(
             tiny_run_config(data, tmp_path / "run", 2), resume=True, overrides=["train.max_steps=4"]
         )
-    assert (
-        tmp_path / "run" / "metrics.jsonl"
-    ).read_bytes() == records  # nothing of the other run was appended
+    # nothing of the other run was appended
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == records
     train(
         tiny_run_config(data, tmp_path / "other", 3), resume=True, overrides=["train.max_steps=4"]
     )

@@ -22,9 +22,8 @@ def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
     # encoder layer: qkv, out, fc1, fc2; decoder layer: also q, kv, out of cross-attention; and the
     # tied output matrix's copy
     assert len(quantized) == 2 * 4 + 2 * 7 + 1 and int8.output_projection in quantized
-    assert torch.equal(
-        int8.tgt_embed.weight, float_model.tgt_embed.weight
-    )  # the embeddings (and the tie) keep float32
+    # the embeddings (and the tie) keep float32
+    assert torch.equal(int8.tgt_embed.weight, float_model.tgt_embed.weight)
     assert all(m.weight().qscheme() == torch.per_channel_affine for m in quantized)
     assert all(type(m) is Int8Linear for m in quantized)
     x = torch.randn(3, 2, model.cfg.d_model)
@@ -41,9 +40,8 @@ def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
         )
         got = int8.decode(torch.full((2, 1), 2), *int8.encode(src)).log_softmax(-1)
     assert got.dtype == torch.float32
-    assert (
-        float((got - expected).abs().max()) < 0.05
-    )  # int8 weights and activations: close, not equal
+    # int8 weights and activations: close, not equal
+    assert float((got - expected).abs().max()) < 0.05
     (hyps, _) = translate_batch(
         int8,
         src,
@@ -71,12 +69,10 @@ def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
     tok = cached_tokenizer(200, lines=2000)
     pieces = tok.tgt_pieces
     cut = steering(tok, prefix="the do")
-    assert [pieces[i] for (i,) in cut.prefix] == [
-        "\u2581the"
-    ]  # whole words are forced; the last, cut one is a fragment
-    first = dict(
-        cut.fragment[0]
-    )  # what may spell "▁do": a piece that holds it (and maybe goes on), or begins it
+    # whole words are forced; the last, cut one is a fragment
+    assert [pieces[i] for (i,) in cut.prefix] == ["\u2581the"]
+    # what may spell "▁do": a piece that holds it (and maybe goes on), or begins it
+    first = dict(cut.fragment[0])
     assert {pieces[i] for i, s in first.items() if s == FRAGMENT_DONE} == {
         p for p in pieces if p.startswith("\u2581do")
     }
@@ -116,9 +112,8 @@ def test_a_translation_starts_with_its_prefix_holds_its_terms_and_avoids_its_ban
     texts = [[t for t in tok.decode_tgt([h.tokens for h in hyps])] for hyps in results]
     assert all(t.startswith("the big ") and "house" in t for t in texts[0])
     (banned,) = wishes[2].bans
-    generated = [
-        h.tokens[len(wishes[2].prefix) :] for h in results[2]
-    ]  # beyond the prefix, which the user wrote
+    # beyond the prefix, which the user wrote
+    generated = [h.tokens[len(wishes[2].prefix) :] for h in results[2]]
     assert all(t.startswith("a wom") for t in texts[2])
     assert not any(g[j : j + len(banned)] == list(banned) for g in generated for j in range(len(g)))
     assert texts[1] == [
@@ -172,18 +167,10 @@ def format_model():
 def test_format_characters_the_tokenizer_kept_are_pieces_a_model_would_read(format_model):
     _, tok = format_model
     kept = [c for c in FORMAT_CHARACTERS if tok.encode_src([c])[0]]
-    assert kept == [
-        "\u202e",
-        "\u202d",
-        "\u2066",
-        "\u2069",
-        "\u00ad",
-        "\u200d",
-        "\u2060",
-    ]  # U+200E, U+200F, U+FEFF, U+061C and U+200B are removed
-    assert [tok.src.id_to_piece(i) for i in tok.encode_src(["\u202e"])[0]] == [
-        "▁\u202e"
-    ]  # one piece: a word to the model
+    # U+200E, U+200F, U+FEFF, U+061C and U+200B are removed
+    assert kept == ["\u202e", "\u202d", "\u2066", "\u2069", "\u00ad", "\u200d", "\u2060"]
+    # one piece: a word to the model
+    assert [tok.src.id_to_piece(i) for i in tok.encode_src(["\u202e"])[0]] == ["▁\u202e"]
 
 
 SENTENCES = st.sampled_from(["the dog .", "a cat sees the man ."]).map(lambda line: (line, True))
@@ -272,9 +259,8 @@ def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_mo
         packed.project(x).sum().backward()
         assert torch.allclose(x.grad, dense.tgt_embed.weight.sum(0).expand(2, -1), atol=1e-5)
         y = torch.randn(40, model.cfg.d_model)
-        packed.decoder[0].ffn.fc1(
-            y
-        ).sum().backward()  # the layer's weight requires grad: the dense path records it
+        # the layer's weight requires grad: the dense path records it
+        packed.decoder[0].ffn.fc1(y).sum().backward()
         assert torch.allclose(
             packed.decoder[0].ffn.fc1.weight.grad, y.sum(0).expand(model.cfg.d_ff, -1), atol=1e-4
         )

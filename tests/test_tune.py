@@ -80,9 +80,8 @@ def test_rerank_counts_eos_in_the_length():
     ],
 )
 def test_test_file_names(tmp_path, name, is_test):
-    assert (
-        looks_like_test_data(tmp_path / "test" / name) == is_test
-    )  # the name counts, not the directory
+    # the name counts, not the directory
+    assert looks_like_test_data(tmp_path / "test" / name) == is_test
 
 
 def test_shipped_configs_train_and_select_on_no_test_split():
@@ -102,9 +101,8 @@ def test_shipped_configs_train_and_select_on_no_test_split():
         ]
         used += [f"{split}:{file}" for split, file in (data.hf_data_files or {}).items()]
         assert not [u for u in used if u and looks_like_test_data(u)], path
-    for path in sorted(
-        (ROOT / "configs" / "sweeps").glob("*.yaml")
-    ):  # a sweep's overrides choose on val too
+    # a sweep's overrides choose on val too
+    for path in sorted((ROOT / "configs" / "sweeps").glob("*.yaml")):
         sets = [
             s
             for entry in yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -119,9 +117,8 @@ def test_shipped_configs_train_and_select_on_no_test_split():
 
 def test_shipped_scripts_train_and_tune_on_no_test_file():
     for path in sorted((ROOT / "scripts").glob("*.sh")):
-        text = path.read_text(encoding="utf-8").replace(
-            "\\\n", " "
-        )  # continued lines as one command
+        # continued lines as one command
+        text = path.read_text(encoding="utf-8").replace("\\\n", " ")
         for command in re.findall(r"nmt (?:train|tune-decode)\b[^\n]*", text):
             assert not [
                 w for w in command.split() if looks_like_test_data(w.split("=")[-1].strip("\"'"))

@@ -1,6 +1,6 @@
 """``nmt evaluate``: sacreBLEU scores of translations, given or made by a checkpoint."""
 
-# Size: evaluate() at most 75: Typer declares every option, with its help, in the command's
+# Size: evaluate() at most 70: Typer declares every option, with its help, in the command's
 # signature; the body reads them in the order they are checked, before anything is translated.
 
 from __future__ import annotations
@@ -133,13 +133,10 @@ def evaluate(
     read = _reader([("--hyp", hyp), ("--src", src)] + [("--ref", r) for r in ref])
     references = [read(r) for r in ref]
     ref_names = tuple("<stdin>" if r == STDIN else str(r) for r in ref)
-    chosen = (
-        bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None
-    )  # with a checkpoint, --tgt-lang chooses the direction
-    named = tokenize not in (
-        None,
-        "auto",
-    )  # a tokenizer asked for by name, not chosen by a language
+    # with a checkpoint, --tgt-lang chooses the direction
+    chosen = bleu_tokenizer(tokenize, tgt_lang) if tokenize is not None or not checkpoint else None
+    # a tokenizer asked for by name, not chosen by a language
+    named = tokenize not in (None, "auto")
     if chosen is not None:
         check_tokenizer(chosen)  # before translating, not after
     if checkpoint:
@@ -151,15 +148,12 @@ def evaluate(
         cfg, tokenizer = inference.cfg, inference.tokenizer
         goal = target(cfg, tokenizer, tgt_lang)
         chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this direction
-        named, tgt_lang = (
-            named or cfg.eval.tokenize != "auto",
-            goal.lang,
-        )  # the language that chose, for the warning below
+        # the language that chose, for the warning below
+        named, tgt_lang = (named or cfg.eval.tokenize != "auto", goal.lang)
         check_tokenizer(chosen)
         sources = read(src)
-        check_line_counts(
-            len(sources), "source lines", references, ref_names
-        )  # before translating, not after
+        # before translating, not after
+        check_line_counts(len(sources), "source lines", references, ref_names)
         allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
         with progress_bar(quiet, total=len(sources)) as bar:
             decoding = Decoding(settings, src_prefix=goal.src_prefix, shortlist=allowed)

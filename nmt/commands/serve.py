@@ -117,27 +117,21 @@ def check_address(host: str, port: int) -> None:
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         addresses = {(family, kind, proto, address) for family, kind, proto, _, address in found}
-    except (
-        socket.gaierror,
-        UnicodeError,
-        ValueError,
-    ) as exc:  # unknown name; one IDNA cannot encode; a NUL
+    # unknown name; one IDNA cannot encode; a NUL
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a host name"
         raise NmtError(
             f"--host {host!r}: {reason}; give an IP address, or a name that resolves here (e.g. "
             "127.0.0.1)"
         ) from None
-    for family, kind, proto, address in sorted(
-        addresses, key=str
-    ):  # uvicorn binds every address the name has
+    # uvicorn binds every address the name has
+    for family, kind, proto, address in sorted(addresses, key=str):
         with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(
-                socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
-            )  # as uvicorn binds: a port left in TIME_WAIT is free
+            # as uvicorn binds: a port left in TIME_WAIT is free
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
-                probe.setsockopt(
-                    socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1
-                )  # as asyncio's create_server binds IPv6
+                # as asyncio's create_server binds IPv6
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 probe.bind(address)
             except OSError as exc:

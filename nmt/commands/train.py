@@ -107,7 +107,6 @@ def train(
         typer.echo(json.dumps(result))
     if result["interrupted"]:
         raise typer.Exit(code=130)
-    if (
-        result["stopped_by"] == "nonfinite"
-    ):  # the run failed: a script must not take it for a finished one
+    # the run failed: a script must not take it for a finished one
+    if result["stopped_by"] == "nonfinite":
         raise typer.Exit(code=1)

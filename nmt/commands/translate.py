@@ -245,9 +245,8 @@ def translate(
             if input is not None
             else stream_buffers(standard_input(), buffer_size)
         )
-        counted = (
-            input is not None and output is not None and input.is_file()
-        )  # a pipe is read once, by the translation
+        # a pipe is read once, by the translation
+        counted = input is not None and output is not None and input.is_file()
         with progress_bar(quiet, total=count_lines(input) if counted else None) as bar:
             if input is None and sys.stdin.isatty() and not quiet:
                 typer.echo(
@@ -273,11 +272,12 @@ def translate(
                     lambda f: write_all(lambda text: (f.write(text.encode("utf-8")), f.flush())),
                 )
     except KeyboardInterrupt:  # Ctrl-C ends an interactive session; what was written stays
+        # a file, not a pipe or device
         if (
             output is not None
             and inherited_fd(output) is None
             and not is_stream(resolve_output(output))
-        ):  # a file, not a pipe or device
+        ):
             typer.echo(
                 f"nmt translate: stopped; {output} was left as it was (an output file appears only "
                 "when complete:"

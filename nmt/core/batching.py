@@ -48,9 +48,8 @@ def token_batches(lengths: np.ndarray, max_tokens: int, order: np.ndarray) -> li
     An example longer than ``max_tokens`` on its own gets a batch of its own.
     """
     batches, start, longest = [], 0, 0
-    for i, n in enumerate(
-        np.asarray(lengths)[order].tolist()
-    ):  # Python ints: 10x faster than numpy scalars
+    # Python ints: 10x faster than numpy scalars
+    for i, n in enumerate(np.asarray(lengths)[order].tolist()):
         if n > longest:
             if i > start and n * (i - start + 1) > max_tokens:
                 batches.append(order[start:i])

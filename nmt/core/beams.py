@@ -104,9 +104,10 @@ class ConstraintProgress:
         met, current, position = self.met[rows].clone(), self.current[rows], self.position[rows]
         phrases, lengths = self.phrases[sentence], self.lengths[sentence]  # (m, C, L), (m, C)
         spelling = current >= 0
+        # (m, L)
         expected = phrases.gather(
             1, current.clamp(min=0).view(-1, 1, 1).expand(-1, 1, phrases.size(2))
-        ).squeeze(1)  # (m, L)
+        ).squeeze(1)
         goes_on = spelling & (expected.gather(1, position.view(-1, 1)).squeeze(1) == tokens)
         position = torch.where(goes_on, position + 1, 0)
         current = torch.where(goes_on, current, -1)
@@ -218,9 +219,10 @@ class Beams:
         rank = top.is_eos.long() * (2 * beam) + torch.arange(2 * beam, device=self.scores.device)
         chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
         self.scores = top.scores.gather(1, chosen)
+        # flat back-pointers
         back = (
             torch.arange(n, device=chosen.device).unsqueeze(1) * beam + top.beam.gather(1, chosen)
-        ).view(-1)  # flat back-pointers
+        ).view(-1)
         new = top.token.gather(1, chosen).view(-1)
         self.tokens = torch.cat([self.tokens.index_select(0, back), new.unsqueeze(1)], dim=1)
         if self.progress is not None:
@@ -289,12 +291,10 @@ def row_top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     the largest maxima, so one pass takes every block's maximum and a top-k then reads only
     those blocks (``k`` blocks of 89 columns of 8,000, against all 8,000). Columns past
     ``width`` in the last block count as -inf (at column ``width - 1``). On a CPU this is about half
-    the time of
-    ``topk`` over the row (``docs/performance.md``); on a GPU, ``topk`` itself is used.
+    the time of ``topk`` over the row (``docs/performance.md``); on a GPU, ``topk`` itself is used.
     """
-    if (
-        values.is_cuda
-    ):  # a GPU's top-k is one kernel; the blocks below save a CPU's time, not a GPU's
+    # a GPU's top-k is one kernel; the blocks below save a CPU's time, not a GPU's
+    if values.is_cuda:
         return values.topk(k, dim=1)
     rows, width = values.shape
     size = max(16, math.isqrt(width))
@@ -303,12 +303,12 @@ def row_top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if whole * size < width:
         maxima = torch.cat([maxima, values[:, whole * size :].amax(-1, keepdim=True)], dim=1)
     blocks = maxima.topk(min(k, maxima.size(1)), dim=1).indices  # (rows, blocks)
-    columns = (blocks.unsqueeze(2) * size + torch.arange(size, device=values.device)).flatten(
-        1
-    )  # (rows, blocks*size)
+    # (rows, blocks*size)
+    columns = (blocks.unsqueeze(2) * size + torch.arange(size, device=values.device)).flatten(1)
     outside = columns >= width
+    # columns stay valid ids
     candidates = values.gather(1, columns.clamp_(max=width - 1)).masked_fill_(
         outside, float("-inf")
-    )  # columns stay valid ids
+    )
     top, index = candidates.topk(k, dim=1)
     return top, columns.gather(1, index)

@@ -77,13 +77,13 @@ def _sentence_candidates(
         progress.position[rows],
         progress.met[rows],
     )
+    # (beam,)
     goes_on = torch.where(
         current >= 0, phrases[current.clamp(min=0), position.clamp(max=phrases.size(1) - 1)], -1
-    )  # (beam,)
+    )
     starts = torch.where(met, -1, phrases[:, 0].unsqueeze(0))  # (beam, C)
-    spelling = torch.cat(
-        [goes_on.unsqueeze(1), starts], 1
-    )  # (beam, C + 1) pieces that spell a constraint further
+    # (beam, C + 1) pieces that spell a constraint further
+    spelling = torch.cat([goes_on.unsqueeze(1), starts], 1)
     pool.append((spelling + torch.arange(beam, device=device).unsqueeze(1) * vocab)[spelling >= 0])
     # An end is a candidate only as any other piece is (among the 2k best, or its hypothesis's
     # best): offering every hypothesis's EOS let improbable ends of the few complete hypotheses fill

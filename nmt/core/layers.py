@@ -46,9 +46,8 @@ def sinusoidal_positions(length: int, d_model: int, device=None) -> Tensor:
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
     """``(batch, len, d_model)`` → ``(batch, n_heads, len, head_dim)``."""
     batch, length, d_model = x.shape
-    return x.view(batch, length, n_heads, d_model // n_heads).transpose(
-        1, 2
-    )  # (batch, n_heads, len, head_dim)
+    # (batch, n_heads, len, head_dim)
+    return x.view(batch, length, n_heads, d_model // n_heads).transpose(1, 2)
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -88,9 +87,8 @@ class SelfAttention(nn.Module):
         """
         q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
         if cache is not None:
-            k, v, mask = cache.append(
-                k, v
-            )  # mask: None, or the positions written so far in a cache of fixed capacity
+            # mask: None, or the positions written so far in a cache of fixed capacity
+            k, v, mask = cache.append(k, v)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         return self.out(merge_heads(y))
@@ -123,9 +121,8 @@ class CrossAttention(nn.Module):
         each row summing to 1 over the real source tokens (what :meth:`forward` weights values
         by)."""
         q = split_heads(self.q(x), self.n_heads)  # (batch, n_heads, tgt_len, head_dim)
-        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(
-            q.size(-1)
-        )  # (batch, n_heads, tgt_len, src_len)
+        # (batch, n_heads, tgt_len, src_len)
+        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.size(-1))
         return torch.softmax(scores.masked_fill(~src_mask, float("-inf")), dim=-1)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor, beam: int = 1) -> Tensor:
@@ -147,11 +144,8 @@ class CrossAttention(nn.Module):
         return self.out(merge_heads(y))
 
 
-ACTIVATIONS = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "swish": F.silu,
-}  # swish: x · sigmoid(x) (Ramachandran et al. 2017), Marian's default
+# swish: x · sigmoid(x) (Ramachandran et al. 2017), Marian's default
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
 
 
 class FeedForward(nn.Module):

@@ -51,9 +51,10 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         grad = lprobs.exp()  # softmax(z), then minus q:
         grad -= share  # every class ...
         grad[:, pad] += share  # ... but PAD, which gets no mass,
+        # and the reference 1 - ε
         grad.scatter_add_(
             -1, target.unsqueeze(-1), torch.full_like(grad[:, :1], share - (1.0 - eps))
-        )  # and the reference 1 - ε
+        )
         grad *= torch.where(keep, grad_loss, torch.zeros((), device=grad.device)).unsqueeze(-1)
         return grad.to(ctx.dtype), None, None, None
 

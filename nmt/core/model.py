@@ -74,9 +74,8 @@ class Transformer(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        for emb in dict.fromkeys(
-            (self.src_embed, self.tgt_embed)
-        ):  # in order (a set's would vary run to run), once each
+        # in order (a set's would vary run to run), once each
+        for emb in dict.fromkeys((self.src_embed, self.tgt_embed)):
             nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[PAD].zero_()
@@ -213,9 +212,8 @@ class Transformer(nn.Module):
             log-probabilities ``(batch*beam, vocab)`` in float32 for the next token (over the
             cache's ``columns`` only, when it has them), and the cache.
         """
-        x = self._embed(
-            tokens.unsqueeze(1), self.tgt_embed, start=cache.length
-        )  # (batch*beam, 1, d_model)
+        # (batch*beam, 1, d_model)
+        x = self._embed(tokens.unsqueeze(1), self.tgt_embed, start=cache.length)
         for i, layer in enumerate(self.decoder):
             x = layer(
                 x,

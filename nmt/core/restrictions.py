@@ -42,9 +42,8 @@ class Restrictions:
             + ([] if decode.allow_unk else [UNK])
             + [i for i in (rules.unwritable if rules else ()) if i < vocab]
         )
-        self.banned = torch.tensor(
-            sorted(set(banned)), device=device
-        )  # column ids: filling them is cheaper than a (rows, vocab) mask
+        # column ids: filling them is cheaper than a (rows, vocab) mask
+        self.banned = torch.tensor(sorted(set(banned)), device=device)
         self.byte_values = None
         if rules is not None and rules.byte_values:
             values = torch.tensor(rules.byte_values[:vocab], dtype=torch.long)
@@ -68,9 +67,10 @@ class Restrictions:
             for i, s in enumerate(beams.steering)
             if step < len(s.prefix) or (s.fragment and step < len(s.prefix) + _longest(s))
         ]
+        # before any rule
         written = {
             i: lprobs[i * rows_per_sentence : (i + 1) * rows_per_sentence].clone() for i in forced
-        }  # before any rule
+        }
         lprobs.index_fill_(1, self.banned, float("-inf"))
         if step < self.min_len:
             lprobs[:, EOS] = float("-inf")
@@ -78,9 +78,8 @@ class Restrictions:
             self._complete_characters(lprobs, beams.tokens)
         if beams.steering:
             self._steer(lprobs, beams, step, written)
-        if (
-            limit is not None
-        ):  # the limit wins over every rule: a hypothesis there ends, so each sentence gets one
+        # the limit wins over every rule: a hypothesis there ends, so each sentence gets one
+        if limit is not None:
             lprobs[limit] = float("-inf")
             lprobs[limit, EOS] = eos
 
@@ -115,23 +114,19 @@ class Restrictions:
         """Byte pieces spell whole, valid characters: a new character starts only with a byte that
         can start one; in the middle of one, only the continuation bytes RFC 3629 allows there
         follow."""
-        tail = self.byte_values[
-            tokens[:, -3:]
-        ]  # (rows, <=3): the last pieces' byte values, -1 for other pieces
+        # (rows, <=3): the last pieces' byte values, -1 for other pieces
+        tail = self.byte_values[tokens[:, -3:]]
         if tail.size(1) < 3:
             tail = torch.cat([tail.new_full((tail.size(0), 3 - tail.size(1)), -1), tail], 1)
-        lead_at = torch.where(
-            tail[:, 2] >= 0xC0, 2, torch.where(tail[:, 1] >= 0xC0, 1, 0)
-        )  # (rows,) where the last character starts
+        # (rows,) where the last character starts
+        lead_at = torch.where(tail[:, 2] >= 0xC0, 2, torch.where(tail[:, 1] >= 0xC0, 1, 0))
         lead = tail.gather(1, lead_at.unsqueeze(1)).squeeze(1)
         have, need = 3 - lead_at, 2 + (lead >= 0xE0).long() + (lead >= 0xF0).long()
-        pending = (
-            (tail[:, 2] >= 0x80) & (lead >= 0xC0) & (have < need)
-        )  # (rows,) in the middle of a character
+        # (rows,) in the middle of a character
+        pending = (tail[:, 2] >= 0x80) & (lead >= 0xC0) & (have < need)
         rows = pending.nonzero().squeeze(1) if bool(pending.any()) else None
-        middle = (
-            lprobs[rows] if rows is not None else None
-        )  # (pending rows, vocab), before the next line
+        # (pending rows, vocab), before the next line
+        middle = lprobs[rows] if rows is not None else None
         lprobs.index_fill_(1, self.not_a_start, float("-inf"))
         if rows is None:
             return
@@ -151,12 +146,10 @@ class Restrictions:
             first & (lead == 0xED), 0x9F, torch.where(first & (lead == 0xF4), 0x8F, high)
         )
         values = self.byte_values.unsqueeze(0)  # (1, vocab)
-        allowed = (values >= low.unsqueeze(1)) & (
-            values <= high.unsqueeze(1)
-        )  # (pending rows, vocab)
-        separator = ((have == 2) & (lead == 0xE2) & (second == 0x80)).unsqueeze(
-            1
-        )  # E2 80 A8/A9: U+2028, U+2029
+        # (pending rows, vocab)
+        allowed = (values >= low.unsqueeze(1)) & (values <= high.unsqueeze(1))
+        # E2 80 A8/A9: U+2028, U+2029
+        separator = ((have == 2) & (lead == 0xE2) & (second == 0x80)).unsqueeze(1)
         allowed &= ~(separator & ((values == 0xA8) | (values == 0xA9)))
         lprobs[rows] = middle.masked_fill(~allowed, float("-inf"))
 
@@ -172,9 +165,8 @@ def _follow_fragment(
     """Rows ``first .. first+k-1`` of a sentence whose prefix is written: each row still spelling
     the fragment may only take the pieces its state allows, at the model's own scores (as a
     prefix's)."""
-    after = tokens[
-        first : first + k, 1 + len(steering.prefix) :
-    ].tolist()  # the pieces since the prefix
+    # the pieces since the prefix
+    after = tokens[first : first + k, 1 + len(steering.prefix) :].tolist()
     for row, pieces in enumerate(after):
         state = steering.fragment_state(pieces)
         if state != FRAGMENT_DONE:

@@ -15,7 +15,7 @@ Shapes: ``batch`` active sentences, ``beam`` hypotheses each, rows of
 ``(batch*beam, ...)`` tensors ordered sentence-major (row ``b*beam + k``).
 """
 
-# Size: module at most 415 lines: beam search and sampling with the steps they share, read top to
+# Size: module at most 410 lines: beam search and sampling with the steps they share, read top to
 # bottom as one search.
 
 from __future__ import annotations
@@ -179,9 +179,8 @@ def beam_search(
         top = allocate(Candidates.best(beams.scores, lprobs), beams, lprobs)
         _finish(top, beams, finished, step, decode)
         beams.advance(top, scorer)
-        best_running = beams.scores.max(
-            1
-        ).values.tolist()  # the first column, unless constraints shared the beam out
+        # the first column, unless constraints shared the beam out
+        best_running = beams.scores.max(1).values.tolist()
         beams.keep(
             [
                 r
@@ -234,9 +233,8 @@ def sampling_probs(lprobs: Tensor, sampling: Sampling) -> Tensor:
     probs = torch.softmax(torch.where(torch.isneginf(lprobs), lprobs, scaled), dim=-1)
     if sampling.top_k <= 0 and sampling.top_p >= 1.0:
         return probs
-    sorted_p, order = probs.sort(
-        dim=-1, descending=True, stable=True
-    )  # ties: lower id first, as argmax
+    # ties: lower id first, as argmax
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
     if sampling.top_k > 0:
         sorted_p[:, sampling.top_k :] = 0.0
     if sampling.top_p < 1.0:
@@ -293,9 +291,8 @@ def sample(
     samples: list[list[Hypothesis]] = [[] for _ in seeds]
     done = torch.zeros_like(beams.scores, dtype=torch.bool)
     restrict = None
-    for step in range(
-        int(max_lens.max()) + 1
-    ):  # at its limit a sample ends (below), so this many steps end them all
+    # at its limit a sample ends (below), so this many steps end them all
+    for step in range(int(max_lens.max()) + 1):
         lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (rows, vocab)
         restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
         restrict(lprobs, beams, step)
@@ -392,9 +389,8 @@ def translate_batch(
     src_lens = (src != PAD).sum(1)
     max_lens = output_limits(src_lens, decode, steering)
     rows = decode.n_best if sampling is not None else decode.beam_size
-    capacity = min(
-        int(max_lens.max()) + 1, INITIAL_CAPACITY
-    )  # grown on demand: a generous limit allocates nothing
+    # grown on demand: a generous limit allocates nothing
+    capacity = min(int(max_lens.max()) + 1, INITIAL_CAPACITY)
     members, states = [], []
     for m in models:
         memory, src_mask = m.encode(src)

@@ -168,9 +168,8 @@ class Updater:
             ),
             self.context(),
         ):
-            logits = self.model(
-                batch.src, batch.tgt_in
-            )  # the model itself: DDP's wrapper would wait for the other processes
+            # the model itself: DDP's wrapper would wait for the other processes
+            logits = self.model(batch.src, batch.tgt_in)
         self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing).loss.backward()
         self.optimizer.zero_grad(set_to_none=True)
 
