@@ -168,10 +168,8 @@ def beam_search(
         For each sentence, its ``n_best`` hypotheses, best first.
     """
     finished: list[list[Hypothesis]] = [[] for _ in range(max_lens.size(0))]
-    beams, restrict = (
-        Beams.start(state, max_lens.tolist(), decode.beam_size, max_lens.device, steering),
-        None,
-    )
+    beams = Beams.start(state, max_lens.tolist(), decode.beam_size, max_lens.device, steering)
+    restrict = None
     for step in itertools.count():
         lprobs, beams.state = scorer.step(beams.tokens, beams.state)  # (n*beam, vocab)
         restrict = restrict or Restrictions(decode, rules, lprobs.size(-1), lprobs.device)
@@ -181,15 +179,13 @@ def beam_search(
         beams.advance(top, scorer)
         # the first column, unless constraints shared the beam out
         best_running = beams.scores.max(1).values.tolist()
-        beams.keep(
-            [
-                r
-                for r, s in enumerate(beams.sentences)
-                if step < beams.max_lens[r]
-                and not _settled(finished[s], best_running[r], step, beams.max_lens[r], decode)
-            ],
-            scorer,
-        )
+        going_on = [
+            r
+            for r, s in enumerate(beams.sentences)
+            if step < beams.max_lens[r]
+            and not _settled(finished[s], best_running[r], step, beams.max_lens[r], decode)
+        ]
+        beams.keep(going_on, scorer)
         if not beams:
             break
     # A hypothesis that misses a constraint (cut by the length limit) ranks below every one that
