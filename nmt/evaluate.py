@@ -211,10 +211,20 @@ MOSES_ESCAPES = {
 }
 
 
-def _format_characters(line: str) -> set[str]:
-    """The format characters (Unicode category Cf: U+FEFF byte-order mark, zero-width space and
-    joiners, direction marks) of ``line``."""
-    return {ch for ch in line if unicodedata.category(ch) == "Cf"} if not line.isascii() else set()
+#: Characters that draw nothing and carry no spelling, left in text by tools rather than writers:
+#: the byte-order mark (U+FEFF, mid-file where files were joined), the soft hyphen (U+00AD), the
+#: zero-width space (U+200B), the direction marks and embeddings (U+200E, U+200F, U+202A-U+202E,
+#: U+2066-U+2069) and the word joiner and invisible operators (U+2060-U+2064). Not the zero-width
+#: (non-)joiner U+200C and U+200D, which spell Persian, Indic scripts and emoji sequences.
+INVISIBLE = frozenset(
+    "\u00ad\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064"
+    "\u2066\u2067\u2068\u2069\ufeff"
+)
+
+
+def _invisible(line: str) -> set[str]:
+    """The characters of :data:`INVISIBLE` in ``line``."""
+    return set() if line.isascii() else INVISIBLE.intersection(line)
 
 
 def _escapes_against(line: str, other: str) -> set[str]:
@@ -232,9 +242,9 @@ def hidden_differences(
     hypotheses: list[str], reference: list[str]
 ) -> dict[str, tuple[int, tuple[int, str] | None]]:
     """Lines where a hypothesis and its reference differ in text that does not read as written, and
-    that sacreBLEU scores as written: ``"invisible"``, a format character
-    (:func:`_format_characters`; a byte-order mark inside a file made by concatenating files, a
-    zero-width space) on one side only, which joins the word it touches into another word;
+    that sacreBLEU scores as written: ``"invisible"``, a character that draws nothing
+    (:data:`INVISIBLE`; a byte-order mark inside a file made by concatenating files, a zero-width
+    space) on one side only, which joins the word it touches into another word;
     ``"escaped"``, a Moses escape (:data:`MOSES_ESCAPES`, ``&apos;``) on one side where the other
     writes its character (``'``).
 
@@ -247,7 +257,7 @@ def hidden_differences(
         if hyp == ref:
             continue
         for kind, differing in (
-            ("invisible", _format_characters(hyp) ^ _format_characters(ref)),
+            ("invisible", _invisible(hyp) ^ _invisible(ref)),
             ("escaped", _escapes_against(hyp, ref) | _escapes_against(ref, hyp)),
         ):
             if differing:
@@ -267,11 +277,9 @@ def warn_if_hidden_differences(
         count, first = found["invisible"]
         if count:
             log.warning(
-                "%d line(s) of the hypotheses and %s differ in invisible format characters (line "
-                "%d: %s; U+FEFF is a byte-order mark "
-                "left inside a file made by joining files), which score as part of the word they "
-                "touch; delete them from both first "
-                "(in Python: ''.join(c for c in line if unicodedata.category(c) != 'Cf'))",
+                "%d line(s) of the hypotheses and %s differ in invisible characters (line %d: %s; "
+                "U+FEFF is a byte-order mark left inside a file made by joining files), which "
+                "score as part of the word they touch; delete them from both first",
                 count,
                 name,
                 first[0],
@@ -281,9 +289,8 @@ def warn_if_hidden_differences(
         if count:
             log.warning(
                 "%d line(s) of the hypotheses and %s differ in Moses escapes (line %d: %s on one "
-                "side, the character on the other), "
-                "which score as different words; unescape both first (html.unescape in Python, or "
-                "Moses' deescape-special-chars.perl)",
+                "side, the character on the other), which score as different words; unescape both "
+                "first (html.unescape in Python, or Moses' deescape-special-chars.perl)",
                 count,
                 name,
                 first[0],

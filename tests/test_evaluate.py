@@ -11,6 +11,7 @@ from sacrebleu.metrics import BLEU
 
 from nmt.evaluate import (
     CJK_LANGUAGES,
+    INVISIBLE,
     LANGUAGE_TOKENIZERS,
     MOSES_ESCAPES,
     TOKENIZERS,
@@ -103,12 +104,19 @@ def test_a_byte_order_mark_inside_a_reference_is_warned_about(caplog):
     assert round(score(hyp[1:], [ref[1:]])["bleu"], 2) == 59.46
     score(hyp, [ref], ("ref.de",))
     assert (
-        "1 line(s) of the hypotheses and ref.de differ in invisible format characters (line 2: "
+        "1 line(s) of the hypotheses and ref.de differ in invisible characters (line 2: "
         "'\\ufeff'" in caplog.text
     )
     caplog.clear()
     score(ref, [ref], ("ref.de",))  # the same marks on both sides score as equal: nothing to say
     score(["Ein Hund l\u00e4uft ."], [["Ein Hund l\u00e4uft ."]])
+    # The zero-width (non-)joiner spells words: Persian's mi-khaham with and without it, and a
+    # family emoji (man, ZWJ, woman, ZWJ, girl) against its three people, differ in spelling.
+    score(
+        ["\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"],
+        [["\u0645\u06cc\u062e\u0648\u0627\u0647\u0645"]],
+    )
+    score(["\U0001f468\u200d\U0001f469\u200d\U0001f467"], [["\U0001f468\U0001f469\U0001f467"]])
     assert caplog.text == ""
 
 
@@ -153,10 +161,10 @@ def test_every_line_escaped_as_moses_does_is_found(line, char):
     )
 
 
-@given(st.text(max_size=40), st.characters(categories=["Cf"]), st.integers(0, 40))
-def test_every_format_character_on_one_side_is_found(line, mark, at):
-    # A format character (the byte-order mark, a zero-width space, a direction mark) inserted
-    # anywhere in a line that does not hold it already.
+@given(st.text(max_size=40), st.sampled_from(sorted(INVISIBLE)), st.integers(0, 40))
+def test_every_invisible_character_on_one_side_is_found(line, mark, at):
+    # A character that draws nothing (the byte-order mark, a zero-width space, a direction mark)
+    # inserted anywhere in a line that does not hold it already.
     marked = line[:at] + mark + line[at:]
     assert hidden_differences([line], [marked])["invisible"] == (
         (0, None) if mark in line else (1, (1, mark))
