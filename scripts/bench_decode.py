@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Decoding benchmark: nmt's beam search against its references, Hugging Face and CTranslate2.
+r"""Decoding benchmark: nmt's beam search against its references, Hugging Face and CTranslate2.
 
 Prints one JSON object per line per engine and batch size, as soon as it is measured.
 Each engine runs in its own process, so peak resident memory is that engine's alone. For

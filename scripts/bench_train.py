@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training throughput: nmt's update step against Hugging Face's MarianMTModel, with MFU.
+r"""Training throughput: nmt's update step against Hugging Face's MarianMTModel, with MFU.
 
 Each engine runs in its own process on the same batches: Multi30k train encoded with a
 joint 8,000-piece BPE model, cut by nmt's token-budget sampler (``--max-tokens``, padding
