@@ -35,8 +35,9 @@ from nmt.checkpoint import load_checkpoint
 from nmt.cli import app
 from nmt.config import DecodeConfig
 from nmt.core.batching import pad_sources
+from nmt.importing import import_checkpoint
 from nmt.inference import best_strings
-from nmt.marian import NEVER, MarianError, Rows, from_marian, import_checkpoint, to_marian
+from nmt.marian import NEVER, MarianError, Rows, from_marian, to_marian
 from nmt.tokenizer import BOS, EOS, PAD, UNK
 
 transformers = pytest.importorskip("transformers")
@@ -530,7 +531,7 @@ def test_ids_equal_with_and_without_sacremoses(small_opus, monkeypatch, sacremos
     tok = transformers.MarianTokenizer.from_pretrained(small_opus)
     # the normaliser nmt must not apply differs with sacremoses
     assert (tok.punc_normalizer("«a»") == "«a»") == (sacremoses == "absent")
-    from nmt.marian import read_tokenizer
+    from nmt.importing import read_tokenizer
 
     tokenizer = read_tokenizer(small_opus)
     for text in ["«the dog»  „x“ – 1,5 ’s", "the dog ... sees a cat!", "« »", "‘a’ “b” — c"]:

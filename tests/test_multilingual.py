@@ -639,7 +639,7 @@ def test_an_exported_multilingual_model_imports_back_with_its_directions(trained
     and warned that a ban it applies was not applied; its directions come back from the tags in
     vocab.json."""
     pytest.importorskip("transformers")
-    from nmt.marian import import_checkpoint
+    from nmt.importing import import_checkpoint
 
     data, run, _ = trained
     assert (

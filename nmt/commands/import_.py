@@ -53,7 +53,7 @@ def import_(
     token for token (its decode defaults come from generation_config.json); a setting nmt cannot
     represent is refused, naming its key. Works offline from the directory.
     """
-    from ..marian import import_checkpoint
+    from ..importing import import_checkpoint
     from .options import setup_logging
 
     setup_logging()
