@@ -32,11 +32,9 @@ from .files import is_stream
 
 CHUNK_LINES = 50_000  # pairs read, cleaned and encoded at a time
 READ_BYTES = 1 << 16  # read size when streaming standard input
-MAX_LINE_BYTES = (
-    1 << 26
-    # 64 MiB: a "line" longer than this is not a sentence (/dev/zero, a file without newlines);
-    # refused before memory runs out
-)
+# 64 MiB: a "line" longer than this is not a sentence (/dev/zero, a file without newlines);
+# refused before memory runs out
+MAX_LINE_BYTES = 1 << 26
 
 
 class DataError(NmtError, ValueError):

@@ -363,9 +363,8 @@ def prefixed(flat: Flat, prefix: tuple[int, ...]) -> Flat:
     lines, k = len(offsets) - 1, len(prefix)
     out_offsets = offsets + k * np.arange(lines + 1, dtype=np.int64)
     out = np.empty(int(out_offsets[-1]), dtype=ids.dtype)
-    out[np.arange(len(ids)) + np.repeat(k * np.arange(1, lines + 1), np.diff(offsets))] = (
-        ids  # each line moves by the prefixes before and in it
-    )
+    # each line moves by the prefixes before and in it
+    out[np.arange(len(ids)) + np.repeat(k * np.arange(1, lines + 1), np.diff(offsets))] = ids
     out[(out_offsets[:-1, None] + np.arange(k)).ravel()] = np.tile(
         np.asarray(prefix, dtype=ids.dtype), lines
     )

@@ -83,11 +83,9 @@ def _show(x: float) -> str:
 #: shell expands it.
 PathText = NewType("PathText", str)
 
-MAX_INT = (
-    2**31 - 1
-    # every whole number of a config, unless its range says otherwise: what SentencePiece's and the
-    # OS's C ints hold
-)
+# every whole number of a config, unless its range says otherwise: what SentencePiece's and the
+# OS's C ints hold
+MAX_INT = 2**31 - 1
 LANGUAGE = (
     r"[A-Za-z][A-Za-z0-9_-]*",
     "a language code: a letter, then letters, digits, _ or - (en, zh_TW, pt-BR)",

@@ -187,9 +187,8 @@ class Slab:
         ]
         self.graphs: list[torch.cuda.CUDAGraph | None] = [None, None]
         self.outputs: list[Tensor | None] = [None, None]
-        self.bound: tuple | None = (
-            None  # where the model's tensors were when the graphs were captured
-        )
+        # where the model's tensors were when the graphs were captured
+        self.bound: tuple | None = None
 
     def load(self, model, cross_kv: Tensor, src_mask: Tensor) -> None:
         """A new batch of ``model``: its sentences' cross-attention keys/values ``(n_layers, 2, n,

@@ -298,11 +298,9 @@ class Opened:
     payload: dict | None
     done: dict | None = None  # a resumed run with nothing left to do: step, best_bleu, message
     data: Prepared | None = None
-    origin: dict = field(
-        default_factory=dict
-        # init_from (the checkpoint a fine-tuning run started from) and imported_from, kept in every
-        # checkpoint
-    )
+    # init_from (the checkpoint a fine-tuning run started from) and imported_from, kept in every
+    # checkpoint
+    origin: dict = field(default_factory=dict)
     init: dict | None = None  # the payload of the checkpoint a new run starts from (--init-from)
 
 

@@ -229,9 +229,8 @@ def plot_attention(
         return _draw_attention(plt, weights, src_pieces, tgt_pieces, Path(out), marked_layer)
 
 
-MAX_PIXELS = (
-    40_000_000  # an attention plot's image (160 MB as RGBA): beyond it, drawn at a lower resolution
-)
+# an attention plot's image (160 MB as RGBA): beyond it, drawn at a lower resolution
+MAX_PIXELS = 40_000_000
 
 
 def attention_figure(n_layers: int, tgt_len: int, src_len: int) -> tuple[tuple[float, float], int]:

@@ -165,9 +165,8 @@ class Batcher:
         self.running = 0  # requests in the batch the worker is translating now, for /health
         # /translate requests admitted and not yet answered (their bodies may still be arriving)
         self.admitted = 0
-        self._held: Job | None = (
-            None  # taken from the queue but over the budget: first in the next batch
-        )
+        # taken from the queue but over the budget: first in the next batch
+        self._held: Job | None = None
 
     async def gather(self) -> list[Job]:
         """The next batch: the first waiting job, then more until the token budget or the wait runs

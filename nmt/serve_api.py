@@ -47,11 +47,9 @@ FIELDS = (
     "ban",
     "tgt_lang",
 )
-MAX_BODY_BYTES = (
-    1 << 20
-    # read no further: a body this large is beyond every other limit anyway (a compressed one: as
-    # sent, and decompressed)
-)
+# read no further: a body this large is beyond every other limit anyway (a compressed one: as
+# sent, and decompressed)
+MAX_BODY_BYTES = 1 << 20
 # zlib's wbits for each (RFC 9110 §8.4.1)
 CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -110,11 +108,9 @@ class Body:
             raise RequestError(
                 f"the body is not valid {self.coding} (its Content-Encoding): {exc}", 400
             ) from None
-        if (
-            len(self.data) > MAX_BODY_BYTES
-            # so too where input is left unread: zlib stops only once it has written the bytes
-            # allowed
-        ):
+        # so too where input is left unread: zlib stops only once it has written the bytes
+        # allowed
+        if len(self.data) > MAX_BODY_BYTES:
             raise RequestError(
                 f"the body is larger than {MAX_BODY_BYTES} bytes once decompressed ({self.coding})",
                 413,
@@ -129,9 +125,8 @@ class Body:
         return self.data
 
 
-MAX_WAIT_MS = (
-    10_000.0  # a lone request is answered after at most this wait: beyond it clients time out first
-)
+# a lone request is answered after at most this wait: beyond it clients time out first
+MAX_WAIT_MS = 10_000.0
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,8 @@ from .core.pieces import BOS, EOS, PAD, UNK, OutputRules
 from .errors import NmtError
 from .files import atomic_write
 
-WORD_BOUNDARY = (
-    "\u2581"  # SentencePiece's mark for a space: the piece "▁" alone, or the start of "▁the"
-)
+# SentencePiece's mark for a space: the piece "▁" alone, or the start of "▁the"
+WORD_BOUNDARY = "\u2581"
 #: A target-language tag, ``>>de<<`` (OPUS-MT's and Marian's syntax; see :mod:`nmt.multilingual`).
 TAG = re.compile(r">>[A-Za-z][A-Za-z0-9_]*<<")
 

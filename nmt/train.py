@@ -226,9 +226,8 @@ class Trainer:
         )
         self.progress = Progress(batching=self.batching)
         self.origin = opened.origin
-        self._sampled: tuple[tuple[int, int], EncodedCorpus] | None = (
-            None  # (epoch, seed) and its pairs under tokenizer.subword_alpha
-        )
+        # (epoch, seed) and its pairs under tokenizer.subword_alpha
+        self._sampled: tuple[tuple[int, int], EncodedCorpus] | None = None
         if opened.payload:
             self.restore(opened.payload)
         elif opened.init:
@@ -239,12 +238,10 @@ class Trainer:
         # a non-finite gradient stops the run (train.nonfinite_loss: stop), or too many skipped
         # updates in a row
         self.diverged = False
-        self.skipped_in_a_row = (
-            0  # updates skipped since the last one made (train.max_skipped_updates)
-        )
-        self.lowest_loss: tuple[float, int] | None = (
-            None  # the lowest logged training loss and its step, to notice divergence
-        )
+        # updates skipped since the last one made (train.max_skipped_updates)
+        self.skipped_in_a_row = 0
+        # the lowest logged training loss and its step, to notice divergence
+        self.lowest_loss: tuple[float, int] | None = None
         self.warned_divergence = False
         # the newest validation record, for the result
         self.last_validation = run.last_validation() if opened.payload else None

@@ -88,9 +88,8 @@ class Plan:
     decode_args: list[str]
     multi30k_sets: list[str]  # --set overrides of configs/multi30k_gpu.yaml
     multi30k_train_s: float  # train.max_time_s at most
-    multi30k_reserve_s: (
-        float  # multi30k's time besides training: tokenizer, encoding, validation, averaging, test
-    )
+    # multi30k's time besides training: tokenizer, encoding, validation, averaging, test
+    multi30k_reserve_s: float
     eval_lines: int = 0  # sentences of val and test translated when selecting and scoring (0 = all)
     # bench_train.py's engines (nmt-compile last: if compiling overruns, the others are kept)
     train_engines: str = "nmt,hf"

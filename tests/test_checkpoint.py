@@ -420,11 +420,9 @@ def test_an_entry_of_the_wrong_type_is_named_by_every_reader(
         "averaged_from": list,
     }.get(entry, dict)
     if isinstance(value, fine):
-        load_checkpoint(
-            path
-            # a progress field this nmt does not know (generated keys are none of its) is a newer
-            # nmt's
-        )
+        # a progress field this nmt does not know (generated keys are none of its) is a newer
+        # nmt's
+        load_checkpoint(path)
         if entry == "progress" and value:
             with pytest.raises(
                 CheckpointError, match=r"'progress' has .*, which this nmt does not know"

@@ -604,11 +604,9 @@ def test_a_split_file_that_is_no_file_is_named_for_what_it_is(tmp_path, kind):
     )
     with pytest.raises(DataError, match=pattern):
         find_split_file(tmp_path, "train", "en")
-    if (
-        kind != "fifo"
-        # the same words for any input read through check_file (-i, --src, --ref); a FIFO is fine
-        # read once
-    ):
+    # the same words for any input read through check_file (-i, --src, --ref); a FIFO is fine
+    # read once
+    if kind != "fifo":
         with pytest.raises(DataError, match=pattern):
             corpus.read_lines(path)
 

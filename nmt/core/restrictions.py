@@ -132,11 +132,9 @@ class Restrictions:
             return
         lead, have, second = lead[rows], have[rows], tail[rows, 2]
         low, high = torch.full_like(lead, 0x80), torch.full_like(lead, 0xBF)
-        first = (
-            have == 1
-            # the byte after the lead: no overlong form, surrogate, code point over U+10FFFF, or C1
-            # control
-        )
+        # the byte after the lead: no overlong form, surrogate, code point over U+10FFFF, or C1
+        # control
+        first = have == 1
         low = torch.where(
             first & ((lead == 0xE0) | (lead == 0xC2)),
             0xA0,

@@ -47,9 +47,8 @@ class Hypothesis:
     score: float
     log_prob: float
     alignment: tuple[tuple[int, int], ...] | None = None
-    unmet: int = (
-        0  # constraints the hypothesis does not hold: only when its length limit forced the end
-    )
+    # constraints the hypothesis does not hold: only when its length limit forced the end
+    unmet: int = 0
 
 
 def _gnmt(length: int, alpha: float) -> float:
@@ -328,9 +327,8 @@ def sample(
     return [sorted(s, key=lambda hyp: -hyp.score) for s in samples]
 
 
-INITIAL_CAPACITY = (
-    64  # target positions a decoder cache starts with; it doubles when a hypothesis needs more
-)
+# target positions a decoder cache starts with; it doubles when a hypothesis needs more
+INITIAL_CAPACITY = 64
 
 
 def output_limits(

@@ -76,9 +76,8 @@ class Updater:
         self.world_size = world_size
         self.last_tokens = 0  # non-pad target tokens of the last update on this process
         self.last_lr = 0.0  # the learning rate the last update used
-        self.skipped = (
-            False  # the last update was skipped (fp16 overflow, or a non-finite gradient)
-        )
+        # the last update was skipped (fp16 overflow, or a non-finite gradient)
+        self.skipped = False
         self.nonfinite = False  # the last update's gradients were NaN or infinite
 
     def apply_settings(self) -> None:
