@@ -1316,5 +1316,7 @@ def test_lengths_padded_to_a_multiple_give_the_same_loss_and_gradients(lengths, 
     (loss, n, grads), (padded_loss, padded_n, padded_grads) = results
     assert n == padded_n
     torch.testing.assert_close(padded_loss, loss, rtol=1e-5, atol=1e-5)
+    # Padded shapes sum in another order: float32's error is relative to the terms summed, which
+    # can cancel to a much smaller element, so it is bounded by the tensor's scale, not the element.
     for a, b in zip(grads, padded_grads):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()) + 1e-9)
