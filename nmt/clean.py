@@ -29,22 +29,29 @@ Flat = tuple[np.ndarray, np.ndarray]
 #: characters (Cf: U+200B, the direction marks U+200E and U+202E, U+FEFF, the soft hyphen ...),
 #: surrogates (Cs: read as U+FFFD, a space to SentencePiece) and separators (Zs, Zl, Zp).
 NO_TEXT_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
+#: Characters that are text to Unicode (category So) but spaces to SentencePiece: U+FFFD, what
+#: undecodable bytes became, and U+2581, its own word-boundary mark. A line of them has no pieces.
+SENTENCEPIECE_SPACES = frozenset("\ufffd\u2581")
 
 
 def has_text(line: str) -> bool:
-    """Whether ``line`` holds a character to translate: one outside :data:`NO_TEXT_CATEGORIES` and
-    not a space.
+    """Whether ``line`` holds a character to translate: one outside :data:`NO_TEXT_CATEGORIES`,
+    not a space and not one of :data:`SENTENCEPIECE_SPACES`.
 
     A line without one is empty, whatever a tokenizer makes of it: SentencePiece removes U+200B but
     keeps U+202E, as a piece of its own when its training text held one, and a model given that
     piece invents a sentence. Training drops a pair with such a side (:data:`EMPTY`), and
     translation leaves its line empty.
     """
-    # no character of those categories but the ASCII space: most lines, at C speed
-    if line.isprintable():
+    # no character of those categories but the ASCII space, nor one of those two: most lines, at
+    # C speed
+    if line.isprintable() and "\ufffd" not in line and "\u2581" not in line:
         return bool(line.strip(" "))
     return any(
-        not ch.isspace() and unicodedata.category(ch) not in NO_TEXT_CATEGORIES for ch in line
+        not ch.isspace()
+        and ch not in SENTENCEPIECE_SPACES
+        and unicodedata.category(ch) not in NO_TEXT_CATEGORIES
+        for ch in line
     )
 
 
@@ -53,9 +60,8 @@ class CleanReport:
     """How many pairs cleaning saw, and how many it dropped for each reason."""
 
     total: int = 0
-    empty: int = (
-        0  # a side with no pieces or no text (has_text; before a tokenizer exists, no text)
-    )
+    # a side with no pieces or no text (has_text; before a tokenizer exists, no text)
+    empty: int = 0
     too_long: int = 0
     bad_ratio: int = 0
     unknown: int = 0  # a side of no piece but UNK and the bare word boundary

@@ -180,16 +180,15 @@ class Inference:
         present = []
         for i, (line, pieces) in enumerate(zip(lines, encoded)):
             number = first_index + i + 1
-            if not has_text(
-                line
-                # blank, or nothing but format, control and space characters: a piece of U+202E is
-                # no text
-            ):
+            # blank, nothing but format, control and space characters (a piece of U+202E is no
+            # text), or what the tokenizer reads as nothing (U+FFFD, U+2581 are spaces to it)
+            if not has_text(line) or not pieces:
                 if line.strip():
                     shown = next(f"U+{ord(ch):04X}" for ch in line if not ch.isspace())
                     log.warning(
-                        "input line %d has no text (only format, control or space characters, such "
-                        "as %s): its output line is left empty",
+                        "input line %d has no text to translate (only format, control or space "
+                        "characters, or ones the tokenizer reads as spaces, such as %s): its "
+                        "output line is left empty",
                         number,
                         shown,
                     )
@@ -211,7 +210,7 @@ class Inference:
                     number,
                 )
                 skipped["unknown"] += 1
-            elif pieces:
+            else:
                 present.append(i)
         return present
 

@@ -71,11 +71,9 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
-if os.environ.get(
-    "PYTEST_XDIST_WORKER"
-    # one of pytest-xdist's workers: one torch thread each, so that they do not contend for the
-    # cores
-):
+# one of pytest-xdist's workers: one torch thread each, so that they do not contend for the
+# cores
+if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
@@ -108,11 +106,12 @@ FORMAT_CHARACTERS = [
     "\u200b",
 ]
 # Lines with no text: any number of controls, format characters, surrogates and separators (spaces
-# among them), those above weighted in, since SentencePiece keeps several as pieces of their own.
+# among them), those above weighted in, since SentencePiece keeps several as pieces of their own;
+# and U+FFFD and U+2581, text to Unicode but spaces to SentencePiece (a line of them has no pieces).
 NO_TEXT_LINES = st.lists(
     st.one_of(
         st.characters(categories=["Cc", "Cf", "Cs", "Zs", "Zl", "Zp"]),
-        st.sampled_from([*FORMAT_CHARACTERS, " ", "\t", "\x01"]),
+        st.sampled_from([*FORMAT_CHARACTERS, " ", "\t", "\x01", "\ufffd", "\u2581"]),
     ),
     max_size=8,
 ).map("".join)

@@ -477,11 +477,21 @@ def test_has_text_sees_one_character_of_text_among_any_others():
     assert not any(
         has_text(line)
         for line in ["", " \t", "\u202e", "\u200b\u2066 \x01\u2029", "\ud800", "\u3000"]
+        # U+FFFD and U+2581 are symbols to Unicode, spaces to SentencePiece: no pieces
+        + ["\ufffd", "\u2581 \ufffd\u200b"]
     )
     # a private-use or unassigned one counts
     assert all(
-        has_text(line) for line in ["a", "\u202eabc", "😀", "\u0301", "\ue000", "\ufffd", "!"]
+        has_text(line) for line in ["a", "\u202eabc", "😀", "\u0301", "\ue000", "\ufffda", "!"]
     )
+
+
+def test_the_characters_sentencepiece_reads_as_spaces_give_no_pieces(toy_tokenizer):
+    from nmt.clean import SENTENCEPIECE_SPACES
+
+    lines = [*SENTENCEPIECE_SPACES, "".join(SENTENCEPIECE_SPACES) + " \u2581"]
+    assert toy_tokenizer.encode_src(lines) == [[]] * len(lines)
+    assert toy_tokenizer.encode_tgt(lines) == [[]] * len(lines)
 
 
 def _covered(tokenizer) -> set[str]:

@@ -210,7 +210,9 @@ def test_a_line_with_no_text_is_not_translated_into_an_invented_sentence(
     assert skipped == Counter(no_text=len(warned)) if warned else skipped == Counter()
     messages = [r.getMessage() for r in caplog.records]
     assert [int(m.split()[2]) for m in messages] == warned and all(
-        "has no text (only format, control or space characters, such as U+" in m for m in messages
+        "has no text to translate (only format, control or space characters, or ones the "
+        "tokenizer reads as spaces, such as U+" in m
+        for m in messages
     )
 
 

@@ -110,13 +110,14 @@ def sentence_attention(inference, sentence: str, decode, src_prefix: tuple[int, 
     from ..inference import Decoding
     from ..tokenizer import unknown_only
 
-    if not has_text(sentence):
+    encoded = inference.tokenizer.encode_src([sentence.strip()])[0]
+    if not has_text(sentence) or not encoded:  # as nmt translate leaves such a line empty
         raise ConfigError(
-            "the sentence to translate has no text"
+            "the sentence to translate has no text (only format, control or space characters, or "
+            "ones the tokenizer reads as spaces)"
             if sentence.strip()
             else "the sentence to translate is empty"
         )
-    encoded = inference.tokenizer.encode_src([sentence.strip()])[0]
     if len(encoded) > decode.max_input_pieces:
         raise ConfigError(
             f"the sentence has {len(encoded)} pieces, over the limit of {decode.max_input_pieces} "
