@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import logging
 import unicodedata
+from collections import Counter
 
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -149,50 +150,83 @@ def check_inputs(hyp, checkpoints, src, output, translation_settings: list[str] 
         )
 
 
+def _nfkc(text: str) -> str:
+    return unicodedata.normalize("NFKC", text)
+
+
+def _shared_characters(a: str, b: str) -> int:
+    """How many characters (spaces aside) ``a`` and ``b`` have in common, with repeats."""
+    return sum((Counter(a.replace(" ", "")) & Counter(b.replace(" ", ""))).values())
+
+
+def _first_change(text: str) -> tuple[str, str]:
+    """The first character of ``text`` that NFKC changes, with the combining marks that follow it,
+    and what NFKC makes of them; ``("", "")`` if none."""
+    for i, ch in enumerate(text):
+        end = i + 1
+        while end < len(text) and unicodedata.combining(text[end]):
+            end += 1
+        if _nfkc(text[i:end]) != text[i:end] and not unicodedata.combining(ch):
+            return text[i:end], _nfkc(text[i:end])
+    return "", ""
+
+
 def normalisation_mismatches(
     hypotheses: list[str], reference: list[str]
 ) -> tuple[int, tuple[int, str, str] | None]:
-    """Words of the hypotheses that differ from a word of their own reference line only in Unicode
-    normalisation: the same after NFKC (the form SentencePiece's ``nmt_nfkc`` writes, so an NFC
-    hypothesis and an NFD reference, or ``ﬁ`` against ``fi``, or full-width digits against ASCII).
+    """Lines where the hypothesis and its reference differ in Unicode normalisation: they share
+    more characters after NFKC (the form SentencePiece's ``nmt_nfkc`` writes) than as written. So
+    an NFC hypothesis and an NFD reference, ``ﬁ`` against ``fi``, full-width punctuation or digits
+    against ASCII, in any script, words with punctuation attached and unsegmented text included.
 
     Returns:
-        How many such words there are, and the first as ``(1-based line, hypothesis word, reference
-        word)``.
+        How many such lines there are, and the first as ``(1-based line, as the hypothesis writes
+        it, as the reference writes it)``: a word that differs from a word of the reference only in
+        form, or else the first character NFKC changes against its NFKC form.
     """
     count, first = 0, None
     for number, (hyp, ref) in enumerate(zip(hypotheses, reference), start=1):
-        if hyp == ref:
+        if hyp == ref or (
+            unicodedata.is_normalized("NFKC", hyp) and unicodedata.is_normalized("NFKC", ref)
+        ):
             continue
-        words = set(ref.split())
-        by_form = {unicodedata.normalize("NFKC", w): w for w in words}
-        for word in hyp.split():
-            if word not in words and unicodedata.normalize("NFKC", word) in by_form:
-                count += 1
-                first = first or (number, word, by_form[unicodedata.normalize("NFKC", word)])
+        if _shared_characters(_nfkc(hyp), _nfkc(ref)) <= _shared_characters(hyp, ref):
+            continue
+        count += 1
+        if first is None:
+            words = set(ref.split())
+            by_form = {_nfkc(w): w for w in words}
+            pairs = [
+                (w, by_form[_nfkc(w)])
+                for w in hyp.split()
+                if w not in words and _nfkc(w) in by_form
+            ]
+            written, normal = _first_change(hyp)
+            if not written:
+                normal, written = _first_change(ref)
+            first = (number, *(pairs[0] if pairs else (written, normal)))
     return count, first
 
 
 def warn_if_normalisation_differs(
     hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]
 ) -> None:
-    """Log a warning when words of the hypotheses differ from their references' only in Unicode
+    """Log a warning when lines of the hypotheses differ from their references' in Unicode
     normalisation (:func:`normalisation_mismatches`): sacreBLEU compares code points, so ``é`` as
     one code point (NFC) and as ``e`` plus a combining accent (NFD) count as different text."""
     for name, ref in zip(names, references):
         count, first = normalisation_mismatches(hypotheses, ref)
         if count:
-            line, hyp_word, ref_word = first
+            line, hyp_text, ref_text = first
             log.warning(
-                "%d word(s) of the hypotheses differ from %s only in Unicode normalisation (line "
-                "%d: %s against %s), and score as different words; "
-                "normalise both to one form first (unicodedata.normalize('NFKC', line) in Python, "
-                "or uconv -x any-nfkc)",
+                "%d line(s) of the hypotheses differ from %s in Unicode normalisation (line %d: %s "
+                "against %s), which scores as different text; normalise both to one form first "
+                "(unicodedata.normalize('NFKC', line) in Python, or uconv -x any-nfkc)",
                 count,
                 name,
                 line,
-                ascii(hyp_word),
-                ascii(ref_word),
+                ascii(hyp_text),
+                ascii(ref_text),
             )
 
 

@@ -5,7 +5,7 @@ import unicodedata
 
 import pytest
 import sacrebleu
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from sacrebleu.metrics import BLEU
 
@@ -22,6 +22,7 @@ from nmt.evaluate import (
     cjk_language,
     guess_cjk_language,
     hidden_differences,
+    normalisation_mismatches,
     score,
 )
 
@@ -78,7 +79,7 @@ def test_differing_unicode_normalisation_is_warned_about(caplog):
         "bleu"
     ] == pytest.approx(100.0)
     assert (
-        "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: "
+        "1 line(s) of the hypotheses differ from ref.de in Unicode normalisation (line 1: "
         "'Caf\\xe9' against 'Cafe\\u0301')" in caplog.text
     )
     caplog.clear()
@@ -90,9 +91,40 @@ def test_differing_unicode_normalisation_is_warned_about(caplog):
     # Differences only NFKC removes (a ligature, full-width digits) were not warned about at all.
     score(["Die Datei ist ﬁnal um １０ Uhr ."], [["Die Datei ist final um 10 Uhr ."]], ("ref.de",))
     assert (
-        "2 word(s) of the hypotheses differ from ref.de only in Unicode normalisation (line 1: "
+        "1 line(s) of the hypotheses differ from ref.de in Unicode normalisation (line 1: "
         "'\\ufb01nal' against 'final')" in caplog.text
     )
+    caplog.clear()
+    # Words with punctuation attached, and unsegmented Japanese, were missed: no word matched whole.
+    ja = unicodedata.normalize(
+        "NFD", "これはガイドでした。"
+    )  # ガ and ド as kana plus a voicing mark
+    de = unicodedata.normalize("NFD", "Wir gehen ins Café!")
+    score([ja, de], [["これはガイドです。", "Wir gehen ins Café."]], ("ref",))
+    assert (
+        "2 line(s) of the hypotheses differ from ref in Unicode normalisation (line 1: "
+        "'\\u30ab\\u3099' against '\\u30ac')" in caplog.text
+    )
+
+
+# Characters NFKC changes: a ligature, full-width digits and punctuation, a Roman numeral, a unit,
+# a letter and a kana with combining marks.
+CHANGED = ["\ufb01", "\uff11", "\uff01", "\u2163", "\u338f", "e\u0301", "\u30ab\u3099"]
+
+
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(CHANGED), st.characters(categories=["L", "N", "P"])), max_size=12
+    ),
+    st.sampled_from(CHANGED),
+)
+def test_a_line_against_its_nfkc_form_is_found_and_a_line_against_itself_never(parts, changed):
+    line = "".join(parts) + changed
+    assume(unicodedata.normalize("NFKC", line) != line)
+    normal = unicodedata.normalize("NFKC", line)
+    assert normalisation_mismatches([line], [normal])[0] == 1
+    assert normalisation_mismatches([normal], [line])[0] == 1
+    assert normalisation_mismatches([line, normal], [line, normal]) == (0, None)
 
 
 def test_a_byte_order_mark_inside_a_reference_is_warned_about(caplog):
