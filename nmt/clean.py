@@ -122,14 +122,37 @@ class Unknowns:
     missing: Counter  # each character that encodes to UNK: its occurrences in the lines
 
 
+def characters(line: str) -> list[str]:
+    """The characters of ``line`` as SentencePiece's ``nmt_nfkc`` reads them: NFKC, each with the
+    combining marks that follow it (``u`` and U+0308 are ``ü``; a mark alone is no character)."""
+    found: list[str] = []
+    for ch in unicodedata.normalize("NFKC", line):
+        if found and unicodedata.combining(ch):
+            found[-1] += ch
+        else:
+            found.append(ch)
+    return found
+
+
+def shown(character: str) -> str:
+    """``character`` (one of :func:`characters`) for a message: itself and its code points, or only
+    the code points where it would not print as itself (U+202E would turn the rest of the line)."""
+    codes = " ".join(f"U+{ord(ch):04X}" for ch in character)
+    return f"{character} ({codes})" if character.isprintable() else codes
+
+
 def unknowns(encode: Callable[[list[str]], list[list[int]]], lines: list[str]) -> Unknowns:
     """What ``encode`` (a tokenizer side's ``encode_src`` or ``encode_tgt``) leaves unknown of
-    ``lines``: the shares of pieces and lines, and the characters it cannot spell (each, alone,
-    encodes to UNK), counted in ``lines``."""
+    ``lines``: the shares of pieces and lines, and the characters (:func:`characters`) it cannot
+    spell (each, alone, encodes to UNK), counted in ``lines``."""
     ids = encode(lines)
     pieces, unknown = sum(map(len, ids)), sum(seq.count(UNK) for seq in ids)
     held = Counter(
-        ch for line, seq in zip(lines, ids) if UNK in seq for ch in line if not ch.isspace()
+        ch
+        for line, seq in zip(lines, ids)
+        if UNK in seq
+        for ch in characters(line)
+        if not ch.isspace()
     )
     alone = list(held)
     missing = Counter(

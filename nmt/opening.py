@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import evaluate
 from .checkpoint import checkpoint_file, load_checkpoint
-from .clean import clean_pairs, stripped_side, unknowns
+from .clean import clean_pairs, shown, stripped_side, unknowns
 from .config import Config, ConfigError, config_from_dict, config_to_yaml, with_vocab
 from .corpus import DataError, ParallelText, check_inputs
 from .encoded import EncodedCorpus, encode_corpus, encoding_threads
@@ -169,7 +169,7 @@ def warn_if_uncovered(
         found = unknowns(encode, [pair[k] for pair in sample])
         if found.holding >= MATERIAL_UNKNOWN_LINES:
             top = (
-                ", ".join(f"{ch} (U+{ord(ch):04X}) {n:,}" for ch, n in found.missing.most_common(5))
+                ", ".join(f"{shown(ch)} {n:,}" for ch, n in found.missing.most_common(5))
                 or "none alone: pieces outside the vocabulary"
             )
             log.warning(

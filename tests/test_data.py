@@ -513,7 +513,7 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
     side is warned about when 1% of its lines or more hold one."""
     from collections import Counter
 
-    from nmt.clean import unknowns
+    from nmt.clean import shown, unknowns
     from nmt.opening import MATERIAL_UNKNOWN_LINES, warn_if_uncovered
 
     known = _covered(toy_tokenizer)
@@ -524,9 +524,13 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
         )
     )
     inserted = data.draw(st.lists(st.lists(outside, max_size=3), min_size=n, max_size=n))
+    # NFD spellings of letters it covers (u and U+0308 for ü) are no missing character: NFKC makes
+    # them the letter, which the tokenizer spells.
+    nfd = st.sampled_from([unicodedata.normalize("NFD", ch) for ch in "äöüÄ"])
+    decomposed = data.draw(st.lists(st.lists(nfd, max_size=2), min_size=n, max_size=n))
     lines = [
-        " ".join([*line.split()[:2], *chars, *line.split()[2:]])
-        for line, chars in zip(TOY_LINES, inserted)
+        " ".join([*line.split()[:2], *chars, *line.split()[2:], *more])
+        for line, chars, more in zip(TOY_LINES, inserted, decomposed)
     ]
     found = unknowns(toy_tokenizer.encode_tgt, lines)
     holding = sum(map(bool, inserted))
@@ -552,9 +556,7 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
         assert caplog.records == []
         return
     (record,) = caplog.records
-    top = ", ".join(
-        f"{ch} (U+{ord(ch):04X}) {count:,}" for ch, count in found.missing.most_common(5)
-    )
+    top = ", ".join(f"{shown(ch)} {count:,}" for ch, count in found.missing.most_common(5))
     assert record.getMessage() == (
         "warning: the tokenizer from --init-from ende.pt was not trained on this text: "
         f"{100 * found.pieces:.1f}% of the target side's pieces (fr) "
@@ -563,6 +565,16 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
         "the model can never write them: train a tokenizer on this text (start without "
         "--init-from), or accept it"
     )
+
+
+def test_a_missing_character_is_shown_by_its_code_points_where_it_would_not_print_as_itself():
+    from nmt.clean import characters, shown
+
+    assert characters("u\u0308 e\u0301x \ufb01") == ["ü", " ", "é", "x", " ", "f", "i"]
+    assert characters("\u0301a") == ["\u0301", "a"]  # a mark with nothing before it stands alone
+    assert shown("é") == "é (U+00E9)" and shown("\u0915\u094d") == "\u0915\u094d (U+0915 U+094D)"
+    # a right-to-left override or isolate would turn the rest of the message around
+    assert shown("\u202e") == "U+202E" and shown("\u2066") == "U+2066"
 
 
 _ENCODE_SCRIPT = """
