@@ -247,18 +247,38 @@ MOSES_ESCAPES = {
 
 #: Characters that draw nothing and carry no spelling, left in text by tools rather than writers:
 #: the byte-order mark (U+FEFF, mid-file where files were joined), the soft hyphen (U+00AD), the
-#: zero-width space (U+200B), the direction marks and embeddings (U+200E, U+200F, U+202A-U+202E,
-#: U+2066-U+2069) and the word joiner and invisible operators (U+2060-U+2064). Not the zero-width
-#: (non-)joiner U+200C and U+200D, which spell Persian, Indic scripts and emoji sequences.
+#: zero-width space (U+200B), the direction marks and embeddings (U+200E, U+200F, U+061C,
+#: U+202A-U+202E, U+2066-U+2069) and the word joiner and invisible operators (U+2060-U+2064).
+#: Not the zero-width (non-)joiner U+200C and U+200D, which spell Persian, Indic scripts and emoji
+#: sequences.
 INVISIBLE = frozenset(
-    "\u00ad\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064"
+    "\u00ad\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064"
     "\u2066\u2067\u2068\u2069\ufeff"
 )
 
 
-def _invisible(line: str) -> set[str]:
-    """The characters of :data:`INVISIBLE` in ``line``."""
-    return set() if line.isascii() else INVISIBLE.intersection(line)
+def _marks(line: str) -> tuple[Counter, dict[str, Counter]]:
+    """The characters of :data:`INVISIBLE` in ``line``, counted, and for each word (as it reads,
+    without them) those it holds."""
+    words: dict[str, Counter] = {}
+    for word in line.split():
+        visible = "".join(ch for ch in word if ch not in INVISIBLE)
+        words.setdefault(visible, Counter(ch for ch in word if ch in INVISIBLE))
+    return Counter(ch for ch in line if ch in INVISIBLE), words
+
+
+def _invisible_differences(hyp: str, ref: str) -> set[str]:
+    """The characters of :data:`INVISIBLE` that ``hyp`` and ``ref`` hold a different number of, or
+    that a word both hold (as it reads) holds on one side only: ``Hund`` and a zero-width space
+    against ``Hund``."""
+    if hyp.isascii() and ref.isascii():
+        return set()
+    (hyp_all, hyp_words), (ref_all, ref_words) = _marks(hyp), _marks(ref)
+    differing = set((hyp_all - ref_all) + (ref_all - hyp_all))
+    for word in hyp_words.keys() & ref_words.keys():
+        a, b = hyp_words[word], ref_words[word]
+        differing |= set((a - b) + (b - a))
+    return differing
 
 
 def _escapes_against(line: str, other: str) -> set[str]:
@@ -278,7 +298,8 @@ def hidden_differences(
     """Lines where a hypothesis and its reference differ in text that does not read as written, and
     that sacreBLEU scores as written: ``"invisible"``, a character that draws nothing
     (:data:`INVISIBLE`; a byte-order mark inside a file made by concatenating files, a zero-width
-    space) on one side only, which joins the word it touches into another word;
+    space) where the other side has none, fewer, or none on the same word
+    (:func:`_invisible_differences`), which joins the word it touches into another word;
     ``"escaped"``, a Moses escape (:data:`MOSES_ESCAPES`, ``&apos;``) on one side where the other
     writes its character (``'``).
 
@@ -291,7 +312,7 @@ def hidden_differences(
         if hyp == ref:
             continue
         for kind, differing in (
-            ("invisible", _invisible(hyp) ^ _invisible(ref)),
+            ("invisible", _invisible_differences(hyp, ref)),
             ("escaped", _escapes_against(hyp, ref) | _escapes_against(ref, hyp)),
         ):
             if differing:
@@ -311,13 +332,15 @@ def warn_if_hidden_differences(
         count, first = found["invisible"]
         if count:
             log.warning(
-                "%d line(s) of the hypotheses and %s differ in invisible characters (line %d: %s; "
-                "U+FEFF is a byte-order mark left inside a file made by joining files), which "
-                "score as part of the word they touch; delete them from both first",
+                "%d line(s) of the hypotheses and %s differ in invisible characters (line %d: "
+                "%s%s), which score as part of the word they touch; delete them from both first",
                 count,
                 name,
                 first[0],
                 ascii(first[1]),
+                "; U+FEFF is a byte-order mark left inside a file made by joining files"
+                if "\ufeff" in first[1]
+                else "",
             )
         count, first = found["escaped"]
         if count:

@@ -19,6 +19,7 @@ from ..evaluate import (
     check_inputs,
     check_line_counts,
     check_tokenizer,
+    cjk_language,
     config_tokenizer,
     guess_cjk_language,
     score,
@@ -187,11 +188,11 @@ def _warn_if_unsegmented(
     (:func:`nmt.evaluate.cjk_language`) chooses 13a, which scores such text, unsegmented, near 0."""
     guessed = guess_cjk_language(references) if chosen == "13a" else None
     if guessed:
-        said = (
-            f" (language code {tgt_lang} is none nmt knows for Chinese, Japanese or Korean)"
-            if tgt_lang
-            else ""
-        )
+        said = ""
+        if tgt_lang and cjk_language(tgt_lang.replace("_", "-").split("-")[0]):
+            said = f" (language code {tgt_lang} names a script other than Han, kana or Hangul)"
+        elif tgt_lang:
+            said = f" (language code {tgt_lang} is none nmt knows for Chinese, Japanese or Korean)"
         tokenizer = LANGUAGE_TOKENIZERS[guessed]
         fix = (
             f"pass --tokenize {tokenizer}"
