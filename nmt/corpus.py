@@ -5,7 +5,7 @@ lives in :mod:`nmt.clean`, the encoded-ids cache in :mod:`nmt.encoded`, batching
 :mod:`nmt.core.batching`. This module needs no torch.
 """
 
-# Size: module at most 585 lines: reading text (files, pipes, compressed, datasets) is one concern;
+# Size: module at most 580 lines: reading text (files, pipes, compressed, datasets) is one concern;
 # split further it would cross-import.
 
 from __future__ import annotations

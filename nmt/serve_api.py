@@ -17,7 +17,7 @@ translate`` takes (a subtitle's two rows, a segment with a soft break) for a bre
 never seen; splitting it would answer more lines than were sent.
 """
 
-# Size: module at most 455 lines: every field a request may hold, with its check and its one-line
+# Size: module at most 450 lines: every field a request may hold, with its check and its one-line
 # error.
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ should stop, finish). Under ``torchrun`` every stop and validate decision is one
 processes agree on (:mod:`nmt.distributed`).
 """
 
-# Size: module at most 805 lines, __init__() at most 90: the Trainer is one class whose named steps
+# Size: module at most 800 lines, __init__() at most 85: the Trainer is one class whose named steps
 # share one state (progress, batches, model, updater); __init__() builds that state.
 
 from __future__ import annotations

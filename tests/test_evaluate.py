@@ -11,9 +11,7 @@ from sacrebleu.metrics import BLEU
 
 from nmt.evaluate import (
     CJK_LANGUAGES,
-    INVISIBLE,
     LANGUAGE_TOKENIZERS,
-    MOSES_ESCAPES,
     TOKENIZERS,
     EvaluationError,
     bleu_tokenizer,
@@ -21,10 +19,9 @@ from nmt.evaluate import (
     check_tokenizer,
     cjk_language,
     guess_cjk_language,
-    hidden_differences,
-    normalisation_mismatches,
     score,
 )
+from nmt.text_forms import INVISIBLE, MOSES_ESCAPES, hidden_differences, normalisation_mismatches
 
 
 def test_perfect_and_signature():

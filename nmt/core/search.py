@@ -15,7 +15,7 @@ Shapes: ``batch`` active sentences, ``beam`` hypotheses each, rows of
 ``(batch*beam, ...)`` tensors ordered sentence-major (row ``b*beam + k``).
 """
 
-# Size: module at most 410 lines: beam search and sampling with the steps they share, read top to
+# Size: module at most 405 lines: beam search and sampling with the steps they share, read top to
 # bottom as one search.
 
 from __future__ import annotations
