@@ -72,6 +72,8 @@ def normalisation_mismatches(
             written, normal = _first_change(hyp)
             if not written:
                 normal, written = _first_change(ref)
+            if not written:  # only combining marks with nothing before them change
+                written, normal = hyp[:20], ref[:20]
             first = (number, *(pairs[0] if pairs else (written, normal)))
     return count, first
 
