@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .corpus import CHUNK_LINES, DataError, ParallelText
+from .text_forms import clusters
 from .tokenizer import UNK, WORD_BOUNDARY, Tokenizer
 
 # Why a pair is dropped (one int8 a pair); a CleanReport counts them in this order.
@@ -123,15 +124,9 @@ class Unknowns:
 
 
 def characters(line: str) -> list[str]:
-    """The characters of ``line`` as SentencePiece's ``nmt_nfkc`` reads them: NFKC, each with the
-    combining marks that follow it (``u`` and U+0308 are ``ü``; a mark alone is no character)."""
-    found: list[str] = []
-    for ch in unicodedata.normalize("NFKC", line):
-        if found and unicodedata.combining(ch):
-            found[-1] += ch
-        else:
-            found.append(ch)
-    return found
+    """The characters of ``line`` as SentencePiece's ``nmt_nfkc`` reads them: the
+    :func:`~nmt.text_forms.clusters` of its NFKC form (``u`` and U+0308 are ``ü``)."""
+    return clusters(unicodedata.normalize("NFKC", line))
 
 
 def shown(character: str) -> str:

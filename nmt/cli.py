@@ -119,10 +119,9 @@ def refuse_repeated_options(ctx: typer.Context, order: list) -> None:
 
 def expand_home(ctx: typer.Context, typed: dict) -> None:
     """Expand a leading ``~`` or ``~user`` in every path of ``ctx.params`` (a ``Path``) as a shell
-    expands it, from the text
-    ``typed`` for it (by parameter name); the shell itself leaves ``~`` in a quoted word and after
-    ``--flag=`` (``--output=~/hyp.de``). ``./~`` stays the directory named ``~``. Config paths are
-    expanded where they are read (:data:`nmt.fields.PathText`)."""
+    expands it, from the text ``typed`` for it (by parameter name); the shell itself leaves ``~`` in
+    a quoted word and after ``--flag=`` (``--output=~/hyp.de``). ``./~`` stays the directory named
+    ``~``. Config paths are expanded where they are read (:data:`nmt.fields.PathText`)."""
     for name, value in ctx.params.items():
         many = isinstance(value, (list, tuple))
         texts = typed.get(name) if many else [typed.get(name)]

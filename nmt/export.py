@@ -293,9 +293,9 @@ def export_huggingface(
 ) -> None:
     """Write ``out_dir`` (in place, see :func:`directory_in_place`) so that
     ``MarianMTModel.from_pretrained(out_dir)`` and ``MarianTokenizer.from_pretrained(out_dir)`` load
-    it, with ``generation_config.json`` set so that
-    ``generate()`` searches as ``nmt translate`` does with ``decode`` (:func:`generation_settings`),
-    and ``tokenizer_config.json`` naming the ``languages`` (source, target) of a model nmt trained.
+    it, with ``generation_config.json`` set so that ``generate()`` searches as ``nmt translate``
+    does with ``decode`` (:func:`generation_settings`), and ``tokenizer_config.json`` naming the
+    ``languages`` (source, target) of a model nmt trained.
 
     A model nmt trained: generation starts from BOS, stops at EOS, never emits PAD or BOS (nor UNK
     unless ``decode.allow_unk``). The tokenizer gives the ids nmt gives for any text (special-token

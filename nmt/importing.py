@@ -600,12 +600,11 @@ def import_huggingface(
     wrote) as an nmt model.
 
     The languages come from ``tokenizer_config.json`` (``source_lang``, ``target_lang``), else from
-    a directory named
-    ``opus-mt-SRC-TGT``, unless given; ``und`` (ISO 639: undetermined) where none says. A vocabulary
-    with two or more target-language tags (``>>de<<``, ``>>fr<<``) and no target language among them
-    (``mul``, ``ROMANCE`` or none) makes a model of one direction per tag (``data.directions``), the
-    target chosen with ``--tgt-lang``, unless ``tgt_lang`` is given or the vocabularies are
-    separate.
+    a directory named ``opus-mt-SRC-TGT``, unless given; ``und`` (ISO 639: undetermined) where none
+    says. A vocabulary with two or more target-language tags (``>>de<<``, ``>>fr<<``) and no target
+    language among them (``mul``, ``ROMANCE`` or none) makes a model of one direction per tag
+    (``data.directions``), the target chosen with ``--tgt-lang``, unless ``tgt_lang`` is given or
+    the vocabularies are separate.
 
     Raises:
         MarianError: a file is missing or unreadable, or a setting nmt cannot represent (one line

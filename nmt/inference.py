@@ -111,13 +111,12 @@ class Inference:
         Lines are sorted by length into batches of at most ``decode.max_tokens`` source tokens
         (padding included), each decoded by :func:`~nmt.core.search.translate_batch` with the
         device's decode step and attention kernels (:mod:`nmt.runtime`), under inference mode. A
-        line with no pieces (blank, or only characters SentencePiece normalises away, such as
-        U+200B) yields an empty list without running the model; so do, each with a warning naming
-        it, a line of more than ``decode.max_input_pieces`` pieces and a line of only unknown
-        pieces (:func:`nmt.tokenizer.unknown_only`: an emoji, ``!!!`` or another script outside
-        the vocabulary, which the model would answer with an invented sentence), and a line of no
-        text (:func:`nmt.clean.has_text`: only format, control or space characters such as U+202E,
-        which a tokenizer may keep as pieces the model would answer the same way) that is not blank.
+        blank line yields an empty list without running the model; so do, each with a warning
+        naming it, a line of no text (:func:`nmt.clean.has_text`: only format, control or space
+        characters such as U+202E, which a tokenizer may keep as pieces the model would answer with
+        an invented sentence) or of no pieces, a line of more than ``decode.max_input_pieces``
+        pieces, and a line of only unknown pieces (:func:`nmt.tokenizer.unknown_only`: an emoji,
+        ``!!!`` or another script outside the vocabulary).
 
         Args:
             decoding: the search settings and what this call adds (:class:`Decoding`).
@@ -179,40 +178,40 @@ class Inference:
         ``too_long``, ``unknown``."""
         present = []
         for i, (line, pieces) in enumerate(zip(lines, encoded)):
-            number = first_index + i + 1
-            # blank, nothing but format, control and space characters (a piece of U+202E is no
-            # text), or what the tokenizer reads as nothing (U+FFFD, U+2581 are spaces to it)
-            if not has_text(line) or not pieces:
-                if line.strip():
-                    shown = next(f"U+{ord(ch):04X}" for ch in line if not ch.isspace())
-                    log.warning(
-                        "input line %d has no text to translate (only format, control or space "
-                        "characters, or ones the tokenizer reads as spaces, such as %s): its "
-                        "output line is left empty",
-                        number,
-                        shown,
-                    )
-                    skipped["no_text"] += 1
-            elif len(pieces) > max_input_pieces:  # one huge line must not take the others down
-                log.warning(
-                    "input line %d has %d pieces, over the limit of %d (--max-input-pieces): its "
-                    "output line is left empty",
-                    number,
-                    len(pieces),
-                    max_input_pieces,
-                )
-                skipped["too_long"] += 1
-            # the model would see nothing and invent a sentence
-            elif unknown_only(pieces, self.tokenizer.src):
-                log.warning(
-                    "input line %d has only characters the model does not know (every piece is "
-                    "unknown): its output line is left empty",
-                    number,
-                )
-                skipped["unknown"] += 1
-            else:
+            why = self.untranslatable(line, pieces, max_input_pieces)
+            if why is None:
                 present.append(i)
+            elif why[0] != "blank":
+                number = first_index + i + 1
+                log.warning("input line %d %s: its output line is left empty", number, why[1])
+                skipped[why[0]] += 1
         return present
+
+    def untranslatable(
+        self, line: str, pieces: list[int], max_input_pieces: int
+    ) -> tuple[str, str] | None:
+        """Why ``line`` (encoded as ``pieces``) is not given to the model, as ``(reason, what the
+        line has, in words)``, or None when it is. ``blank``; ``no_text``: nothing but format,
+        control and space characters (a piece of U+202E is no text, :func:`nmt.clean.has_text`),
+        or no pieces at all (U+FFFD and U+2581 are spaces to the tokenizer); ``too_long``: more
+        than ``max_input_pieces`` (one huge line must not take the others down); ``unknown``: only
+        unknown pieces, which the model would answer with an invented sentence."""
+        if not line.strip():
+            return "blank", "is empty"
+        if not has_text(line) or not pieces:
+            shown = next(f"U+{ord(ch):04X}" for ch in line if not ch.isspace())
+            return "no_text", (
+                "has no text to translate (only format, control or space characters, or ones the "
+                f"tokenizer reads as spaces, such as {shown})"
+            )
+        if len(pieces) > max_input_pieces:
+            return "too_long", (
+                f"has {len(pieces)} pieces, over the limit of {max_input_pieces} "
+                "(--max-input-pieces)"
+            )
+        if unknown_only(pieces, self.tokenizer.src):
+            return "unknown", "has only characters the model does not know (every piece is unknown)"
+        return None
 
     def _batch(
         self,
@@ -271,11 +270,10 @@ class Inference:
         self, line: str, hyp: Hypothesis, src_prefix: tuple[int, ...] = ()
     ) -> tuple[list[str], list[str], torch.Tensor]:
         """What the first model's decoder read while writing ``hyp``, a translation of ``line``
-        (after
-        ``src_prefix``, a multilingual model's target tag): the source pieces and the output pieces
-        (each ending in ``</s>``), and every decoder layer's cross-attention with heads averaged,
-        ``(n_layers, tgt_len, src_len)`` in float32 on the CPU; row ``t`` is the step that produced
-        output piece ``t``."""
+        (after ``src_prefix``, a multilingual model's target tag): the source pieces and the output
+        pieces (each ending in ``</s>``), and every decoder layer's cross-attention with heads
+        averaged, ``(n_layers, tgt_len, src_len)`` in float32 on the CPU; row ``t`` is the step that
+        produced output piece ``t``."""
         ids = [*src_prefix, *self.tokenizer.encode_src([line])[0]]
         with torch.inference_mode():
             src = pad_sources([ids]).to(self.device)
@@ -400,10 +398,9 @@ def fragment_automaton(
 ) -> tuple[tuple[tuple[int, int], ...], ...]:
     """The automaton by which a search spells ``fragment`` (piece text, ``▁Lehr``) in any pieces of
     ``texts`` (the target vocabulary's, by id), finishing the word as it likes: state ``s`` has
-    spelt
-    ``fragment[:n_s]``; a piece that spells more of it moves to that state, a piece that spells the
-    rest (and maybe more: ``▁Lehrer``) to :data:`~nmt.core.beams.FRAGMENT_DONE`. Only states a piece
-    reaches are made.
+    spelt ``fragment[:n_s]``; a piece that spells more of it moves to that state, a piece that
+    spells the rest (and maybe more: ``▁Lehrer``) to :data:`~nmt.core.beams.FRAGMENT_DONE`. Only
+    states a piece reaches are made.
     """
     ordered, by_text = _piece_index(texts, tuple(i for i in range(len(texts)) if is_control(i)))
     states, index, table = [0], {0: 0}, []

@@ -228,10 +228,8 @@ class RunDir:
 
     def _check_one_run(self, path: Path, payload: dict) -> None:
         """Refuse to resume from ``path`` when it was written by another run than the directory's
-        other
-        checkpoints (a ``last.pt`` copied in from elsewhere): its steps would be appended to this
-            run's
-        records, and ``best.pt`` would stay the other run's.
+        other checkpoints (a ``last.pt`` copied in from elsewhere): its steps would be appended to
+        this run's records, and ``best.pt`` would stay the other run's.
 
         Raises:
             ConfigError: naming the checkpoint, both runs and what to do.

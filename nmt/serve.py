@@ -4,15 +4,14 @@ Endpoints:
 
 * ``POST /translate``: ``{"text": "..."}`` or ``{"text": ["...", ...]}``, optional
   ``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, ``tgt_lang`` (required by a
-  multilingual model: the language to translate into), and per line ``prefix``,
-  ``constraints`` and ``ban`` (as ``nmt translate --prefix-file`` etc.); answers ``{"translations":
-  [...]}`` in input order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score",
-  "log_prob"}, ...]}``. With ``"alignment": true`` every n-best entry also has ``"alignment"``
-  (``i-j`` pairs, as
-  ``nmt translate --print-alignment``) and each translation ``"attention"``: its best
-  hypothesis's source and output pieces (each ending in ``</s>``) and ``weights``
-  ``[tgt_len][src_len]``, the heads-averaged cross-attention of the layer alignments are read
-  from (:mod:`nmt.align`), which the page draws as a heatmap.
+  multilingual model: the language to translate into), and per line ``prefix``, ``constraints`` and
+  ``ban`` (as ``nmt translate --prefix-file`` etc.); answers ``{"translations": [...]}`` in input
+  order, each ``{"text", "score", "log_prob", "n_best": [{"text", "score", "log_prob"}, ...]}``.
+  With ``"alignment": true`` every n-best entry also has ``"alignment"`` (``i-j`` pairs, as ``nmt
+  translate --print-alignment``) and each translation ``"attention"``: its best hypothesis's source
+  and output pieces (each ending in ``</s>``) and ``weights`` ``[tgt_len][src_len]``, the
+  heads-averaged cross-attention of the layer alignments are read from (:mod:`nmt.align`), which the
+  page draws as a heatmap.
 * ``GET /health``: model loaded, device, dtype, checkpoint step, requests queued and running.
 * ``GET /info``: languages (``directions``, ``tgt_langs``), tokenizer, model and decode config, the
   server's limits.

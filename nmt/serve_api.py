@@ -1,12 +1,11 @@
 r"""What a ``POST /translate`` request of ``nmt serve`` may ask for, and its checks.
 
-A request is a JSON object: ``text`` (a string, or a list of strings), and optionally
-``beam_size``, ``length_penalty``, ``n_best``, ``alignment``, ``tgt_lang`` (the target
-language, as ``nmt translate --tgt-lang``: required by a multilingual model), and per line
-``prefix``,
-``constraints`` and ``ban`` (as ``nmt translate``'s files give them). :func:`parse_request`
-turns it into a :class:`Job`, or refuses it with a :class:`RequestError` whose status is a
-4xx and whose message is one line. The server (:mod:`nmt.serve`) runs the jobs.
+A request is a JSON object: ``text`` (a string, or a list of strings), and optionally ``beam_size``,
+``length_penalty``, ``n_best``, ``alignment``, ``tgt_lang`` (the target language, as ``nmt translate
+--tgt-lang``: required by a multilingual model), and per line ``prefix``, ``constraints`` and
+``ban`` (as ``nmt translate``'s files give them). :func:`parse_request` turns it into a
+:class:`Job`, or refuses it with a :class:`RequestError` whose status is a 4xx and whose message is
+one line. The server (:mod:`nmt.serve`) runs the jobs.
 
 A line break inside a line of ``text`` (``\n``, ``\r``, or any other that ``str.splitlines``
 splits on) reads as a space, as ``nmt translate`` reads such characters inside a line of its
@@ -306,9 +305,8 @@ def _object(pairs: list[tuple[str, object]]) -> dict:
 
 def _search_settings(body: dict, default: DecodeConfig, limits: Limits) -> DecodeConfig:
     """The checkpoint's search settings ``default`` with the request's ``beam_size``,
-    ``length_penalty`` and
-    ``n_best``, and the server's limits as the search's (a line the request limit lets in is
-    translated).
+    ``length_penalty`` and ``n_best``, and the server's limits as the search's (a line the request
+    limit lets in is translated).
 
     Raises:
         RequestError: a value out of its range, or one the limits let through but the search refuses

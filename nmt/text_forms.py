@@ -27,16 +27,30 @@ def _shared_characters(a: str, b: str) -> int:
     return sum((Counter(a.replace(" ", "")) & Counter(b.replace(" ", ""))).values())
 
 
+def clusters(text: str) -> list[str]:
+    """``text`` cut into characters each with the combining marks that follow it (a mark with
+    nothing before it stands alone)."""
+    found: list[str] = []
+    for ch in text:
+        if found and unicodedata.combining(ch):
+            found[-1] += ch
+        else:
+            found.append(ch)
+    return found
+
+
 def _first_change(text: str) -> tuple[str, str]:
-    """The first character of ``text`` that NFKC changes, with the combining marks that follow it,
-    and what NFKC makes of them; ``("", "")`` if none."""
-    for i, ch in enumerate(text):
-        end = i + 1
-        while end < len(text) and unicodedata.combining(text[end]):
-            end += 1
-        if _nfkc(text[i:end]) != text[i:end] and not unicodedata.combining(ch):
-            return text[i:end], _nfkc(text[i:end])
-    return "", ""
+    """The first character of ``text`` (with the combining marks that follow it,
+    :func:`clusters`) that NFKC changes, and what NFKC makes of it; ``("", "")`` if
+    none."""
+    return next(
+        (
+            (c, _nfkc(c))
+            for c in clusters(text)
+            if _nfkc(c) != c and not unicodedata.combining(c[0])
+        ),
+        ("", ""),
+    )
 
 
 def normalisation_mismatches(

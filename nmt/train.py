@@ -568,10 +568,9 @@ class Trainer:
         for out in outs:
             self.window.add(out)
         self.window.tokens += self.updater.last_tokens
-        self.progress.step += 0 if self.updater.skipped else 1
-        return self._count_skipped() if self.updater.skipped else self._made()
-
-    def _made(self) -> bool:
+        if self.updater.skipped:
+            return self._count_skipped()
+        self.progress.step += 1
         self.skipped_in_a_row = 0
         return True
 

@@ -92,8 +92,8 @@ class Layout:
         what: str = "vocab.json",
     ) -> Layout:
         """The layout of ``vocab`` (piece → Marian id), whose special pieces are spelt ``eos``,
-        ``unk``, ``pad`` and
-        ``start`` (the piece decoding starts from; ``pad`` when None, as in OPUS-MT's).
+        ``unk``, ``pad`` and ``start`` (the piece decoding starts from; ``pad`` when None, as in
+        OPUS-MT's).
 
         Raises:
             TokenizerError: the ids are not 0 … N-1, each once, a special piece is missing or two

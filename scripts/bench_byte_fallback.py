@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What SentencePiece's byte_fallback changes for a target with a large character set.
+r"""What SentencePiece's byte_fallback changes for a target with a large character set.
 
 Trains the joint tokenizer a config describes twice, without and with ``byte_fallback``,
 on the config's training text, then encodes a held-out target file and reports, for each:
@@ -7,8 +7,8 @@ the share of reference characters that become UNK (a model using that tokenizer 
 produce them: nmt bans UNK at decoding), the sentences with at least one UNK, whether
 decoding the encoding gives the text back, and pieces per sentence.
 
-    python scripts/bench_byte_fallback.py --config configs/small_enja.yaml --ref
-    ../shared/data/small_parallel_enja/test.ja.gz
+    python scripts/bench_byte_fallback.py --config configs/small_enja.yaml \
+        --ref ../shared/data/small_parallel_enja/test.ja.gz
 """
 
 from __future__ import annotations

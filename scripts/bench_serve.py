@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Load test for ``nmt serve`` against ``nmt translate`` on the same sentences as a file.
+r"""Load test for ``nmt serve`` against ``nmt translate`` on the same sentences as a file.
 
 Starts ``nmt serve`` on 127.0.0.1 (a free port), then for each client count N sends the test
 sentences, ``--lines-per-request`` a request, from N concurrent clients that take the next
@@ -14,8 +14,8 @@ translation of some other sentence in the set) must all be 0.
 
 Example (2 CPU threads for the model, beam 5, Multi30k test_2016_flickr):
 
-    python scripts/bench_serve.py --checkpoint RUN/best.pt --clients 1 8 32 --threads 2 --screenshot
-    docs/serve.png
+    python scripts/bench_serve.py --checkpoint RUN/best.pt --clients 1 8 32 --threads 2 \
+        --screenshot docs/serve.png
 """
 
 from __future__ import annotations

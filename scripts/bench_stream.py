@@ -9,9 +9,8 @@ it early; the record says how far it got. Prints one JSON object.
 
 ``file``: in one process, translates the same lines once with
 :meth:`nmt.inference.Inference.translate` over the whole input and once with
-:meth:`nmt.inference.Inference.stream` in
-``--buffer-size`` buffers, alternating ``--repeats`` times, and prints the best
-sentences/s of each.
+:meth:`nmt.inference.Inference.stream` in ``--buffer-size`` buffers, alternating ``--repeats``
+times, and prints the best sentences/s of each.
 
     python scripts/bench_stream.py pipe --checkpoint RUN/best.pt --lines 1000000 --beam 1
     python scripts/bench_stream.py file --checkpoint RUN/best.pt --lines 4000

@@ -520,21 +520,30 @@ def step_decode(plan: Plan, data: Data, run) -> dict:
     return run("decode", cmd, plan.limits_s["decode"])
 
 
+def training_time(plan: Plan, left_s: float, step: str, results: Results) -> tuple[float, dict]:
+    """The recipe's training time the budget allows (at most the plan's), and the record of ``step``
+    skipped for lack of it (added to ``results``), or ``{}``."""
+    train_s = min(plan.multi30k_train_s, left_s - plan.multi30k_reserve_s)
+    if train_s >= 30:
+        return train_s, {}
+    record = {
+        "step": step,
+        "status": "skipped",
+        "seconds": 0.0,
+        "error": f"{left_s:.0f} s of the budget left: too little to train",
+    }
+    results.add(record)
+    return train_s, record
+
+
 def step_multi30k(
     plan: Plan, data: Data, work: Path, left_s: float, extra_sets: list[str], results: Results
 ) -> dict:
     """Train with configs/multi30k_gpu.yaml for what the budget allows (at most the plan's
     training time), then select and score a checkpoint; one record for both."""
-    train_s = min(plan.multi30k_train_s, left_s - plan.multi30k_reserve_s)
-    if train_s < 30:
-        record = {
-            "step": "multi30k",
-            "status": "skipped",
-            "seconds": 0.0,
-            "error": f"{left_s:.0f} s of the budget left: too little to train",
-        }
-        results.add(record)
-        return record
+    train_s, skipped = training_time(plan, left_s, "multi30k", results)
+    if skipped:
+        return skipped
     run_dir = work / "multi30k"
     sets = [
         f"data.dir={data.dir}",
@@ -618,16 +627,9 @@ def step_sweep(
     from gpu_sweep import chosen, curve, read_sweep, train_concurrently
 
     configs = read_sweep(sweep_file)
-    train_s = min(plan.multi30k_train_s, left_s - plan.multi30k_reserve_s)
-    if train_s < 30:
-        record = {
-            "step": "sweep",
-            "status": "skipped",
-            "seconds": 0.0,
-            "error": f"{left_s:.0f} s of the budget left: too little to train",
-        }
-        results.add(record)
-        return record
+    train_s, skipped = training_time(plan, left_s, "sweep", results)
+    if skipped:
+        return skipped
     started, runs_dir = time.monotonic(), work / "sweep"
     runs_dir.mkdir(parents=True, exist_ok=True)
     common = [

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate a tiny, seeded, synthetic English->Chinese parallel corpus from a grammar.
+r"""Generate a tiny, seeded, synthetic English->Chinese parallel corpus from a grammar.
 
 It exists for tests of everything that depends on the target script: Chinese is written
 without spaces, so BLEU needs sacreBLEU's ``zh`` tokenizer, and the tokenizer sees a
@@ -14,8 +14,8 @@ English is written with ordinary punctuation (a space before the final "." like 
 Chinese with full-width "。" and no spaces.
 
 Usage (the defaults reproduce data/toy_zh byte for byte):
-    python scripts/make_toy_zh_corpus.py --out data/toy_zh --seed 1 --train 2000 --valid 100 --test
-    100
+    python scripts/make_toy_zh_corpus.py --out data/toy_zh --seed 1 --train 2000 --valid 100 \
+        --test 100
 The test split is drawn first, then valid, then train, and every English sentence is
 unique across the whole corpus.
 """

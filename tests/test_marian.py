@@ -8,9 +8,8 @@ under which settings both searches are defined to agree:
   adversarial text;
 * teacher-forced log-probabilities of every Marian piece, within 1e-4;
 * greedy search: ``generate(num_beams=1, max_length=L)`` against nmt's beam 1 with ``max_len_a`` 0
-  and
-  ``max_len_b`` L - 2 (the import's own mapping), every sentence, those cut by the limit too (both
-  force EOS there, and greedy picks the same token whatever the forced token's score);
+  and ``max_len_b`` L - 2 (the import's own mapping), every sentence, those cut by the limit too
+  (both force EOS there, and greedy picks the same token whatever the forced token's score);
 * beam search: ``generate(num_beams=4, early_stopping=True, length_penalty=α)`` against nmt's beam
   4, ``length`` normalisation, α, on every sentence whose result ends before the limit (at the limit
   generate() forces EOS with log-probability 0, nmt with the model's own, so a result cut there may

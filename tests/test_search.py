@@ -335,35 +335,21 @@ def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win(normalizati
 @pytest.mark.parametrize("alpha,n_best", [(0.0, 1), (0.6, 1), (1.0, 3), (2.0, 1), (-0.5, 2)])
 def test_early_stop_bound_changes_no_result(model, monkeypatch, normalization, alpha, n_best):
     src = random_sources([3, 9, 14, 22], seed=7)
-    fast = translate_batch(
-        model,
-        src,
-        DecodeConfig(
-            beam_size=4,
-            length_penalty=alpha,
-            max_len_a=1.0,
-            max_len_b=6,
-            n_best=n_best,
-            length_normalization=normalization,
-        ),
+    decode = DecodeConfig(
+        beam_size=4,
+        length_penalty=alpha,
+        max_len_a=1.0,
+        max_len_b=6,
+        n_best=n_best,
+        length_normalization=normalization,
     )
+    fast = translate_batch(model, src, decode)
     monkeypatch.setattr(
         search_module,
         "_settled",
         lambda done, best, step, max_len, decode: len(done) >= decode.beam_size,
     )
-    slow = translate_batch(
-        model,
-        src,
-        DecodeConfig(
-            beam_size=4,
-            length_penalty=alpha,
-            max_len_a=1.0,
-            max_len_b=6,
-            n_best=n_best,
-            length_normalization=normalization,
-        ),
-    )
+    slow = translate_batch(model, src, decode)
     for f, s in zip(fast, slow):
         assert [h.tokens for h in f] == [h.tokens for h in s]
         assert [h.score for h in f] == pytest.approx([h.score for h in s], abs=1e-6)

@@ -100,35 +100,19 @@ def sentence_attention(inference, sentence: str, decode, src_prefix: tuple[int, 
     read (:meth:`nmt.inference.Inference.attention`).
 
     Raises:
-        ConfigError: the sentence has no text (:func:`nmt.clean.has_text`), has more than
-            ``decode.max_input_pieces`` pieces, or only unknown ones: what ``nmt translate`` leaves
-            untranslated (:meth:`nmt.inference.Inference.translate`).
+        ConfigError: the sentence is one ``nmt translate`` leaves untranslated
+            (:meth:`nmt.inference.Inference.untranslatable`).
     """
     from dataclasses import replace
 
-    from ..clean import has_text
     from ..inference import Decoding
-    from ..tokenizer import unknown_only
 
-    encoded = inference.tokenizer.encode_src([sentence.strip()])[0]
-    if not has_text(sentence) or not encoded:  # as nmt translate leaves such a line empty
-        raise ConfigError(
-            "the sentence to translate has no text (only format, control or space characters, or "
-            "ones the tokenizer reads as spaces)"
-            if sentence.strip()
-            else "the sentence to translate is empty"
-        )
-    if len(encoded) > decode.max_input_pieces:
-        raise ConfigError(
-            f"the sentence has {len(encoded)} pieces, over the limit of {decode.max_input_pieces} "
-            "(--max-input-pieces); give a shorter one"
-        )
-    if unknown_only(encoded, inference.tokenizer.src):
-        raise ConfigError(
-            "the sentence has only characters the model does not know (every piece is unknown); "
-            "nothing to plot"
-        )
+    line = sentence.strip()
+    pieces = inference.tokenizer.encode_src([line])[0]
+    why = inference.untranslatable(sentence, pieces, decode.max_input_pieces)
+    if why is not None:  # what nmt translate leaves empty is not drawn
+        raise ConfigError(f"the sentence to translate {why[1]}; nothing to plot")
     ((best, *_),) = inference.translate(
-        [sentence.strip()], Decoding(replace(decode, n_best=1), src_prefix=src_prefix)
+        [line], Decoding(replace(decode, n_best=1), src_prefix=src_prefix)
     )
-    return inference.attention(sentence.strip(), best, src_prefix)
+    return inference.attention(line, best, src_prefix)

@@ -153,8 +153,7 @@ class Updater:
 
     def trial(self, batch: Batch) -> None:
         """The forward and backward pass of ``batch`` (host tensors) as a step runs them, with
-        nothing
-        kept: the gradients are dropped, the weights, optimizer and schedule untouched (what
+        nothing kept: the gradients are dropped, the weights, optimizer and schedule untouched (what
         :func:`nmt.runtime.check_fits` runs to see whether a batch fits in memory). Random draws
         (dropout) are consumed: a caller that needs them unchanged saves the generators' states."""
         batch = batch.to(self.device)
