@@ -1730,6 +1730,31 @@ def test_output_is_utf8_whatever_the_locale(trained_run, tmp_path, env):
     out.stdout.decode("utf-8")  # strict: valid UTF-8
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "ascii"},
+        {"PYTHONIOENCODING": "latin-1"},
+    ],
+)
+def test_the_warnings_about_text_forms_reach_an_ascii_terminal(tmp_path, env):
+    """The evaluate warnings quote the text they are about (NFD Japanese, a byte-order mark): under
+    an ASCII or Latin-1 locale they are written in one piece, and the score is unchanged."""
+    import unicodedata
+
+    ref, hyp = tmp_path / "ref.ja", tmp_path / "hyp.ja"
+    ref.write_text("これはガイドです。\n\ufeff犬が寝ています。\n", encoding="utf-8")
+    hyp.write_text(
+        unicodedata.normalize("NFD", "これはガイドでした。") + "\n犬が寝ています。\n",
+        encoding="utf-8",
+    )
+    result = _nmt("evaluate", "--hyp", hyp, "--ref", ref, "--tokenize", "char", "--json", env=env)
+    err = result.stderr.decode("utf-8")
+    assert result.returncode == 0 and "Logging error" not in err, err
+    assert "1 line(s) of the hypotheses differ from" in err and "Unicode normalisation" in err
+    assert "differ in invisible characters (line 2: '\\ufeff'" in err
+
+
 def test_translate_writes_through_a_fifo_and_keeps_it(trained_run, tmp_path):
     import stat
     import threading
