@@ -215,15 +215,8 @@ class Beams:
     def advance(self, top: Candidates, scorer) -> None:
         """The ``beam`` best candidates that do not end continue; the scorer's state (and the
         constraint progress) follows their back-pointers."""
-        n, beam = self.scores.shape
-        rank = top.is_eos.long() * (2 * beam) + torch.arange(2 * beam, device=self.scores.device)
-        chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
-        self.scores = top.scores.gather(1, chosen)
-        # flat back-pointers
-        back = (
-            torch.arange(n, device=chosen.device).unsqueeze(1) * beam + top.beam.gather(1, chosen)
-        ).view(-1)
-        new = top.token.gather(1, chosen).view(-1)
+        beam = self.scores.size(1)
+        self.scores, back, new = top.continuing(beam)
         self.tokens = torch.cat([self.tokens.index_select(0, back), new.unsqueeze(1)], dim=1)
         if self.progress is not None:
             self.progress.advance(back, new)
@@ -280,6 +273,18 @@ class Candidates:
             token,
             (token == EOS) & torch.isfinite(top_scores),
         )
+
+    def continuing(self, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The ``beam`` best candidates of each sentence that do not end (those that end rank
+        last): their scores ``(n, beam)``, flat back-pointers ``(n*beam,)`` to the rows they extend
+        and their tokens ``(n*beam,)``."""
+        n, width = self.scores.shape
+        rank = self.is_eos.long() * width + torch.arange(width, device=self.scores.device)
+        chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
+        back = torch.arange(n, device=chosen.device).unsqueeze(1) * beam + self.beam.gather(
+            1, chosen
+        )
+        return self.scores.gather(1, chosen), back.view(-1), self.token.gather(1, chosen).view(-1)
 
 
 def row_top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:

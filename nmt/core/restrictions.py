@@ -55,6 +55,8 @@ class Restrictions:
                 .to(device)
             )
             self.byte_values = values.to(device)
+            self.may_start = torch.ones(len(values), dtype=torch.bool, device=device)
+            self.may_start[self.not_a_start] = False
 
     def __call__(self, lprobs: Tensor, beams: Beams, step: int) -> None:
         """Restrict ``lprobs`` ``(rows, vocab)`` of the hypotheses ``beams`` at ``step`` (pieces so
@@ -75,13 +77,27 @@ class Restrictions:
         if step < self.min_len:
             lprobs[:, EOS] = float("-inf")
         if self.byte_values is not None:
-            self._complete_characters(lprobs, beams.tokens)
+            self._complete_characters(lprobs, beams.tokens[:, -3:])
         if beams.steering:
             self._steer(lprobs, beams, step, written)
         # the limit wins over every rule: a hypothesis there ends, so each sentence gets one
         if limit is not None:
             lprobs[limit] = float("-inf")
             lprobs[limit, EOS] = eos
+
+    def fixed(self, lprobs: Tensor, tail: Tensor, step: Tensor, limit: Tensor) -> None:
+        """The same rules for a search of fixed shapes (:mod:`nmt.core.device_search`), without
+        steering: nothing is read on the host and no shape depends on a value, so a GPU can capture
+        it in a CUDA graph. ``lprobs`` ``(rows, vocab)``; ``tail`` ``(rows, 3)`` each hypothesis'
+        last three tokens (BOS repeated where it has fewer); ``step`` ``(1,)`` pieces so far, on the
+        device; ``limit`` ``(rows,)`` whether the row's sentence is at its length limit."""
+        eos = lprobs[:, EOS].clone()
+        lprobs.index_fill_(1, self.banned, float("-inf"))
+        lprobs[:, EOS] = torch.where(step < self.min_len, float("-inf"), lprobs[:, EOS])
+        if self.byte_values is not None:
+            self._complete_characters(lprobs, tail, masked=True)
+        lprobs.masked_fill_(limit.unsqueeze(1), float("-inf"))
+        lprobs[:, EOS] = torch.where(limit, eos, lprobs[:, EOS])
 
     @staticmethod
     def _steer(lprobs: Tensor, beams: Beams, step: int, written: dict[int, Tensor]) -> None:
@@ -110,12 +126,13 @@ class Restrictions:
                 beams.progress.unmet(torch.arange(lprobs.size(0), device=lprobs.device)) > 0, EOS
             ] = float("-inf")
 
-    def _complete_characters(self, lprobs: Tensor, tokens: Tensor) -> None:
+    def _complete_characters(self, lprobs: Tensor, last: Tensor, masked: bool = False) -> None:
         """Byte pieces spell whole, valid characters: a new character starts only with a byte that
         can start one; in the middle of one, only the continuation bytes RFC 3629 allows there
-        follow."""
-        # (rows, <=3): the last pieces' byte values, -1 for other pieces
-        tail = self.byte_values[tokens[:, -3:]]
+        follow. ``last``: ``(rows, <=3)`` each hypothesis' last tokens. ``masked``: every row is
+        computed and the pending ones chosen by a mask (fixed shapes, no host read), rather than the
+        pending rows picked out."""
+        tail = self.byte_values[last]  # (rows, <=3): byte values, -1 for other pieces
         if tail.size(1) < 3:
             tail = torch.cat([tail.new_full((tail.size(0), 3 - tail.size(1)), -1), tail], 1)
         # (rows,) where the last character starts
@@ -124,13 +141,24 @@ class Restrictions:
         have, need = 3 - lead_at, 2 + (lead >= 0xE0).long() + (lead >= 0xF0).long()
         # (rows,) in the middle of a character
         pending = (tail[:, 2] >= 0x80) & (lead >= 0xC0) & (have < need)
+        if masked:  # pending rows keep their continuations, the others what may start a character
+            allowed = self._continuations(lead, have, tail[:, 2])
+            lprobs.masked_fill_(
+                ~torch.where(pending.unsqueeze(1), allowed, self.may_start), float("-inf")
+            )
+            return
         rows = pending.nonzero().squeeze(1) if bool(pending.any()) else None
         # (pending rows, vocab), before the next line
         middle = lprobs[rows] if rows is not None else None
         lprobs.index_fill_(1, self.not_a_start, float("-inf"))
         if rows is None:
             return
-        lead, have, second = lead[rows], have[rows], tail[rows, 2]
+        allowed = self._continuations(lead[rows], have[rows], tail[rows, 2])
+        lprobs[rows] = middle.masked_fill(~allowed, float("-inf"))
+
+    def _continuations(self, lead: Tensor, have: Tensor, second: Tensor) -> Tensor:
+        """``(rows, vocab)``: the pieces that may continue a character of lead byte ``lead`` of
+        which ``have`` bytes are written, the last ``second`` (each ``(rows,)``)."""
         low, high = torch.full_like(lead, 0x80), torch.full_like(lead, 0xBF)
         # the byte after the lead: no overlong form, surrogate, code point over U+10FFFF, or C1
         # control
@@ -144,12 +172,10 @@ class Restrictions:
             first & (lead == 0xED), 0x9F, torch.where(first & (lead == 0xF4), 0x8F, high)
         )
         values = self.byte_values.unsqueeze(0)  # (1, vocab)
-        # (pending rows, vocab)
         allowed = (values >= low.unsqueeze(1)) & (values <= high.unsqueeze(1))
         # E2 80 A8/A9: U+2028, U+2029
         separator = ((have == 2) & (lead == 0xE2) & (second == 0x80)).unsqueeze(1)
-        allowed &= ~(separator & ((values == 0xA8) | (values == 0xA9)))
-        lprobs[rows] = middle.masked_fill(~allowed, float("-inf"))
+        return allowed & ~(separator & ((values == 0xA8) | (values == 0xA9)))
 
 
 def _longest(steering: Steering) -> int:
