@@ -25,7 +25,7 @@ to float32 rounding (attention over the capacity sums its zeros in another order
 the written positions, so the last bits may differ).
 """
 
-# Size: module at most 450 lines: the static cache, the arena, its slabs and the scorer that replays
+# Size: module at most 460 lines: the static cache, the arena, its slabs and the scorer that replays
 # them are one mechanism.
 
 from __future__ import annotations
@@ -189,6 +189,9 @@ class Slab:
         self.outputs: list[Tensor | None] = [None, None]
         # where the model's tensors were when the graphs were captured
         self.bound: tuple | None = None
+        # what nmt.graph_search keeps here: the search's settings and state, and its graphs
+        self.search: tuple | None = None
+        self.search_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
     def load(self, model, cross_kv: Tensor, src_mask: Tensor) -> None:
         """A new batch of ``model``: its sentences' cross-attention keys/values ``(n_layers, 2, n,
@@ -198,6 +201,7 @@ class Slab:
         (:func:`bound_memory`)."""
         if self.bound is not None and self.bound != bound_memory(model):
             self.graphs, self.outputs, self.bound = [None, None], [None, None], None
+            self.search, self.search_graphs = None, {}
         n, src_len = src_mask.size(0), src_mask.size(-1)
         self.cross_kv.zero_()
         self.cross_kv[:, :, :n, :, :src_len] = cross_kv
@@ -279,7 +283,8 @@ def graph_report(model) -> dict:
     slabs = list(arena.slabs.values()) if arena else []
     return {
         "slabs": len(slabs),
-        "graphs": sum(g is not None for s in slabs for g in s.graphs),
+        "graphs": sum(g is not None for s in slabs for g in s.graphs)
+        + sum(len(s.search_graphs) for s in slabs),
         "buffer_bytes": arena.buffer_bytes() if arena else 0,
         "graph_pool_bytes": arena.graph_bytes if arena else 0,
         "capture_failed": _BROKEN[0] if _BROKEN else None,
@@ -345,10 +350,7 @@ class StaticScorer:
             round_up(capacity, CAPACITY_MULTIPLE),
         )
         slab = slab_for(model, *size, memory.dtype, device, keep=graphs)
-        cross_kv = torch.stack(
-            [torch.stack(layer.cross_attn.memory_kv(memory)) for layer in model.decoder]
-        )
-        slab.load(model, cross_kv, src_mask)
+        slab.load(model, cross_kv(model, memory), src_mask)
         slot = torch.arange(n, device=device)
         return cls(model, beam, graphs), Slots(
             slab, slot, beam_rows(slot, beam), whole=n == slab.sentences
@@ -423,6 +425,12 @@ class StaticScorer:
         return Slots(
             new, here, beam_rows(here, self.beam), whole=n == sentences, which=which, written=w
         )
+
+
+def cross_kv(model, memory: Tensor) -> Tensor:
+    """Every decoder layer's cross-attention keys and values of ``memory`` ``(n, src_len,
+    d_model)``: ``(n_layers, 2, n, n_heads, src_len, head_dim)``."""
+    return torch.stack([torch.stack(layer.cross_attn.memory_kv(memory)) for layer in model.decoder])
 
 
 _BROKEN: list[str] = []  # why CUDA graphs failed in this process, once they have

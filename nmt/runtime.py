@@ -29,7 +29,8 @@ from .config import ConfigError
 from .core.model import Transformer
 from .core.scorers import SCORERS
 from .dropout import Dropout
-from .graphs import StaticScorer, graphs_work
+from .graph_search import GraphSearch
+from .graphs import graphs_work
 from .memory import keep_freed_memory
 
 log = logging.getLogger("nmt.runtime")
@@ -306,14 +307,15 @@ def for_training(model: nn.Module, device: torch.device) -> nn.Module:
 
 def decode_scorer(device: torch.device, columns: Tensor | None = None, cache: str = "auto"):
     """The scorer of ``decode.cache`` (:class:`~nmt.config.DecodeConfig`), for
-    :func:`nmt.core.search.translate_batch`: ``static`` (:class:`nmt.graphs.StaticScorer`),
+    :func:`nmt.core.search.translate_batch`: ``static`` (:class:`nmt.graph_search.GraphSearch`: the
+    step of fixed shapes, plain beam search held on the device),
     ``dynamic`` (the core's cached decoder), or ``auto``: the step of fixed shapes replayed as CUDA
     graphs on a GPU (unless a capture failed in this process), else the dynamic cache, faster on a
     CPU. A shortlist (``columns``) changes the output width per batch: always the dynamic cache."""
     if columns is not None or cache == "dynamic":
         return SCORERS["cached"]
     return (
-        StaticScorer
+        GraphSearch
         if cache == "static" or (device.type == "cuda" and graphs_work())
         else SCORERS["cached"]
     )

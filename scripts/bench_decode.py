@@ -18,7 +18,9 @@ On a GPU, several batch sizes in one run (what ``scripts/gpu_check.py`` runs)::
 
 Engines: nmt (production: on a GPU the step of fixed shapes replayed as CUDA graphs, on a CPU
 the dynamic cache; source shared by the beams), nmt-cached (the dynamic cache), nmt-static (the
-step of fixed shapes, eager on a CPU), nmt-tiled (source copied per beam), nmt-recompute (no
+step of fixed shapes with beam search held on the device, eager on a CPU), nmt-stepwise (the step
+of fixed shapes driven by the host's beam search, the production path before the search moved to
+the device), nmt-tiled (source copied per beam), nmt-recompute (no
 cache), hf (transformers MarianMTModel.generate on the exported model),
 ct2-float32, ct2-int8, ct2-float16, ct2-bfloat16 (CTranslate2 on the converted model). An nmt
 engine followed by ``@DTYPE`` (``nmt@float16``) runs in that dtype instead of ``--dtype``.
@@ -155,7 +157,7 @@ def worker(args, work: Path) -> None:
             model, resolve_dtype(dtype_name, device), per_channel=args.int8_weights == "per-channel"
         )
         shortlist = Shortlist.read(args.shortlist, tokenizer) if args.shortlist else None
-        # nmt: the production path (static and CUDA graphs on a GPU, the dynamic cache on a CPU).
+        from nmt.graph_search import GraphSearch
         from nmt.graphs import StaticScorer
 
         # nmt: what nmt.inference runs on this device (the static step with CUDA graphs on a GPU,
@@ -163,7 +165,8 @@ def worker(args, work: Path) -> None:
         scorer = {
             "nmt": None,
             "nmt-cached": "cached",
-            "nmt-static": StaticScorer,
+            "nmt-static": GraphSearch,
+            "nmt-stepwise": StaticScorer,
             "nmt-tiled": "tiled",
             "nmt-recompute": "recompute",
         }[engine]

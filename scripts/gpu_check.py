@@ -115,8 +115,10 @@ GPU = Plan(
         "--profile-steps",
         "3",
     ],
-    # nmt: the production path (static step, CUDA graphs) in bf16 and fp16; nmt-cached: the dynamic
-    # cache; every engine warms up on every batch first, so graphs are captured before the clock.
+    # nmt: the production path (static step and beam search held on the device, CUDA graphs) in
+    # bf16 and fp16; nmt-stepwise: the static step under the host's search (the path before);
+    # nmt-cached: the dynamic cache; every engine warms up on every batch first, so graphs are
+    # captured before the clock.
     decode_args=[
         "--preset",
         "base",
@@ -135,7 +137,7 @@ GPU = Plan(
         "--warm-all",
         "--profile",
         "--engines",
-        "nmt,nmt@float16,ct2-float16,nmt-cached,hf",
+        "nmt,nmt@float16,ct2-float16,nmt-stepwise,nmt-cached,hf",
     ],
     multi30k_sets=[],
     train_engines="nmt,hf,nmt-compile",
@@ -184,8 +186,8 @@ DRY = Plan(
         DRY_VOCAB,
         "--warm-all",
         "--engines",
-        # nmt-static: the GPU's step of fixed shapes, eager (its CPU twin)
-        "nmt,nmt-static,hf,ct2-int8",
+        # nmt-static, nmt-stepwise: the GPU's paths, eager (their CPU twins)
+        "nmt,nmt-static,nmt-stepwise,hf,ct2-int8",
     ],
     multi30k_sets=[
         "model.d_model=32",

@@ -10,6 +10,7 @@ model in training does, and watch every torch call.
 
 import gc
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -105,6 +106,10 @@ def paths(setup) -> dict:
     return {
         "beam search": lambda: translate_lines(model, tokenizer, LINES, decode, cpu),
         "greedy": lambda: translate_lines(model, tokenizer, LINES, DecodeConfig(beam_size=1), cpu),
+        # the search held on the device, run eagerly on a CPU (a GPU replays it as CUDA graphs)
+        "static beam search": lambda: translate_lines(
+            model, tokenizer, LINES, replace(decode, cache="static"), cpu
+        ),
         "sampling": lambda: translate_lines(
             model, tokenizer, LINES, decode, cpu, sampling=Sampling(top_p=0.9, seed=3)
         ),
@@ -124,6 +129,7 @@ def paths(setup) -> dict:
     [
         "beam search",
         "greedy",
+        "static beam search",
         "sampling",
         "ensemble",
         "steering",

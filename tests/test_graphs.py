@@ -1,17 +1,21 @@
 """The step of fixed shapes (nmt.graphs) against the dynamic cache: on the CPU it runs eagerly, the
 twin of what a GPU replays as CUDA graphs, so these tests check the GPU path's results."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import random_sources, tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import nmt.graph_search as graph_search
 from nmt.config import DecodeConfig
 from nmt.core.beams import Steering
 from nmt.core.model import Transformer
 from nmt.core.scorers import TransformerScorer
 from nmt.core.search import Sampling, translate_batch
+from nmt.graph_search import SEARCH_CAPACITY, GraphSearch, searcher
 from nmt.graphs import Arena, StaticScorer, round_up, sentence_bucket
 from nmt.runtime import decode_scorer
 from nmt.tokenizer import BOS
@@ -48,17 +52,18 @@ def test_buckets_by_hand():
 
 def test_the_production_path_is_static_only_on_a_gpu_without_a_shortlist():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert decode_scorer(cpu) is TransformerScorer and decode_scorer(cuda) is StaticScorer
+    assert decode_scorer(cpu) is TransformerScorer and decode_scorer(cuda) is GraphSearch
     # a shortlist: the dynamic cache
     assert decode_scorer(cuda, columns=torch.arange(5)) is TransformerScorer
     assert (
-        decode_scorer(cpu, cache="static") is StaticScorer
+        decode_scorer(cpu, cache="static") is GraphSearch
         and decode_scorer(cuda, cache="dynamic") is TransformerScorer
     )
 
 
+@pytest.mark.parametrize("scorer", [GraphSearch, StaticScorer], ids=["device search", "step-wise"])
 @pytest.mark.parametrize("beam,n_best,alpha", [(1, 1, 0.0), (4, 1, 0.6), (4, 4, 0.0), (8, 4, 1.0)])
-def test_static_search_equals_the_dynamic_cache(model, beam, n_best, alpha):
+def test_static_search_equals_the_dynamic_cache(model, beam, n_best, alpha, scorer):
     # Nine sentences (a bucket of 16 slots): some finish early, so slots go dead and the batch moves
     # to smaller buckets.
     src = random_sources([1, 2, 7, 19, 33, 60, 4, 5, 9], seed=beam)
@@ -66,9 +71,68 @@ def test_static_search_equals_the_dynamic_cache(model, beam, n_best, alpha):
         beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best
     )
     same_results(
-        translate_batch(model, src, decode, scorer=StaticScorer),
+        translate_batch(model, src, decode, scorer=scorer),
         translate_batch(model, src, decode, scorer="cached"),
     )
+
+
+def test_plain_beam_search_is_held_on_the_device_and_the_rest_is_step_wise(model, monkeypatch):
+    """translate_batch gives the static scorer's own search every plain beam search within its
+    capacity, and the host's search the rest: sampling, steering, an ensemble, a longer limit."""
+    held = []
+    whole = GraphSearch.beam_search.__func__
+    monkeypatch.setattr(
+        GraphSearch, "beam_search", classmethod(lambda *a: held.append(1) or whole(*a))
+    )
+    src = random_sources([3, 9], seed=2)
+    decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=SEARCH_CAPACITY - 1)
+    cases = [
+        ({}, 1),
+        (dict(decode=replace(decode, max_len_b=SEARCH_CAPACITY)), 0),
+        (dict(sampling=Sampling(seed=1)), 0),
+        (dict(steering=[Steering(bans=((5,),)), Steering()]), 0),
+        (dict(steering=[Steering(), Steering()]), 1),  # no steering in effect
+        (dict(model=[model, model]), 0),
+    ]
+    for kwargs, expected in cases:
+        held.clear()
+        kwargs = {"model": model, "src": src, "decode": decode, **kwargs}
+        translate_batch(scorer=GraphSearch, **kwargs)
+        assert len(held) == expected, kwargs
+
+
+def test_the_search_loop_stops_one_step_late_and_that_step_changes_nothing(model, monkeypatch):
+    """The host learns that every sentence has settled one step late (on a GPU it reads the flag
+    while the next step runs), so the slab runs one step more than the host's search, masked."""
+    steps = []
+    step = graph_search.search_step
+    monkeypatch.setattr(graph_search, "search_step", lambda *a: steps.append(1) or step(*a))
+    src = random_sources([4, 6, 2], seed=4)
+    # raw log-probabilities: a sentence settles once its running hypotheses fall below a finished
+    decode = DecodeConfig(beam_size=3, n_best=1, length_penalty=0.0, max_len_a=0.0, max_len_b=60)
+    counted = []
+
+    class Counting(TransformerScorer):
+        def step(self, prefix, state):
+            counted.append(1)
+            return super().step(prefix, state)
+
+    dynamic = translate_batch(model, src, decode, scorer=Counting)
+    same_results(translate_batch(model, src, decode, scorer=GraphSearch), dynamic)
+    # every sentence settled well before the limit (13, 14 and 2 pieces), so the late stop is seen
+    assert max(len(h.tokens) for hyps in dynamic for h in hyps) < 59
+    assert len(steps) == len(counted) + 1
+
+
+def test_a_slab_keeps_one_search_state_per_settings(model):
+    slab = Arena(model, torch.float32, torch.device("cpu")).slab(model, 2, 3, 16, 32)
+    decode = DecodeConfig(beam_size=3, n_best=2)
+    first = searcher(slab, decode, None)
+    assert searcher(slab, decode, None) is first
+    assert first.tokens.shape == (6, 33) and first.done_tokens.shape == (2, 4, 33)
+    slab.search_graphs[(0, 16)] = "a graph of these settings"
+    # another setting the graph holds as a constant: a new state, the graphs dropped
+    assert searcher(slab, replace(decode, min_len=2), None) is not first and not slab.search_graphs
 
 
 def test_static_search_grows_its_capacity_as_the_dynamic_cache_does(model):
@@ -105,7 +169,7 @@ def test_static_ensemble_sampling_and_steering_equal_the_dynamic_cache(model):
     for kwargs in cases.values():
         m = kwargs.pop("model")
         same_results(
-            translate_batch(m, src, decode, scorer=StaticScorer, **kwargs),
+            translate_batch(m, src, decode, scorer=GraphSearch, **kwargs),
             translate_batch(m, src, decode, scorer="cached", **kwargs),
         )
 

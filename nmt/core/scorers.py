@@ -152,5 +152,6 @@ class EnsembleScorer:
 
 
 #: ``cached``: the dynamic cache; ``tiled`` and ``recompute``: references. A step of fixed shapes,
-#: replayed as CUDA graphs on a GPU, is the runtime's (:class:`nmt.graphs.StaticScorer`).
+#: replayed as CUDA graphs on a GPU, is the runtime's (:class:`nmt.graphs.StaticScorer`, and
+#: :class:`nmt.graph_search.GraphSearch` with its beam search on the device).
 SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}

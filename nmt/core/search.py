@@ -15,7 +15,7 @@ Shapes: ``batch`` active sentences, ``beam`` hypotheses each, rows of
 ``(batch*beam, ...)`` tensors ordered sentence-major (row ``b*beam + k``).
 """
 
-# Size: module at most 405 lines: beam search and sampling with the steps they share, read top to
+# Size: module at most 410 lines: beam search and sampling with the steps they share, read top to
 # bottom as one search.
 
 from __future__ import annotations
@@ -382,6 +382,10 @@ def translate_batch(
     scorer = SCORERS[scorer] if isinstance(scorer, str) else scorer
     src_lens = (src != PAD).sum(1)
     max_lens = output_limits(src_lens, decode, steering)
+    # A scorer that holds the whole search on the device serves plain beam search with it.
+    plain = sampling is None and len(models) == 1 and columns is None and not any(steering or ())
+    if plain and hasattr(scorer, "searches") and scorer.searches(int(max_lens.max())):
+        return scorer.beam_search(models[0], src, max_lens, decode, rules)
     rows = decode.n_best if sampling is not None else decode.beam_size
     # grown on demand: a generous limit allocates nothing
     capacity = min(int(max_lens.max()) + 1, INITIAL_CAPACITY)
