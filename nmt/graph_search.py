@@ -14,12 +14,15 @@ dynamic cache.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor
 
 from .config import DecodeConfig
 from .core.device_search import DeviceBeams
 from .core.pieces import BOS, OutputRules
+from .core.search import INITIAL_CAPACITY, beam_search
 from .graphs import (
     CAPACITY_MULTIPLE,
     SOURCE_MULTIPLE,
@@ -27,16 +30,19 @@ from .graphs import (
     StaticScorer,
     bound_memory,
     cross_kv,
-    graphs_failed,
     graphs_work,
     round_up,
     sentence_bucket,
     slab_for,
 )
 
+log = logging.getLogger("nmt.graphs")
+
 # The longest output (pieces and EOS) the search held on the device serves: its capacity is set
 # for the batch's limit up front, where the step-wise search starts small and doubles.
 SEARCH_CAPACITY = 256
+
+_FAILED: list[str] = []  # why the search held on a GPU failed in this process, once it has
 
 
 class GraphSearch(StaticScorer):
@@ -48,7 +54,7 @@ class GraphSearch(StaticScorer):
     def searches(longest: int) -> bool:
         """Whether :meth:`beam_search` serves a batch whose longest output limit is ``longest``
         pieces (EOS not counted)."""
-        return longest + 1 <= SEARCH_CAPACITY
+        return longest + 1 <= SEARCH_CAPACITY and not _FAILED
 
     @classmethod
     def beam_search(
@@ -61,11 +67,13 @@ class GraphSearch(StaticScorer):
     ) -> list[list]:
         """:func:`nmt.core.search.beam_search` of ``src`` ``(n, src_len)`` without steering, held on
         the device: the same hypotheses and scores up to the static step's rounding. ``max_lens``
-        ``(n,)``: at most :data:`SEARCH_CAPACITY` - 1 pieces (:meth:`searches`). A capture this
-        device or build cannot make is said once, and the search runs eagerly."""
+        ``(n,)``: at most :data:`SEARCH_CAPACITY` - 1 pieces (:meth:`searches`). If it fails on a
+        GPU (other than by running out of memory), that is said once in one line and this batch and
+        every later one decode with the step-wise search, the path measured before it."""
         memory, src_mask = model.encode(src)
         n, longest = memory.size(0), int(max_lens.max())
-        graphs = memory.is_cuda and graphs_work()
+        on_gpu = _on_gpu(memory)
+        graphs = on_gpu and graphs_work()
         size = (
             sentence_bucket(n),
             decode.beam_size,
@@ -81,11 +89,32 @@ class GraphSearch(StaticScorer):
             if graphs and not slab.search_graphs:
                 warm_up(slab, model, beams)
             return _search(slab, model, beams, n, longest, graphs)
-        except RuntimeError as exc:
-            if not graphs:
+        except Exception as exc:
+            if not on_gpu or isinstance(exc, torch.OutOfMemoryError):
                 raise
-            graphs_failed(exc)
-            return cls.beam_search(model, src, max_lens, decode, rules)
+            _failed(exc)
+        slab.search = None
+        scorer, state = cls.start(
+            model, memory, src_mask, decode.beam_size, min(longest + 1, INITIAL_CAPACITY)
+        )
+        return beam_search(scorer, state, max_lens, decode, rules)
+
+
+def _on_gpu(memory: Tensor) -> bool:
+    """Whether the search runs on a GPU (where its CUDA graphs are captured)."""
+    return memory.is_cuda
+
+
+def _failed(error: Exception) -> None:
+    """Record that the search held on a GPU failed: the step-wise search serves from now on."""
+    if not _FAILED:
+        text = str(error).strip()
+        _FAILED.append(text.splitlines()[0] if text else type(error).__name__)
+        log.warning(
+            "warning: beam search held on the GPU failed (%s); decoding with the step-wise "
+            "static step instead",
+            _FAILED[0],
+        )
 
 
 def searcher(slab: Slab, decode: DecodeConfig, rules: OutputRules | None) -> DeviceBeams:

@@ -124,6 +124,25 @@ def test_the_search_loop_stops_one_step_late_and_that_step_changes_nothing(model
     assert len(steps) == len(counted) + 1
 
 
+def test_a_held_search_that_fails_on_a_gpu_falls_back_to_the_step_wise_search(
+    model, monkeypatch, caplog
+):
+    """Taken for a GPU on this CPU, the held search's first CUDA call fails: the batch is decoded by
+    the step-wise search (the same results), said once, and later batches go there directly."""
+    monkeypatch.setattr(graph_search, "_FAILED", [])
+    monkeypatch.setattr(graph_search, "_on_gpu", lambda memory: True)
+    monkeypatch.setattr(graph_search, "graphs_work", lambda: True)
+    src = random_sources([3, 9, 14], seed=6)
+    decode = DecodeConfig(beam_size=3, n_best=2, length_penalty=0.6, max_len_a=0.5, max_len_b=5)
+    expected = translate_batch(model, src, decode, scorer=StaticScorer)
+    with caplog.at_level("WARNING", logger="nmt.graphs"):
+        same_results(translate_batch(model, src, decode, scorer=GraphSearch), expected)
+        assert not GraphSearch.searches(10)
+        same_results(translate_batch(model, src, decode, scorer=GraphSearch), expected)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "beam search held on the GPU failed" in warning and "step-wise" in warning
+
+
 def test_a_slab_keeps_one_search_state_per_settings(model):
     slab = Arena(model, torch.float32, torch.device("cpu")).slab(model, 2, 3, 16, 32)
     decode = DecodeConfig(beam_size=3, n_best=2)
