@@ -16,10 +16,21 @@ from nmt.tokenizer import BOS, EOS, PAD, UNK
 class GeneratedScorer:
     """Next-token log-probabilities drawn from a generator seeded by the sentence and the prefix,
     so that both searches see the same distribution for the same hypothesis whatever its row. The
-    state is each row's sentence. ``grain`` rounds the logits (ties); ``eos`` favours ending."""
+    state is each row's sentence. ``grain`` rounds the logits (ties); ``eos`` favours ending;
+    ``dead``: the share of impossible pieces; ``nan``: the chance that a row is NaN (a diverged
+    model's)."""
 
-    def __init__(self, seed: int, vocab: int, grain: float, eos: float, dead: float):
-        self.seed, self.vocab, self.grain, self.eos, self.dead = seed, vocab, grain, eos, dead
+    def __init__(
+        self, seed: int, vocab: int, grain: float, eos: float, dead: float, nan: float = 0.0
+    ):
+        self.seed, self.vocab, self.grain, self.eos, self.dead, self.nan = (
+            seed,
+            vocab,
+            grain,
+            eos,
+            dead,
+            nan,
+        )
 
     def step(self, prefix, state):
         rows = []
@@ -32,6 +43,8 @@ class GeneratedScorer:
             logits[EOS] += self.eos
             # some pieces impossible (-inf), as a shortlist or a rule leaves them
             logits[torch.rand(self.vocab, generator=g) < self.dead] = float("-inf")
+            if torch.rand(1, generator=g).item() < self.nan:
+                logits[0] = float("nan")
             rows.append(torch.log_softmax(logits, -1))
         return torch.stack(rows), state
 
@@ -45,9 +58,10 @@ class GeneratedScorer:
 
 
 def same(a, b):
-    """Identical n-best lists: tokens, scores and log-probabilities to the bit."""
-    assert [[(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in a] == [
-        [(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in b
+    """Identical n-best lists: tokens, scores and log-probabilities to the bit (NaN equal to
+    NaN)."""
+    assert [[(h.tokens, repr(h.score), repr(h.log_prob)) for h in hyps] for hyps in a] == [
+        [(h.tokens, repr(h.score), repr(h.log_prob)) for h in hyps] for hyps in b
     ]
 
 
@@ -64,9 +78,21 @@ def same(a, b):
     grain=st.sampled_from([0.0, 0.5, 2.0]),
     eos=st.floats(-2, 4),
     dead=st.sampled_from([0.0, 0.3, 0.9]),
+    nan=st.sampled_from([0.0, 0.0, 0.2]),
 )
 def test_the_device_search_equals_the_host_search(
-    seed, max_lens, beam, n_best_share, alpha, normalization, min_len, allow_unk, grain, eos, dead
+    seed,
+    max_lens,
+    beam,
+    n_best_share,
+    alpha,
+    normalization,
+    min_len,
+    allow_unk,
+    grain,
+    eos,
+    dead,
+    nan,
 ):
     n_best = 1 + int(n_best_share * (beam - 1))
     decode = DecodeConfig(
@@ -77,7 +103,7 @@ def test_the_device_search_equals_the_host_search(
         min_len=min_len,
         allow_unk=allow_unk,
     )
-    scorer = GeneratedScorer(seed, 12, grain, eos, dead)
+    scorer = GeneratedScorer(seed, 12, grain, eos, dead, nan)
     state = torch.arange(len(max_lens)).repeat_interleave(beam)
     limits = torch.tensor(max_lens)
     same(
