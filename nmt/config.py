@@ -359,6 +359,11 @@ class TrainConfig(Checked):
     compile: bool = setting(
         False, "torch.compile the training forward and backward (dynamic shapes)"
     )
+    compile_loss: bool = setting(
+        False,
+        "torch.compile the loss's two passes over tokens x vocab (fused: no float32 copies of the "
+        "logits; eager, said once, where compiling fails)",
+    )
     pad_to_multiple: int = setting(
         1,
         "round each batch's lengths up to a multiple of this (8: a GPU's tensor-core tiles, fewer "

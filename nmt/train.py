@@ -48,7 +48,13 @@ from .multilingual import DirectionMix, directions
 from .opening import Opened, open_run, read_back
 from .progress import Batching, Progress, rng_state, set_rng_state
 from .rundir import RunDir, step_checkpoints
-from .runtime import attention_backends, check_fits, for_training, resolve_device
+from .runtime import (
+    attention_backends,
+    check_fits,
+    for_training,
+    resolve_device,
+    training_loss,
+)
 from .subwords import sampled_training_corpus
 from .validation import validate
 
@@ -214,7 +220,12 @@ class Trainer:
             )
         world_size = ddp.world_size if ddp.enabled else 1
         self.updater = Updater(
-            self.model, tc, ddp.device, world_size, context=lambda: attention_backends(ddp.device)
+            self.model,
+            tc,
+            ddp.device,
+            world_size,
+            loss_fn=training_loss(tc),
+            context=lambda: attention_backends(ddp.device),
         )
         parts = self.corpus.parts  # one per direction
         self.mix = (

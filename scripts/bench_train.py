@@ -106,13 +106,13 @@ def child(args) -> None:
 
     from nmt.config import config_from_dict, with_vocab
     from nmt.core.batching import TokenBatchSampler, collate
-    from nmt.core.loss import LossOutput, label_smoothed_loss
+    from nmt.core.loss import LossOutput
     from nmt.core.model import Transformer, count_parameters
     from nmt.core.update import Updater
     from nmt.corpus import ParallelText
     from nmt.encoded import encode_corpus
     from nmt.memory import keep_freed_memory
-    from nmt.runtime import attention_backends, for_training
+    from nmt.runtime import attention_backends, for_training, training_loss
     from nmt.vocab import tokenizer_from_dir
 
     torch.set_num_threads(args.threads)
@@ -147,6 +147,7 @@ def child(args) -> None:
         "train": {
             "precision": args.precision,
             "compile": args.engine == "nmt-compile",
+            "compile_loss": args.engine == "nmt-compile-loss",
             "warmup_steps": 4000,
         },
     }
@@ -156,7 +157,7 @@ def child(args) -> None:
     torch.manual_seed(0)
     # as nmt train: the CPU's dropout masks (nmt.runtime)
     model = for_training(Transformer(cfg.model).to(device), device)
-    loss_fn = label_smoothed_loss
+    loss_fn = training_loss(cfg.train)  # as nmt train: compiled with nmt-compile-loss
     if args.engine.startswith("hf"):
         from nmt.export import marian_model
 
@@ -343,8 +344,8 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         default="nmt,hf",
-        help="nmt, nmt-compile (torch.compile), hf (MarianMTModel), hf-heap (the same with freed "
-        "memory kept, as nmt keeps it on a CPU)",
+        help="nmt, nmt-compile (torch.compile), nmt-compile-loss (train.compile_loss), hf "
+        "(MarianMTModel), hf-heap (the same with freed memory kept, as nmt keeps it on a CPU)",
     )
     parser.add_argument(
         "--rounds",

@@ -140,7 +140,7 @@ GPU = Plan(
         "nmt,nmt@float16,ct2-float16,nmt-stepwise,nmt-cached,hf",
     ],
     multi30k_sets=[],
-    train_engines="nmt,hf,nmt-compile",
+    train_engines="nmt,hf,nmt-compile-loss,nmt-compile",
     multi30k_train_s=300,
     multi30k_reserve_s=75,
 )
@@ -1077,8 +1077,9 @@ def main() -> None:
     p.add_argument(
         "--train-engines",
         default=None,
-        help="bench_train.py engines of the train step (default: nmt,hf,nmt-compile; dry run "
-        "nmt,hf; nmt-compile: torch.compile)",
+        help="bench_train.py engines of the train step (default: nmt,hf,nmt-compile-loss,"
+        "nmt-compile; dry run nmt,hf; nmt-compile: torch.compile; nmt-compile-loss: the loss "
+        "compiled)",
     )
     p.add_argument(
         "--multi30k-set",

@@ -88,3 +88,77 @@ def test_bf16_logits_get_a_bf16_gradient():
     reference = logits.detach().float().requires_grad_()
     autograd_reference(reference, target, 0.1).backward()
     torch.testing.assert_close(logits.grad.float(), reference.grad, atol=1e-2, rtol=1e-2)
+
+
+def test_what_the_loss_keeps_for_its_backward_pass_is_the_logits_and_a_float_a_token():
+    """Between the passes only the logits as they are (bfloat16 under autocast) and ``lse`` (one
+    float32 per token) are kept: not a float32 copy of ``tokens × vocab`` (3.8 GB at 30,000
+    tokens of a 32,000-piece vocabulary)."""
+    logits = (torch.randn(6, 40, 1000) * 3).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(1, 1000, (6, 40))
+    kept = []
+
+    def pack(t):
+        kept.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = label_smoothed_loss(logits, target, 0.1)
+    tokens = 6 * 40
+    assert sum(kept) == logits.numel() * 2 + tokens * (4 + 8)  # logits, lse, target
+    out.loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """The loss of train.compile_loss, with the record of a failed compile cleared."""
+    from nmt.config import TrainConfig
+    from nmt.runtime import _Compiled, training_loss
+
+    monkeypatch.setattr(_Compiled, "failed", [])
+    return training_loss(TrainConfig(compile_loss=True))
+
+
+def test_the_compiled_loss_gives_the_eager_values_and_gradients(compiled):
+    torch.manual_seed(3)
+    for tokens in (7, 12, 30):  # dynamic in the token count: one compile serves them all
+        logits = (torch.randn(1, tokens, 50) * 4).requires_grad_()
+        target = torch.randint(0, 50, (1, tokens))
+        eager = label_smoothed_loss(logits, target, 0.1)
+        (grad_eager,) = torch.autograd.grad(eager.loss * 0.7, logits)
+        out = compiled(logits, target, 0.1)
+        (grad,) = torch.autograd.grad(out.loss * 0.7, logits)
+        torch.testing.assert_close(out.loss, eager.loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.nll, eager.nll, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grad, grad_eager, rtol=1e-5, atol=1e-7)
+    assert compiled.rows.failed == []  # compiled indeed, not the eager fallback
+
+
+def test_a_loss_that_cannot_compile_runs_eagerly_said_once(compiled, monkeypatch, caplog):
+    def broken(*args):
+        raise RuntimeError("no compiler here\nmore detail")
+
+    for passes in (compiled.rows, compiled.gradient):
+        monkeypatch.setattr(passes, "compiled", broken)
+    logits = torch.randn(2, 5, 20, requires_grad=True)
+    target = torch.randint(1, 20, (2, 5))
+    with caplog.at_level("WARNING", logger="nmt.runtime"):
+        for _ in range(2):
+            out = compiled(logits, target, 0.1)
+            (grad,) = torch.autograd.grad(out.loss, logits)
+    eager = label_smoothed_loss(logits, target, 0.1)
+    assert out.loss.item() == eager.loss.item()
+    torch.testing.assert_close(grad, torch.autograd.grad(eager.loss, logits)[0], rtol=0, atol=0)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "compiling the loss failed (no compiler here)" in warning
+
+
+def test_the_loss_is_compiled_only_when_asked():
+    from nmt.config import TrainConfig
+    from nmt.core.loss import EAGER
+    from nmt.runtime import _Compiled, training_loss
+
+    assert training_loss(TrainConfig()) is EAGER
+    asked = training_loss(TrainConfig(compile_loss=True))
+    assert isinstance(asked.rows, _Compiled) and isinstance(asked.gradient, _Compiled)

@@ -20,47 +20,87 @@ class LossOutput:
     n_tokens: Tensor  # non-pad target tokens (a 0-dim tensor: reading it would sync a GPU)
 
 
+def rows_pass(logits: Tensor, target: Tensor, smoothing: float, pad_id: int):
+    """The forward pass over ``(tokens, vocab)`` logits: per token the label-smoothed loss and the
+    NLL (0 where the target is PAD), and ``lse``, the log of the softmax's normaliser, all
+    ``(tokens,)`` in float32. Nothing of ``tokens × vocab`` outlives it: the backward pass needs
+    only the logits and ``lse``."""
+    z = logits.float()
+    lprobs = F.log_softmax(z, dim=-1)
+    vocab = lprobs.size(-1)
+    keep = target != pad_id
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    # Sum of -log p over the classes that receive smoothing mass (all but reference and PAD).
+    others = -lprobs.sum(-1) - nll + lprobs[:, pad_id]
+    loss = (1.0 - smoothing) * nll + smoothing / (vocab - 2) * others
+    zero = torch.zeros((), device=logits.device)
+    # read where z is largest, where log p is smallest in size: exact to float32's rounding of lse
+    top = z.max(-1)
+    lse = top.values - lprobs.gather(-1, top.indices.unsqueeze(-1)).squeeze(-1)
+    return torch.where(keep, loss, zero), torch.where(keep, nll, zero), lse
+
+
+def gradient_pass(
+    logits: Tensor, lse: Tensor, target: Tensor, grad_loss: Tensor, smoothing: float, pad_id: int
+) -> Tensor:
+    """The backward pass: ``(softmax(z) - q) · grad_loss`` per token, in the logits' dtype, for the
+    smoothed target distribution ``q`` (see :func:`label_smoothed_loss`); ``lse`` ``(tokens,)`` from
+    :func:`rows_pass`, ``grad_loss`` ``(tokens,)`` the upstream gradient."""
+    share = smoothing / (logits.size(-1) - 2)
+    grad = torch.sub(logits, lse.unsqueeze(-1)).exp_()  # float32: softmax(z), then minus q:
+    grad -= share  # every class ...
+    grad[:, pad_id] += share  # ... but PAD, which gets no mass,
+    # and the reference 1 - ε
+    grad.scatter_add_(
+        -1, target.unsqueeze(-1), torch.full_like(grad[:, :1], share - (1.0 - smoothing))
+    )
+    keep = target != pad_id
+    grad *= torch.where(keep, grad_loss, torch.zeros((), device=grad.device)).unsqueeze(-1)
+    return grad.to(logits.dtype)
+
+
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """Per-token label-smoothed loss and NLL of ``(tokens, vocab)`` logits, with the
     gradient written directly: for a target distribution ``q`` that sums to 1, the
     gradient of ``-Σ q log softmax(z)`` is ``softmax(z) - q``. One pass over
-    ``tokens × vocab`` instead of autograd's chain through log-softmax, gather, sum and
-    where (each of which writes its own ``tokens × vocab`` buffer)."""
+    ``tokens × vocab`` each way instead of autograd's chain through log-softmax, gather, sum
+    and where (each of which writes its own ``tokens × vocab`` buffer); what is kept between
+    them is the logits as they are (bfloat16 under autocast) and one float per token."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, smoothing: float, pad_id: int):
-        lprobs = F.log_softmax(logits.float(), dim=-1)
-        vocab = lprobs.size(-1)
-        keep = target != pad_id
-        nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-        # Sum of -log p over the classes that receive smoothing mass (all but reference and PAD).
-        others = -lprobs.sum(-1) - nll + lprobs[:, pad_id]
-        loss = (1.0 - smoothing) * nll + smoothing / (vocab - 2) * others
-        zero = torch.zeros((), device=logits.device)
-        ctx.save_for_backward(lprobs, target, keep)
-        ctx.smoothing, ctx.pad_id, ctx.dtype = smoothing, pad_id, logits.dtype
-        nll = torch.where(keep, nll, zero)
+    def forward(ctx, logits: Tensor, target: Tensor, smoothing: float, pad_id: int, passes):
+        loss, nll, lse = passes.rows(logits, target, smoothing, pad_id)
+        ctx.save_for_backward(logits, lse, target)
+        ctx.smoothing, ctx.pad_id, ctx.passes = smoothing, pad_id, passes
         ctx.mark_non_differentiable(nll)
-        return torch.where(keep, loss, zero), nll
+        return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
-        lprobs, target, keep = ctx.saved_tensors
-        eps, pad = ctx.smoothing, ctx.pad_id
-        share = eps / (lprobs.size(-1) - 2)
-        grad = lprobs.exp()  # softmax(z), then minus q:
-        grad -= share  # every class ...
-        grad[:, pad] += share  # ... but PAD, which gets no mass,
-        # and the reference 1 - ε
-        grad.scatter_add_(
-            -1, target.unsqueeze(-1), torch.full_like(grad[:, :1], share - (1.0 - eps))
-        )
-        grad *= torch.where(keep, grad_loss, torch.zeros((), device=grad.device)).unsqueeze(-1)
-        return grad.to(ctx.dtype), None, None, None
+        logits, lse, target = ctx.saved_tensors
+        grad = ctx.passes.gradient(logits, lse, target, grad_loss, ctx.smoothing, ctx.pad_id)
+        return grad, None, None, None, None
+
+
+class LossPasses:
+    """The two passes over ``tokens × vocab`` that :func:`label_smoothed_loss` runs: eager by
+    default; :func:`nmt.runtime.compiled_loss` gives them compiled (``train.compile_loss``)."""
+
+    def __init__(self, rows=rows_pass, gradient=gradient_pass):
+        self.rows, self.gradient = rows, gradient
+
+    def __call__(
+        self, logits: Tensor, target: Tensor, smoothing: float, pad_id: int = PAD
+    ) -> LossOutput:
+        """:func:`label_smoothed_loss` with these passes."""
+        return label_smoothed_loss(logits, target, smoothing, pad_id, passes=self)
+
+
+EAGER = LossPasses()
 
 
 def label_smoothed_loss(
-    logits: Tensor, target: Tensor, smoothing: float, pad_id: int = PAD
+    logits: Tensor, target: Tensor, smoothing: float, pad_id: int = PAD, passes: LossPasses = EAGER
 ) -> LossOutput:
     """Cross entropy against a smoothed target distribution.
 
@@ -75,12 +115,13 @@ def label_smoothed_loss(
         logits: ``(batch, tgt_len, vocab)``.
         target: ``(batch, tgt_len)`` reference ids, PAD where there is no token.
         smoothing: ε in ``[0, 1)``; 0.1 in the paper.
+        passes: how the passes over ``tokens × vocab`` run (:class:`LossPasses`).
 
     Returns:
         :class:`LossOutput` with sums; the training objective is ``loss / n_tokens``.
     """
     flat_target = target.reshape(-1)
     loss, nll = _LabelSmoothedCrossEntropy.apply(
-        logits.reshape(-1, logits.size(-1)), flat_target, smoothing, pad_id
+        logits.reshape(-1, logits.size(-1)), flat_target, smoothing, pad_id, passes
     )
     return LossOutput(loss.sum(), nll.sum(), (flat_target != pad_id).sum())
