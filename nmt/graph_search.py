@@ -82,10 +82,10 @@ class GraphSearch(StaticScorer):
         )
         slab = slab_for(model, *size, memory.dtype, memory.device, keep=graphs)
         slab.load(model, cross_kv(model, memory), src_mask)
-        beams = searcher(slab, decode, rules)
-        beams.reset_(max_lens)
-        slab.tokens.fill_(BOS)
         try:
+            beams = searcher(slab, decode, rules)
+            beams.reset_(max_lens)
+            slab.tokens.fill_(BOS)
             if graphs and not slab.search_graphs:
                 warm_up(slab, model, beams)
             return _search(slab, model, beams, n, longest, graphs)

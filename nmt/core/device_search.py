@@ -43,7 +43,8 @@ class DeviceBeams:
     hypotheses, per sentence in the order they ended: ``done`` ``(n,)`` how many; ``done_log_probs``
     ``(n, beam+1)``, ``done_scores`` ``(n, beam+1)`` in float64 (as the host search ranks them),
     ``done_lengths`` ``(n, beam+1)`` and ``done_tokens`` ``(n, beam+1, width)``: column ``beam``
-    takes what ends without room, never read. ``penalties``: ``(width+2,)`` ``lp(L)`` in float64.
+    takes what ends without room, never read. ``penalties``: ``(width+2,)`` ``lp(L)`` in float64
+    (``L`` = 0 is never read).
     """
 
     tokens: Tensor
@@ -73,9 +74,11 @@ class DeviceBeams:
         """Buffers for ``n`` sentence slots of ``width`` token columns (:meth:`reset_` fills
         them)."""
         beam = decode.beam_size
-        penalties = [
+        # the lengths a search asks for (1 and more, EOS counted); length 0 is never read, and
+        # |Y| ** α has no value there for α < 0
+        penalties = [1.0] + [
             length_penalty(length, decode.length_penalty, decode.length_normalization)
-            for length in range(width + 2)
+            for length in range(1, width + 2)
         ]
         done = (n, beam + 1)
         return cls(
@@ -162,7 +165,8 @@ class DeviceBeams:
         bound = torch.where(best < 0, best / reach, best)
         written = torch.arange(beam, device=best.device) < self.done.unsqueeze(1)
         finished = self.done_scores[:, :beam].masked_fill(~written, float("-inf"))
-        nth = finished.topk(n_best, dim=1).values[:, -1]  # the n_best-th best
+        # the n_best-th best (n_best may exceed beam: never that many finished, as on the host)
+        nth = finished.topk(min(n_best, beam), dim=1).values[:, -1]
         settled = (self.done >= beam) | ((self.done >= n_best) & (nth >= bound))
         self.active &= (self.step < self.max_lens) & ~settled
 
