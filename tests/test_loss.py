@@ -93,7 +93,8 @@ def test_bf16_logits_get_a_bf16_gradient():
 def test_what_the_loss_keeps_for_its_backward_pass_is_the_logits_and_a_float_a_token():
     """Between the passes only the logits as they are (bfloat16 under autocast) and ``lse`` (one
     float32 per token) are kept: not a float32 copy of ``tokens × vocab`` (3.8 GB at 30,000
-    tokens of a 32,000-piece vocabulary)."""
+    tokens of a 32,000-piece vocabulary). Float32 logits keep their log-probabilities instead, of
+    the same size, which saves the backward pass one pass over them."""
     logits = (torch.randn(6, 40, 1000) * 3).to(torch.bfloat16).requires_grad_()
     target = torch.randint(1, 1000, (6, 40))
     kept = []
@@ -108,6 +109,25 @@ def test_what_the_loss_keeps_for_its_backward_pass_is_the_logits_and_a_float_a_t
     assert sum(kept) == logits.numel() * 2 + tokens * (4 + 8)  # logits, lse, target
     out.loss.backward()
     assert logits.grad.dtype == torch.bfloat16
+    kept.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        label_smoothed_loss(logits.detach().float().requires_grad_(), target, 0.1)
+    assert sum(kept) == logits.numel() * 4 + tokens * 8  # log-probabilities, target
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_gradients_equal_autograd_of_the_plain_formula(dtype):
+    """With bfloat16 or float16 logits the backward pass works from the logits and lse: its
+    gradient is autograd's of the plain formula on the same logits, to the dtype's rounding."""
+    torch.manual_seed(4)
+    logits = (torch.randn(4, 9, 60) * 5).to(dtype).requires_grad_()
+    target = torch.randint(1, 60, (4, 9))
+    target[3, 5:] = 0
+    (label_smoothed_loss(logits, target, 0.1).loss * 0.3).backward()
+    ours = logits.grad.float()
+    logits.grad = None
+    (autograd_reference(logits, target, 0.1) * 0.3).backward()
+    torch.testing.assert_close(ours, logits.grad.float(), atol=2e-3, rtol=1e-2)
 
 
 @pytest.fixture

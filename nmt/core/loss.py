@@ -22,9 +22,10 @@ class LossOutput:
 
 def rows_pass(logits: Tensor, target: Tensor, smoothing: float, pad_id: int):
     """The forward pass over ``(tokens, vocab)`` logits: per token the label-smoothed loss and the
-    NLL (0 where the target is PAD), and ``lse``, the log of the softmax's normaliser, all
-    ``(tokens,)`` in float32. Nothing of ``tokens × vocab`` outlives it: the backward pass needs
-    only the logits and ``lse``."""
+    NLL (0 where the target is PAD), ``(tokens,)`` in float32, and what the backward pass needs
+    besides the logits: for float32 logits their log-probabilities ``(tokens, vocab)`` (kept in
+    the logits' place, no larger), for bfloat16 or float16 ones ``lse`` ``(tokens,)``, the log of
+    the softmax's normaliser, so that no float32 ``tokens × vocab`` outlives the pass."""
     z = logits.float()
     lprobs = F.log_softmax(z, dim=-1)
     vocab = lprobs.size(-1)
@@ -34,20 +35,32 @@ def rows_pass(logits: Tensor, target: Tensor, smoothing: float, pad_id: int):
     others = -lprobs.sum(-1) - nll + lprobs[:, pad_id]
     loss = (1.0 - smoothing) * nll + smoothing / (vocab - 2) * others
     zero = torch.zeros((), device=logits.device)
-    # read where z is largest, where log p is smallest in size: exact to float32's rounding of lse
-    top = z.max(-1)
-    lse = top.values - lprobs.gather(-1, top.indices.unsqueeze(-1)).squeeze(-1)
-    return torch.where(keep, loss, zero), torch.where(keep, nll, zero), lse
+    kept = lprobs
+    if logits.dtype != torch.float32:
+        # read where z is largest, where log p is smallest in size: lse to float32's rounding
+        top = z.max(-1)
+        kept = top.values - lprobs.gather(-1, top.indices.unsqueeze(-1)).squeeze(-1)
+    return torch.where(keep, loss, zero), torch.where(keep, nll, zero), kept
 
 
 def gradient_pass(
-    logits: Tensor, lse: Tensor, target: Tensor, grad_loss: Tensor, smoothing: float, pad_id: int
+    logits: Tensor | None,
+    kept: Tensor,
+    target: Tensor,
+    grad_loss: Tensor,
+    smoothing: float,
+    pad_id: int,
+    dtype: torch.dtype,
 ) -> Tensor:
-    """The backward pass: ``(softmax(z) - q) · grad_loss`` per token, in the logits' dtype, for the
-    smoothed target distribution ``q`` (see :func:`label_smoothed_loss`); ``lse`` ``(tokens,)`` from
-    :func:`rows_pass`, ``grad_loss`` ``(tokens,)`` the upstream gradient."""
-    share = smoothing / (logits.size(-1) - 2)
-    grad = torch.sub(logits, lse.unsqueeze(-1)).exp_()  # float32: softmax(z), then minus q:
+    """The backward pass: ``(softmax(z) - q) · grad_loss`` per token in ``dtype`` (the logits'),
+    for the smoothed target distribution ``q`` (see :func:`label_smoothed_loss`); ``kept`` from
+    :func:`rows_pass` (with ``lse``, the ``logits``; with log-probabilities, None), ``grad_loss``
+    ``(tokens,)`` the upstream gradient."""
+    if kept.dim() == 2:  # softmax(z) in float32, then minus q:
+        grad = kept.exp()
+    else:
+        grad = torch.sub(logits, kept.unsqueeze(-1)).exp_()
+    share = smoothing / (grad.size(-1) - 2)
     grad -= share  # every class ...
     grad[:, pad_id] += share  # ... but PAD, which gets no mass,
     # and the reference 1 - ε
@@ -56,7 +69,7 @@ def gradient_pass(
     )
     keep = target != pad_id
     grad *= torch.where(keep, grad_loss, torch.zeros((), device=grad.device)).unsqueeze(-1)
-    return grad.to(logits.dtype)
+    return grad.to(dtype)
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -65,20 +78,22 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     gradient of ``-Σ q log softmax(z)`` is ``softmax(z) - q``. One pass over
     ``tokens × vocab`` each way instead of autograd's chain through log-softmax, gather, sum
     and where (each of which writes its own ``tokens × vocab`` buffer); what is kept between
-    them is the logits as they are (bfloat16 under autocast) and one float per token."""
+    them is at most as large as the logits (see :func:`rows_pass`)."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, smoothing: float, pad_id: int, passes):
-        loss, nll, lse = passes.rows(logits, target, smoothing, pad_id)
-        ctx.save_for_backward(logits, lse, target)
-        ctx.smoothing, ctx.pad_id, ctx.passes = smoothing, pad_id, passes
+        loss, nll, kept = passes.rows(logits, target, smoothing, pad_id)
+        ctx.save_for_backward(kept, target, logits if kept.dim() == 1 else None)
+        ctx.smoothing, ctx.pad_id, ctx.passes, ctx.dtype = smoothing, pad_id, passes, logits.dtype
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
-        logits, lse, target = ctx.saved_tensors
-        grad = ctx.passes.gradient(logits, lse, target, grad_loss, ctx.smoothing, ctx.pad_id)
+        kept, target, logits = ctx.saved_tensors
+        grad = ctx.passes.gradient(
+            logits, kept, target, grad_loss, ctx.smoothing, ctx.pad_id, ctx.dtype
+        )
         return grad, None, None, None, None
 
 
