@@ -8,8 +8,6 @@ each applied from here to a model built as the paper describes it:
 * :func:`for_training`: on a CPU, dropout masks drawn four times faster (:mod:`nmt.dropout`) and
   freed memory kept for reuse (:mod:`nmt.memory`);
 * :func:`attention_backends`: the attention kernels a GPU may choose from;
-* :func:`training_loss`: the loss's passes over ``tokens × vocab``, compiled with
-  ``train.compile_loss``;
 * :mod:`nmt.graphs`: a decode step of fixed shapes replayed as CUDA graphs
   (:func:`decode_scorer` picks it).
 """
@@ -28,7 +26,6 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import ConfigError
-from .core.loss import EAGER, LossPasses, gradient_pass, rows_pass
 from .core.model import Transformer
 from .core.scorers import SCORERS
 from .dropout import Dropout
@@ -322,43 +319,6 @@ def decode_scorer(device: torch.device, columns: Tensor | None = None, cache: st
         if cache == "static" or (device.type == "cuda" and graphs_work())
         else SCORERS["cached"]
     )
-
-
-class _Compiled:
-    """``fn`` compiled by ``torch.compile`` (dynamic in the token count), run eagerly from the first
-    failure to compile or run it on, which is said once in one line."""
-
-    failed: list[str] = []  # why compiling the loss failed in this process, once it has
-
-    def __init__(self, fn):
-        self.fn, self.compiled = fn, torch.compile(fn, dynamic=True)
-
-    def __call__(self, *args):
-        if not self.failed:
-            try:
-                return self.compiled(*args)
-            except Exception as exc:
-                if out_of_memory(exc):
-                    raise
-                text = str(exc).strip()
-                self.failed.append(text.splitlines()[0] if text else type(exc).__name__)
-                log.warning(
-                    "warning: train.compile_loss: compiling the loss failed (%s); it runs eagerly",
-                    self.failed[0],
-                )
-        return self.fn(*args)
-
-
-def training_loss(tc) -> LossPasses:
-    """The loss an :class:`~nmt.core.update.Updater` trains with under ``tc`` (the
-    :class:`~nmt.config.TrainConfig`): :func:`~nmt.core.loss.label_smoothed_loss`, with
-    ``compile_loss`` its two passes over ``tokens × vocab`` compiled, each fused into one read of
-    the logits (and one write of their gradient) instead of eager's float32 copies. The values
-    are the eager ones up to rounding."""
-    if not tc.compile_loss:
-        return EAGER
-    log.info("train.compile_loss: compiling the loss; the first steps take longer")
-    return LossPasses(_Compiled(rows_pass), _Compiled(gradient_pass))
 
 
 def out_of_memory(exc: BaseException) -> bool:

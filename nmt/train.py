@@ -23,6 +23,7 @@ processes agree on (:mod:`nmt.distributed`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -35,6 +36,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .checkpoint import save_checkpoint, tokenizer_to_tensors
+from .compiled import training_loss
 from .config import Config, ConfigError, config_to_dict
 from .core.batching import Batch, TokenBatchSampler, collate
 from .core.model import Transformer, count_parameters
@@ -48,13 +50,7 @@ from .multilingual import DirectionMix, directions
 from .opening import Opened, open_run, read_back
 from .progress import Batching, Progress, rng_state, set_rng_state
 from .rundir import RunDir, step_checkpoints
-from .runtime import (
-    attention_backends,
-    check_fits,
-    for_training,
-    resolve_device,
-    training_loss,
-)
+from .runtime import attention_backends, check_fits, for_training, resolve_device
 from .subwords import sampled_training_corpus
 from .validation import validate
 
@@ -219,14 +215,8 @@ class Trainer:
                 "paged in again every step"
             )
         world_size = ddp.world_size if ddp.enabled else 1
-        self.updater = Updater(
-            self.model,
-            tc,
-            ddp.device,
-            world_size,
-            loss_fn=training_loss(tc),
-            context=lambda: attention_backends(ddp.device),
-        )
+        context = functools.partial(attention_backends, ddp.device)
+        self.updater = Updater(self.model, tc, ddp.device, world_size, training_loss(tc), context)
         parts = self.corpus.parts  # one per direction
         self.mix = (
             DirectionMix(parts, self.cfg.data.sampling_temperature) if len(parts) > 1 else None

@@ -104,6 +104,7 @@ def sync(device) -> None:
 def child(args) -> None:
     import torch
 
+    from nmt.compiled import training_loss
     from nmt.config import config_from_dict, with_vocab
     from nmt.core.batching import TokenBatchSampler, collate
     from nmt.core.loss import LossOutput
@@ -112,7 +113,7 @@ def child(args) -> None:
     from nmt.corpus import ParallelText
     from nmt.encoded import encode_corpus
     from nmt.memory import keep_freed_memory
-    from nmt.runtime import attention_backends, for_training, training_loss
+    from nmt.runtime import attention_backends, for_training
     from nmt.vocab import tokenizer_from_dir
 
     torch.set_num_threads(args.threads)

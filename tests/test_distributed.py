@@ -111,8 +111,10 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_gloo_processes_equal_one_process_with_update_freq_2(tmp_path, corpus):
-    args = common_args(*corpus)
+@pytest.mark.parametrize("loss", ["eager", "compiled"])
+def test_two_gloo_processes_equal_one_process_with_update_freq_2(tmp_path, corpus, loss):
+    """Also with the loss's passes compiled (train.compile_loss) in every process."""
+    args = common_args(*corpus, **({"train.compile_loss": "true"} if loss == "compiled" else {}))
     env_cmd = [
         sys.executable,
         "-m",
@@ -147,6 +149,7 @@ def test_two_gloo_processes_equal_one_process_with_update_freq_2(tmp_path, corpu
         timeout=HANG,
     )
     assert one.returncode == 0, one.stderr[-3000:]
+    assert "compiling the loss failed" not in two.stderr + one.stderr
     a, b = (
         load_checkpoint(tmp_path / "ddp" / "last.pt"),
         load_checkpoint(tmp_path / "single" / "last.pt"),
