@@ -173,19 +173,7 @@ def warm_up(slab: Slab, model, beams: DeviceBeams) -> None:
     libraries' lazy set-up done), then put back the state it changed. The keys and values it wrote
     are finite and rewritten before they are read."""
     device = slab.tokens.device
-    state = [
-        slab.tokens,
-        slab.length,
-        beams.tokens,
-        beams.scores,
-        beams.active,
-        beams.step,
-        beams.done,
-        beams.done_log_probs,
-        beams.done_scores,
-        beams.done_lengths,
-        beams.done_tokens,
-    ]
+    state = [slab.tokens, slab.length, *beams.tensors()]
     saved = [t.clone() for t in state]
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))

@@ -38,6 +38,20 @@ def model() -> Transformer:
     return Transformer(tiny_config()).eval()
 
 
+@pytest.fixture(scope="module")
+def byte_tokenizer():
+    """A SentencePiece model with byte fallback: every byte has a piece (``<0x0A>`` decodes to a
+    line feed)."""
+    from nmt.tokenizer import Tokenizer, train_sentencepiece
+
+    sp = train_sentencepiece(
+        ["a dog runs on the beach", "the cat sees a dog", "犬が走る", "猫が見る"] * 50,
+        vocab_size=280,
+        byte_fallback=True,
+    )
+    return Tokenizer(sp, sp)
+
+
 def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> torch.Tensor:
     """Right-padded ``(batch, max_len + 1)`` sources of the given piece counts, each ending in
     EOS."""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import nmt.graph_search as graph_search
 from nmt.config import DecodeConfig
+from nmt.core.batching import pad_sources
 from nmt.core.beams import Steering
 from nmt.core.model import Transformer
 from nmt.core.scorers import TransformerScorer
@@ -141,6 +142,25 @@ def test_a_held_search_that_fails_on_a_gpu_falls_back_to_the_step_wise_search(
         same_results(translate_batch(model, src, decode, scorer=GraphSearch), expected)
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "beam search held on the GPU failed" in warning and "step-wise" in warning
+
+
+def test_a_japanese_target_in_byte_pieces_is_held_on_the_device_as_on_the_host(byte_tokenizer):
+    """A target vocabulary that is mostly byte pieces (Japanese text spelt byte by byte): the
+    whole-character rule, masked on the device, gives the host's hypotheses and valid text."""
+    tok = byte_tokenizer
+    vocab = tok.tgt.get_piece_size()
+    torch.manual_seed(3)
+    m = Transformer(tiny_config(src_vocab_size=vocab, tgt_vocab_size=vocab)).eval()
+    src = pad_sources(tok.encode_src(["犬が走る", "a dog runs on the beach", "猫"]))
+    decode = DecodeConfig(beam_size=4, n_best=2, length_penalty=1.0, max_len_a=0.0, max_len_b=12)
+    rules = tok.output_rules
+    held = translate_batch(m, src, decode, scorer=GraphSearch, rules=rules)
+    same_results(held, translate_batch(m, src, decode, scorer="cached", rules=rules))
+    pieces = [h.tokens for hyps in held for h in hyps]
+    assert sum(tok.tgt.is_byte(i) for p in pieces for i in p) > len(pieces)  # bytes were written
+    for text, p in zip(tok.decode_tgt(pieces), pieces):
+        # cut by the limit, a last character may be incomplete (and is dropped when decoded)
+        assert "\ufffd" not in text or len(p) == 12
 
 
 def test_a_slab_keeps_one_search_state_per_settings(model):

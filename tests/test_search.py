@@ -538,20 +538,6 @@ def test_ensemble_of_two_models_cached_equals_recompute_and_tiled(model):
 # ---------------------------------------------------------------- what may never be generated
 
 
-@pytest.fixture(scope="module")
-def byte_tokenizer():
-    """A SentencePiece model with byte fallback: every byte has a piece (``<0x0A>`` decodes to a
-    line feed)."""
-    from nmt.tokenizer import Tokenizer, train_sentencepiece
-
-    sp = train_sentencepiece(
-        ["a dog runs on the beach", "the cat sees a dog", "犬が走る", "猫が見る"] * 50,
-        vocab_size=280,
-        byte_fallback=True,
-    )
-    return Tokenizer(sp, sp)
-
-
 def _byte(tokenizer, value: int) -> int:
     return tokenizer.tgt.piece_to_id(f"<0x{value:02X}>")
 
@@ -876,10 +862,15 @@ def test_every_output_holds_its_constraints_and_no_banned_phrase(model, data, be
             )
         )
     )
+    # A ban a constraint holds, or two constraints written one after the other (a ban of two pieces
+    # spans one boundary at most), is left out: with (4,) twice and the ban (4, 4), beam 2 keeps
+    # only the best hypothesis that has met one constraint, always a newer "... 36 4", whose next 4
+    # is banned, and never meets the second (dynamic beam allocation promises no more).
+    spelt = [list(c) for c in constraints] + [list(a + b) for a in constraints for b in constraints]
     bans = tuple(
         p
         for p in data.draw(st.lists(st.lists(piece, min_size=1, max_size=2).map(tuple), max_size=3))
-        if not any(_holds(list(c), p) for c in constraints)
+        if not any(_holds(c, p) for c in spelt)
     )
     steering = Steering(constraints=constraints, bans=bans)
     src = random_sources([data.draw(st.integers(2, 12))], seed=data.draw(st.integers(0, 100)))

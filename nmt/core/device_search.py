@@ -172,27 +172,31 @@ class DeviceBeams:
 
     def results(self, sentences: int) -> list[list[Hypothesis]]:
         """The first ``sentences`` slots' ``n_best`` hypotheses, best first (one read of the
-        device)."""
-        decode = self.decode
-        done, lengths, log_probs, tokens = (
+        device). Scores are the float64 ones the search ranked by: the host's division, of the same
+        numbers."""
+        done, lengths, scores, log_probs, tokens = (
             t[:sentences].tolist()
-            for t in (self.done, self.done_lengths, self.done_log_probs, self.done_tokens)
+            for t in (
+                self.done,
+                self.done_lengths,
+                self.done_scores,
+                self.done_log_probs,
+                self.done_tokens,
+            )
         )
         out = []
         for s in range(sentences):
             hyps = [
-                Hypothesis(
-                    tokens[s][j][1 : 1 + lengths[s][j]],
-                    log_probs[s][j]
-                    / length_penalty(
-                        lengths[s][j] + 1, decode.length_penalty, decode.length_normalization
-                    ),
-                    log_probs[s][j],
-                )
+                Hypothesis(tokens[s][j][1 : 1 + lengths[s][j]], scores[s][j], log_probs[s][j])
                 for j in range(done[s])
             ]
-            out.append(sorted(hyps, key=lambda h: -h.score)[: decode.n_best])
+            out.append(sorted(hyps, key=lambda h: -h.score)[: self.decode.n_best])
         return out
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor of the state (what a warm-up before a CUDA graph capture saves and puts
+        back)."""
+        return [v for v in vars(self).values() if isinstance(v, Tensor)]
 
 
 def device_beam_search(
