@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from .core.batching import pad_sources
-from .core.search import Hypothesis
+from .decode.search import Hypothesis
 from .tokenizer import BOS, PAD
 
 
@@ -73,7 +73,7 @@ def add_alignments(
     device,
     layer: int | None = None,
 ) -> list[list[Hypothesis]]:
-    """``results`` with every hypothesis's :attr:`~nmt.core.search.Hypothesis.alignment` filled in.
+    """``results`` with every hypothesis's :attr:`~nmt.decode.beams.Hypothesis.alignment` filled in.
 
     ``sources``: each sentence's source piece ids (EOS not included); ``layer``: the decoder
     layer (1-based; None: :func:`alignment_layer`'s default). All hypotheses of the batch are

@@ -62,6 +62,7 @@ THREADS = Range(0, 1024)  # torch.set_num_threads(100_000) crashes the process
 SEED = Range(0, 2**32 - 1)  # NumPy's seed range
 # α: |Y| ** α stays a finite float64 for every output length (at most 100 · src_len + 10,000)
 LENGTH_PENALTY = Range(-10, 10)
+PATIENCE = Range(0, 100, low_open=True)
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017, Table 3.
@@ -384,7 +385,11 @@ class DecodeConfig(Checked):
     Finished hypotheses are ranked by ``log P(Y|X) / lp(|Y|)``, ``|Y|`` counting EOS, where
     ``length_normalization`` picks ``lp``: ``"gnmt"``, ``((5 + |Y|) / 6) ** length_penalty``
     (Wu et al. 2016, §7); ``"length"``, ``|Y| ** length_penalty`` (fairseq, Hugging Face,
-    CTranslate2); ``"none"``, 1. UNK is never generated (like PAD and BOS) unless
+    CTranslate2); ``"none"``, 1. A sentence's search ends when no running hypothesis can still
+    enter its ``n_best`` (exact, :mod:`nmt.decode.beams`), or, with ``patience`` p, also once
+    ``round(beam_size · p)`` hypotheses have finished: CTranslate2's ``patience``; 1 is fairseq's
+    rule and Hugging Face's ``early_stopping=True``, cheaper and not exact. UNK is never generated
+    (like PAD and BOS) unless
     ``allow_unk``; EOS is not generated before ``min_len`` output pieces (fairseq's
     ``--min-len``, Hugging Face's ``min_length``).
     """
@@ -406,6 +411,13 @@ class DecodeConfig(Checked):
     max_len_b: int = setting(10, "output limit added, in pieces (at most 10,000)", Range(0, 10_000))
     # beam search: at most beam_size; sampling: samples
     n_best: int = setting(1, "hypotheses written per sentence", Range(1, 10_000))
+    patience: float | None = setting(
+        None,
+        "also end a sentence once beam_size x patience hypotheses have finished (CTranslate2's "
+        "patience; 1: fairseq's rule, faster, not exact); null: only when no running hypothesis "
+        "can still enter the n-best (exact)",
+        PATIENCE,
+    )
     min_len: int = setting(0, "EOS is forbidden before this many output pieces", AT_LEAST_0)
     max_tokens: int = setting(
         4096, "source-side batch budget in tokens, padding included", AT_LEAST_1

@@ -24,11 +24,11 @@ from .checkpoint import CheckpointError, load_checkpoint
 from .clean import has_text
 from .config import Config, DecodeConfig
 from .core.batching import pad_sources, token_batches
-from .core.beams import FRAGMENT_DONE, Steering
 from .core.model import Transformer
-from .core.search import Hypothesis, Sampling, sample_seed, translate_batch
 from .corpus import DataError
-from .runtime import attention_backends, decode_scorer, to_dtype
+from .decode.search import Hypothesis, Sampling, sample_seed, translate_batch
+from .decode.steering import FRAGMENT_DONE, Steering
+from .runtime import attention_backends, to_dtype
 from .shortlist import Shortlist
 from .tokenizer import BOS, EOS, UNK, Tokenizer, tokenizer_difference, unknown_only
 
@@ -50,7 +50,8 @@ class Decoding:
     link to the tag is left out), and the output limit counts the tag as a source token, as
     the model reads it. ``shortlist``: restrict each batch's output to the target pieces its
     source pieces (and steering) allow (:class:`~nmt.shortlist.Shortlist`): faster, and no
-    longer exact.
+    longer exact. ``rankings``: more ``(normalisation, α)`` pairs the search must be exact for,
+    each line then getting every finished hypothesis (what ``nmt tune-decode`` re-ranks).
     """
 
     decode: DecodeConfig
@@ -58,6 +59,7 @@ class Decoding:
     alignment: bool = False
     src_prefix: tuple[int, ...] = ()
     shortlist: Shortlist | None = None
+    rankings: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -109,7 +111,7 @@ class Inference:
         """Translate every line; returns, in input order, each line's n-best list.
 
         Lines are sorted by length into batches of at most ``decode.max_tokens`` source tokens
-        (padding included), each decoded by :func:`~nmt.core.search.translate_batch` with the
+        (padding included), each decoded by :func:`~nmt.decode.search.translate_batch` with the
         device's decode step and attention kernels (:mod:`nmt.runtime`), under inference mode. A
         blank line yields an empty list without running the model; so do, each with a warning
         naming it, a line of no text (:func:`nmt.clean.has_text`: only format, control or space
@@ -236,18 +238,16 @@ class Inference:
         columns = (
             decoding.shortlist.columns(sources, steer) if decoding.shortlist is not None else None
         )
-        scorer = decode_scorer(self.device, columns, decode.cache)
-        rules = self.tokenizer.output_rules
         hyps = translate_batch(
             self.models,
             src,
             decode,
             sampling=sampling,
             seeds=seeds,
-            rules=rules,
+            rules=self.tokenizer.output_rules,
             steering=steer,
             columns=columns,
-            scorer=scorer,
+            rankings=decoding.rankings,
         )
         if decoding.alignment:
             hyps = add_alignments(self.models, sources, hyps, self.device, decode.alignment_layer)
@@ -298,8 +298,8 @@ class Inference:
         is bounded by a buffer and each buffer's output can be written before the next is read.
 
         Yields ``(index of the buffer's first line in the whole input, its n-best lists)``;
-        ``steering`` gives one :class:`~nmt.core.beams.Steering` per input line, read as the lines
-        are; ``options`` are :meth:`translate`'s ``progress`` and ``skipped``.
+        ``steering`` gives one :class:`~nmt.decode.steering.Steering` per input line, read as the
+        lines are; ``options`` are :meth:`translate`'s ``progress`` and ``skipped``.
         """
         first, steering = 0, iter(steering) if steering is not None else None
         for lines in buffers:
@@ -328,7 +328,7 @@ def steering(
     bans: Iterable[str] = (),
 ) -> Steering:
     """What one line's translation must start with, hold and avoid, from text
-    (:class:`~nmt.core.beams.Steering`).
+    (:class:`~nmt.decode.steering.Steering`).
 
     Each text is segmented with the target tokenizer, as the model writes it (a word that
     starts a phrase gets its word-initial piece, ``▁Hund``), so a constraint or ban matches the
@@ -399,8 +399,8 @@ def fragment_automaton(
     """The automaton by which a search spells ``fragment`` (piece text, ``▁Lehr``) in any pieces of
     ``texts`` (the target vocabulary's, by id), finishing the word as it likes: state ``s`` has
     spelt ``fragment[:n_s]``; a piece that spells more of it moves to that state, a piece that
-    spells the rest (and maybe more: ``▁Lehrer``) to :data:`~nmt.core.beams.FRAGMENT_DONE`. Only
-    states a piece reaches are made.
+    spells the rest (and maybe more: ``▁Lehrer``) to :data:`~nmt.decode.steering.FRAGMENT_DONE`.
+    Only states a piece reaches are made.
     """
     ordered, by_text = _piece_index(texts, tuple(i for i in range(len(texts)) if is_control(i)))
     states, index, table = [0], {0: 0}, []

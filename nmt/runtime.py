@@ -8,8 +8,8 @@ each applied from here to a model built as the paper describes it:
 * :func:`for_training`: on a CPU, dropout masks drawn four times faster (:mod:`nmt.dropout`) and
   freed memory kept for reuse (:mod:`nmt.memory`);
 * :func:`attention_backends`: the attention kernels a GPU may choose from;
-* :mod:`nmt.graphs`: a decode step of fixed shapes replayed as CUDA graphs
-  (:func:`decode_scorer` picks it).
+* the search's step of fixed shapes replayed as CUDA graphs is the search's own
+  (:mod:`nmt.decode.static`, chosen by :func:`nmt.decode.search.step_kind`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import ConfigError
 from .core.model import Transformer
-from .core.scorers import SCORERS
 from .dropout import Dropout
-from .graph_search import GraphSearch
-from .graphs import graphs_work
 from .memory import keep_freed_memory
 
 log = logging.getLogger("nmt.runtime")
@@ -303,22 +300,6 @@ def for_training(model: nn.Module, device: torch.device) -> nn.Module:
         keep_freed_memory()
         fast_dropout(model)
     return model
-
-
-def decode_scorer(device: torch.device, columns: Tensor | None = None, cache: str = "auto"):
-    """The scorer of ``decode.cache`` (:class:`~nmt.config.DecodeConfig`), for
-    :func:`nmt.core.search.translate_batch`: ``static`` (:class:`nmt.graph_search.GraphSearch`: the
-    step of fixed shapes, plain beam search held on the device),
-    ``dynamic`` (the core's cached decoder), or ``auto``: the step of fixed shapes replayed as CUDA
-    graphs on a GPU (unless a capture failed in this process), else the dynamic cache, faster on a
-    CPU. A shortlist (``columns``) changes the output width per batch: always the dynamic cache."""
-    if columns is not None or cache == "dynamic":
-        return SCORERS["cached"]
-    return (
-        GraphSearch
-        if cache == "static" or (device.type == "cuda" and graphs_work())
-        else SCORERS["cached"]
-    )
 
 
 def out_of_memory(exc: BaseException) -> bool:

@@ -58,8 +58,8 @@ from starlette.routing import Route
 from .align import alignment_layer, format_alignment
 from .checkpoint import load_checkpoint
 from .config import Config, ConfigError, DecodeConfig, config_to_dict
-from .core.beams import Steering
-from .core.search import Hypothesis
+from .decode.search import Hypothesis
+from .decode.steering import Steering
 from .inference import Decoding, Inference
 from .multilingual import directions, target_languages
 from .serve_api import Body, Job, Limits, RequestError, parse_request

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .config import BEAM, LENGTH_PENALTY, ConfigError, DecodeConfig
-from .core.beams import Steering
-from .core.search import output_limits
+from .decode.search import output_limits
+from .decode.steering import Steering
 from .fields import MAX_INT, Range
 from .inference import Inference, UnwritableText, steering
 from .multilingual import target
@@ -178,8 +178,8 @@ class Limits:
 class Job:
     """One request: its lines, the search settings it asked for (``decode``, the checkpoint's
     with the request's fields), its source tokens (EOS included), whether alignments are wanted,
-    each line's :class:`~nmt.core.beams.Steering` (None when no line has any), the ids before each
-    source (a multilingual model's target tag), and the future its answer resolves."""
+    each line's :class:`~nmt.decode.steering.Steering` (None when no line has any), the ids before
+    each source (a multilingual model's target tag), and the future its answer resolves."""
 
     lines: list[str]
     decode: DecodeConfig

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .core.beams import Steering
+from .decode.steering import Steering
 from .errors import NmtError
 from .files import atomic_write
 from .tokenizer import BOS, EOS, UNK, Tokenizer

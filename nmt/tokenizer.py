@@ -86,10 +86,11 @@ class Tokenizer:
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Target text of each id sequence; always one line, whatever the ids.
 
-        The search never generates what would break that (:class:`nmt.core.search.Restrictions`);
-        this is the last guard, for ids from elsewhere and for a character the length limit
-        cut: byte pieces that do not spell valid UTF-8 are dropped (SentencePiece would write
-        U+FFFD for them), and a character of :data:`NEVER_OUTPUT` becomes a space.
+        The search never generates what would break that
+        (:class:`nmt.decode.restrictions.Restrictions`); this is the last guard, for ids from
+        elsewhere and for a character the length limit cut: byte pieces that do not spell valid
+        UTF-8 are dropped (SentencePiece would write U+FFFD for them), and a character of
+        :data:`NEVER_OUTPUT` becomes a space.
         """
         values = self.output_rules.byte_values
         if values:

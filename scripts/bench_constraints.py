@@ -5,7 +5,7 @@ decoding.
 For each test sentence the unconstrained translation is made first; then 1-2 constraints are
 drawn from its reference: German nouns (capitalised words, the sentence's first word
 excepted) that the unconstrained output misses, chosen with a fixed seed. The same sentences
-are translated again with those constraints (dynamic beam allocation, ``nmt.core.constraints``).
+are translated again with those constraints (dynamic beam allocation, ``nmt.decode.steering``).
 Reported, as one JSON object: BLEU and chrF of both outputs (sacreBLEU, with signatures), the
 term-use rate (share of constraints whose text appears in the output) of both, how many
 sentences got constraints, and the seconds each search took (same model, same batches).

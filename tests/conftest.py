@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from nmt.config import ModelConfig, TokenizerConfig
 from nmt.core.model import Transformer
 from nmt.corpus import read_parallel
-from nmt.tokenizer import EOS, PAD, Tokenizer, train_tokenizer
+from nmt.tokenizer import BOS, EOS, PAD, Tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "data" / "toy"
@@ -229,3 +229,28 @@ def load_model(path, device="cpu"):
 
     loaded = load_checkpoint(path)
     return loaded.model.to(device), loaded.tokenizer, loaded.config
+
+
+class ScriptedScorer:
+    """A scorer for the search whose next-token probabilities are fixed per prefix (the tokens
+    after BOS) by ``table``; an unknown prefix ends. ``calls``: the steps it has scored."""
+
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]], vocab: int = 7):
+        self.table, self.vocab, self.calls = table, vocab, 0
+
+    def step(self, prefix, state):
+        self.calls += 1
+        rows = []
+        for row in prefix.tolist():
+            assert row[0] == BOS
+            probs = torch.zeros(self.vocab)
+            for token, p in self.table.get(tuple(row[1:]), {EOS: 1.0}).items():
+                probs[token] = p
+            rows.append(probs.log())
+        return torch.stack(rows), state
+
+    def reorder(self, state, index):
+        return state
+
+    def keep_sentences(self, state, keep):
+        return state

@@ -3,7 +3,7 @@ import torch
 from conftest import random_sources
 
 from nmt.align import add_alignments, alignment_layer, format_alignment, hard_alignment
-from nmt.core.search import Hypothesis
+from nmt.decode.search import Hypothesis
 from nmt.tokenizer import BOS, PAD
 
 

@@ -850,7 +850,7 @@ def test_export_ctranslate2_command_translates_like_nmt(trained_run, tmp_path):
 
     from nmt.config import DecodeConfig
     from nmt.core.batching import pad_sources
-    from nmt.core.search import translate_batch
+    from nmt.decode.search import translate_batch
     from nmt.tokenizer import EOS
 
     result = invoke(

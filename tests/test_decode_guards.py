@@ -19,9 +19,9 @@ from starlette.testclient import TestClient
 from torch.overrides import TorchFunctionMode
 
 from nmt.config import Config, DataConfig, DecodeConfig, TrainConfig
-from nmt.core.beams import Steering
 from nmt.core.model import Transformer
-from nmt.core.search import Sampling
+from nmt.decode.search import Sampling
+from nmt.decode.steering import Steering
 from nmt.encoded import EncodedCorpus
 from nmt.inference import Inference, steering
 from nmt.serve import Limits, Translator, create_app

@@ -3,7 +3,6 @@ and the command-line flags that go with them."""
 
 import gzip
 import importlib.util
-import inspect
 import json
 import os
 from pathlib import Path
@@ -17,8 +16,8 @@ from sentencepiece import sentencepiece_model_pb2
 from test_cli import invoke
 from test_evaluate import CODES
 
-import nmt.core.search
 from nmt.config import ConfigError, TokenizerConfig, load_config
+from nmt.decode.restrictions import Restrictions
 from nmt.tokenizer import UNK, auto_character_coverage, train_tokenizer
 
 TOY_ZH = ROOT / "data" / "toy_zh"
@@ -219,15 +218,13 @@ def test_tune_decode_scores_as_validation_did(zh_run):
 @pytest.mark.slow
 def test_translate_allow_unk_reaches_the_search(zh_run, monkeypatch):
     seen = []
-    search = nmt.core.search.beam_search
-    monkeypatch.setattr(
-        nmt.core.search,
-        "beam_search",
-        lambda *a, **k: (
-            seen.append(inspect.signature(search).bind(*a, **k).arguments["decode"].allow_unk)
-            or search(*a, **k)
-        ),
-    )
+    made = Restrictions.__init__
+
+    def recording(self, decode, *args, **kwargs):
+        seen.append(decode.allow_unk)
+        made(self, decode, *args, **kwargs)
+
+    monkeypatch.setattr(Restrictions, "__init__", recording)
     for flags, expected in (((), False), (("--allow-unk",), True), (("--no-allow-unk",), False)):
         result = invoke(
             "translate",

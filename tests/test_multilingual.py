@@ -562,7 +562,7 @@ def replace_beam(decode):
 def test_export_keeps_the_tags_as_marian_does(trained, tmp_path):
     transformers = pytest.importorskip("transformers")
     from nmt.core.batching import pad_sources
-    from nmt.core.search import translate_batch
+    from nmt.decode.search import translate_batch
 
     _, run, _ = trained
     assert (

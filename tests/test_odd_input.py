@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 import nmt.corpus as corpus
 from nmt.config import BEAM, LENGTH_PENALTY, THREADS, ConfigError, DecodeConfig, config_from_dict
-from nmt.core.search import Sampling, sample, sampling_probs
 from nmt.corpus import DataError, iter_lines, stream_buffers
+from nmt.decode.sampling import Sampling, sampling_probs
+from nmt.decode.search import sample
 from nmt.fields import MAX_INT, read_yaml
 from nmt.files import OutputError, atomic_write, check_not_a_run_file, check_writable, inherited_fd
 from nmt.plot import read_metrics

@@ -3,52 +3,21 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_sources
+from conftest import ScriptedScorer, random_sources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nmt.core.search as search_module
 from nmt.config import ConfigError, DecodeConfig
-from nmt.core.beams import Steering
 from nmt.core.layers import CrossAttention
-from nmt.core.scorers import EnsembleScorer, TransformerScorer
-from nmt.core.search import (
-    LENGTH_NORMALIZATIONS,
-    Sampling,
-    beam_search,
-    length_penalty,
-    sample,
-    sample_seed,
-    sampling_probs,
-    translate_batch,
-)
+from nmt.decode.beams import LENGTH_NORMALIZATIONS, length_penalty
+from nmt.decode.sampling import Sampling, sample_seed, sampling_probs
+from nmt.decode.scorers import EnsembleScorer, TransformerScorer
+from nmt.decode.search import beam_search, sample, translate_batch
+from nmt.decode.steering import Steering
 from nmt.tokenizer import BOS, EOS, NEVER_OUTPUT, PAD, UNK
 
 A, B, C = 4, 5, 6
 VOCAB = 7
-
-
-class ScriptedScorer:
-    """Next-token probabilities fixed per prefix (tokens after BOS); unknown prefixes end."""
-
-    def __init__(self, table: dict[tuple[int, ...], dict[int, float]]):
-        self.table = table
-
-    def step(self, prefix, state):
-        rows = []
-        for row in prefix.tolist():
-            assert row[0] == BOS
-            probs = torch.zeros(VOCAB)
-            for token, p in self.table.get(tuple(row[1:]), {EOS: 1.0}).items():
-                probs[token] = p
-            rows.append(probs.log())
-        return torch.stack(rows), state
-
-    def reorder(self, state, index):
-        return state
-
-    def keep_sentences(self, state, keep):
-        return state
 
 
 def search(
@@ -270,18 +239,18 @@ def test_production_search_equals_recompute_and_tiled_references(model, beam, n_
             DecodeConfig(
                 beam_size=beam, length_penalty=alpha, max_len_a=0.25, max_len_b=6, n_best=n_best
             ),
-            scorer=name,
+            step=name,
         )
-        for name in ("cached", "tiled", "recompute")
+        for name in ("dynamic", "tiled", "recompute")
     }
     for name in ("tiled", "recompute"):
-        for ref_hyps, hyps in zip(runs[name], runs["cached"]):
+        for ref_hyps, hyps in zip(runs[name], runs["dynamic"]):
             assert [h.tokens for h in hyps] == [h.tokens for h in ref_hyps], name
             for h, r in zip(hyps, ref_hyps):
                 assert h.score == pytest.approx(r.score, abs=1e-5) and h.log_prob == pytest.approx(
                     r.log_prob, abs=1e-5
                 )
-    lengths = {len(h.tokens) for hyps in runs["cached"] for h in hyps}
+    lengths = {len(h.tokens) for hyps in runs["dynamic"] for h in hyps}
     assert len(lengths) > 2  # some hypotheses ended early, others ran to the limit
 
 
@@ -333,7 +302,11 @@ def test_early_stop_waits_for_a_longer_hypothesis_that_can_still_win(normalizati
 
 @pytest.mark.parametrize("normalization", sorted(LENGTH_NORMALIZATIONS))
 @pytest.mark.parametrize("alpha,n_best", [(0.0, 1), (0.6, 1), (1.0, 3), (2.0, 1), (-0.5, 2)])
-def test_early_stop_bound_changes_no_result(model, monkeypatch, normalization, alpha, n_best):
+def test_the_stopping_rule_changes_no_result_of_a_model(
+    model, monkeypatch, normalization, alpha, n_best
+):
+    """A real model's search stopped by the exact rule equals the same search run on to every
+    sentence's limit (tests/test_beams.py checks it for any scores)."""
     src = random_sources([3, 9, 14, 22], seed=7)
     decode = DecodeConfig(
         beam_size=4,
@@ -344,15 +317,21 @@ def test_early_stop_bound_changes_no_result(model, monkeypatch, normalization, a
         length_normalization=normalization,
     )
     fast = translate_batch(model, src, decode)
-    monkeypatch.setattr(
-        search_module,
-        "_settled",
-        lambda done, best, step, max_len, decode: len(done) >= decode.beam_size,
-    )
+    run_to_the_limit(monkeypatch)
     slow = translate_batch(model, src, decode)
     for f, s in zip(fast, slow):
         assert [h.tokens for h in f] == [h.tokens for h in s]
         assert [h.score for h in f] == pytest.approx([h.score for h in s], abs=1e-6)
+
+
+def run_to_the_limit(monkeypatch):
+    """Disable early stopping: every sentence is searched until its length limit."""
+    from nmt.decode.beams import Beams
+
+    def settle(beams):
+        beams.active &= beams.step < beams.max_lens
+
+    monkeypatch.setattr(Beams, "_settle", settle)
 
 
 # ---------------------------------------------------------------- ensembles
@@ -516,12 +495,12 @@ def test_ensemble_of_two_models_cached_equals_recompute_and_tiled(model):
             [model, other],
             src,
             DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2),
-            scorer=name,
+            step=name,
         )
-        for name in ("cached", "tiled", "recompute")
+        for name in ("dynamic", "tiled", "recompute")
     }
     for name in ("tiled", "recompute"):
-        for ref_hyps, hyps in zip(runs[name], runs["cached"]):
+        for ref_hyps, hyps in zip(runs[name], runs["dynamic"]):
             assert [h.tokens for h in hyps] == [h.tokens for h in ref_hyps], name
             assert [h.score for h in hyps] == pytest.approx([h.score for h in ref_hyps], abs=1e-5)
     alone = translate_batch(
@@ -531,7 +510,7 @@ def test_ensemble_of_two_models_cached_equals_recompute_and_tiled(model):
     )
     # the second model counts
     assert [[h.tokens for h in hyps] for hyps in alone] != [
-        [h.tokens for h in hyps] for hyps in runs["cached"]
+        [h.tokens for h in hyps] for hyps in runs["dynamic"]
     ]
 
 
@@ -715,9 +694,9 @@ def test_a_huge_length_limit_allocates_nothing_up_front(model, monkeypatch):
         return start(self, memory, src_mask, beam, capacity, columns)
 
     monkeypatch.setattr(Transformer, "start_decoding", recording)
-    hyps = translate_batch(
-        model, random_sources([4, 6]), DecodeConfig(beam_size=2, max_len_a=100, max_len_b=10_000)
-    )
+    # raw log-probabilities: with α > 0 the exact stop would wait until lp(|Y|) reaches the limit's
+    decode = DecodeConfig(beam_size=2, max_len_a=100, max_len_b=10_000, length_penalty=0.0)
+    hyps = translate_batch(model, random_sources([4, 6]), decode)
     assert capacities == [64] and all(len(h[0].tokens) < 50 for h in hyps)
 
 
@@ -938,7 +917,7 @@ def test_row_top_gives_topk_values_and_valid_columns(data, rows, width):
     """``row_top`` (block maxima first) returns what ``topk`` over the whole row returns, for any
     width (blocks that do not divide it; fewer blocks than k), ties and -inf: the same values, each
     at a column in range that holds it, and no column twice among the finite ones."""
-    from nmt.core.beams import row_top
+    from nmt.decode.candidates import row_top
 
     k = data.draw(st.integers(1, min(width, 24)))  # the search asks for 2·beam
     continuous = data.draw(st.booleans())
@@ -971,7 +950,7 @@ def test_candidates_are_the_best_sums_of_hypothesis_and_token(data, n, beam, voc
     """``Candidates.best`` (each row's best first) against the ``(n, beam·vocab)`` sums it no
     longer forms: the same ``2·beam`` best scores per sentence, each the sum of its hypothesis'
     score and its token's log-probability; EOS flagged only where it ends finitely."""
-    from nmt.core.beams import Candidates
+    from nmt.decode.candidates import Candidates
 
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
     scores = -torch.rand(n, beam, generator=g) * 5

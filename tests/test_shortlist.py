@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nmt.config import DecodeConfig
-from nmt.core.beams import Steering
-from nmt.core.search import translate_batch
 from nmt.corpus import ParallelText
+from nmt.decode.search import translate_batch
+from nmt.decode.steering import Steering
 from nmt.shortlist import Shortlist, ShortlistError, build, cooccurrence, rank
 from nmt.tokenizer import BOS, EOS, UNK
 
@@ -32,8 +32,8 @@ def test_a_shortlist_of_the_whole_vocabulary_is_the_exact_search(model):
     src = random_sources([1, 4, 9, 17], seed=2)
     everything = torch.arange(model.cfg.tgt_vocab_size)
     exact = translate_batch(model, src, DECODE)
-    for scorer in ("cached", "tiled", "recompute"):
-        got = translate_batch(model, src, DECODE, scorer=scorer, columns=everything)
+    for scorer in ("dynamic", "tiled", "recompute"):
+        got = translate_batch(model, src, DECODE, step=scorer, columns=everything)
         for e, g in zip(exact, got):
             assert [h.tokens for h in g] == [h.tokens for h in e], scorer
             assert [h.score for h in g] == pytest.approx([h.score for h in e], abs=1e-5), scorer
@@ -54,13 +54,13 @@ def test_every_piece_generated_is_in_the_shortlist_and_the_cache_is_still_exact(
     src = random_sources(lengths, seed=seed)
     decode = DecodeConfig(beam_size=beam, length_penalty=0.6, max_len_a=0.5, max_len_b=5, n_best=1)
     runs = {
-        name: translate_batch(model, src, decode, scorer=name, columns=columns)
-        for name in ("cached", "tiled", "recompute")
+        name: translate_batch(model, src, decode, step=name, columns=columns)
+        for name in ("dynamic", "tiled", "recompute")
     }
-    for hyps in runs["cached"]:
+    for hyps in runs["dynamic"]:
         assert set(hyps[0].tokens) <= set(columns.tolist())
     for name in ("tiled", "recompute"):
-        assert [h[0].tokens for h in runs[name]] == [h[0].tokens for h in runs["cached"]], name
+        assert [h[0].tokens for h in runs[name]] == [h[0].tokens for h in runs["dynamic"]], name
 
 
 def test_columns_hold_the_specials_the_sources_lists_and_what_steering_needs():
@@ -179,7 +179,7 @@ def test_the_file_round_trips_in_ctranslate2_vocabulary_map_format(toy_tokenizer
 def test_sampling_ends_where_the_shortlist_leaves_no_piece(model):
     """Before its minimum length a sample may not end, and this shortlist allows nothing else:
     it ends there anyway (with score -inf) rather than draw a piece from outside the shortlist."""
-    from nmt.core.search import Sampling
+    from nmt.decode.search import Sampling
 
     src = random_sources([5, 3], seed=7)
     decode = DecodeConfig(n_best=2, min_len=4, max_len_a=0.5, max_len_b=6)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from nmt.config import ConfigError, DecodeConfig
-from nmt.core.search import translate_batch
+from nmt.decode.search import translate_batch
 from nmt.runtime import Int8Linear, PackedLinear, onednn_linear_works, resolve_dtype, to_dtype
 from nmt.tokenizer import PAD
 
@@ -62,7 +62,7 @@ def test_int8_names_its_limits():
 def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
     from conftest import cached_tokenizer
 
-    from nmt.core.beams import FRAGMENT_DONE
+    from nmt.decode.steering import FRAGMENT_DONE
     from nmt.inference import steering
     from nmt.tokenizer import EOS
 
@@ -244,18 +244,18 @@ def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_mo
     src = random_sources([1, 2, 7, 19, 33], seed=5)
     decode = DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2)
     runs = {
-        name: translate_batch(packed, src, decode, scorer=name)
-        for name in ("cached", "tiled", "recompute")
+        name: translate_batch(packed, src, decode, step=name)
+        for name in ("dynamic", "tiled", "recompute")
     }
     runs["dense"] = translate_batch(dense, src, decode)
     for name in ("tiled", "recompute", "dense"):
-        for ref, got in zip(runs[name], runs["cached"]):
+        for ref, got in zip(runs[name], runs["dynamic"]):
             assert [h.tokens for h in got] == [h.tokens for h in ref], name
             assert [h.score for h in got] == pytest.approx([h.score for h in ref], abs=1e-5), name
     for i in range(src.size(0)):
         n = int((src[i] != PAD).sum())
         alone = translate_batch(packed, src[i : i + 1, :n], decode)[0]
-        assert [h.tokens for h in alone] == [h.tokens for h in runs["cached"][i]]
+        assert [h.tokens for h in alone] == [h.tokens for h in runs["dynamic"][i]]
     with torch.enable_grad():  # autograd falls back to the dense matrices
         x = torch.randn(2, model.cfg.d_model, requires_grad=True)
         packed.project(x).sum().backward()

@@ -31,6 +31,7 @@ from .options import (
     MaxTokens,
     MinLen,
     NBest,
+    Patience,
     Quiet,
     ShortlistFile,
     Threads,
@@ -164,6 +165,7 @@ def translate(
     max_len_b: MaxLenB = None,
     n_best: NBest = None,
     min_len: MinLen = None,
+    patience: Patience = None,
     max_tokens: MaxTokens = None,
     max_input_pieces: MaxInputPieces = None,
     allow_unk: AllowUnk = None,
@@ -291,8 +293,9 @@ def translate(
 
 
 class SteeringLines:
-    """One :class:`~nmt.core.beams.Steering` per input line, read from the prefix, constraints and
-    ban files in step with the input (:func:`nmt.inference.steering`); ``bans`` apply to every line.
+    """One :class:`~nmt.decode.steering.Steering` per input line, read from the prefix, constraints
+    and ban files in step with the input (:func:`nmt.inference.steering`); ``bans`` apply to every
+    line.
 
     Raises:
         DataError: a file ends before the input does (when its line is needed), or, at
@@ -362,7 +365,7 @@ def _sampling(
     top_p: float | None,
     seed: int | None,
 ):
-    """The :class:`~nmt.core.search.Sampling` the flags ask for, or None for beam search.
+    """The :class:`~nmt.decode.sampling.Sampling` the flags ask for, or None for beam search.
 
     Raises:
         ConfigError: a sampling flag without ``--sampling``, or one out of range.
@@ -376,7 +379,7 @@ def _sampling(
             )
         return None
     from ..config import SEED
-    from ..core.search import Sampling
+    from ..decode.search import Sampling
 
     chosen = Sampling(
         *(
@@ -400,7 +403,7 @@ def output_lines(tokenizer, results, first: int, n_best: bool, alignment: bool) 
     (``first``: the buffer's first input index); ``alignment`` adds ``||| i-j ...`` after the
     text."""
     from ..align import format_alignment
-    from ..core.search import Hypothesis
+    from ..decode.search import Hypothesis
 
     if not n_best:
         rows = [(None, r[0] if r else Hypothesis([], 0.0, 0.0, ())) for r in results]

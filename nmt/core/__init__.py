@@ -1,12 +1,10 @@
-"""The core: the paper's model and the algorithms that train it and search with it, and nothing
-else.
+"""The core: the paper's model and the algorithms that train it, and nothing else.
 
 Read in this order: :mod:`~nmt.core.pieces` (the special ids), :mod:`~nmt.core.layers` and
 :mod:`~nmt.core.model` (Vaswani et al. 2017, §3), :mod:`~nmt.core.cache` (one decoding step's
-state), :mod:`~nmt.core.scorers`, :mod:`~nmt.core.beams` and :mod:`~nmt.core.search` (beam search
-and sampling; :mod:`~nmt.core.restrictions` and :mod:`~nmt.core.constraints` steer it),
-:mod:`~nmt.core.batching`, :mod:`~nmt.core.loss`, :mod:`~nmt.core.schedule` and
+state), :mod:`~nmt.core.batching`, :mod:`~nmt.core.loss`, :mod:`~nmt.core.schedule` and
 :mod:`~nmt.core.update` (§5: batches, label smoothing, the learning rate, one optimizer update).
+The search over the model, beam search and sampling, is :mod:`nmt.decode`, the layer above.
 
 The core imports only torch, NumPy and :mod:`nmt.config`: no files, run directories, serving,
 interop or command line (``tests/test_layers.py`` checks every import against

@@ -17,11 +17,11 @@ from torch import Tensor
 #: later layers read, a reference cycle inside the autograd graph that Python's garbage collector
 #: cannot see, so every step's graph stayed alive after the decode returned (2.4x slower decoding
 #: and a memory peak that grew with every batch). Decoding runs under ``torch.inference_mode()``
-#: (:func:`nmt.core.search.translate_batch`); a caller outside it gets this error, not the leak.
+#: (:func:`nmt.decode.search.translate_batch`); a caller outside it gets this error, not the leak.
 RECORDING = (
     "the decoder cache was written with tensors that record autograd (which would keep every "
     "step's graph alive); "
-    "decode under torch.inference_mode(), as nmt.core.search.translate_batch does"
+    "decode under torch.inference_mode(), as nmt.decode.search.translate_batch does"
 )
 
 
@@ -161,8 +161,8 @@ class DecoderCache:
 @dataclass(frozen=True)
 class LayerCache:
     """One decoder layer's part of a :class:`DecoderCache` (or of a
-    :class:`~nmt.graphs.StaticCache`): its self-attention calls :meth:`append`, which returns the
-    keys, the values and a mask or None."""
+    :class:`~nmt.decode.static.StaticCache`): its self-attention calls :meth:`append`, which returns
+    the keys, the values and a mask or None."""
 
     cache: DecoderCache
     index: int

@@ -78,7 +78,7 @@ class SelfAttention(nn.Module):
             mask: ``(batch, 1, 1, len)`` key mask, True = may attend; None for no padding.
             causal: each position attends only to itself and earlier ones.
             cache: this layer's part of a :class:`DecoderCache` (or a
-                :class:`~nmt.graphs.StaticCache`);
+                :class:`~nmt.decode.static.StaticCache`);
                 ``x``'s keys and values are appended to it (by the cache) and ``x`` attends to every
                 cached position (under the cache's own mask, when it gives one).
 

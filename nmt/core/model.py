@@ -92,8 +92,8 @@ class Transformer(nn.Module):
         d_model)``.
 
         ``start`` may be a ``(1,)`` tensor on the device, for one position (``len`` 1) read from
-        there: a decode step whose shapes and host values repeat (:mod:`nmt.graphs`); the table
-        must already hold it (:meth:`grow_positions`)."""
+        there: a decode step whose shapes and host values repeat (:mod:`nmt.decode.static`); the
+        table must already hold it (:meth:`grow_positions`)."""
         if isinstance(start, Tensor):
             position = self.positions.index_select(0, start)
         else:

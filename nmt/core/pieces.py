@@ -22,7 +22,7 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 @dataclass(frozen=True)
 class OutputRules:
     """What a target vocabulary may never generate (enforced by
-    :class:`nmt.core.restrictions.Restrictions`).
+    :class:`nmt.decode.restrictions.Restrictions`).
 
     ``unwritable``: ids of pieces whose text holds a character no translation may contain
     (:data:`nmt.tokenizer.NEVER_OUTPUT`), the byte pieces of such single bytes among them.

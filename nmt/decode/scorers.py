@@ -1,9 +1,11 @@
-"""What the search scores hypotheses with: the :class:`Scorer` protocol and its implementations.
+"""What the search scores hypotheses with step by step: the :class:`Scorer` protocol and its
+implementations, each run by :class:`~nmt.decode.search.ScorerStep`.
 
-:class:`TransformerScorer` is the production path (the cached decoder, the source side
-shared by each sentence's beams); :class:`TiledScorer` and :class:`RecomputeScorer` are
-references kept to prove it exact and to measure what it saves; :class:`EnsembleScorer`
-averages several models' probabilities. Tests drive the search with scripted scorers too.
+:class:`TransformerScorer` is the dynamic cache (the cached decoder, the source side shared by
+each sentence's beams, settled sentences dropped): what a CPU runs; :class:`TiledScorer` and
+:class:`RecomputeScorer` are references kept to prove it exact and to measure what it saves;
+:class:`EnsembleScorer` averages several models' probabilities. Tests drive the search with
+scripted scorers too. A GPU runs the step of fixed shapes instead (:mod:`nmt.decode.static`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from .cache import beam_rows
+from ..core.cache import beam_rows
 
 
 class Scorer(Protocol):
@@ -33,8 +35,8 @@ class Scorer(Protocol):
 
 
 class TransformerScorer:
-    """The production path: :meth:`nmt.core.model.Transformer.decode_step` over a
-    :class:`~nmt.core.model.DecoderCache` whose source side is shared by each sentence's beams."""
+    """The dynamic cache: :meth:`nmt.core.model.Transformer.decode_step` over a
+    :class:`~nmt.core.cache.DecoderCache` whose source side is shared by each sentence's beams."""
 
     def __init__(self, model):
         self.model = model
@@ -149,9 +151,3 @@ class EnsembleScorer:
         return tuple(
             member.keep_sentences(state, keep) for member, state in zip(self.members, states)
         )
-
-
-#: ``cached``: the dynamic cache; ``tiled`` and ``recompute``: references. A step of fixed shapes,
-#: replayed as CUDA graphs on a GPU, is the runtime's (:class:`nmt.graphs.StaticScorer`, and
-#: :class:`nmt.graph_search.GraphSearch` with its beam search on the device).
-SCORERS = {"cached": TransformerScorer, "tiled": TiledScorer, "recompute": RecomputeScorer}
