@@ -1,14 +1,15 @@
 """Choosing decoding settings on a validation set: a grid over beam size, length
 normalisation and length-penalty exponent α, scored with the BLEU that validation uses.
 
-One search per beam size serves every (normalisation, α) pair exactly. The search keeps
+One search per beam size and stopping rule (``patience``) serves every (normalisation, α) pair
+exactly. The search keeps
 the continuations with the best raw log-probabilities and sets finished hypotheses aside
 in an order that neither the normalisation nor α changes; those two only rank the
-finished ones and decide when the exact early-stop bound may end the search early, which
-never changes the result. Searching once with ``n_best = beam_size`` (so that only the
-"``beam`` hypotheses finished" rule stops a sentence) and re-ranking the finished
-hypotheses under each setting gives what a search with that setting returns (up to exact
-ties between scores).
+finished ones and decide when a sentence's result is settled. Searched once with every
+setting of the grid as a ranking (:class:`~nmt.decode.beams.Ranking`), a sentence ends only
+when its result is settled under each of them, and every finished hypothesis comes back;
+re-ranking those under a setting gives what a search with that setting alone returns (up to
+exact ties between scores).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .config import BEAM, LENGTH_PENALTY, ConfigError
-from .core.search import LENGTH_NORMALIZATIONS, Hypothesis, length_penalty
+from .config import BEAM, LENGTH_PENALTY, PATIENCE, ConfigError
 from .corpus import read_lines
+from .decode.beams import LENGTH_NORMALIZATIONS, Hypothesis, length_penalty
 from .errors import Key
 from .evaluate import score
 from .fields import looks_like_test_data
@@ -76,21 +77,29 @@ def validation_lines(
 
 @dataclass(frozen=True)
 class Setting:
-    """One decoding setting of the grid (the ``decode`` config keys of the same names)."""
+    """One decoding setting of the grid (the ``decode`` config keys of the same names; ``patience``
+    None is the exact rule)."""
 
     beam_size: int
     length_normalization: str
     length_penalty: float
+    patience: float | None = None
 
 
-def grid(beam_sizes: list[int], normalizations: list[str], alphas: list[float]) -> list[Setting]:
+def grid(
+    beam_sizes: list[int],
+    normalizations: list[str],
+    alphas: list[float],
+    patiences: list[float | None] = (None,),
+) -> list[Setting]:
     """Every distinct setting, in the given order. Greedy search (beam 1), ``"none"`` and
     α 0 rank by raw log-probability whatever the rest says, so each appears once, as
-    ``("none", 0.0)``.
+    ``("none", 0.0)``; greedy search ends at its first EOS whatever the patience.
 
     Raises:
-        ConfigError: a beam size or α out of ``decode.beam_size``'s or ``decode.length_penalty``'s
-            range, or an unknown normalisation.
+        ConfigError: a beam size, α or patience out of ``decode.beam_size``'s,
+            ``decode.length_penalty``'s or ``decode.patience``'s range, or an unknown
+            normalisation.
     """
     # decode.beam_size's and length_penalty's ranges
     for key, values, allowed in (
@@ -105,14 +114,19 @@ def grid(beam_sizes: list[int], normalizations: list[str], alphas: list[float]) 
             Key("normalizations"),
             f": unknown {', '.join(unknown)}; choose from {', '.join(LENGTH_NORMALIZATIONS)}",
         )
+    bad = [p for p in patiences if p is not None and p not in PATIENCE]
+    if bad:
+        raise ConfigError(Key("patiences"), f" must all be {PATIENCE} (or exact), got {bad[0]}")
     out: list[Setting] = []
     for beam in beam_sizes:
-        for name in normalizations:
-            for alpha in alphas:
-                raw = beam == 1 or name == "none" or alpha == 0
-                setting = Setting(beam, "none", 0.0) if raw else Setting(beam, name, alpha)
-                if setting not in out:
-                    out.append(setting)
+        for patience in patiences if beam > 1 else [None]:
+            for name in normalizations:
+                for alpha in alphas:
+                    raw = beam == 1 or name == "none" or alpha == 0
+                    kind = ("none", 0.0) if raw else (name, alpha)
+                    setting = Setting(beam, *kind, patience)
+                    if setting not in out:
+                        out.append(setting)
     return out
 
 
@@ -136,7 +150,8 @@ def tune_decode(
     progress=None,
     src_prefix: tuple[int, ...] = (),
 ) -> list[dict]:
-    """Translate ``src_lines`` once per beam size and score every setting against ``ref_lines``.
+    """Translate ``src_lines`` once per beam size and patience, and score every setting against
+    ``ref_lines``.
 
     Args:
         decode: the checkpoint's :class:`~nmt.config.DecodeConfig` (length limits, batch budget).
@@ -144,21 +159,34 @@ def tune_decode(
         tokenize: sacreBLEU's BLEU tokenizer (``nmt tune-decode`` passes the checkpoint's, as
             validation scored it: ``ja-mecab`` for a Japanese target).
         progress: told how many more lines are translated (a progress bar's ``update``); the
-            lines are translated once per beam size.
+            lines are translated once per beam size and patience.
         src_prefix: the target tag of a multilingual model (:class:`nmt.inference.Decoding`).
 
     Returns:
         One row per setting, in order: its fields, ``bleu``, ``chrf``, ``length_ratio``
         (hypothesis to reference length, in sacreBLEU's tokens), ``search_s`` (seconds of
-        search for that beam size, shared by its rows) and the metrics' signatures.
+        search for that beam size and patience, shared by their rows) and the metrics'
+        signatures.
     """
     rows = []
-    for beam in dict.fromkeys(s.beam_size for s in settings):
+    for beam, patience in dict.fromkeys((s.beam_size, s.patience) for s in settings):
         start = time.perf_counter()
-        decoding = Decoding(replace(decode, beam_size=beam, n_best=beam), src_prefix=src_prefix)
+        alike = [s for s in settings if (s.beam_size, s.patience) == (beam, patience)]
+        rankings = tuple((s.length_normalization, s.length_penalty) for s in alike)
+        (normalization, alpha), *_ = rankings
+        # the grid's stopping rule, whatever the checkpoint's; its rankings settle each line
+        searched = replace(
+            decode,
+            beam_size=beam,
+            n_best=1,
+            patience=patience,
+            length_normalization=normalization,
+            length_penalty=alpha,
+        )
+        decoding = Decoding(searched, src_prefix=src_prefix, rankings=rankings)
         results = inference.translate(src_lines, decoding, progress=progress)
         seconds = round(time.perf_counter() - start, 1)
-        for s in (s for s in settings if s.beam_size == beam):
+        for s in alike:
             hyps = inference.tokenizer.decode_tgt(
                 [rerank(r, s.length_normalization, s.length_penalty) for r in results]
             )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A recipe, start to finish: train CONFIG, average the last 5 step checkpoints, choose the
-# checkpoint (best.pt or the average) and the length-penalty α on the validation split, then
+# checkpoint (best.pt or the average), the length-penalty α and the stopping rule (exact, or
+# patience 1) on the validation split, then
 # score each test split once with that choice. Nothing before the last step reads a test file.
 # Usage: scripts/train_recipe.sh CONFIG RUN_DIR "TEST_SPLIT ..." [extra nmt train args, e.g. --set train.threads=2]
 # The data directory, the languages and the validation split are CONFIG's with the extra
@@ -88,22 +89,25 @@ nmt train -c "$CONFIG" --run-dir "$RUN" "$@"
 nmt average --run-dir "$RUN" --last 5 -o "$RUN/average.pt"
 for ckpt in best average; do
   to_file "$RUN/tune_$ckpt.json" nmt tune-decode --checkpoint "$RUN/$ckpt.pt" --src "$VALID_SRC" --ref "$VALID_REF" "${THREADS[@]}" \
-    --beam-sizes 5 --length-normalizations length --length-penalties 1.0,1.5,2.0 --json
+    --beam-sizes 5 --length-normalizations length --length-penalties 1.0,1.5,2.0 --patiences 0,1 --json
 done
-# The highest validation BLEU over both checkpoints and every α (ties: the first).
-read -r CKPT ALPHA < <("${PYTHON:-python3}" - "$RUN" <<'PY'
+# The highest validation BLEU over both checkpoints, every α and both stopping rules (the exact one,
+# and patience 1: fairseq's) (ties: the first).
+read -r CKPT ALPHA PATIENCE < <("${PYTHON:-python3}" - "$RUN" <<'PY'
 import json, sys
 run = sys.argv[1]
-rows = [(row["bleu"], name, row["length_penalty"]) for name in ("best", "average") for row in json.load(open(f"{run}/tune_{name}.json"))["rows"]]
-bleu, name, alpha = max(rows, key=lambda r: r[0])
-print(name, alpha)
+rows = [(row["bleu"], name, row["length_penalty"], row["patience"] or 0) for name in ("best", "average") for row in json.load(open(f"{run}/tune_{name}.json"))["rows"]]
+bleu, name, alpha, patience = max(rows, key=lambda r: r[0])
+print(name, alpha, patience)
 PY
 )
-echo "chosen on ${PLAN[2]}: $CKPT.pt, length normalisation 'length', α $ALPHA" | tee "$RUN/choice.txt"
+RULE="the exact stop"
+[ "$PATIENCE" != 0 ] && RULE="patience $PATIENCE"
+echo "chosen on ${PLAN[2]}: $CKPT.pt, length normalisation 'length', α $ALPHA, $RULE" | tee "$RUN/choice.txt"
 
 for ((i = 5; i < ${#PLAN[@]}; i += 3)); do
   name=${PLAN[i]//\//_}  # a split in a subdirectory (sub/test) writes sub_test.json in RUN_DIR
   to_file "$RUN/$name.json" nmt evaluate --checkpoint "$RUN/$CKPT.pt" --src "${PLAN[i + 1]}" --ref "${PLAN[i + 2]}" "${THREADS[@]}" \
-    --beam-size 5 --length-normalization length --length-penalty "$ALPHA" --output "$RUN/$name.hyp.$TGT" --json
+    --beam-size 5 --length-normalization length --length-penalty "$ALPHA" --patience "$PATIENCE" --output "$RUN/$name.hyp.$TGT" --json
   cat "$RUN/$name.json"
 done

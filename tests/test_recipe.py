@@ -123,18 +123,21 @@ def test_the_recipe_chooses_on_validation_and_reads_the_test_split_only_at_the_e
     )
     assert all(f"--src {data / 'dev.en'} --ref {data / 'dev.de'}" in c for c in calls[2:4])
 
-    # The choice is the highest validation BLEU over both checkpoints and every α.
+    # The choice is the highest validation BLEU over both checkpoints, every α and both stopping
+    # rules.
     rows = [
-        (r["bleu"], name, r["length_penalty"])
+        (r["bleu"], name, r["length_penalty"], r["patience"] or 0)
         for name in ("best", "average")
         for r in json.loads((run / f"tune_{name}.json").read_text())["rows"]
     ]
-    assert len(rows) == 6
-    _, name, alpha = max(rows, key=lambda r: r[0])
+    assert len(rows) == 12
+    _, name, alpha, patience = max(rows, key=lambda r: r[0])
+    rule = f"patience {patience}" if patience else "the exact stop"
     assert (run / "choice.txt").read_text(
         encoding="utf-8"
-    ).strip() == f"chosen on valid: {name}.pt, length normalisation 'length', α {alpha}"
+    ).strip() == f"chosen on valid: {name}.pt, length normalisation 'length', α {alpha}, {rule}"
     assert f"--checkpoint {run}/{name}.pt" in calls[-1] and f"--length-penalty {alpha}" in calls[-1]
+    assert f"--patience {patience}" in calls[-1]
 
     # The test score is sacreBLEU's on the translations written beside it.
     hyps = (run / "test.hyp.de").read_text(encoding="utf-8").splitlines()

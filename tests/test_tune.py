@@ -1,4 +1,5 @@
 import re
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -7,29 +8,34 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nmt.config import ConfigError, DecodeConfig, config_from_dict
-from nmt.core.search import translate_batch
+from nmt.decode.search import translate_batch
 from nmt.fields import looks_like_test_data
 from nmt.tune import Setting, grid, rerank, validation_lines
 
 
 @pytest.mark.parametrize("beam", [2, 5])
-def test_one_search_reranked_equals_a_search_per_setting(model, beam):
+@pytest.mark.parametrize("patience", [None, 1.0])
+def test_one_search_reranked_equals_a_search_per_setting(model, beam, patience):
+    """One search with every setting as a ranking returns every finished hypothesis (with a
+    patience, the first that many, which no ranking changes); the best of them under each setting is
+    what a search with that setting alone finds."""
     src = random_sources([2, 6, 11, 17, 30], seed=11)
+    settings = grid([beam], ["gnmt", "length", "none"], [0.0, 0.6, 1.0, 2.0, -0.5], [patience])
+    decode = DecodeConfig(beam_size=beam, max_len_a=1.0, max_len_b=8, patience=patience)
     pool = translate_batch(
         model,
         src,
-        DecodeConfig(beam_size=beam, length_penalty=0.0, max_len_a=1.0, max_len_b=8, n_best=beam),
+        replace(decode, length_penalty=0.0),
+        rankings=tuple((s.length_normalization, s.length_penalty) for s in settings),
     )
     compared = 0
-    for setting in grid([beam], ["gnmt", "length", "none"], [0.0, 0.6, 1.0, 2.0, -0.5]):
+    for setting in settings:
         direct = translate_batch(
             model,
             src,
-            DecodeConfig(
-                beam_size=beam,
+            replace(
+                decode,
                 length_penalty=setting.length_penalty,
-                max_len_a=1.0,
-                max_len_b=8,
                 length_normalization=setting.length_normalization,
             ),
         )
@@ -53,10 +59,18 @@ def test_grid_lists_each_distinct_setting_once():
         Setting(5, "gnmt", 1.0),
         Setting(5, "length", 1.0),
     ]
+    # greedy search ends at its first EOS: one setting whatever the patience
+    assert grid([1, 4], ["length"], [1.0], [None, 2.0]) == [
+        Setting(1, "none", 0.0),
+        Setting(4, "length", 1.0),
+        Setting(4, "length", 1.0, 2.0),
+    ]
+    with pytest.raises(ConfigError, match="patiences must all be"):
+        grid([4], ["length"], [1.0], [-1.0])
 
 
 def test_rerank_counts_eos_in_the_length():
-    from nmt.core.search import Hypothesis
+    from nmt.decode.search import Hypothesis
 
     short, long = Hypothesis([7], 0.0, -1.0), Hypothesis([7, 8, 9], 0.0, -1.9)
     # length, alpha 1: -1.0 / 2 = -0.5 against -1.9 / 4 = -0.475: the longer one wins.
@@ -182,6 +196,7 @@ def test_a_tie_keeps_the_checkpoints_own_setting_or_the_smallest_beam_and_says_s
             "beam_size": b,
             "length_normalization": "length",
             "length_penalty": a,
+            "patience": None,
             "bleu": bleu,
             "chrf": chrf,
         }

@@ -58,6 +58,14 @@ def tune_decode(
             "--length-penalties", help="Comma-separated length-penalty exponents α to try."
         ),
     ] = "0.6,1.0,1.5,2.0",
+    patiences: Annotated[
+        str,
+        typer.Option(
+            "--patiences",
+            help="Comma-separated stopping rules to try: 0 the exact rule, P > 0 also end once "
+            "beam size × P hypotheses have finished (see translate --patience).",
+        ),
+    ] = "0",
     max_sentences: Annotated[
         int | None,
         typer.Option(
@@ -86,9 +94,9 @@ def tune_decode(
     threads: Threads = 0,
     dtype: DType = "float32",
 ) -> None:
-    """Choose beam size, length normalisation and α on a validation set: prints BLEU for each
-    setting of a small grid and the best one. Settings chosen on the test set overstate its
-    score, so a file named like a test set (test*, *_test*, newstest*) is refused."""
+    """Choose beam size, stopping rule, length normalisation and α on a validation set: prints
+    BLEU for each setting of a small grid and the best one. Settings chosen on the test set
+    overstate its score, so a file named like a test set (test*, *_test*, newstest*) is refused."""
     from ..tune import grid, validation_lines
     from ..tune import tune_decode as run_grid
 
@@ -97,6 +105,7 @@ def tune_decode(
         _csv("--beam-sizes", beam_sizes, int),
         _csv("--length-normalizations", normalizations, str),
         _csv("--length-penalties", alphas, float),
+        [p or None for p in _csv("--patiences", patiences, float)],
     )
     src_lines, ref_lines = validation_lines(src, ref, max_sentences, allow_test_names)
     chosen = None if tokenize is None else bleu_tokenizer(tokenize, tgt_lang)
@@ -110,7 +119,8 @@ def tune_decode(
     goal = target(cfg, tokenizer, tgt_lang)
     chosen = chosen or config_tokenizer(cfg, goal.lang)  # as validation scored this run's direction
     check_tokenizer(chosen)
-    with progress_bar(quiet, total=len(src_lines) * len({s.beam_size for s in settings})) as bar:
+    searches = len({(s.beam_size, s.patience) for s in settings})
+    with progress_bar(quiet, total=len(src_lines) * searches) as bar:
         rows = run_grid(
             inference,
             src_lines,
@@ -122,10 +132,7 @@ def tune_decode(
             src_prefix=goal.src_prefix,
         )
     best = choose(rows, decode, len(src_lines))
-    flags = (
-        f"--beam-size {best['beam_size']} --length-normalization "
-        f"{best['length_normalization']} --length-penalty {best['length_penalty']}"
-    )
+    flags = flags_of(best)
     if as_json:
         typer.echo(
             json.dumps(
@@ -142,16 +149,24 @@ def tune_decode(
         return
     typer.echo(f"{len(src_lines)} sentences of {src}; {rows[0]['bleu_signature']}")
     typer.echo(
-        f"{'beam':>4} {'normalization':>13} {'alpha':>5} {'BLEU':>6} {'chrF':>6} {'len ratio':>9} "
-        f"{'search s':>8}"
+        f"{'beam':>4} {'patience':>8} {'normalization':>13} {'alpha':>5} {'BLEU':>6} {'chrF':>6} "
+        f"{'len ratio':>9} {'search s':>8}"
     )
     for r in rows:
         typer.echo(
-            f"{r['beam_size']:>4} {r['length_normalization']:>13} {r['length_penalty']:>5} "
-            f"{r['bleu']:>6.2f} {r['chrf']:>6.2f} "
+            f"{r['beam_size']:>4} {r['patience'] or 'exact':>8} {r['length_normalization']:>13} "
+            f"{r['length_penalty']:>5} {r['bleu']:>6.2f} {r['chrf']:>6.2f} "
             f"{r['length_ratio']:>9.3f} {r['search_s']:>8}"
         )
     typer.echo(f"best: BLEU {best['bleu']:.2f} with {flags}")
+
+
+def flags_of(row: dict) -> str:
+    """The ``nmt translate`` flags of a grid row's setting."""
+    return (
+        f"--beam-size {row['beam_size']} --length-normalization {row['length_normalization']} "
+        f"--length-penalty {row['length_penalty']} --patience {row['patience'] or 0:g}"
+    )
 
 
 #: Fewer validation lines than this cannot tell search settings apart: a setting's BLEU moves by
@@ -167,8 +182,8 @@ def choose(rows: list[dict], decode, sentences: int) -> dict:
     top = max((r["bleu"], r["chrf"]) for r in rows)
     tied = [r for r in rows if (r["bleu"], r["chrf"]) == top]
     own = lambda r: (
-        (r["beam_size"], r["length_normalization"], r["length_penalty"])
-        == (decode.beam_size, decode.length_normalization, decode.length_penalty)
+        (r["beam_size"], r["length_normalization"], r["length_penalty"], r["patience"])
+        == (decode.beam_size, decode.length_normalization, decode.length_penalty, decode.patience)
     )
     best = next((r for r in tied if own(r)), min(tied, key=lambda r: r["beam_size"]))
     log = logging.getLogger("nmt.tune")
