@@ -126,9 +126,10 @@ def generation_settings(
     by default, and what it cannot say.
 
     ``num_beams`` is ``decode.beam_size``; ``length_penalty`` α (generate() divides by ``|Y|^α``,
-    |Y| counting EOS: nmt's
-    ``length`` normalisation); ``early_stopping`` true (a sentence ends once ``num_beams``
-    hypotheses have, as in nmt);
+    |Y| counting EOS: nmt's ``length`` normalisation); ``early_stopping`` ``"never"``, generate()'s
+    exact stop, where its bound is nmt's (α <= 0, or an absolute limit), else true (a sentence ends
+    once ``num_beams`` hypotheses have: nmt's ``decode.patience`` 1; taken at the model's position
+    limit, generate()'s exact bound would search every sentence to it);
     ``max_length`` ``max_len_b + 2`` when ``max_len_a`` is 0 (generate()'s limit is absolute and
     counts the start token), else the model's position limit; ``min_length`` ``min_len + 1``; the
     start token, a multilingual model's target ``tags`` (``>>fr<<``, never generated) and UNK unless
@@ -154,10 +155,22 @@ def generation_settings(
     else:
         values |= {"bos_token_id": BOS, "suppress_tokens": sorted(banned)}
     if decode.beam_size > 1:
-        values |= {"num_beams": decode.beam_size, "early_stopping": True}
-        values["length_penalty"] = (
-            0.0 if decode.length_normalization == "none" else decode.length_penalty
-        )
+        alpha = 0.0 if decode.length_normalization == "none" else decode.length_penalty
+        exact = decode.patience is None and (alpha <= 0 or decode.max_len_a == 0)
+        values |= {"num_beams": decode.beam_size, "early_stopping": "never" if exact else True}
+        values["length_penalty"] = alpha
+        if decode.patience is None and not exact:
+            notes.append(
+                "generate() stops a sentence once num_beams hypotheses have finished (nmt's "
+                "decode.patience 1), where nmt searches until no running hypothesis can change "
+                "the result: generate()'s exact stop (early_stopping 'never') would search every "
+                f"sentence to max_length {max_positions}"
+            )
+        elif decode.patience not in (None, 1.0):
+            notes.append(
+                "generate() has no patience: it stops a sentence once num_beams hypotheses have "
+                f"finished (nmt: beam_size x {decode.patience:g})"
+            )
         if decode.length_normalization == "gnmt":
             notes.append(
                 "generate() has no GNMT length penalty: generation_config.json divides by "
@@ -550,6 +563,29 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+def _ctranslate2_differences(decode: DecodeConfig) -> tuple[str, str]:
+    """What the CTranslate2 README says it computes, and the differences from ``nmt translate`` it
+    names (lines that start with a line break, or none)."""
+    exact = decode.patience is not None and decode.length_normalization != "gnmt"
+    computes = "It computes what `nmt translate` computes with that checkpoint" + (
+        "" if exact else ", but for the differences said below"
+    )
+    stop = (
+        ""
+        if decode.patience is not None
+        else "\nnmt ends a sentence's search once no running hypothesis can change its result "
+        "(exact);\nCTranslate2 has no such rule and ends it once beam size × `patience` hypotheses "
+        "have\nfinished, so on some lines nmt finds a translation it scores higher (a larger "
+        "`patience`\ncomes closer, and is slower)."
+    )
+    gnmt = (
+        "\nCTranslate2 has no GNMT length penalty: it divides by |Y|^α."
+        if decode.length_normalization == "gnmt"
+        else ""
+    )
+    return computes, gnmt + stop
+
+
 def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, out: str) -> str:
     """The README written beside a CTranslate2 model: where it came from and the Python lines that
     translate with it."""
@@ -576,11 +612,13 @@ def ctranslate2_readme(tokenizer: Tokenizer, decode: DecodeConfig, source: str, 
     alpha = decode.length_penalty if decode.length_normalization != "none" else 0.0
     suppress = [[p] for p in banned]
     limit_a = f"{decode.max_len_a:g} · source pieces + " if decode.max_len_a else ""
+    patience = decode.patience or 1
+    computes, differences = _ctranslate2_differences(decode)
     return f"""# CTranslate2 model
 
-Written by `nmt export --format ctranslate2` from `{source}`. It computes what `nmt translate`
-computes with that checkpoint (float32; `--quantization` changes that). The SentencePiece model(s)
-beside it cut the text into the pieces it reads{unknown}.
+Written by `nmt export --format ctranslate2` from `{source}`.
+{computes} (float32; `--quantization` changes that).
+The SentencePiece model(s) beside it cut the text into the pieces it reads{unknown}.
 
 ```python
 import ctranslate2
@@ -592,16 +630,18 @@ target = spm.SentencePieceProcessor(model_file="{out}/{files[1]}")
 lines = ["A dog runs on the beach."]{code_note}
 tokens = [source.encode(line, out_type=str) + ["</s>"] for line in lines]
 results = translator.translate_batch(
-    tokens, beam_size={decode.beam_size}, length_penalty={alpha}, max_decoding_length={limit},
+    tokens, beam_size={decode.beam_size}, patience={patience:g}, length_penalty={alpha},
+    max_decoding_length={limit}, min_decoding_length={decode.min_len},
     suppress_sequences={suppress!r}, disable_unk={not decode.allow_unk},
 )
 print([target.decode(result.hypotheses[0]){detok} for result in results])
 ```
 
 nmt's defaults for this checkpoint are used above: beam size {decode.beam_size}, length penalty
-α {decode.length_penalty} ({decode.length_normalization} normalisation; CTranslate2 divides by
-|Y|^α, |Y| without EOS), at most {limit_a}{decode.max_len_b} output pieces (CTranslate2's limit
-is one number per batch).
+α {decode.length_penalty} ({decode.length_normalization} normalisation, |Y| counting EOS), at most
+{limit_a}{decode.max_len_b} output pieces (CTranslate2's limit is one number per batch), and at
+least {decode.min_len} (CTranslate2's default, 1, would forbid an empty translation).{differences}
+`scripts/bench_exports.py` in nmt's repository measures how often the two differ.
 """
 
 

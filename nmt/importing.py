@@ -461,9 +461,9 @@ NOT_APPLIED = (
     (
         "early_stopping",
         True,
-        "nmt stops a sentence once beam_size hypotheses have ended, or earlier when none still "
-        "running could rank "
-        "higher (exact); generate() with early_stopping false goes on by its own heuristic",
+        "generate() stops a sentence by its own heuristic (the best running hypothesis scored at "
+        "its current length); nmt searches until none running can change the result (exact, as "
+        "early_stopping 'never')",
     ),
     (
         "renormalize_logits",
@@ -483,6 +483,20 @@ NOT_APPLIED = (
 )
 
 
+def not_applied(get, beam: int) -> list[str]:
+    """The generation settings of :data:`NOT_APPLIED` that ``get`` (the settings' ``dict.get``)
+    gives a value nmt does not apply, in words (a search of ``beam`` hypotheses)."""
+    notes = []
+    for key, neutral, why in NOT_APPLIED:
+        # generate()'s default early_stopping is false; true and "never" are applied
+        value = get(key, False) if key == "early_stopping" else get(key, neutral)
+        if key == "early_stopping" and (beam == 1 or value == "never"):
+            continue
+        if value != neutral:
+            notes.append(f"{key}={value!r}" + (f": {why}" if why else " is not applied"))
+    return notes
+
+
 def decode_config(
     generation: dict[str, Any], tokenizer: MarianTokenizer, file: str = "generation_config.json"
 ) -> tuple[DecodeConfig, list[str]]:
@@ -495,7 +509,8 @@ def decode_config(
     decoder's start token) → at most L - 2 pieces and EOS (``max_len_a`` 0, ``max_len_b`` L - 2),
     ``max_new_tokens`` N → N - 1 pieces; ``min_length`` M → M - 1 pieces;
     ``<unk>`` may be generated unless ``bad_words_ids`` bans it (generate() bans only what it lists;
-    nmt always bans ``<pad>``, its BOS).
+    nmt always bans ``<pad>``, its BOS); ``early_stopping`` true → ``patience`` 1 (a sentence ends
+    once ``num_beams`` hypotheses have), ``"never"`` → the exact rule.
     """
     get = generation.get
 
@@ -530,14 +545,11 @@ def decode_config(
         max_len_b=max(limit, 1),
         min_len=max(floor, 0),
         n_best=1,
+        # generate()'s early_stopping true is fairseq's rule, nmt's patience 1; "never" is exact
+        patience=1.0 if beam > 1 and get("early_stopping", False) is True else None,
         allow_unk=tgt.marian_ids[UNK] not in banned,
     )
-    notes = []
-    for key, neutral, why in NOT_APPLIED:
-        # generate()'s default early_stopping is false
-        value = get(key, False) if key == "early_stopping" else get(key, neutral)
-        if value != neutral and not (key == "early_stopping" and beam == 1):
-            notes.append(f"{key}={value!r}" + (f": {why}" if why else " is not applied"))
+    notes = not_applied(get, beam)
     # What nmt bans: its padding and start pieces, target-language tags (>>fr<<), and <unk> unless
     # decode.allow_unk.
     tag_ids = [tgt.marian_ids[i] for i, piece in enumerate(tgt.pieces) if TAG.fullmatch(piece)]

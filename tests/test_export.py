@@ -11,8 +11,8 @@ from nmt.config import DecodeConfig, TokenizerConfig
 from nmt.core.batching import pad_sources
 from nmt.core.layers import sinusoidal_positions
 from nmt.core.model import Transformer
-from nmt.core.search import translate_batch
 from nmt.corpus import read_parallel
+from nmt.decode.search import translate_batch
 from nmt.export import EXPORT_FILES, ExportError, export, export_huggingface, generation_settings
 from nmt.marian import permutation as marian_permutation
 from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, controls_as_spaces, train_tokenizer
@@ -235,8 +235,9 @@ def test_generation_config_searches_as_nmt_translate_does_by_default(
             # its own generation settings only
             generated = hf.generate(input_ids=src, attention_mask=torch.ones_like(src))
         assert [t for t in generated[0, 1:].tolist() if t not in (EOS, PAD)] == hyps[0].tokens
-    # A beam: generate() ranks by log P / |Y|^α and stops a sentence once num_beams hypotheses have
-    # ended, as nmt does.
+    # A beam: generate() ranks by log P / |Y|^α. Its exact stop ("never") takes the bound at
+    # max_length, which only an absolute limit makes nmt's; under a relative one it ends a sentence
+    # once num_beams hypotheses have (nmt's patience 1), and says so.
     values, notes = generation_settings(
         DecodeConfig(beam_size=5, length_penalty=2.0), tokenizer, 1024
     )
@@ -249,10 +250,22 @@ def test_generation_config_searches_as_nmt_translate_does_by_default(
         "max_length": 1024,
     }
     assert notes == [
+        "generate() stops a sentence once num_beams hypotheses have finished (nmt's "
+        "decode.patience 1), where nmt searches until no running hypothesis can change the "
+        "result: generate()'s exact stop (early_stopping 'never') would search every sentence to "
+        "max_length 1024",
         "generate() has no output limit relative to the source (nmt: 1.5 x source pieces + 10): "
         "generation_config.json sets max_length 1024, "
-        "the model's position limit"
+        "the model's position limit",
     ]
+    for decode, early in (
+        (DecodeConfig(beam_size=5, length_penalty=2.0, max_len_a=0.0), "never"),
+        (DecodeConfig(beam_size=5, length_penalty=0.0), "never"),
+        (DecodeConfig(beam_size=5, length_penalty=-1.0), "never"),
+        (DecodeConfig(beam_size=5, length_normalization="none"), "never"),
+        (DecodeConfig(beam_size=5, length_penalty=0.0, patience=1.0), True),
+    ):
+        assert generation_settings(decode, tokenizer, 1024)[0]["early_stopping"] == early, decode
 
 
 def test_a_killed_export_leaves_nothing_that_loads(checkpoint, tmp_path, monkeypatch):
