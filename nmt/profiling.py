@@ -48,6 +48,8 @@ PARTS = (
     "search bookkeeping",
     "other",
 )
+# On a GPU whose steps are captured: the decoder's parts run inside the graph replays.
+CAPTURED_PARTS = ("encoder self-attention", "captured steps", "other")
 TRAIN_PARTS = (
     "encoder self-attention",
     "decoder self-attention",
@@ -263,21 +265,43 @@ def cache_bytes(model: Transformer, shape: Shape, dtype: torch.dtype) -> dict[st
     }
 
 
+class TimedStep:
+    """The search's step, timed: its model's part (``score``) as ``scorer`` and each whole step
+    (``run``) as ``step``; everything else is the step's own. What :func:`profile_decode` gives
+    :func:`~nmt.decode.search.translate_batch` (``observe``)."""
+
+    def __init__(self, step, timer: Timer):
+        self._step, self._timer = step, timer
+
+    def __getattr__(self, name):
+        return getattr(self._step, name)
+
+    def score(self, beams, step: int):
+        """See the step's own ``score``."""
+        with self._timer.part("scorer"):
+            return self._step.score(beams, step)
+
+    def run(self, step: int, fn, whole: bool, state):
+        """See the step's own ``run``."""
+        with self._timer.part("step"):
+            return self._step.run(step, fn, whole, state)
+
+
 def profile_decode(model, shape: Shape, device: torch.device) -> dict:
-    """Time the parts of one batched decode (see the module docstring) and its peak memory."""
-    from .core.scorers import TransformerScorer
-    from .core.search import translate_batch
+    """Time the parts of one batched decode (see the module docstring) and its peak memory, through
+    the one way into the search with the step ``nmt translate`` runs on ``device`` (``decode.cache``
+    auto): the dynamic cache on a CPU, the step of fixed shapes replayed as CUDA graphs on a GPU.
+    A captured step's parts run inside one graph replay, so there they are reported as one,
+    ``captured steps``."""
+    from .decode.search import translate_batch
 
     src, decode = sources(shape, model.cfg.src_vocab_size, device), forced(shape)
-    translate_batch(model, src[:2], decode)  # warm-up: first calls allocate and pick kernels
+    # warm-up: first calls allocate, pick kernels and capture the graphs of the batch's bucket
+    translate_batch(model, src, decode)
     timer = Timer(device)
     timer.watch_model(model)
-    originals = {
-        "encode": model.encode,
-        "start_decoding": model.start_decoding,
-        "log_probs": model.log_probs,
-    }
-    step = TransformerScorer.step
+    originals = ("encode", "start_decoding", "log_probs")
+    steps = []
 
     def timed(name, function):
         def run(*args, **kwargs):
@@ -286,31 +310,37 @@ def profile_decode(model, shape: Shape, device: torch.device) -> dict:
 
         return run
 
+    def observe(step):
+        steps.append(step)
+        return TimedStep(step, timer)
+
     peak_memory(device, reset=True)
     try:
-        TransformerScorer.step = timed("scorer", step)
         model.encode, model.start_decoding = (
             timed("encode", model.encode),
             timed("source side", model.start_decoding),
         )
         model.log_probs = timed("output projection + log-softmax", model.log_probs)
         with timer.part("total"):
-            translate_batch(model, src, decode)
+            translate_batch(model, src, decode, observe=observe)
     finally:
-        TransformerScorer.step = step
         for name in originals:
             delattr(model, name)  # the instance attributes go; the methods show through again
         timer.close()
     seconds = dict(timer.seconds)
     total = seconds["total"]
     # the source keys/values, computed once per sentence
-    seconds["cross-attention"] += seconds["source side"]
-    seconds["search bookkeeping"] = (
-        total - seconds["encode"] - seconds["source side"] - seconds["scorer"]
+    seconds["cross-attention"] += seconds.get("source side", 0.0)
+    rest = total - seconds["encode"] - seconds.get("source side", 0.0)
+    captured = bool(getattr(steps[0], "graphs", False))
+    parts = CAPTURED_PARTS if captured else PARTS
+    seconds["captured steps" if captured else "search bookkeeping"] = rest - seconds.get(
+        "scorer", 0.0
     )
     return {
         "seconds": total,
-        "parts": shares(seconds, total, PARTS),
+        "step": steps[0].name + (", captured as CUDA graphs" if captured else ""),
+        "parts": shares(seconds, total, parts),
         "peak_memory_bytes": peak_memory(device),
         "sentences_per_s": shape.batch / total,
         "tokens_per_s": shape.batch * shape.tgt_len / total,
@@ -321,7 +351,7 @@ def latency(
     model, device: torch.device, src_len: int, tgt_len: int, beam: int, repeats: int = 3
 ) -> float:
     """Milliseconds per generated piece for one sentence alone (the fastest of ``repeats``)."""
-    from .core.search import translate_batch
+    from .decode.search import translate_batch
 
     shape = Shape(batch=1, src_len=src_len, tgt_len=tgt_len, beam=beam)
     src, decode = sources(shape, model.cfg.src_vocab_size, device, seed=1), forced(shape)
@@ -440,8 +470,9 @@ def format_profile(result: dict) -> str:
     for name, parts in (("decode", result["decode"]), ("training step", result["train"])):
         if parts is None:
             continue
+        step = f" ({parts['step']})" if "step" in parts else ""
         lines.append(
-            f"\n{name}: {1000 * parts['seconds']:.1f} ms, peak memory "
+            f"\n{name}{step}: {1000 * parts['seconds']:.1f} ms, peak memory "
             f"{parts['peak_memory_bytes'] / 2**20:.0f} MiB"
         )
         lines += [
