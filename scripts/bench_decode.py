@@ -16,12 +16,10 @@ On a GPU, several batch sizes in one run (what ``scripts/gpu_check.py`` runs)::
     python scripts/bench_decode.py --device cuda --dtype bfloat16 --preset base --lines 1000 \
         --batch 1,32,64,128 --max-batches 32 --latency-sentences 0 --engines nmt,hf,ct2-float16
 
-Engines: nmt (production: on a GPU the step of fixed shapes replayed as CUDA graphs, on a CPU
-the dynamic cache; source shared by the beams), nmt-cached (the dynamic cache), nmt-static (the
-step of fixed shapes with beam search held on the device, eager on a CPU), nmt-stepwise (the step
-of fixed shapes driven by the host's beam search, the production path before the search moved to
-the device), nmt-tiled (source copied per beam), nmt-recompute (no
-cache), hf (transformers MarianMTModel.generate on the exported model),
+Engines: nmt (production, what ``nmt translate`` runs: on a GPU the step of fixed shapes replayed
+as CUDA graphs, on a CPU the dynamic cache; source shared by the beams), nmt-dynamic (the dynamic
+cache), nmt-static (the step of fixed shapes, eager on a CPU), nmt-tiled (source copied per beam),
+nmt-recompute (no cache), hf (transformers MarianMTModel.generate on the exported model),
 ct2-float32, ct2-int8, ct2-float16, ct2-bfloat16 (CTranslate2 on the converted model). An nmt
 engine followed by ``@DTYPE`` (``nmt@float16``) runs in that dtype instead of ``--dtype``.
 """
@@ -121,8 +119,8 @@ def worker(args, work: Path) -> None:
 
     from nmt.checkpoint import load_checkpoint
     from nmt.core.batching import pad_sources
-    from nmt.core.search import translate_batch
-    from nmt.runtime import attention_backends, decode_scorer, resolve_dtype, to_dtype
+    from nmt.decode.search import translate_batch
+    from nmt.runtime import attention_backends, resolve_dtype, to_dtype
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -157,19 +155,9 @@ def worker(args, work: Path) -> None:
             model, resolve_dtype(dtype_name, device), per_channel=args.int8_weights == "per-channel"
         )
         shortlist = Shortlist.read(args.shortlist, tokenizer) if args.shortlist else None
-        from nmt.graph_search import GraphSearch
-        from nmt.graphs import StaticScorer
-
-        # nmt: what nmt.inference runs on this device (the static step with CUDA graphs on a GPU,
-        # the dynamic cache on a CPU).
-        scorer = {
-            "nmt": None,
-            "nmt-cached": "cached",
-            "nmt-static": GraphSearch,
-            "nmt-stepwise": StaticScorer,
-            "nmt-tiled": "tiled",
-            "nmt-recompute": "recompute",
-        }[engine]
+        # nmt: what nmt.inference runs on this device (decode.cache auto: the static step with CUDA
+        # graphs on a GPU, the dynamic cache on a CPU); the others name the step.
+        step = None if engine == "nmt" else engine.removeprefix("nmt-")
 
         def run(idx):
             src = pad_sources([ids[i] for i in idx]).to(device)
@@ -186,10 +174,9 @@ def worker(args, work: Path) -> None:
             else:
                 decode = replace(cfg.decode, beam_size=beam, length_penalty=args.alpha, n_best=1)
             columns = shortlist.columns([ids[i] for i in idx]) if shortlist is not None else None
-            chosen = scorer or decode_scorer(device, columns, decode.cache)
             with attention_backends(device):
                 hyps = translate_batch(
-                    model, src, decode, scorer=chosen, rules=tokenizer.output_rules, columns=columns
+                    model, src, decode, step=step, rules=tokenizer.output_rules, columns=columns
                 )
             return [h[0].tokens for h in hyps]
 
@@ -309,7 +296,7 @@ def worker(args, work: Path) -> None:
             middle = plan[len(plan) // 2]
             record["profile"] = gpu_profile(lambda: run(middle), sync)  # noqa: B023 (called here, before the loop moves on)
         if engine.startswith("nmt") and device.type == "cuda":
-            from nmt.graphs import graph_report
+            from nmt.decode.static import graph_report
 
             # captured so far: slabs, graphs, their buffers and pools
             record["cuda_graphs"] = graph_report(model)

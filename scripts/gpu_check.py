@@ -115,10 +115,9 @@ GPU = Plan(
         "--profile-steps",
         "3",
     ],
-    # nmt: the production path (static step and beam search held on the device, CUDA graphs) in
-    # bf16 and fp16; nmt-stepwise: the static step under the host's search (the path before);
-    # nmt-cached: the dynamic cache; every engine warms up on every batch first, so graphs are
-    # captured before the clock.
+    # nmt: the production path (the search's whole step of fixed shapes, one CUDA graph a step) in
+    # bf16 and fp16; nmt-dynamic: the dynamic cache, what a failed capture falls back to; every
+    # engine warms up on every batch first, so graphs are captured before the clock.
     decode_args=[
         "--preset",
         "base",
@@ -137,7 +136,7 @@ GPU = Plan(
         "--warm-all",
         "--profile",
         "--engines",
-        "nmt,nmt@float16,ct2-float16,nmt-stepwise,nmt-cached,hf",
+        "nmt,nmt@float16,ct2-float16,nmt-dynamic,hf",
     ],
     multi30k_sets=[],
     train_engines="nmt,hf,nmt-compile-loss,nmt-compile",
@@ -186,8 +185,8 @@ DRY = Plan(
         DRY_VOCAB,
         "--warm-all",
         "--engines",
-        # nmt-static, nmt-stepwise: the GPU's paths, eager (their CPU twins)
-        "nmt,nmt-static,nmt-stepwise,hf,ct2-int8",
+        # nmt-static: the GPU's path, eager (its CPU twin)
+        "nmt,nmt-static,hf,ct2-int8",
     ],
     multi30k_sets=[
         "model.d_model=32",

@@ -212,16 +212,14 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
 
     by_key = {(r["engine"], r["batch_sentences"]): r for r in decode["records"]}
     assert set(by_key) == {
-        (e, b) for e in ("nmt", "nmt-static", "nmt-stepwise", "hf", "ct2-int8") for b in (1, 4, 8)
+        (e, b) for e in ("nmt", "nmt-static", "hf", "ct2-int8") for b in (1, 4, 8)
     }
-    # the GPU's static step, under the search held on the device or the host's, eager on the CPU,
-    # generates what the dynamic cache does
+    # the GPU's step of fixed shapes, eager on the CPU, generates what the dynamic cache does
     for batch in (1, 4, 8):
-        for engine in ("nmt-static", "nmt-stepwise"):
-            assert (
-                by_key[(engine, batch)]["outputs_digest"]
-                == by_key[("nmt", batch)]["outputs_digest"]
-            )
+        assert (
+            by_key[("nmt-static", batch)]["outputs_digest"]
+            == by_key[("nmt", batch)]["outputs_digest"]
+        )
     for (_engine, batch), r in by_key.items():
         # --max-batches 3 of 24 sentences: 3 batches of each size, 24 at most
         assert r["sentences"] == min(24, 3 * batch)
