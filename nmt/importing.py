@@ -9,7 +9,7 @@ the generation settings that make ``nmt translate`` search as ``generate()`` doe
 naming the file and key.
 """
 
-# Size: module at most 730 lines, read_tokenizer() at most 75, model_config() at most 125,
+# Size: module at most 745 lines, read_tokenizer() at most 75, model_config() at most 125,
 # import_huggingface() at most 75: Marian's config, tokenizer and generation files checked key by
 # key, each key with transformers' default and the reason a value is refused; split further, the
 # checks of one file would be apart from its reading.

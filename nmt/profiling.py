@@ -21,8 +21,8 @@ side shared by each sentence's beams (``2 · n_layers · batch · n_heads · src
 head_dim · bytes``) and what copying it per beam would take.
 """
 
-# Size: module at most 470 lines: the parts profiled, their hooks and the memory formulas printed
-# beside them.
+# Size: module at most 500 lines: the parts profiled, their hooks, the timing step given to the
+# search and the memory formulas printed beside them.
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``nmt translate``: a stream of lines in, one translation (or n-best list) per line out."""
 
-# Size: module at most 425 lines, translate() at most 110: one command of 30 options; its body turns
+# Size: module at most 430 lines, translate() at most 110: one command of 31 options; its body turns
 # them into one Decoding value and streams lines, each option's errors beside it.
 
 from __future__ import annotations
