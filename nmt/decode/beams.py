@@ -135,8 +135,10 @@ class Beams:
     (by ``done_unmet``, then ``done_scores``; ties: the one that ended first): ``done`` ``(n,)`` how
     many; ``done_scores`` ``(n, K)`` in float64 under the first ranking, ``done_log_probs``,
     ``done_lengths``, ``done_unmet`` ``(n, K)`` and ``done_tokens`` ``(n, K, width)``; ``arrived``
-    ``(n,)`` hypotheses that ended (what ``patience`` counts). ``penalties``: ``(rankings, width +
-    2)`` ``lp(L)`` in float64 (``L`` = 0 is never read).
+    ``(n,)`` hypotheses that ended (what ``patience`` counts; kept only with one). ``penalties``:
+    ``(rankings, width + 2)`` ``lp(L)`` in float64 (``L`` = 0 is never read). ``first_limit``: on
+    the host, the fewest pieces a sentence searched may write (a CPU compares its step with it
+    before any limit).
     """
 
     tokens: Tensor
@@ -153,6 +155,7 @@ class Beams:
     arrived: Tensor
     penalties: Tensor
     ranking: Ranking
+    first_limit: int = 0
 
     @classmethod
     def start(cls, n: int, beam: int, width: int, ranking: Ranking, device: torch.device) -> Beams:
@@ -197,6 +200,7 @@ class Beams:
         for t in (self.step, self.done, self.arrived, self.done_lengths, self.done_unmet):
             t.zero_()
         self.done_scores.fill_(float("-inf"))
+        self.first_limit = int(max_lens.min())
 
     def __len__(self) -> int:
         return self.scores.size(0)
@@ -206,8 +210,12 @@ class Beams:
         last = (self.step + torch.arange(-2, 1, device=self.step.device)).clamp_(min=0)
         return self.tokens.index_select(1, last)
 
-    def at_limit(self) -> Tensor:
-        """Per row ``(rows,)``: whether its sentence has reached its length limit."""
+    def at_limit(self, step: int | None = None) -> Tensor | None:
+        """Per row ``(rows,)``: whether its sentence has reached its length limit; None where a CPU
+        knows from the host's ``step`` that none has (a GPU's step may be captured, and reads no
+        host value: it always makes the mask)."""
+        if step is not None and step < self.first_limit and not self.tokens.is_cuda:
+            return None
         return (self.step >= self.max_lens).repeat_interleave(self.scores.size(1))
 
     def update(self, lprobs: Tensor, choose, steer=None) -> Tensor:
@@ -224,7 +232,7 @@ class Beams:
         scores, back, new = choose.continuing(top, beam)
         self.scores.copy_(scores)
         self.tokens.copy_(self.tokens.index_select(0, back))
-        self.tokens.scatter_(1, (self.step + 1).expand(n * beam, 1), new.unsqueeze(1))
+        self.tokens.index_copy_(1, self.step + 1, new.unsqueeze(1))
         if steer is not None:
             steer.advance(back, new)
         self._settle()
@@ -236,12 +244,13 @@ class Beams:
         arrivals ``patience`` allows), keeping the best ``K`` finished by (unmet constraints,
         score); a stable sort keeps the one that ended first among equals."""
         n, beam = self.scores.shape
-        ends = top.is_eos[:, :beam] & self.active.unsqueeze(1)
-        if self.ranking.patience is not None:
-            ends &= self.arrived.unsqueeze(1) + ends.long().cumsum(1) <= self.ranking.patience
-        self.arrived.add_(ends.sum(1))
+        ends = top.is_eos[:, :beam]
         if none_set(ends):
             return
+        ends = ends & self.active.unsqueeze(1)
+        if self.ranking.patience is not None:
+            ends &= self.arrived.unsqueeze(1) + ends.long().cumsum(1) <= self.ranking.patience
+            self.arrived.add_(ends.sum(1))
         rows = (torch.arange(n, device=ends.device).unsqueeze(1) * beam + top.beam[:, :beam]).view(
             -1
         )
@@ -304,6 +313,7 @@ class Beams:
             setattr(self, name, getattr(self, name).index_select(0, slots))
         for name in ("done_lengths", "done_unmet", "done_tokens", "arrived"):
             setattr(self, name, getattr(self, name).index_select(0, slots))
+        self.first_limit = int(self.max_lens.min())
 
     def results(self, slots: list[int]) -> list[list[Hypothesis]]:
         """The result of each slot of ``slots``: its ``n_best`` hypotheses, best first (every

@@ -73,8 +73,8 @@ class Restrictions:
         the pieces so far, for it."""
         if self.banned is None:
             self._build(lprobs.size(-1))
-        limit = beams.at_limit()
-        eos = None if none_set(limit) else lprobs[:, EOS].clone()
+        limit = beams.at_limit(step)
+        eos = None if limit is None or none_set(limit) else lprobs[:, EOS].clone()
         written = steer.unrestricted(lprobs, step) if steer is not None else None
         lprobs.index_fill_(1, self.banned, float("-inf"))
         if self.decode.min_len:
