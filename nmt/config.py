@@ -21,7 +21,9 @@ its model.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import struct
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -62,7 +64,7 @@ THREADS = Range(0, 1024)  # torch.set_num_threads(100_000) crashes the process
 SEED = Range(0, 2**32 - 1)  # NumPy's seed range
 # α: |Y| ** α stays a finite float64 for every output length (at most 100 · src_len + 10,000)
 LENGTH_PENALTY = Range(-10, 10)
-PATIENCE = Range(0, 100, low_open=True)
+PATIENCE = Range(0, 100)
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. 2017, Table 3.
@@ -385,13 +387,9 @@ class DecodeConfig(Checked):
     Finished hypotheses are ranked by ``log P(Y|X) / lp(|Y|)``, ``|Y|`` counting EOS, where
     ``length_normalization`` picks ``lp``: ``"gnmt"``, ``((5 + |Y|) / 6) ** length_penalty``
     (Wu et al. 2016, §7); ``"length"``, ``|Y| ** length_penalty`` (fairseq, Hugging Face,
-    CTranslate2); ``"none"``, 1. A sentence's search ends when no running hypothesis can still
-    enter its ``n_best`` (exact, :mod:`nmt.decode.beams`), or, with ``patience`` p, also once
-    ``round(beam_size · p)`` hypotheses have finished: CTranslate2's ``patience``; 1 is fairseq's
-    rule and Hugging Face's ``early_stopping=True``, cheaper and not exact. UNK is never generated
-    (like PAD and BOS) unless
-    ``allow_unk``; EOS is not generated before ``min_len`` output pieces (fairseq's
-    ``--min-len``, Hugging Face's ``min_length``).
+    CTranslate2); ``"none"``, 1. When a sentence's search ends: :mod:`nmt.decode.beams`. UNK is
+    never generated (like PAD and BOS) unless ``allow_unk``; EOS is not generated before
+    ``min_len`` output pieces (fairseq's ``--min-len``, Hugging Face's ``min_length``).
     """
 
     section = "decode"
@@ -414,8 +412,8 @@ class DecodeConfig(Checked):
     patience: float | None = setting(
         None,
         "also end a sentence once beam_size x patience hypotheses have finished (CTranslate2's "
-        "patience; 1: fairseq's rule, faster, not exact); null: only when no running hypothesis "
-        "can still enter the n-best (exact)",
+        "patience; 1: fairseq's rule, faster, not exact); 0 or null: only when no running "
+        "hypothesis can still enter the n-best (exact)",
         PATIENCE,
     )
     min_len: int = setting(0, "EOS is forbidden before this many output pieces", AT_LEAST_0)
@@ -437,6 +435,20 @@ class DecodeConfig(Checked):
         "the decode step: static (fixed shapes, CUDA graphs on a GPU), dynamic (a growing cache); "
         "auto: static on a GPU, else dynamic",
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.patience == 0:  # 0 and null are the one exact rule
+            object.__setattr__(self, "patience", None)
+
+    def finished_cap(self) -> int | None:
+        """The finished hypotheses after which ``patience`` ends a sentence's beam search:
+        ``beam_size · patience`` rounded as CTranslate2 rounds it (in float32, halves away from
+        zero), at least 1; None under the exact rule."""
+        if self.patience is None:
+            return None
+        product = _float32(_float32(self.beam_size) * _float32(self.patience))
+        return max(1, math.floor(product + 0.5))
 
 
 @dataclass(frozen=True)
@@ -660,6 +672,13 @@ def validate(cfg: Config) -> None:
             Key("decode.beam_size"),
             f" (got {d.n_best} > {d.beam_size})",
         )
+    if d.beam_size > 1 and d.n_best > (d.finished_cap() or d.n_best):
+        raise ConfigError(
+            Key("decode.n_best"),
+            f" {d.n_best} is above the {d.finished_cap()} finished hypotheses after which ",
+            Key("decode.patience"),
+            " ends a sentence; lower it or raise the patience",
+        )
     if d.max_len_a == 0 and d.max_len_b == 0:
         raise ConfigError(
             Key("decode.max_len_a"),
@@ -850,3 +869,8 @@ def with_vocab(cfg: Config, src_vocab_size: int, tgt_vocab_size: int) -> Config:
     return replace(
         cfg, model=replace(cfg.model, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
     )
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to the nearest float32, as a C++ ``float`` holds it."""
+    return struct.unpack("f", struct.pack("f", x))[0]

@@ -124,7 +124,7 @@ class Inference:
             decoding: the search settings and what this call adds (:class:`Decoding`).
             steering: per line, its prefix, constraints and banned phrases (:func:`steering`); a
                 line whose length limit ended it before its constraints appeared is named in a
-                warning.
+                warning, as is a line for which the search found no translation at all.
             first_index: the index of ``lines[0]`` in the whole input (:meth:`stream` calls this per
                 buffer).
             progress: told how many more lines are done, batch by batch (a progress bar's
@@ -156,7 +156,14 @@ class Inference:
                 hyps = self._batch(ids, present, batch, decoding, steering, first_index)
             for i, h in zip(batch, hyps):
                 results[present[i]] = h
-                if h and h[0].unmet:
+                if not h:
+                    log.warning(
+                        "input line %d: the search found no translation (every piece it could "
+                        "write was forbidden, or the model's scores are not numbers); its output "
+                        "line is left empty",
+                        first_index + present[i] + 1,
+                    )
+                elif h[0].unmet:
                     log.warning(
                         "input line %d: its length limit ended the translation before %d of its "
                         "constraints appeared; raise --max-len-a or --max-len-b",

@@ -47,15 +47,17 @@ class Shortlist:
     ) -> Tensor:
         """The sorted target ids ``(n,)`` a batch of ``sources`` (source piece ids) may generate:
         :attr:`always`, BOS, EOS, UNK, every source piece's list, and what the batch's steering
-        needs to stay possible: every piece of its constraints, a prefix's forced pieces, and the
-        choices of a prefix step none of whose choices is listed (a word-initial piece after a
-        prefix that ends with a space usually is, and then the listed ones are the choice). Banned
-        phrases add nothing: a ban only removes."""
+        needs to stay possible: every piece of its constraints and of a fragment (the word a prefix
+        ends inside, whichever way it is spelt), a prefix's forced pieces, and the choices of a
+        prefix step none of whose choices is listed (a word-initial piece after a prefix that ends
+        with a space usually is, and then the listed ones are the choice). Banned phrases add
+        nothing: a ban only removes."""
         ids = {BOS, EOS, UNK, *self.always}
         for s in {i for line in sources for i in line}:
             ids.update(self.by_source.get(s, ()))
         steering = list(steering or ())
         ids.update(i for steer in steering for phrase in steer.constraints for i in phrase)
+        ids.update(i for steer in steering for state in steer.fragment for i, _ in state)
         for step in (step for steer in steering for step in steer.prefix):
             if len(step) == 1 or ids.isdisjoint(step):
                 ids.update(step)

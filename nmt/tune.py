@@ -116,7 +116,9 @@ def grid(
         )
     bad = [p for p in patiences if p is not None and p not in PATIENCE]
     if bad:
-        raise ConfigError(Key("patiences"), f" must all be {PATIENCE} (or exact), got {bad[0]}")
+        raise ConfigError(
+            Key("patiences"), f" must all be {PATIENCE} (0: the exact rule), got {bad[0]}"
+        )
     out: list[Setting] = []
     for beam in beam_sizes:
         for patience in patiences if beam > 1 else [None]:

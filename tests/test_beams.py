@@ -299,6 +299,16 @@ def test_every_extra_ranking_is_exact(seed, max_lens, beam, eos, rankings):
             assert rescored.log_prob == best.log_prob and rescored.tokens == best.tokens
 
 
+def test_a_ranking_that_is_no_setting_is_refused_and_an_empty_batch_is_nothing():
+    decode = DecodeConfig(beam_size=2)
+    for ranking in (("average", 1.0), ("length", 1e6), ("gnmt", float("nan"))):
+        with pytest.raises(ValueError, match="the normalisation must be one of gnmt, length, none"):
+            Ranking.of(decode, 2, 5, rankings=(ranking,))
+    from nmt.decode.search import translate_batch
+
+    assert translate_batch(None, torch.zeros(0, 3, dtype=torch.long), decode) == []
+
+
 A, B = 4, 5
 
 

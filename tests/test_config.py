@@ -167,6 +167,12 @@ def test_missing_config_file(tmp_path):
         ({"tokenizer": {"vocab_size": 4}}, "tokenizer.vocab_size must be >= 5, got 4"),
         ({"decode": {"beam_size": 2, "n_best": 3}}, "decode.n_best must be <= decode.beam_size"),
         (
+            # 5 × 0.5 rounds as CTranslate2 rounds it, half away from zero: 3
+            {"decode": {"beam_size": 5, "n_best": 4, "patience": 0.5}},
+            "decode.n_best 4 is above the 3 finished hypotheses after which decode.patience ends",
+        ),
+        ({"decode": {"patience": -1}}, r"decode.patience must be in \[0, 100\], got -1"),
+        (
             {"tokenizer": {"joint": False}, "model": {"share_embeddings": True}},
             "model.share_embeddings needs tokenizer.joint=true",
         ),
@@ -175,6 +181,14 @@ def test_missing_config_file(tmp_path):
 def test_malformed_or_out_of_range_values_are_config_errors(raw, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict(raw)
+
+
+def test_patience_zero_is_the_exact_rule_and_the_cap_rounds_as_ctranslate2_does():
+    assert config_from_dict({"decode": {"patience": 0}}).decode.patience is None
+    cap = lambda beam, p: DecodeConfig(beam_size=beam, patience=p).finished_cap()
+    # in float32, halves away from zero (std::round): 2.5 -> 3; 0.9f * 5 is 4.5f -> 5
+    assert [cap(5, 0.5), cap(5, 0.9), cap(4, 0.625), cap(2, 1.25), cap(5, 1.0)] == [3, 5, 3, 3, 5]
+    assert cap(5, 0.01) == 1 and cap(5, None) is None
 
 
 def test_every_field_has_help_and_every_number_a_range():

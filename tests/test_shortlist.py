@@ -86,6 +86,20 @@ def test_a_constraint_outside_the_shortlist_is_still_met(model):
     assert hyps[0].unmet == 0 and any(tokens[i : i + 2] == [33, 34] for i in range(len(tokens) - 1))
 
 
+def test_a_word_the_prefix_ends_inside_is_spelt_whatever_the_shortlist_lists(model):
+    """A prefix cut inside a word leaves a fragment the output must spell in some way: its pieces
+    join the columns, or no hypothesis could be written and the line came back empty."""
+    src = random_sources([6], seed=1)
+    shortlist = Shortlist(always=tuple(range(4, 12)), by_source={})
+    # the fragment: 30 then 31 (done), or 32 alone (done)
+    steer = [Steering(prefix=((5,),), fragment=(((30, 1), (32, -1)), ((31, -1),)))]
+    columns = shortlist.columns(src.tolist(), steer)
+    assert {30, 31, 32} <= set(columns.tolist())
+    (hyps,) = translate_batch(model, src, DECODE, steering=steer, columns=columns)
+    tokens = hyps[0].tokens
+    assert tokens[0] == 5 and (tokens[1:3] == [30, 31] or tokens[1] == 32)
+
+
 def test_cooccurrence_counts_sentence_pairs_and_dice_ranks_by_hand():
     # a piece twice in a sentence counts once
     pairs = [([1, 2, 2], [5, 6]), ([1], [5]), ([2, 3], [6, 7])]

@@ -57,6 +57,13 @@ def test_the_static_step_runs_on_a_gpu_where_it_serves():
     assert step_kind("static", cuda, models=2) == "dynamic"
     assert step_kind("auto", cuda, longest=STATIC_CAPACITY - 1) == "static"
     assert step_kind("auto", cuda, longest=STATIC_CAPACITY) == "dynamic"
+    # asked for by name, the static step still only serves where it can: an ensemble or a
+    # shortlist asked to run "static" runs the dynamic cache, not the first model alone
+    assert step_kind("static", cpu, models=2) == "dynamic"
+    assert step_kind("static", cpu, shortlist=True) == "dynamic"
+    assert step_kind("tiled", cuda) == "tiled"
+    with pytest.raises(ValueError, match="unknown step 'Static'; use auto, dynamic, static"):
+        step_kind("Static", cpu)
 
 
 @pytest.mark.parametrize("beam,n_best,alpha", [(1, 1, 0.0), (4, 1, 0.6), (4, 4, 0.0), (8, 4, 1.0)])

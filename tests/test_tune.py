@@ -216,4 +216,6 @@ def test_a_tie_keeps_the_checkpoints_own_setting_or_the_smallest_beam_and_says_s
     assert (best["bleu"], best["chrf"]) == top
     assert best is own if own in tied else best["beam_size"] == min(r["beam_size"] for r in tied)
     assert ("settings tie" in caplog.text) == (len(tied) > 1)
+    if len(tied) > 1:  # the warning names what it kept
+        assert f"--length-penalty {best['length_penalty']} --patience 0" in caplog.text
     assert ("cannot tell search settings apart" in caplog.text) == (sentences < FEW_SENTENCES)

@@ -119,7 +119,8 @@ Patience = Annotated[
         help="Also end a sentence's beam search once beam size × P hypotheses have finished "
         "(CTranslate2's patience; 1: fairseq's rule and Hugging Face's early_stopping=True): "
         "faster, not exact. 0: only when no running hypothesis can still enter the n-best "
-        "(exact). Default: the checkpoint's decode.patience (exact).",
+        "(exact). Greedy search and sampling have no use for it. Default: the checkpoint's "
+        "decode.patience (exact; 1 for a checkpoint written before the exact rule).",
     ),
 ]
 MinLen = Annotated[
@@ -298,8 +299,6 @@ def load_translator(ctx: typer.Context, checkpoints: list[Path], **fixed):
     changes = {
         name: ctx.params[name] for name in DECODE_KEYS if ctx.params.get(name) is not None
     } | fixed
-    if changes.get("patience") == 0:  # --patience 0: the exact rule
-        changes["patience"] = None
     replace(DecodeConfig(), **changes)  # each value's own range, before anything is loaded
     dev, dtype = device(ctx)
     inference = Inference.load(checkpoints, dev, dtype)

@@ -176,9 +176,10 @@ FEW_SENTENCES = 100
 
 def choose(rows: list[dict], decode, sentences: int) -> dict:
     """The best row: the highest BLEU, then chrF; among settings still equal, the checkpoint's own
-    (``decode``), else the smallest beam (the fastest), so that a tie never changes what is there
-    by the grid's order. Warns in one line when settings tie, and when ``sentences`` are too few to
-    tell them apart (:data:`FEW_SENTENCES`)."""
+    (``decode``), else the smallest beam (the fastest), the first of those in the grid's order, so
+    that a tie never changes what is there by the grid's order. Warns in one line, naming the flags
+    kept, when settings tie, and when ``sentences`` are too few to tell them apart
+    (:data:`FEW_SENTENCES`)."""
     top = max((r["bleu"], r["chrf"]) for r in rows)
     tied = [r for r in rows if (r["bleu"], r["chrf"]) == top]
     own = lambda r: (
@@ -189,11 +190,14 @@ def choose(rows: list[dict], decode, sentences: int) -> dict:
     log = logging.getLogger("nmt.tune")
     if len(tied) > 1:
         log.warning(
-            "warning: %d of %d settings tie at BLEU %.2f and chrF %.2f; kept %s",
+            "warning: %d of %d settings tie at BLEU %.2f and chrF %.2f; kept %s: %s",
             len(tied),
             len(rows),
             *top,
-            "the checkpoint's own" if own(best) else "the smallest beam",
+            "the checkpoint's own"
+            if own(best)
+            else "the smallest beam's first in the grid's order",
+            flags_of(best),
         )
     if sentences < FEW_SENTENCES:
         log.warning(

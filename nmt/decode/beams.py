@@ -26,6 +26,7 @@ slots per sentence.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -88,15 +89,21 @@ class Ranking:
     kind.
 
     ``n_best``: hypotheses in the result; ``slots``: finished hypotheses kept per sentence (the
-    best; every one when ``rankings`` has several); ``patience``: finished hypotheses after which a
-    sentence also ends (``decode.patience``; None: only the exact rule); ``rankings``: the
-    ``(normalisation, α)`` pairs the result must be exact for, the first ranking it.
+    ``n_best`` best; with several ``rankings``, each one's ``n_best`` best, or with a patience every
+    one that ended in time); ``patience``: finished hypotheses after which a sentence also ends
+    (``decode.patience``; None: only the exact rule); ``rankings``: the ``(normalisation, α)``
+    pairs the result must be exact for, the first ranking it.
     """
 
     n_best: int
     slots: int
     patience: int | None
     rankings: tuple[tuple[str, float], ...]
+
+    @property
+    def union(self) -> bool:
+        """Whether the finished kept are the union of each ranking's ``n_best`` best."""
+        return len(self.rankings) > 1 and self.patience is None
 
     @classmethod
     def of(
@@ -115,13 +122,21 @@ class Ranking:
         toolkit's does: the path of the most probable pieces, not a beam of one searched on."""
         own = ((decode.length_normalization, decode.length_penalty),)
         rankings = own + tuple(r for r in rankings if r not in own)
+        for name, alpha in rankings:
+            if name not in LENGTH_NORMALIZATIONS or not math.isfinite(alpha) or abs(alpha) > 10:
+                raise ValueError(
+                    f"ranking ({name!r}, {alpha}): the normalisation must be one of "
+                    f"{', '.join(LENGTH_NORMALIZATIONS)} and α a number in [-10, 10]"
+                )
         n_best = rows if sampling else min(decode.n_best, rows)
         patience = None
         if rows == 1 and not sampling:  # greedy search: the first end is its result
             patience = 1
-        elif decode.patience is not None and not sampling:
-            patience = max(1, round(rows * decode.patience))
-        slots = rows * (longest + 1) if len(rankings) > 1 else n_best
+        elif not sampling:
+            patience = decode.finished_cap()
+        slots = n_best
+        if len(rankings) > 1:
+            slots = len(rankings) * n_best if patience is None else patience
         return cls(n_best, slots, patience, rankings)
 
 
@@ -266,17 +281,35 @@ class Beams:
         order = key.sort(dim=1, descending=True, stable=True).indices
         unmet_all = torch.cat([self.done_unmet, unmet.view(n, beam)], 1)
         key = torch.where(valid, unmet_all, torch.iinfo(torch.long).max).gather(1, order)
-        order = order.gather(1, key.sort(dim=1, stable=True).indices)[:, :k]
-        self.done_scores.copy_(scores.gather(1, order))
-        self.done_log_probs.copy_(torch.cat([self.done_log_probs, log_probs], 1).gather(1, order))
+        order = order.gather(1, key.sort(dim=1, stable=True).indices)
+        log_probs = torch.cat([self.done_log_probs, log_probs], 1)
         lengths = torch.cat([self.done_lengths, self.step.expand(n, beam)], 1)
+        kept = valid.sum(1)
+        if self.ranking.union:
+            order, kept = self._each_rankings_best(order, valid, log_probs, lengths)
+        order = order[:, :k]
+        self.done_scores.copy_(scores.gather(1, order))
+        self.done_log_probs.copy_(log_probs.gather(1, order))
         self.done_lengths.copy_(lengths.gather(1, order))
         self.done_unmet.copy_(unmet_all.gather(1, order))
         tokens = torch.cat(
             [self.done_tokens, self.tokens.index_select(0, rows).view(n, beam, -1)], 1
         )
         self.done_tokens.copy_(tokens.gather(1, order.unsqueeze(2).expand(n, k, width)))
-        self.done.copy_(valid.sum(1).clamp_(max=k))
+        self.done.copy_(kept.clamp_(max=k))
+
+    def _each_rankings_best(
+        self, order: Tensor, valid: Tensor, log_probs: Tensor, lengths: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``order`` ``(n, m)`` (the candidates to keep, best first under the first ranking) with
+        those among some ranking's ``n_best`` best first, in that order, and how many they are
+        ``(n,)``: no later hypothesis can bring back one that no ranking keeps now."""
+        valid, log_probs, lengths = (t.gather(1, order) for t in (valid, log_probs, lengths))
+        scores = log_probs.double() / self.penalties[:, lengths + 1]  # (rankings, n, m)
+        scores = scores.nan_to_num(nan=float("-inf")).masked_fill(~valid, float("-inf"))
+        best = scores.topk(min(self.ranking.n_best, order.size(1)), dim=-1).indices
+        keep = torch.zeros_like(valid).scatter_(1, best.transpose(0, 1).flatten(1), True) & valid
+        return order.gather(1, (~keep).long().sort(dim=1, stable=True).indices), keep.sum(1)
 
     def _settle(self) -> None:
         """Sentences whose result can no longer change stop: at the limit, once ``patience``

@@ -280,9 +280,18 @@ def output_limits(
 def step_kind(
     cache: str, device: torch.device, models: int = 1, shortlist: bool = False, longest: int = 0
 ) -> str:
-    """The step ``decode.cache`` runs: ``static`` where it serves (one model, no shortlist, at most
-    :data:`~nmt.decode.static.STATIC_CAPACITY` - 1 pieces) and is asked for, or under ``auto`` on a
-    GPU whose captures have not failed in this process; else ``dynamic``, faster on a CPU."""
+    """The step to run for ``cache`` (``decode.cache``, or a name of :data:`STEPS`): ``static``
+    where it serves (one model, no shortlist, at most :data:`~nmt.decode.static.STATIC_CAPACITY` - 1
+    pieces) and is asked for, or under ``auto`` on a GPU whose captures have not failed in this
+    process; else ``dynamic``, faster on a CPU. The references are run as asked.
+
+    Raises:
+        ValueError: a name that is neither ``auto`` nor one of :data:`STEPS`.
+    """
+    if cache not in ("auto", *STEPS):
+        raise ValueError(f"unknown step {cache!r}; use auto, {', '.join(STEPS)}")
+    if cache in ("tiled", "recompute"):
+        return cache
     serves = models == 1 and not shortlist and longest + 1 <= STATIC_CAPACITY
     if cache == "dynamic" or not serves:
         return "dynamic"
@@ -311,10 +320,11 @@ def translate_batch(
     ensemble (:class:`EnsembleScorer`). ``decode`` holds every search setting (see
     :func:`beam_search`); the length limit is ``max_len_a · src_len + max_len_b`` pieces,
     ``src_len`` counting the sentence's non-pad source tokens (EOS included). ``step``: a name of
-    :data:`STEPS`, or None for what ``decode.cache`` chooses on this device (:func:`step_kind`); a
-    static step whose CUDA graph capture fails is said once, and the batch and every later one run
-    the dynamic step. Runs under ``torch.inference_mode()``: a decoder cache refuses to record
-    autograd (:data:`nmt.core.cache.RECORDING`). With ``sampling``, each sentence gets
+    :data:`STEPS` (``static`` only where it serves, see :func:`step_kind`), or None for what
+    ``decode.cache`` chooses on this device; a static step whose CUDA graph capture fails is said
+    once, and the batch and every later one run the dynamic step. Runs under
+    ``torch.inference_mode()``: a decoder cache refuses to record autograd
+    (:data:`nmt.core.cache.RECORDING`). With ``sampling``, each sentence gets
     ``decode.n_best`` independent samples (:func:`sample`) instead, its draws seeded by ``seeds[i]``
     (default: :func:`sample_seed` of ``sampling.seed`` and ``i``). ``rules``: what the
     target vocabulary may never generate (:class:`Restrictions`); ``steering``: each
@@ -326,13 +336,15 @@ def translate_batch(
     (``nmt profile``'s timing step).
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not src.size(0):
+        return []
     max_lens = output_limits((src != PAD).sum(1), decode, steering)
     longest, device = int(max_lens.max()), src.device
     rows = decode.n_best if sampling is not None else decode.beam_size
     if sampling is not None:
         _refuse_constraints(steering)
         seeds = seeds or [sample_seed(sampling.seed, i) for i in range(src.size(0))]
-    kind = step or step_kind(decode.cache, device, len(models), columns is not None, longest)
+    kind = step_kind(step or decode.cache, device, len(models), columns is not None, longest)
     ranking = Ranking.of(decode, rows, longest, sampling is not None, rankings)
     wrap = observe or (lambda s: s)
 
