@@ -327,8 +327,14 @@ def _entry_problems(payload: dict[str, Any], training: bool = False) -> list[str
 
 
 def _config(payload: dict[str, Any], path: Path):
+    raw = payload["config"]
+    decode = raw.get("decode") if isinstance(raw, dict) else None
+    if isinstance(decode, dict) and "patience" not in decode:
+        # Written before decode.patience existed: its search ended a sentence once beam_size
+        # hypotheses had finished, and its α was chosen under that rule (--patience 0: exact).
+        raw = {**raw, "decode": {**decode, "patience": 1.0}}
     try:
-        return config_from_dict(payload["config"])  # the message below names the file
+        return config_from_dict(raw)  # the message below names the file
     except ConfigError as exc:
         raise CheckpointError(
             f"{path}: inconsistent checkpoint: {exc} (written by {written_by(payload)})"

@@ -75,6 +75,25 @@ def test_round_trip_records_the_version(tmp_path, protos):
         assert torch.equal(tensor, state[name])
 
 
+def test_a_checkpoint_from_before_the_exact_stop_keeps_the_rule_its_alpha_was_chosen_under(
+    tmp_path, protos
+):
+    """Before decode.patience existed the search ended a sentence once beam_size hypotheses had
+    finished: such a checkpoint decodes so (patience 1) unless asked otherwise; a newer one keeps
+    what it stored, the exact rule included."""
+    cfg = config_from_dict({"model": MODEL, "decode": {"length_penalty": 2.0}})
+    state = Transformer(cfg.model).state_dict()
+    stored = config_to_dict(cfg)
+    assert stored["decode"]["patience"] is None
+    older = {**stored, "decode": {k: v for k, v in stored["decode"].items() if k != "patience"}}
+    for config, patience in ((older, 1.0), (stored, None)):
+        path = tmp_path / "a.pt"
+        save_checkpoint(
+            {"model": state, "config": config, "tokenizer": tokenizer_to_tensors(protos)}, path
+        )
+        assert load_checkpoint(path).config.decode.patience == patience
+
+
 def test_a_flipped_bit_in_a_weight_is_detected(tmp_path, protos):
     path = tmp_path / "a.pt"
     write(path, protos)
