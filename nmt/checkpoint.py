@@ -10,7 +10,7 @@ the step, the sampler's position and every process's RNG states, so that ``nmt t
 --resume`` continues exactly where the run stopped.
 """
 
-# Size: module at most 440 lines, check_payload() at most 75: one file format written, verified and
+# Size: module at most 445 lines, check_payload() at most 75: one file format written, verified and
 # read; check_payload() states each entry's rule once, a few lines each, in the order the file holds
 # them.
 

@@ -3,7 +3,7 @@ and translates lines for every command (translate, evaluate, tune-decode, serve,
 during training), owning inference mode, the device's attention kernels and decode step
 (:mod:`nmt.runtime`), and batching; what a call asks travels as one :class:`Decoding`."""
 
-# Size: module at most 445 lines: the one way into decoding: loading, batching, steering, streaming
+# Size: module at most 450 lines: the one way into decoding: loading, batching, steering, streaming
 # and attention share one value.
 
 from __future__ import annotations
