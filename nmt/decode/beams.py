@@ -217,9 +217,6 @@ class Beams:
         self.done_scores.fill_(float("-inf"))
         self.first_limit = int(max_lens.min())
 
-    def __len__(self) -> int:
-        return self.scores.size(0)
-
     def tail(self) -> Tensor:
         """Each row's last three tokens ``(rows, 3)``, BOS repeated where it has fewer."""
         last = (self.step + torch.arange(-2, 1, device=self.step.device)).clamp_(min=0)
