@@ -65,7 +65,7 @@ class GeneratedScorer:
 def run_to_the_limit(monkeypatch):
     """Disable early stopping: every sentence is searched until its length limit."""
 
-    def settle(beams):
+    def settle(beams, step=None):
         beams.active &= beams.step < beams.max_lens
 
     monkeypatch.setattr(Beams, "_settle", settle)

@@ -152,8 +152,8 @@ class Beams:
     ``done_lengths``, ``done_unmet`` ``(n, K)`` and ``done_tokens`` ``(n, K, width)``; ``arrived``
     ``(n,)`` hypotheses that ended (what ``patience`` counts; kept only with one). ``penalties``:
     ``(rankings, width + 2)`` ``lp(L)`` in float64 (``L`` = 0 is never read). ``first_limit``: on
-    the host, the fewest pieces a sentence searched may write (a CPU compares its step with it
-    before any limit).
+    the host, the fewest pieces a sentence searched may write, and ``ended``, whether any
+    hypothesis has ended yet: before either, a CPU's step knows no sentence can settle.
     """
 
     tokens: Tensor
@@ -171,6 +171,7 @@ class Beams:
     penalties: Tensor
     ranking: Ranking
     first_limit: int = 0
+    ended: bool = False
 
     @classmethod
     def start(cls, n: int, beam: int, width: int, ranking: Ranking, device: torch.device) -> Beams:
@@ -215,7 +216,7 @@ class Beams:
         for t in (self.step, self.done, self.arrived, self.done_lengths, self.done_unmet):
             t.zero_()
         self.done_scores.fill_(float("-inf"))
-        self.first_limit = int(max_lens.min())
+        self.first_limit, self.ended = int(max_lens.min()), False
 
     def tail(self) -> Tensor:
         """Each row's last three tokens ``(rows, 3)``, BOS repeated where it has fewer."""
@@ -230,12 +231,13 @@ class Beams:
             return None
         return (self.step >= self.max_lens).repeat_interleave(self.scores.size(1))
 
-    def update(self, lprobs: Tensor, choose, steer=None) -> Tensor:
+    def update(self, lprobs: Tensor, choose, steer=None, step: int | None = None) -> Tensor:
         """One step from the restricted log-probabilities ``lprobs`` ``(rows, vocab)``: candidates
         (``choose``: beam search's :class:`Candidates` or a sampler's draws; ``steer`` reallocates a
         constrained sentence's), the finished set aside, the best that do not end continued,
         sentences settled. Returns the back-pointers ``(rows,)`` the model's state follows. Reads
-        nothing on the host unless ``choose`` or ``steer`` does."""
+        nothing on the host unless ``choose`` or ``steer`` does; ``step``, the host's count of
+        pieces, lets a CPU skip work that cannot change anything yet."""
         n, beam = self.scores.shape
         top = choose.candidates(self, lprobs)
         if steer is not None:
@@ -243,11 +245,12 @@ class Beams:
         self._finish(top, steer)
         scores, back, new = choose.continuing(top, beam)
         self.scores.copy_(scores)
-        self.tokens.copy_(self.tokens.index_select(0, back))
+        if choose.reorders and beam > 1:  # else each row goes on from itself
+            self.tokens.copy_(self.tokens.index_select(0, back))
         self.tokens.index_copy_(1, self.step + 1, new.unsqueeze(1))
         if steer is not None:
             steer.advance(back, new)
-        self._settle()
+        self._settle(step)
         self.step.add_(1)
         return back
 
@@ -259,6 +262,7 @@ class Beams:
         ends = top.is_eos[:, :beam]
         if none_set(ends):
             return
+        self.ended = True
         ends = ends & self.active.unsqueeze(1)
         if self.ranking.patience is not None:
             ends &= self.arrived.unsqueeze(1) + ends.long().cumsum(1) <= self.ranking.patience
@@ -308,12 +312,19 @@ class Beams:
         keep = torch.zeros_like(valid).scatter_(1, best.transpose(0, 1).flatten(1), True) & valid
         return order.gather(1, (~keep).long().sort(dim=1, stable=True).indices), keep.sum(1)
 
-    def _settle(self) -> None:
+    def _settle(self, step: int | None = None) -> None:
         """Sentences whose result can no longer change stop: at the limit, once ``patience``
         hypotheses have ended, or once the ``n_best``-th best finished one scores at least what the
         best running one could still reach, under every ranking (see the module docstring)."""
+        if step is not None and not self.ended and not self.tokens.is_cuda:
+            if step >= self.first_limit:  # nothing has ended: only the limit ends a sentence
+                self.active &= self.step < self.max_lens
+            return
         rule = self.ranking
-        if rule.patience is None and none_set(self.done >= rule.n_best):
+        may = self.done >= rule.n_best
+        if rule.patience is not None:
+            may |= self.arrived >= rule.patience
+        if none_set(may):
             self.active &= self.step < self.max_lens  # too few finished: only the limit ends one
             return
         best = self.scores.max(1).values.double()  # (n,); NaN if a row is: never settled by it

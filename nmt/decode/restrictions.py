@@ -77,10 +77,12 @@ class Restrictions:
         eos = None if limit is None or none_set(limit) else lprobs[:, EOS].clone()
         written = steer.unrestricted(lprobs, step) if steer is not None else None
         lprobs.index_fill_(1, self.banned, float("-inf"))
-        if self.decode.min_len:
+        if self.decode.min_len and lprobs.is_cuda:  # a captured step reads no host value
             lprobs[:, EOS] = torch.where(
                 beams.step < self.decode.min_len, float("-inf"), lprobs[:, EOS]
             )
+        elif step < self.decode.min_len:
+            lprobs[:, EOS] = float("-inf")
         if self.byte_values is not None:
             self._complete_characters(lprobs, beams.tail())
         if steer is not None:

@@ -137,7 +137,7 @@ def search(
 
     def advance(lprobs: Tensor, t: int) -> None:
         restrict(lprobs, beams, steer, t)
-        back = beams.update(lprobs, choose, steer)
+        back = beams.update(lprobs, choose, steer, t)
         if choose.reorders and beam > 1:
             step.follow(back, t)
 
