@@ -32,8 +32,9 @@ from .config import BEAM, LENGTH_PENALTY, ConfigError, DecodeConfig
 from .decode.search import output_limits
 from .decode.steering import Steering
 from .fields import MAX_INT, Range
-from .inference import Inference, UnwritableText, steering
+from .inference import Inference
 from .multilingual import target
+from .steering_text import UnwritableText, steering
 
 FIELDS = (
     "text",
@@ -377,9 +378,9 @@ def steering_of(
     body: dict, single: bool, n: int, translator: Inference, limits: Limits
 ) -> list[Steering] | None:
     """Each line's prefix, constraints and banned phrases from a request, as ``nmt translate``'s
-    files give them (:func:`nmt.inference.steering`): for a ``text`` string, ``prefix`` is a string
-    and ``constraints`` and ``ban`` lists of strings; for a list, one of those per line. None when
-    the request has none of the three.
+    files give them (:func:`nmt.steering_text.steering`): for a ``text`` string, ``prefix`` is a
+    string and ``constraints`` and ``ban`` lists of strings; for a list, one of those per line.
+    None when the request has none of the three.
 
     Raises:
         RequestError: a field of the wrong shape or type, a line with more than

@@ -68,7 +68,8 @@ def main() -> None:
 
     from nmt.corpus import read_lines
     from nmt.evaluate import score
-    from nmt.inference import Decoding, Inference, steering
+    from nmt.inference import Decoding, Inference
+    from nmt.steering_text import steering
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")

@@ -23,9 +23,10 @@ from nmt.core.model import Transformer
 from nmt.decode.search import Sampling
 from nmt.decode.steering import Steering
 from nmt.encoded import EncodedCorpus
-from nmt.inference import Inference, steering
+from nmt.inference import Inference
 from nmt.serve import Limits, Translator, create_app
 from nmt.shortlist import Shortlist
+from nmt.steering_text import steering
 from nmt.validation import ValidationSet, validate
 
 LINES = [

@@ -778,7 +778,7 @@ def test_each_request_is_logged_in_one_line(client, caplog):
 
 
 def test_prefix_constraints_and_bans_per_line_equal_the_translate_path(client, translator):
-    from nmt.inference import steering
+    from nmt.steering_text import steering
 
     body = {
         "text": [SENTENCES[0], SENTENCES[2]],

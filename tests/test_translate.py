@@ -63,7 +63,7 @@ def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
     from conftest import cached_tokenizer
 
     from nmt.decode.steering import FRAGMENT_DONE
-    from nmt.inference import steering
+    from nmt.steering_text import steering
     from nmt.tokenizer import EOS
 
     tok = cached_tokenizer(200, lines=2000)
@@ -96,7 +96,7 @@ def test_a_translation_starts_with_its_prefix_holds_its_terms_and_avoids_its_ban
     from conftest import cached_tokenizer, tiny_config, translate_lines
 
     from nmt.core.model import Transformer
-    from nmt.inference import steering
+    from nmt.steering_text import steering
 
     tok = cached_tokenizer(200, lines=2000)
     torch.manual_seed(0)
@@ -303,7 +303,8 @@ def test_a_prefix_ending_inside_a_word_lets_the_model_finish_it_however_the_frag
 
     from nmt.config import DecodeConfig
     from nmt.core.model import Transformer
-    from nmt.inference import Decoding, Inference, steering
+    from nmt.inference import Decoding, Inference
+    from nmt.steering_text import steering
 
     tok = cached_tokenizer(300, 3000, german=True)
     word, cuts = data.draw(st.sampled_from(_cut_words(tok)))

@@ -294,8 +294,8 @@ def translate(
 
 class SteeringLines:
     """One :class:`~nmt.decode.steering.Steering` per input line, read from the prefix, constraints
-    and ban files in step with the input (:func:`nmt.inference.steering`); ``bans`` apply to every
-    line.
+    and ban files in step with the input (:func:`nmt.steering_text.steering`); ``bans`` apply to
+    every line.
 
     Raises:
         DataError: a file ends before the input does (when its line is needed), or, at
@@ -322,7 +322,7 @@ class SteeringLines:
         }
 
     def __iter__(self):
-        from ..inference import UnwritableText, steering
+        from ..steering_text import UnwritableText, steering
 
         while True:
             self.lines += 1

@@ -40,7 +40,7 @@ class Steering:
     ``prefix``: the pieces allowed at each of the first steps (one piece: it is forced; several:
     any of them, as for a prefix that ends with a space, after which a word starts).
     ``fragment``: after the prefix, a word the output must begin with but may finish as the
-    model spells it (a prefix that ends inside a word, see :func:`nmt.inference.steering`), as
+    model spells it (a prefix that ends inside a word, see :func:`nmt.steering_text.steering`), as
     an automaton over pieces: state ``s`` (0 first) maps each piece allowed there to the next
     state, or to :data:`FRAGMENT_DONE` once the fragment is written (then anything may follow).
     ``constraints``: phrases that must each appear, in any order, exactly as these pieces
