@@ -29,7 +29,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from .core.batching import pad_sources
 from .decode.search import Hypothesis
-from .tokenizer import BOS, PAD
+from .tokenizer import BOS, PAD, UNK
 
 
 def alignment_layer(n_layers: int, chosen: int | None = None) -> int:
@@ -92,3 +92,36 @@ def add_alignments(
         for (s, h), a in zip(pairs, attention)
     )
     return [[next(aligned) for _ in hyps] for hyps in results]
+
+
+def copy_unknown(
+    models,
+    sources: list[list[int]],
+    surfaces: list[list[str]],
+    results: list[list[Hypothesis]],
+    device,
+    layer: int | None = None,
+) -> list[list[Hypothesis]]:
+    """``results`` with each hypothesis that holds UNK pieces given the source text they stand for
+    (:attr:`~nmt.decode.beams.Hypothesis.copied`): for each UNK piece, the text of the source piece
+    the step that wrote it attends to most (its alignment, see the module docstring), as
+    OpenNMT's ``-replace_unk`` copies the most attended source word.
+
+    ``sources``: each sentence's source piece ids (EOS not included); ``surfaces``: the text of
+    each of those pieces (:meth:`nmt.tokenizer.Tokenizer.src_surfaces`).
+    """
+    unknown = [[h for h in hyps if UNK in h.tokens] for hyps in results]
+    aligned = iter(
+        h for hyps in add_alignments(models, sources, unknown, device, layer) for h in hyps
+    )
+    out = []
+    for s, hyps in enumerate(results):
+        out.append([])
+        for h in hyps:
+            if UNK not in h.tokens:
+                out[-1].append(h)
+                continue
+            source = {j: surfaces[s][i] for i, j in next(aligned).alignment}
+            words = tuple(source.get(j, "") for j, t in enumerate(h.tokens) if t == UNK)
+            out[-1].append(replace(h, copied=words))
+    return out

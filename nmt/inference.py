@@ -3,9 +3,6 @@ and translates lines for every command (translate, evaluate, tune-decode, serve,
 during training), owning inference mode, the device's attention kernels and decode step
 (:mod:`nmt.runtime`), and batching; what a call asks travels as one :class:`Decoding`."""
 
-# Size: module at most 450 lines: the one way into decoding: loading, batching, steering, streaming
-# and attention share one value.
-
 from __future__ import annotations
 
 import itertools
@@ -17,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .align import add_alignments
+from .align import add_alignments, copy_unknown
 from .checkpoint import CheckpointError, load_checkpoint
 from .clean import has_text
 from .config import Config, DecodeConfig
@@ -27,7 +24,7 @@ from .decode.search import Hypothesis, Sampling, sample_seed, translate_batch
 from .decode.steering import Steering
 from .runtime import attention_backends, to_dtype
 from .shortlist import Shortlist
-from .tokenizer import BOS, Tokenizer, tokenizer_difference, unknown_only
+from .tokenizer import BOS, UNK, Tokenizer, tokenizer_difference, unknown_only
 
 log = logging.getLogger("nmt.translate")
 
@@ -49,6 +46,8 @@ class Decoding:
     source pieces (and steering) allow (:class:`~nmt.shortlist.Shortlist`): faster, and no
     longer exact. ``rankings``: more ``(normalisation, α)`` pairs the search must be exact for,
     each line then getting every finished hypothesis (what ``nmt tune-decode`` re-ranks).
+    ``replace_unk``: let the search write UNK, and give each hypothesis the source text each of
+    its UNK pieces stands for (:func:`nmt.align.copy_unknown`; OpenNMT's ``-replace_unk``).
     """
 
     decode: DecodeConfig
@@ -57,6 +56,7 @@ class Decoding:
     src_prefix: tuple[int, ...] = ()
     shortlist: Shortlist | None = None
     rankings: tuple[tuple[str, float], ...] = ()
+    replace_unk: bool = False
 
 
 @dataclass
@@ -145,12 +145,18 @@ class Inference:
             else [encoded[i] for i in present]
         )
         lengths = np.array([len(s) + 1 for s in ids], dtype=np.int64)
+        # each present line's pieces' text, for --replace-unk (the tag's count as none)
+        surfaces = (
+            [[""] * len(src_prefix) + self.tokenizer.src_surfaces(lines[i]) for i in present]
+            if decoding.replace_unk
+            else None
+        )
         results: list[list[Hypothesis]] = [[] for _ in lines]
         if progress is not None:
             progress(len(lines) - len(present))  # the lines left untranslated are done too
         for batch in token_batches(lengths, decode.max_tokens, np.argsort(lengths, kind="stable")):
             with torch.inference_mode(), attention_backends(self.device):
-                hyps = self._batch(ids, present, batch, decoding, steering, first_index)
+                hyps = self._batch(ids, present, batch, decoding, steering, first_index, surfaces)
             for i, h in zip(batch, hyps):
                 results[present[i]] = h
                 if not h:
@@ -187,6 +193,14 @@ class Inference:
             why = self.untranslatable(line, pieces, max_input_pieces)
             if why is None:
                 present.append(i)
+                if UNK in pieces and (unknown := self.tokenizer.unknown_src(line)):
+                    log.warning(
+                        "input line %d has text the model's vocabulary lacks (%s): the model "
+                        "reads it as unknown and cannot write it (--replace-unk copies it where "
+                        "the translation writes an unknown piece)",
+                        first_index + i + 1,
+                        ", ".join(map(repr, unknown)),
+                    )
             elif why[0] != "blank":
                 number = first_index + i + 1
                 log.warning("input line %d %s: its output line is left empty", number, why[1])
@@ -227,10 +241,13 @@ class Inference:
         decoding: Decoding,
         steering,
         first_index: int,
+        surfaces: list[list[str]] | None = None,
     ) -> list[list[Hypothesis]]:
         """The n-best lists of the lines ``present[i]`` for ``i`` in ``batch`` (``ids``: the present
-        lines' pieces)."""
+        lines' pieces; ``surfaces``: their text, with ``replace_unk``)."""
         decode, sampling, prefix = decoding.decode, decoding.sampling, decoding.src_prefix
+        if decoding.replace_unk:
+            decode = replace(decode, allow_unk=True)
         sources = [ids[i] for i in batch]
         src = pad_sources(sources).to(self.device)
         seeds = (
@@ -253,6 +270,15 @@ class Inference:
             columns=columns,
             rankings=decoding.rankings,
         )
+        if surfaces is not None:
+            hyps = copy_unknown(
+                self.models,
+                sources,
+                [surfaces[i] for i in batch],
+                hyps,
+                self.device,
+                decode.alignment_layer,
+            )
         if decoding.alignment:
             hyps = add_alignments(self.models, sources, hyps, self.device, decode.alignment_layer)
             if prefix:
@@ -318,4 +344,7 @@ class Inference:
 
 def best_strings(tokenizer: Tokenizer, results: list[list[Hypothesis]]) -> list[str]:
     """Detokenized best hypothesis per input line (empty string for blank input)."""
-    return tokenizer.decode_tgt([r[0].tokens if r else [] for r in results])
+    best = [r[0] if r else None for r in results]
+    return tokenizer.decode_tgt(
+        [h.tokens if h else [] for h in best], [h.copied if h else () for h in best]
+    )

@@ -235,7 +235,9 @@ class Batcher:
     def _entry(
         self, line: str, hyps: list[Hypothesis], alignment: bool, src_prefix: tuple[int, ...] = ()
     ) -> dict:
-        texts = self.translator.tokenizer.decode_tgt([h.tokens for h in hyps])
+        texts = self.translator.tokenizer.decode_tgt(
+            [h.tokens for h in hyps], [h.copied for h in hyps]
+        )
         n_best = [
             {"text": t, "score": h.score, "log_prob": h.log_prob} for t, h in zip(texts, hyps)
         ]

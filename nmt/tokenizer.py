@@ -1,8 +1,8 @@
 """SentencePiece subword models (Kudo and Richardson 2018), trained with the special-token ids
 of :mod:`nmt.core.pieces` (PAD 0, UNK 1, BOS 2, EOS 3) and read back with them checked."""
 
-# Size: module at most 465 lines: training, encoding, the id layout and the output rules of one
-# SentencePiece pair.
+# Size: module at most 500 lines: training, encoding (and which text a line's pieces cover), the id
+# layout and the output rules of one SentencePiece pair.
 
 from __future__ import annotations
 
@@ -83,8 +83,22 @@ class Tokenizer:
         """Target-side :meth:`encode_src`."""
         return _encode(self.tgt, lines, threads, alpha)
 
-    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        """Target text of each id sequence; always one line, whatever the ids.
+    def unknown_src(self, line: str) -> list[str]:
+        """The stretches of ``line`` the source vocabulary reads as UNK (each once, in the order
+        they come): what :meth:`encode_src` gives the model as an unknown piece, whose text the
+        translation cannot hold."""
+        pieces = zip(self.src_surfaces(line), self.encode_src([line])[0])
+        return list(dict.fromkeys(text for text, i in pieces if i == UNK and text))
+
+    def src_surfaces(self, line: str) -> list[str]:
+        """The text of each piece :meth:`encode_src` gives ``line``, word boundaries stripped."""
+        return [p.surface.strip() for p in pieces_of(self.src, controls_as_spaces(line))]
+
+    def decode_tgt(
+        self, ids: list[list[int]], copied: list[tuple[str, ...]] | None = None
+    ) -> list[str]:
+        """Target text of each id sequence; always one line, whatever the ids. ``copied``: per
+        sequence, the source text its UNK pieces stand for, in order (``--replace-unk``).
 
         The search never generates what would break that
         (:class:`nmt.decode.restrictions.Restrictions`); this is the last guard, for ids from
@@ -95,7 +109,13 @@ class Tokenizer:
         values = self.output_rules.byte_values
         if values:
             ids = [_drop_broken_characters(seq, values) for seq in ids]
-        return [text.translate(_NEVER_OUTPUT_TO_SPACE) for text in self.tgt.decode(ids)]
+        texts = self.tgt.decode(ids)
+        unknown = self.tgt.decode([UNK])  # " ⁇ ", with the spaces SentencePiece adds around it
+        for i, words in enumerate(copied or ()):
+            for word in words:  # the spaces of the pieces around it stay
+                texts[i] = texts[i].replace(unknown, word, 1)
+            texts[i] = texts[i].strip() if words else texts[i]
+        return [text.translate(_NEVER_OUTPUT_TO_SPACE) for text in texts]
 
     @functools.cached_property
     def tgt_pieces(self) -> tuple[str, ...]:
@@ -196,6 +216,15 @@ def _encode(
 ) -> list[list[int]]:
     """:meth:`Tokenizer.encode_src` with one processor."""
     return sp.encode([controls_as_spaces(line) for line in lines], **encode_options(threads, alpha))
+
+
+def pieces_of(sp: spm.SentencePieceProcessor, text: str):
+    """The pieces ``sp`` cuts ``text`` into, each with its ``id``, ``piece`` and ``surface`` (the
+    text it covers)."""
+    try:
+        return sp.encode(text, return_type="proto").pieces
+    except TypeError:  # SentencePiece before 0.2.1
+        return sp.encode(text, out_type="immutable_proto").pieces
 
 
 def unknown_only(ids: Sequence[int], sp: spm.SentencePieceProcessor) -> bool:

@@ -42,7 +42,7 @@ Decoding is ``MarianTokenizer.batch_decode(ids, skip_special_tokens=True)``: spe
 (UNK among them) are dropped and the rest joined by the target model's ``decode_pieces``.
 """
 
-# Size: module at most 415 lines: Marian's vocabulary-based tokenizer, read and written as
+# Size: module at most 450 lines: Marian's vocabulary-based tokenizer, read and written as
 # transformers publishes it.
 
 from __future__ import annotations
@@ -56,7 +56,16 @@ from typing import Any
 import sentencepiece as spm
 
 from .files import atomic_write
-from .tokenizer import BOS, EOS, PAD, UNK, Tokenizer, TokenizerError, encode_options
+from .tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    UNK,
+    Tokenizer,
+    TokenizerError,
+    encode_options,
+    pieces_of,
+)
 
 #: The piece nmt's PAD row stands for. No text encodes to it and it is never predicted; a
 #: Marian model has no such row (it pads with its ``<pad>``, which is nmt's BOS).
@@ -300,6 +309,17 @@ class MarianTokenizer(Tokenizer):
     ) -> list[list[int]]:
         """Target ids as ``MarianTokenizer(text_target=...)`` gives them (without ``</s>``)."""
         return self.tgt.encode(lines, num_threads=threads, alpha=alpha)
+
+    def src_surfaces(self, line: str) -> list[str]:
+        """See :meth:`nmt.tokenizer.Tokenizer.src_surfaces`: a special token or language code
+        stands for its own spelling."""
+        out = []
+        for part in self.src._fragments(line):
+            if isinstance(part, int):
+                out.append(self.src.id_to_piece(part))
+            else:
+                out += [p.surface.strip() for p in pieces_of(self.src.sp, part)]
+        return out
 
     def protos(self) -> dict[str, bytes]:
         """Both SentencePiece models and the spec (UTF-8 JSON), for storing inside a checkpoint."""

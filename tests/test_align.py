@@ -166,3 +166,36 @@ def test_the_alignment_layer_is_a_setting_that_reaches_the_alignments():
         ConfigError, match="decode.alignment_layer 4 is beyond the model's 3 decoder layers"
     ):
         config_from_dict({"model": {"n_decoder_layers": 3}, "decode": {"alignment_layer": 4}})
+
+
+def test_unknown_pieces_copy_the_source_text_their_step_attends_to_most():
+    """The scripted attention peaks at source piece 2 - j for target piece j: an UNK at j copies
+    the text of piece 2 - j; a hypothesis without UNK is left as it was."""
+    from nmt.align import copy_unknown
+    from nmt.tokenizer import UNK
+
+    sources = [[7, 8, 9]]
+    surfaces = [["Zürich", "12345", "Ω"]]
+    results = [[Hypothesis([UNK, 5, UNK], -1.0, -1.0), Hypothesis([4, 5], -2.0, -2.0)]]
+    (hyps,) = copy_unknown([ScriptedAttention()], sources, surfaces, results, torch.device("cpu"))
+    assert hyps[0].copied == ("Ω", "Zürich") and hyps[0].alignment is None
+    assert hyps[1] == results[0][1]
+
+
+def test_a_translation_writes_the_copied_text_in_place_of_its_unknown_pieces(toy_tokenizer):
+    """SentencePiece writes UNK as ' ⁇ ' with the spaces of the pieces around it; the copy takes
+    its place, so a word-initial UNK stays a word and one inside a word stays inside it."""
+    from nmt.tokenizer import UNK
+
+    tok = toy_tokenizer
+    the, dogs = (tok.encode_tgt([word])[0] for word in ("the", "dogs"))
+    boundary = tok.tgt.piece_to_id("▁")
+    ids = [
+        [*the, boundary, UNK, *dogs],
+        [*the, UNK, *dogs],
+        [UNK, *dogs],
+        [*the, UNK, boundary, UNK],
+    ]
+    copied = [("12",), ("x",), ("7",), ("a", "b")]
+    assert tok.decode_tgt(ids, copied) == ["the 12 dogs", "thex dogs", "7 dogs", "thea b"]
+    assert tok.decode_tgt(ids[:1]) == [tok.tgt.decode(ids[0])]  # nothing copied: as before

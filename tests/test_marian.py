@@ -177,6 +177,12 @@ def test_ids_equal_marian_tokenizer_for_any_text(opus):
         ) + [0], repr(text)
     # batched as one by one
     assert tokenizer.encode_src(LINES) == [tokenizer.encode_src([line])[0] for line in LINES]
+    # the text of each piece, one per id; what Marian's vocabulary lacks is the text of its UNKs
+    for text in LINES + ADVERSARIAL:
+        ids, surfaces = tokenizer.encode_src([text])[0], tokenizer.src_surfaces(text)
+        assert len(surfaces) == len(ids), repr(text)
+        unknown = [s for s, i in zip(surfaces, ids) if i == UNK and s]
+        assert tokenizer.unknown_src(text) == list(dict.fromkeys(unknown)), repr(text)
 
 
 def test_teacher_forced_log_probs_equal(opus):

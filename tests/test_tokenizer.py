@@ -4,7 +4,7 @@ import unicodedata
 from collections import Counter
 
 from conftest import AWKWARD_LINES, ROOT, TOY
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nmt.tokenizer import controls_as_spaces, reservoir_sample
@@ -122,3 +122,19 @@ def test_a_control_character_encodes_as_a_space(toy_tokenizer, left, right, cont
     assert toy_tokenizer.encode_src([left + control + right]) == toy_tokenizer.encode_src(
         [left + " " + right]
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["the", "dog", "3", "12345", "Ω", "😀", " ", "  ", "sees", "ä"])))
+def test_the_unknown_text_of_a_line_is_what_encodes_as_unk(toy_tokenizer, words):
+    """Every piece's text comes back, one per piece of encode_src, and the unknown ones are the
+    texts of its UNK pieces."""
+    from nmt.tokenizer import UNK
+
+    line = "".join(words)
+    ids = toy_tokenizer.encode_src([line])[0]
+    surfaces = toy_tokenizer.src_surfaces(line)
+    assert len(surfaces) == len(ids)
+    unknown = [s for s, i in zip(surfaces, ids) if i == UNK and s]
+    assert toy_tokenizer.unknown_src(line) == list(dict.fromkeys(unknown))
+    assert all(u not in ("the", "dog", "sees") for u in unknown)

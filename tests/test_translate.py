@@ -325,3 +325,38 @@ def test_a_prefix_ending_inside_a_word_lets_the_model_finish_it_however_the_frag
         cut,
         [tok.tgt_pieces[i] for i in best.tokens],
     )
+
+
+def test_text_the_vocabulary_lacks_is_said_and_copied_where_an_unknown_piece_is_written(
+    toy_tokenizer, monkeypatch, caplog
+):
+    """The toy vocabulary has no digits: a line with some is said, naming them; with replace_unk
+    a model that writes UNK (here its scores pushed towards it) gets the attended source text
+    written there, never ' ⁇ '."""
+    import torch.nn.functional as F
+    from conftest import tiny_config, translate_lines
+
+    from nmt.core.model import Transformer
+    from nmt.inference import best_strings
+    from nmt.tokenizer import UNK
+
+    tok, vocab = toy_tokenizer, toy_tokenizer.tgt.get_piece_size()
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=vocab, tgt_vocab_size=vocab)).eval()
+    bias = torch.zeros(vocab)
+    bias[UNK] = 6.0
+    monkeypatch.setattr(model, "project", lambda h: F.linear(h, model.tgt_embed.weight) + bias)
+    lines = ["the 3 dogs see 12345 cats .", "the dog sees a cat ."]
+    decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=4)
+    with caplog.at_level("WARNING", logger="nmt.translate"):
+        plain = translate_lines(model, tok, lines, decode)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("input line 1 has text the model's vocabulary lacks ('3', '12345')")
+    assert all(UNK not in h.tokens for hyps in plain for h in hyps)  # UNK is banned by default
+    copied = translate_lines(model, tok, lines, decode, replace_unk=True)
+    best = [hyps[0] for hyps in copied]
+    assert all(h.tokens.count(UNK) == len(h.copied) > 0 for h in best)
+    surfaces = set(tok.src_surfaces(lines[0])) | set(tok.src_surfaces(lines[1]))
+    assert all(set(h.copied) <= surfaces for h in best)
+    texts = best_strings(tok, copied)
+    assert "⁇" not in "".join(texts) and any(c in texts[0] for c in best[0].copied if c)

@@ -1,6 +1,6 @@
 """``nmt evaluate``: sacreBLEU scores of translations, given or made by a checkpoint."""
 
-# Size: evaluate() at most 70: Typer declares every option, with its help, in the command's
+# Size: evaluate() at most 71: Typer declares every option, with its help, in the command's
 # signature; the body reads them in the order they are checked, before anything is translated.
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from .options import (
     MinLen,
     Patience,
     Quiet,
+    ReplaceUnk,
     ShortlistFile,
     TgtLang,
     Threads,
@@ -105,6 +106,7 @@ def evaluate(
     max_tokens: MaxTokens = None,
     max_input_pieces: MaxInputPieces = None,
     allow_unk: AllowUnk = None,
+    replace_unk: ReplaceUnk = False,
     device: Device = "auto",
     threads: Threads = 0,
     dtype: DType = "float32",
@@ -116,7 +118,8 @@ def evaluate(
     settings_given = [
         p.name
         for p in ctx.command.params
-        if p.name in (*DECODE_KEYS, *RUNNING, "shortlist") and on_command_line(ctx, p.name)
+        if p.name in (*DECODE_KEYS, *RUNNING, "shortlist", "replace_unk")
+        and on_command_line(ctx, p.name)
     ]
     check_inputs(hyp, checkpoint, src, output, settings_given)
     if output == STDIN:
@@ -159,7 +162,9 @@ def evaluate(
         check_line_counts(len(sources), "source lines", references, ref_names)
         allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
         with progress_bar(quiet, total=len(sources)) as bar:
-            decoding = Decoding(settings, src_prefix=goal.src_prefix, shortlist=allowed)
+            decoding = Decoding(
+                settings, src_prefix=goal.src_prefix, shortlist=allowed, replace_unk=replace_unk
+            )
             hyps = inference.best_strings(
                 inference.translate(sources, decoding, progress=bar.update)
             )

@@ -151,6 +151,15 @@ AllowUnk = Annotated[
         "checkpoint's decode.allow_unk (false).",
     ),
 ]
+ReplaceUnk = Annotated[
+    bool,
+    typer.Option(
+        "--replace-unk",
+        help="Let translations contain the unknown piece, and write in its place the source text "
+        "its step attends to most (OpenNMT's -replace_unk; digits and names a vocabulary lacks "
+        "come through where the model writes an unknown piece for them).",
+    ),
+]
 
 AlignmentLayer = Annotated[
     int | None,

@@ -1,6 +1,6 @@
 """``nmt translate``: a stream of lines in, one translation (or n-best list) per line out."""
 
-# Size: module at most 430 lines, translate() at most 110: one command of 31 options; its body turns
+# Size: module at most 430 lines, translate() at most 111: one command of 32 options; its body turns
 # them into one Decoding value and streams lines, each option's errors beside it.
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from .options import (
     NBest,
     Patience,
     Quiet,
+    ReplaceUnk,
     ShortlistFile,
     Threads,
     TranslateTgtLang,
@@ -169,6 +170,7 @@ def translate(
     max_tokens: MaxTokens = None,
     max_input_pieces: MaxInputPieces = None,
     allow_unk: AllowUnk = None,
+    replace_unk: ReplaceUnk = False,
     alignment_layer: AlignmentLayer = None,
     device: Device = "auto",
     threads: Threads = 0,
@@ -261,6 +263,7 @@ def translate(
                 settings,
                 sampling=sampler,
                 alignment=print_alignment,
+                replace_unk=replace_unk,
                 src_prefix=goal.src_prefix,
                 shortlist=allowed,
             )
@@ -413,7 +416,7 @@ def output_lines(tokenizer, results, first: int, n_best: bool, alignment: bool) 
             for i, hyps in enumerate(results)
             for h in hyps or [Hypothesis([], 0.0, 0.0, ())]
         ]
-    texts = tokenizer.decode_tgt([h.tokens for _, h in rows])
+    texts = tokenizer.decode_tgt([h.tokens for _, h in rows], [h.copied for _, h in rows])
     lines = []
     for (index, h), text in zip(rows, texts):
         parts = (

@@ -24,6 +24,9 @@ Shapes: ``n`` sentence slots, ``beam`` hypotheses each, ``rows = n*beam`` senten
 slots per sentence.
 """
 
+# Size: module at most 410 lines: the state, its step and its stopping rule are one record, which
+# Ranking says what to keep for.
+
 from __future__ import annotations
 
 import math
@@ -42,7 +45,9 @@ class Hypothesis:
     """A finished translation: ``tokens`` without BOS/EOS, ``log_prob`` = log P(Y|X) summed
     over the tokens and EOS (nats), ``score`` = ``log_prob / lp(|Y|)``; ``alignment``:
     ``(source piece, target piece)`` index pairs when asked for (:mod:`nmt.align`); ``unmet``:
-    how many of its sentence's constraints it lacks (see :mod:`nmt.decode.steering`)."""
+    how many of its sentence's constraints it lacks (see :mod:`nmt.decode.steering`); ``copied``:
+    the source text each of its UNK pieces stands for, in order, when asked for
+    (:func:`nmt.align.copy_unknown`)."""
 
     tokens: list[int]
     score: float
@@ -50,6 +55,7 @@ class Hypothesis:
     alignment: tuple[tuple[int, int], ...] | None = None
     # constraints the hypothesis does not hold: only when its length limit forced the end
     unmet: int = 0
+    copied: tuple[str, ...] = ()
 
 
 def _gnmt(length: int, alpha: float) -> float:
