@@ -19,7 +19,11 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from .config import BLEU_TOKENIZERS
 from .errors import Key, NmtError
-from .text_forms import warn_if_hidden_differences, warn_if_normalisation_differs
+from .text_forms import (
+    warn_if_hidden_differences,
+    warn_if_normalisation_differs,
+    warn_if_references_look_wrong,
+)
 
 #: The tokenizers of sacreBLEU's BLEU that nmt accepts (``--tokenize``). ``spm``, ``flores101``,
 #: ``flores200`` and ``spBLEU-1K`` download a SentencePiece model on first use.
@@ -285,6 +289,7 @@ def score(
     if not hypotheses:
         raise EvaluationError("nothing to score: there are no hypothesis lines")
     check_line_counts(len(hypotheses), "hypotheses", references, names)
+    warn_if_references_look_wrong(references, names)
     warn_if_normalisation_differs(hypotheses, references, names)
     warn_if_hidden_differences(hypotheses, references, names)
     check_tokenizer(bleu_tokenizer(tokenize, None))

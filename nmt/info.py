@@ -25,7 +25,9 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
         progress record); ``parameters`` (distinct trainable, tied matrices counted once);
         ``dtype`` of the weights; ``tokenizer`` (type, vocabulary sizes, joint or not);
         ``optimizer_state`` (True: ``nmt train --resume`` can continue from it); the
-        ``averaged_from`` list where the checkpoint is an average; ``init_from`` (``path``,
+        ``averaged_from`` list where the checkpoint is an average, and then ``progress_of``,
+        ``"last averaged"``: ``step``, ``epoch`` and ``best_bleu`` are the last input's, as the
+        average itself was never validated; ``init_from`` (``path``,
         ``step``) where its run was started from a checkpoint (``nmt train --init-from``);
         ``imported_from`` (``format``, ``path``, ``name_or_path``, ...) where its weights come
         from a model ``nmt import`` read; ``directions`` trained (``SRC-TGT``), ``tgt_langs``
@@ -66,6 +68,7 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
     }
     if "averaged_from" in payload:
         info["averaged_from"] = list(payload["averaged_from"])
+        info["progress_of"] = "last averaged"
     for key in ("init_from", "imported_from"):
         if key in payload:
             info[key] = dict(payload[key])

@@ -1,5 +1,6 @@
 """Text that scores otherwise than it reads: the warnings that :func:`nmt.evaluate.score` gives
-before scoring, for ``nmt evaluate`` and validation alike.
+before scoring, for ``nmt evaluate`` and validation alike, and the references that count
+otherwise than meant (:func:`warn_if_references_look_wrong`).
 
 sacreBLEU compares code points, so three kinds of difference lower BLEU and chrF where a reader
 sees the same text: Unicode normalisation (``é`` as one code point or as ``e`` and a combining
@@ -236,4 +237,33 @@ def warn_if_hidden_differences(
                 name,
                 first[0],
                 first[1],
+            )
+
+
+def warn_if_references_look_wrong(references: list[list[str]], names: tuple[str, ...]) -> None:
+    """Say in one line each what makes a score mean less than it seems: a stream with empty lines
+    (their pairs count for nothing in chrF and only against the hypothesis in BLEU), a stream whose
+    every line holds a tab (several references a line, which sacreBLEU's ``--num-refs`` would
+    split), and two streams of the same text (one reference counted twice)."""
+    for name, ref in zip(names, references):
+        empty = [i + 1 for i, line in enumerate(ref) if not line.strip()]
+        if empty:
+            log.warning(
+                "warning: %s has %d empty line(s) (the first: line %d): a hypothesis is scored "
+                "against nothing there; drop those pairs or give their references",
+                name,
+                len(empty),
+                empty[0],
+            )
+        if ref and all("\t" in line for line in ref):
+            log.warning(
+                "warning: every line of %s holds a tab: if a line holds several references, give "
+                "each as its own --ref",
+                name,
+            )
+    for k, ref in enumerate(references):
+        same = next((names[j] for j in range(k) if references[j] == ref), None)
+        if same is not None:
+            log.warning(
+                "warning: %s and %s are the same text: that reference counts twice", same, names[k]
             )

@@ -157,6 +157,13 @@ def test_evaluate_hyp_and_checkpoint(trained_run, tmp_path):
     result = invoke("evaluate", "--hyp", ref, "--ref", ref, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["bleu"] == pytest.approx(100.0)
+    # one file twice, however spelt, would count as two references
+    assert (
+        _one_line_error(
+            invoke("evaluate", "--hyp", ref, "--ref", ref, "--ref", tmp_path / "." / "ref.de")
+        )
+        == f"error: --ref {ref} is given twice: it would count as two references; give it once"
+    )
     src = tmp_path / "src.en"
     src.write_text("the dog sees a cat .\nthe woman likes the house .\n", encoding="utf-8")
     hyp = tmp_path / "hyp.de"
@@ -805,6 +812,10 @@ def test_info_describes_a_checkpoint(trained_run, tmp_path):
         "step: 4 (epoch 0) (of the last checkpoint averaged, not of the average)" in averaged
         and "averaged from: " in averaged
     )
+    # and so does --json, beside them
+    described = json.loads(invoke("info", tmp_path / "avg.pt", "--json").stdout)
+    assert described["step"] == 4 and described["progress_of"] == "last averaged"
+    assert "progress_of" not in info
 
 
 def test_export_slim_checkpoint_translates_the_same(trained_run, tmp_path):

@@ -578,3 +578,48 @@ def test_every_bleu_tokenizer_nmt_accepts_is_one_of_sacrebleus():
         "ko-mecab",
         "none",
     } <= set(BLEU_TOKENIZERS)
+
+
+@given(
+    st.lists(st.sampled_from(["a dog runs .", "", "  ", "the cat .", "x\ty"]), min_size=1),
+    st.booleans(),
+)
+def test_references_that_count_otherwise_than_meant_are_said(lines, twice):
+    """Empty reference lines (their pairs score against nothing), a tab in every line (several
+    references a line), the same text given twice (one reference counted twice): each is one
+    warning, naming the file, and the score is sacreBLEU's all the same."""
+    import logging
+
+    names = ("ref.de", "other.de") if twice else ("ref.de",)
+    refs = [lines, list(lines)] if twice else [lines]
+    hyps = ["a dog runs ."] * len(lines)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("nmt.text_forms")
+    log.addHandler(handler)
+    try:
+        result = score(hyps, refs, names)
+    finally:
+        log.removeHandler(handler)
+    said = [r.getMessage() for r in records if "the hypotheses differ" not in r.getMessage()]
+    empty = [i + 1 for i, line in enumerate(lines) if not line.strip()]
+    expected = []
+    for name in names:
+        if empty:
+            expected.append(
+                f"warning: {name} has {len(empty)} empty line(s) (the first: line {empty[0]}): a "
+                "hypothesis is scored against nothing there; drop those pairs or give their "
+                "references"
+            )
+        if all("\t" in line for line in lines):
+            expected.append(
+                f"warning: every line of {name} holds a tab: if a line holds several references, "
+                "give each as its own --ref"
+            )
+    if twice:
+        expected.append(
+            "warning: ref.de and other.de are the same text: that reference counts twice"
+        )
+    assert said == expected
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, refs).score)

@@ -136,6 +136,12 @@ def evaluate(
             + [("--checkpoint", checkpoint_file(c)) for c in checkpoint]
         )
         check_not_an_input(output, [(flag, path) for flag, path in readers if path is not None])
+    files = [(r, Path(r).resolve()) for r in ref if r != STDIN]
+    twice = next((r for r, f in files if [g for _, g in files].count(f) > 1), None)
+    if twice is not None:
+        raise NmtError(
+            f"--ref {twice} is given twice: it would count as two references; give it once"
+        )
     read = _reader([("--hyp", hyp), ("--src", src)] + [("--ref", r) for r in ref])
     references = [read(r) for r in ref]
     ref_names = tuple("<stdin>" if r == STDIN else str(r) for r in ref)
