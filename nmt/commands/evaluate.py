@@ -136,12 +136,6 @@ def evaluate(
             + [("--checkpoint", checkpoint_file(c)) for c in checkpoint]
         )
         check_not_an_input(output, [(flag, path) for flag, path in readers if path is not None])
-    files = [(r, Path(r).resolve()) for r in ref if r != STDIN]
-    twice = next((r for r, f in files if [g for _, g in files].count(f) > 1), None)
-    if twice is not None:
-        raise NmtError(
-            f"--ref {twice} is given twice: it would count as two references; give it once"
-        )
     read = _reader([("--hyp", hyp), ("--src", src)] + [("--ref", r) for r in ref])
     references = [read(r) for r in ref]
     ref_names = tuple("<stdin>" if r == STDIN else str(r) for r in ref)
@@ -224,13 +218,20 @@ def _reader(inputs: list[tuple[str, Path | None]]):
     ``-``.
 
     Raises:
-        NmtError: ``-`` given for more than one input: standard input can be read once.
+        NmtError: ``-`` given for more than one input: standard input can be read once; one
+            file given twice as ``--ref``: it would count as two references.
     """
     dashes = [flag for flag, path in inputs if path == STDIN]
     if len(dashes) > 1:
         raise NmtError(
             f"{' and '.join(dashes)} all name standard input (-), which can be read once: give "
             "files for all but one"
+        )
+    refs = [(p, Path(p).resolve()) for flag, p in inputs if flag == "--ref" and p != STDIN]
+    twice = next((p for p, f in refs if [g for _, g in refs].count(f) > 1), None)
+    if twice is not None:
+        raise NmtError(
+            f"--ref {twice} is given twice: it would count as two references; give it once"
         )
 
     def read(path: Path) -> list[str]:
