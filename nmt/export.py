@@ -13,7 +13,7 @@ tokenizer without its config, say); the temporary directory of a killed export i
 the next export to the same place, while that of an export at work is left to it.
 """
 
-# Size: module at most 755 lines, write_huggingface() at most 80, export() at most 70: three export
+# Size: module at most 765 lines, write_huggingface() at most 80, export() at most 70: three export
 # formats and the directory they share; export() checks each format's options before it writes.
 
 from __future__ import annotations
@@ -663,6 +663,14 @@ def marian_languages(data) -> tuple[str, str] | None:
     )
 
 
+def _max_positions(payload) -> int:
+    """The position table of ``payload``'s export: an import's own ``max_position_embeddings``;
+    else (nmt's sinusoidal positions have no end) room for the longest line nmt translates,
+    ``decode.max_input_pieces`` and EOS, and at least 1024."""
+    imported = payload.get("imported_from", {}).get("max_position_embeddings")
+    return int(imported or max(1024, payload.config.decode.max_input_pieces + 1))
+
+
 def export(
     checkpoint: str | Path,
     out: str | Path,
@@ -703,7 +711,7 @@ def export(
     _check_directory(out)
     payload = load_checkpoint(checkpoint)
     model, tokenizer, cfg = payload.model, payload.tokenizer, payload.config
-    max_positions = int(payload.get("imported_from", {}).get("max_position_embeddings") or 1024)
+    max_positions = _max_positions(payload)
     languages, tag_list = marian_languages(cfg.data), multilingual.tags(cfg.data)
     try:
         if format == "huggingface":

@@ -9,7 +9,7 @@ the generation settings that make ``nmt translate`` search as ``generate()`` doe
 naming the file and key.
 """
 
-# Size: module at most 745 lines, read_tokenizer() at most 75, model_config() at most 125,
+# Size: module at most 770 lines, read_tokenizer() at most 75, model_config() at most 125,
 # import_huggingface() at most 75: Marian's config, tokenizer and generation files checked key by
 # key, each key with transformers' default and the reason a value is refused; split further, the
 # checks of one file would be apart from its reading.
@@ -498,7 +498,10 @@ def not_applied(get, beam: int) -> list[str]:
 
 
 def decode_config(
-    generation: dict[str, Any], tokenizer: MarianTokenizer, file: str = "generation_config.json"
+    generation: dict[str, Any],
+    tokenizer: MarianTokenizer,
+    file: str = "generation_config.json",
+    max_positions: int = MARIAN_DEFAULTS["max_position_embeddings"],
 ) -> tuple[DecodeConfig, list[str]]:
     """The decode defaults that make ``nmt translate`` search as ``generate()`` does with
     ``generation`` (generation_config.json, or config.json's generation keys in older directories),
@@ -507,7 +510,11 @@ def decode_config(
     ``num_beams`` → ``beam_size``; ``length_penalty`` α with ``length`` normalisation (``log P /
     |Y|^α``, |Y| counting EOS, as generate() divides); ``max_length`` L (absolute, counting the
     decoder's start token) → at most L - 2 pieces and EOS (``max_len_a`` 0, ``max_len_b`` L - 2),
-    ``max_new_tokens`` N → N - 1 pieces; ``min_length`` M → M - 1 pieces;
+    ``max_new_tokens`` N → N - 1 pieces, neither → nmt's own rule (``max_len_a`` and ``max_len_b``
+    as :class:`~nmt.config.DecodeConfig` has them, not generate()'s 20 counting the start token);
+    ``max_positions`` (config.json's ``max_position_embeddings``) P → ``max_input_pieces`` at most
+    P - 1, so that a source line and its EOS fit the positions the model has;
+    ``min_length`` M → M - 1 pieces;
     ``<unk>`` may be generated unless ``bad_words_ids`` bans it (generate() bans only what it lists;
     nmt always bans ``<pad>``, its BOS); ``early_stopping`` true → ``patience`` 1 (a sentence ends
     once ``num_beams`` hypotheses have), ``"never"`` → the exact rule.
@@ -529,7 +536,7 @@ def decode_config(
     limit = (
         (typed("max_new_tokens", int, 0) - 1)
         if get("max_new_tokens")
-        else (typed("max_length", int, 0) or 20) - 2
+        else (typed("max_length", int, 0) - 2 if get("max_length") else None)
     )
     floor = (
         (typed("min_new_tokens", int, 0) - 1)
@@ -541,23 +548,42 @@ def decode_config(
         beam_size=beam,
         length_penalty=typed("length_penalty", float, 1.0),
         length_normalization="length",
-        max_len_a=0.0,
-        max_len_b=max(limit, 1),
+        # without a limit of generate()'s, nmt's: 18 pieces would cut most translations
+        **({} if limit is None else {"max_len_a": 0.0, "max_len_b": max(limit, 1)}),
+        max_input_pieces=min(DecodeConfig.max_input_pieces, max(max_positions - 1, 1)),
         min_len=max(floor, 0),
         n_best=1,
         # generate()'s early_stopping true is fairseq's rule, nmt's patience 1; "never" is exact
         patience=1.0 if beam > 1 and get("early_stopping", False) is True else None,
         allow_unk=tgt.marian_ids[UNK] not in banned,
     )
+    if limit is None:
+        log.warning(
+            "warning: %s: no max_length or max_new_tokens: translations are limited by nmt's "
+            "rule, %g x source pieces + %d (generate() would stop at 18 pieces); "
+            "--max-len-a and --max-len-b change it",
+            file,
+            decode.max_len_a,
+            decode.max_len_b,
+        )
     notes = not_applied(get, beam)
-    # What nmt bans: its padding and start pieces, target-language tags (>>fr<<), and <unk> unless
-    # decode.allow_unk.
+    return decode, notes + bans_not_applied(
+        tgt, {"bad_words_ids": bad_words, "suppress_tokens": suppressed}
+    )
+
+
+def bans_not_applied(tgt, listed: dict[str, list]) -> list[str]:
+    """The bans of ``listed`` (``bad_words_ids``, ``suppress_tokens``: lists of token id lists)
+    that nmt does not apply, in words, one per key: nmt bans its padding and start pieces, the
+    target-language tags (>>fr<<) of ``tgt`` (a target segmenter's layout) and ``<unk>`` unless
+    ``decode.allow_unk``, nothing else."""
     tag_ids = [tgt.marian_ids[i] for i, piece in enumerate(tgt.pieces) if TAG.fullmatch(piece)]
     always = {tgt.marian_ids[PAD], tgt.marian_ids[BOS], tgt.marian_ids[UNK], *tag_ids}
-    for key, listed in (("bad_words_ids", bad_words), ("suppress_tokens", suppressed)):
+    notes = []
+    for key, bans in listed.items():
         other = [
             ids
-            for ids in listed
+            for ids in bans
             if not (isinstance(ids, list) and len(ids) == 1 and ids[0] in always)
         ]
         if other:
@@ -565,7 +591,7 @@ def decode_config(
                 f"{key} {other} is not applied (nmt bans its padding and start pieces, language "
                 "tags and, unless decode.allow_unk, <unk>)"
             )
-    return decode, notes
+    return notes
 
 
 GENERATION_KEYS = (
@@ -634,7 +660,9 @@ def import_huggingface(
         if (directory / "generation_config.json").is_file()
         else "config.json"
     )
-    decode, notes = decode_config(generation, tokenizer, str(settings_file))
+    positions = _typed(config, "max_position_embeddings", int, 0, str(directory / "config.json"))
+    positions = positions or int(MARIAN_DEFAULTS["max_position_embeddings"])
+    decode, notes = decode_config(generation, tokenizer, str(settings_file), positions)
     for note in notes:
         log.warning("warning: %s: %s", settings_file, note)
     for key in ("encoder_layerdrop", "decoder_layerdrop"):
@@ -688,10 +716,7 @@ def import_huggingface(
         "vocab_size": len(tokenizer.spec["vocab"]),
         "name_or_path": str(config.get("_name_or_path") or directory.name),
         "transformers_version": config.get("transformers_version"),
-        "max_position_embeddings": _typed(
-            config, "max_position_embeddings", int, 0, str(directory / "config.json")
-        )
-        or MARIAN_DEFAULTS["max_position_embeddings"],
+        "max_position_embeddings": positions,
         "not_applied": notes,
     }
     return Imported(cfg, state, tokenizer, origin)

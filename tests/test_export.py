@@ -365,6 +365,20 @@ def test_an_unwritable_or_full_place_is_one_line_and_leaves_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "other"]
 
 
+def test_the_hugging_face_export_takes_every_line_nmt_translates(checkpoint, tmp_path):
+    """decode.max_input_pieces 1024 pieces and EOS: the export's position table holds 1025, so that
+    generate() takes the longest line nmt translates (a table of 1024 raised an IndexError)."""
+    export(checkpoint, tmp_path / "hf", format="huggingface")
+    hf = transformers.MarianMTModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.max_position_embeddings == 1025
+    ids = torch.full((1, 1025), 5)
+    ids[0, -1] = EOS
+    with torch.no_grad():
+        assert hf.get_encoder()(input_ids=ids).last_hidden_state.shape == (1, 1025, 32)
+        with pytest.raises(IndexError):
+            hf.get_encoder()(input_ids=torch.cat([ids, ids[:, :1]], 1))
+
+
 def test_ctranslate2_export_carries_its_tokenizer_and_usage(checkpoint, tmp_path, caplog):
     pytest.importorskip("ctranslate2")
     import re

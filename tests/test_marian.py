@@ -267,6 +267,8 @@ def test_imported_decode_defaults_follow_generation_config(opus):
         max_len_a=0.0,
         max_len_b=generation["max_length"] - 2,
         allow_unk=True,
+        # config.json's max_position_embeddings 128 less the EOS
+        max_input_pieces=127,
     )
     assert cfg.model.activation in ("swish", "gelu", "relu") and cfg.model.output_bias
     assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("en", "de")
@@ -530,6 +532,67 @@ def test_generation_settings_nmt_does_not_apply_are_named(small_opus, tmp_path, 
         f"imported from: {directory}" in info.output
         and "not applied from its generation settings: renormalize_logits" in info.output
     )
+
+
+def test_without_a_length_limit_an_import_takes_nmts_rule_and_says_so(small_opus, tmp_path, caplog):
+    """generate() stops at 20 tokens (18 pieces) when a directory sets no max_length; nmt's own
+    rule applies instead, and the import says so in one line."""
+    directory = tmp_path / "opus"
+    shutil.copytree(small_opus, directory)
+    for name in ("generation_config.json", "config.json"):
+        settings = json.loads((directory / name).read_text())
+        (directory / name).write_text(
+            json.dumps({k: v for k, v in settings.items() if k != "max_length"})
+        )
+    payload = import_checkpoint(directory, tmp_path / "m.pt")
+    decode = payload["config"]["decode"]
+    assert (decode["max_len_a"], decode["max_len_b"]) == (1.5, 10)
+    said = [r.getMessage() for r in caplog.records if "max_length" in r.getMessage()]
+    assert said == [
+        f"warning: {directory / 'generation_config.json'}: no max_length or max_new_tokens: "
+        "translations are limited by nmt's rule, 1.5 x source pieces + 10 (generate() would stop "
+        "at 18 pieces); --max-len-a and --max-len-b change it"
+    ]
+
+
+def test_a_line_past_an_imports_positions_is_refused_and_each_line_taken_fits_generate(
+    small_opus, tmp_path, caplog
+):
+    """max_position_embeddings 128: a source line of 127 pieces and its EOS is translated, and
+    generate() takes it too; one of 128 pieces is left empty with a warning naming it (generate()
+    raises an IndexError there), where before it was translated past the model's positions."""
+    assert (
+        runner.invoke(app, ["import", str(small_opus), "--out", str(tmp_path / "m.pt")]).exit_code
+        == 0
+    )
+    tok = transformers.MarianTokenizer.from_pretrained(small_opus)
+    lines = {n: " ".join(["cat"] * n) for n in (126, 127, 128, 200)}
+    assert {n: len(tok(line)["input_ids"]) for n, line in lines.items()} == {
+        n: n + 1 for n in lines
+    }  # n pieces and EOS
+    out = runner.invoke(
+        app,
+        [
+            "translate",
+            "--checkpoint",
+            str(tmp_path / "m.pt"),
+            "--beam-size",
+            "1",
+            "--max-len-b",
+            "3",
+        ],
+        input="".join(line + "\n" for line in lines.values()),
+    )
+    assert out.exit_code == 0, out.output
+    written = out.stdout.splitlines()
+    assert [bool(w) for w in written] == [True, True, False, False]
+    assert "input line 3 has 128 pieces, over the limit of 127 (--max-input-pieces)" in caplog.text
+    hf = transformers.MarianMTModel.from_pretrained(small_opus).eval()
+    with torch.no_grad():
+        for n in (126, 127):  # what nmt translated, generate() takes
+            hf.generate(**tok([lines[n]], return_tensors="pt"), max_length=4, num_beams=1)
+        with pytest.raises(IndexError):
+            hf.generate(**tok([lines[128]], return_tensors="pt"), max_length=4, num_beams=1)
 
 
 @pytest.mark.parametrize("sacremoses", ["absent", "installed"])
