@@ -3,7 +3,7 @@
 corpora, validation sets). Rank 0 does the work; the other processes read it back.
 """
 
-# Size: module at most 445 lines, open_run() at most 65: a run opened in the order training needs
+# Size: module at most 450 lines, open_run() at most 65: a run opened in the order training needs
 # it: lock, checkpoint, config, data; open_run() is that order.
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .multilingual import (
     tags,
     train_multilingual_tokenizer,
 )
+from .overlap import Overlap, corpus_hashes, duplicate_pairs
 from .progress import Progress
 from .rundir import RunDir, absolute_paths, init_config, resume_config
 from .temporaries import remove_abandoned_temporaries
@@ -121,17 +122,13 @@ def prepare(
             warn_if_uncovered(train_text, tokenizer, *foreign, cfg.train.seed)
     if write:
         tokenizer.save(run_dir)
-    cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache"
+    caching = (Path(cfg.data.cache_dir) if cfg.data.cache_dir else run_dir / "cache", write)
     corpora, valid = [], []
     for direction, train_text, valid_text in texts:
         name = str(direction) if len(texts) > 1 else ""
-        prefix = tag_ids(tokenizer, cfg.data, direction.tgt)
-        corpora.append(
-            _encode_training_text(cfg, train_text, tokenizer, cache, write, name, prefix)
-        )
-        valid.append(
-            _validation_set(cfg, valid_text, tokenizer, cache, write, name, direction.tgt, prefix)
-        )
+        corpus, hashes = _encode_training_text(cfg, train_text, tokenizer, caching, name, direction)
+        corpora.append(corpus)
+        valid.append(_validation_set(cfg, valid_text, tokenizer, caching, name, direction, hashes))
     return Prepared(tokenizer, EncodedCorpus.joined(corpora), valid)
 
 
@@ -193,13 +190,14 @@ def _encode_training_text(
     cfg: Config,
     text: ParallelText,
     tokenizer: Tokenizer,
-    cache: Path,
-    write: bool,
+    caching: tuple[Path, bool],
     name: str,
-    prefix: tuple[int, ...],
-) -> EncodedCorpus:
-    """One direction's training pairs, cleaned and encoded (or loaded from ``cache``); ``name``: the
-    direction, in a run of several."""
+    direction,
+) -> tuple[EncodedCorpus, tuple | None]:
+    """One direction's training pairs, cleaned and encoded (or loaded from ``caching``'s directory,
+    written when its flag says), and with the flag their hashes (:func:`nmt.overlap.corpus_hashes`);
+    ``name``: the direction, in a run of several."""
+    cache, write = caching
     threads = encoding_threads(cfg.data.workers)
     encoding = time.perf_counter()
     corpus, report = encode_corpus(
@@ -210,13 +208,16 @@ def _encode_training_text(
         cfg.data.max_len_ratio,
         write=write,
         threads=threads,
-        src_prefix=prefix,
+        src_prefix=tag_ids(tokenizer, cfg.data, direction.tgt),
     )
+    hashes = corpus_hashes(corpus) if write else None
     if write:
         log.info(
-            "train%s: %s; encoded or loaded from %s in %.1f s (threads: %d)",
+            "train%s: %s; %d pairs repeat an earlier one; encoded or loaded from %s in %.1f s "
+            "(threads: %d)",
             f" {name}" if name else "",
             report,
+            duplicate_pairs(hashes[1]),
             cache,
             time.perf_counter() - encoding,
             threads,
@@ -227,21 +228,24 @@ def _encode_training_text(
             f"({report}); check the training files, "
             "data.max_len and data.max_len_ratio"
         )
-    return corpus
+    return corpus, hashes
 
 
 def _validation_set(
     cfg: Config,
     text: ParallelText,
     tokenizer: Tokenizer,
-    cache: Path,
-    write: bool,
+    caching: tuple[Path, bool],
     name: str,
-    tgt_lang: str,
-    prefix: tuple[int, ...],
+    direction,
+    train: tuple | None,
 ) -> ValidationSet:
     """One direction's validation pairs, cleaned (never filtered by length), the first
-    ``data.valid_max_sentences``, and encoded."""
+    ``data.valid_max_sentences``, and encoded (cached under ``caching``'s directory, written when
+    its flag says); with the flag, logged with what they share with the direction's training
+    pairs (``train``, their hashes), warned about as :meth:`nmt.overlap.Overlap.warning` says."""
+    cache, write = caching
+    tgt_lang, prefix = direction.tgt, tag_ids(tokenizer, cfg.data, direction.tgt)
     pairs = clean_pairs(tokenizer, *text.read())
     vsrc, vtgt, vreport = pairs.src, pairs.tgt, pairs.report
     if not vsrc:
@@ -260,7 +264,10 @@ def _validation_set(
             if len(vsrc) < vreport.kept
             else ""
         )
-        log.info("valid%s: %s%s", f" {name}" if name else "", vreport, capped)
+        overlap = Overlap.of(train, corpus_hashes(corpus))
+        log.info("valid%s: %s%s; %s", f" {name}" if name else "", vreport, capped, overlap)
+        if overlap.warning(text.name):
+            log.warning(overlap.warning(text.name))
         _warn_if_unsegmented(cfg, vtgt, tgt_lang, text.name)
     return ValidationSet(corpus, vsrc, vtgt, name, tgt_lang, prefix)
 

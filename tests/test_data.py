@@ -1035,3 +1035,90 @@ def test_a_split_both_plain_and_gzipped_is_read_plain_with_a_warning(tmp_path, c
     with caplog.at_level("WARNING", logger="nmt.data"):
         assert find_split_file(tmp_path, "train", "en") == tmp_path / "train.en"
     assert f"{tmp_path} holds both train.en and train.en.gz; reading train.en" in caplog.text
+
+
+def _blocks(lines: list[list[int]], cuts: list[int], start: int) -> list:
+    """``lines`` as encoded blocks split before each line index in ``cuts``, each block's
+    offsets starting at ``start`` (a block taken from the middle of a larger array)."""
+    bounds = sorted({0, len(lines), *(c for c in cuts if 0 < c < len(lines))})
+    blocks = []
+    for a, b in zip(bounds, bounds[1:]):
+        chunk = lines[a:b]
+        offsets = start + np.concatenate([[0], np.cumsum([len(x) for x in chunk])])
+        ids = np.full(int(offsets[-1]) + 3, 7, dtype=np.int32)  # stray ids around the block
+        ids[start : offsets[-1]] = [i for x in chunk for i in x]
+        blocks.append((ids, offsets.astype(np.int64)))
+    return blocks
+
+
+_LINES = st.lists(st.lists(st.integers(0, 40), max_size=5), min_size=1, max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_LINES, st.lists(st.integers(0, 30), max_size=4), st.integers(0, 5))
+@example([[1, 2], [2, 1], [1, 2], [], [0], [0, 0]], [], 0)
+def test_line_hashes_are_equal_exactly_for_equal_lines_whatever_the_blocks(lines, cuts, start):
+    from nmt.overlap import duplicate_pairs, line_hashes, pair_hashes
+
+    hashes = line_hashes(_blocks(lines, cuts, start))
+    assert hashes.dtype == np.uint64 and len(hashes) == len(lines)
+    assert np.array_equal(hashes, line_hashes(_blocks(lines, [], 0)))
+    for i, a in enumerate(lines):
+        for j, b in enumerate(lines):
+            assert (hashes[i] == hashes[j]) == (a == b), (a, b)
+    # pairs: equal exactly when both sides are; duplicates as a set counts them
+    tgt = lines[::-1]
+    pairs = pair_hashes(hashes, line_hashes(_blocks(tgt, cuts, 0)))
+    keys = [(tuple(s), tuple(t)) for s, t in zip(lines, tgt)]
+    assert duplicate_pairs(pairs) == len(keys) - len(set(keys))
+    # a pair is not its swap, nor its source with another target
+    swapped = pair_hashes(line_hashes(_blocks(tgt, [], 0)), hashes)
+    for k, (s, t) in enumerate(keys):
+        assert (pairs[k] == swapped[k]) == (s == t)
+
+
+def test_overlap_counts_validation_pairs_and_sources_found_in_training():
+    from nmt.overlap import Overlap, line_hashes, pair_hashes
+
+    def hashes(src, tgt):
+        s = line_hashes(_blocks(src, [], 0))
+        return s, pair_hashes(s, line_hashes(_blocks(tgt, [], 0)))
+
+    train = hashes([[1], [2], [3]], [[4], [5], [6]])
+    # pair (1,4) is a training pair; (2,9) shares only its source; (8,8) is new
+    overlap = Overlap.of(train, hashes([[1], [2], [8]], [[4], [9], [8]]))
+    assert (overlap.pairs, overlap.sources, overlap.total) == (1, 2, 3)
+    assert str(overlap) == "in the training pairs: 1 pairs, 2 sources"
+
+
+def test_a_validation_set_inside_the_training_data_is_warned_and_duplicates_logged(
+    tmp_path, caplog
+):
+    from nmt.config import load_config
+    from nmt.opening import prepare
+
+    train_en = (TOY / "train.en").read_text(encoding="utf-8").splitlines()
+    train_de = (TOY / "train.de").read_text(encoding="utf-8").splitlines()
+    data = tmp_path / "data"
+    data.mkdir()
+    # three exact copies of pair 0 added to training; validation: 5 training pairs, 5 not
+    (data / "train.en").write_text("\n".join(train_en + [train_en[0]] * 3) + "\n", "utf-8")
+    (data / "train.de").write_text("\n".join(train_de + [train_de[0]] * 3) + "\n", "utf-8")
+    valid_en = (TOY / "valid.en").read_text(encoding="utf-8").splitlines()[:5]
+    valid_de = (TOY / "valid.de").read_text(encoding="utf-8").splitlines()[:5]
+    (data / "valid.en").write_text("\n".join(train_en[10:15] + valid_en) + "\n", "utf-8")
+    (data / "valid.de").write_text("\n".join(train_de[10:15] + valid_de) + "\n", "utf-8")
+    known = set(zip(train_en, train_de))
+    duplicates = len(train_en) + 3 - len(known)
+    inside = sum(p in known for p in zip(train_en[10:15] + valid_en, train_de[10:15] + valid_de))
+    cfg = load_config(
+        None,
+        [f"data.dir={data}", "tokenizer.vocab_size=120", "data.workers=1", "data.max_len=1000"],
+    )
+    with caplog.at_level("INFO"):
+        prepare(cfg, tmp_path, None, write=True)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"; {duplicates} pairs repeat an earlier one;" in m for m in messages), messages
+    assert any(f"; in the training pairs: {inside} pairs, " in m for m in messages), messages
+    warned = [m for m in messages if "are training pairs too" in m]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: {inside} of the 10 validation")
