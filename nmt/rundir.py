@@ -88,7 +88,7 @@ class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.lock_file = None
-        self.created = False
+        self.created: list[Path] = []  # directories this process made for the run, itself first
 
     def lock(self, resuming: bool = False, inputs: tuple[Path, ...] = ()) -> None:
         """Create the directory if needed (unless ``resuming``) and take its lock.
@@ -108,7 +108,7 @@ class RunDir:
         if not resuming:
             self._check_not_foreign(inputs)
         try:
-            self.created = not self.path.exists()
+            self.created = [p for p in (self.path, *self.path.parents) if not p.exists()]
             self.path.mkdir(parents=True, exist_ok=True)
             self.lock_file = open(self.path / ".lock", "a+")
         except OSError as exc:
@@ -155,7 +155,7 @@ class RunDir:
 
     def release(self) -> None:
         """Drop the lock; remove the directory again if this process created it and wrote nothing
-        else.
+        else, and the directories above it that it made for it (``runs/new/r``: ``runs/new`` too).
 
         The lock file itself stays: deleting it would let a process that opened it
         before the deletion and one that creates a new one hold "the" lock together.
@@ -167,7 +167,8 @@ class RunDir:
         with contextlib.suppress(OSError):
             if self.created and [p.name for p in self.path.iterdir()] == [".lock"]:
                 (self.path / ".lock").unlink()
-                self.path.rmdir()
+                for directory in self.created:  # each now empty, unless another writer filled it
+                    directory.rmdir()
         self.lock_file.close()
         self.lock_file = None
 

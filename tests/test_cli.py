@@ -321,10 +321,11 @@ def test_train_rejects_misaligned_corpus(tmp_path):
     (data / "train.de").write_text("a\nb\n")
     (data / "valid.en").write_text("a\n")
     (data / "valid.de").write_text("a\n")
-    result = invoke("train", "--run-dir", tmp_path / "r", "--set", f"data.dir={data}")
+    result = invoke("train", "--run-dir", tmp_path / "new" / "r", "--set", f"data.dir={data}")
     assert result.exit_code == 2
     assert "train.en has 3 lines but" in result.output and "train.de has 2" in result.output
-    assert not (tmp_path / "r").exists()  # a refused run leaves no directory behind
+    # a refused run leaves no directory behind, nor those it made above it (an empty ./$HOME did)
+    assert not (tmp_path / "new").exists()
     result = invoke(
         "train", "--run-dir", tmp_path / "r2", "--set", f"data.dir={tmp_path / 'nowhere'}"
     )
