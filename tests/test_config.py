@@ -632,6 +632,10 @@ def _valid_sections(draw):
             if data.get(key) and looks_like_test_data(data[key]):
                 data[key] = "dev"
     decode["n_best"] = min(decode.get("n_best", 1), decode.get("beam_size", 5))
+    # nor above the finished hypotheses after which decode.patience ends a beam search
+    search = DecodeConfig(**{k: decode[k] for k in ("beam_size", "patience") if k in decode})
+    if search.beam_size > 1:
+        decode["n_best"] = min(decode["n_best"], search.finished_cap() or decode["n_best"])
     # an output limit of max_len_b alone must leave room, above min_len
     if decode.get("max_len_a", 1.5) == 0:
         decode["max_len_b"] = max(decode.get("max_len_b", 10), 1)
