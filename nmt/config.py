@@ -41,6 +41,7 @@ from .fields import (
     PathText,
     Plain,
     Range,
+    as_written,
     did_you_mean,
     hints,
     kind,
@@ -858,10 +859,11 @@ def config_to_yaml(cfg: Config) -> str:
     """``config.yaml``'s text: :func:`config_to_dict` as YAML, keys in the sections' order, every
     non-ASCII character escaped. Written raw (``allow_unicode``), U+0085 and the other YAML line
     breaks would read back as spaces (PyYAML folds them), so a value would not survive its own run
-    directory."""
+    directory. A path's ``$`` is written ``$$``, as a config writes the text ``$``."""
     import yaml
 
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    out = {name: as_written(values, SECTIONS[name]) for name, values in config_to_dict(cfg).items()}
+    return yaml.safe_dump(out, sort_keys=False)
 
 
 def with_vocab(cfg: Config, src_vocab_size: int, tgt_vocab_size: int) -> Config:

@@ -9,8 +9,10 @@ Values are read by their field's type (:func:`read`), the same way from a YAML f
 from ``--set``: YAML's own guesses at types are not used, so ``tgt_lang: no`` is Norwegian.
 
 * text is taken as written; ``null``, ``~`` or nothing is null, where a key allows it;
-* a path (:data:`PathText`) is text whose leading ``~`` or ``~user`` is expanded as a shell
-  expands it (``~/runs/x``, quoted or not; ``~`` alone is null where a key allows it);
+* a path (:data:`PathText`) is text whose leading ``~`` or ``~user`` and whose ``$NAME`` and
+  ``${NAME}`` are expanded as a shell expands them (``~/runs/x``, ``$SCRATCH/runs/x``, quoted or
+  not; ``$$`` is a ``$``; ``~`` alone is null where a key allows it); an unset or empty variable is
+  an error (:func:`expand_path`);
 * a boolean is ``true``/``false``, ``yes``/``no``, ``on``/``off`` or ``1``/``0``, in any case;
 * a number is written as in Python or JSON: ``5e-4``, ``1_000_000``, ``0x10``, ``.5``;
   ``2e4`` is a whole number; leading zeros are decimal (``010`` is 10, as in YAML 1.2);
@@ -20,8 +22,8 @@ from ``--set``: YAML's own guesses at types are not used, so ``tgt_lang: no`` is
 Errors name the key as :class:`~nmt.errors.Key` data and repeat the value as written.
 """
 
-# Size: module at most 510 lines: the field declaration and the one reader of values (YAML and
-# --set) with its limits, which every field's rule relies on.
+# Size: module at most 580 lines: the field declaration and the one reader of values (YAML and
+# --set) with its limits and a path's expansion as a shell's, which every field's rule relies on.
 
 from __future__ import annotations
 
@@ -79,8 +81,8 @@ def _show(x: float) -> str:
     return str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}"
 
 
-#: A config key that names a file or directory: text, its leading ``~`` or ``~user`` expanded as a
-#: shell expands it.
+#: A config key that names a file or directory: text, its leading ``~`` or ``~user`` and its
+#: environment variables expanded as a shell expands them (:func:`expand_path`).
 PathText = NewType("PathText", str)
 
 # every whole number of a config, unless its range says otherwise: what SentencePiece's and the
@@ -250,8 +252,58 @@ def _check(key: str, value: Any, tp: Any, meta: Any) -> None:
             )
 
 
-class Plain(str):
+class Written(str):
+    """Text as a user wrote it in YAML or ``--set``, quoted or not: the environment variables of a
+    path in it are expanded. Text read back from a checkpoint or a run's config (plain ``str``) was
+    expanded when it was written, and a ``$`` left in it is a ``$``."""
+
+
+class Plain(Written):
     """Text written without quotes in YAML or ``--set``: its key's type decides what it means."""
+
+
+# What follows a $ in a path: $$ (a $), a variable ($NAME, ${NAME}), or a form a shell would
+# substitute from something an environment does not hold (${NAME:-x}, ${}, $1, $?, $#); a $ before
+# anything else stays a $, as in a shell.
+_DOLLAR = re.compile(
+    r"\$(?:(\$)|([A-Za-z_]\w*)|\{([A-Za-z_]\w*)\}|(\{[^}]*\}?|[\d#?!@*-]))", re.ASCII
+)
+
+
+def expand_path(text: str, key: str) -> str:
+    """``text`` (a path written for ``key``) with a leading ``~`` or ``~user``, and where it is
+    :class:`Written`, each ``$NAME`` and ``${NAME}``, expanded as a shell expands them; ``$$`` is
+    a ``$``. What a variable holds is taken as it is (its ``$`` and ``~`` are not expanded again).
+
+    Raises:
+        ConfigError: naming ``key``: a variable that is unset or empty (which would move the path
+            to ``/`` or the working directory), or a ``$`` form only a shell has values for.
+    """
+
+    def value(match: re.Match) -> str:
+        if match[1]:
+            return "$"
+        name = match[2] or match[3]
+        if name is None:
+            raise ConfigError(
+                Key(key),
+                f" {text!r}: {match[0]} is not a variable nmt expands; write $NAME or "
+                "${NAME}, or $$ for the text $",
+            )
+        if not os.environ.get(name):
+            raise ConfigError(
+                Key(key),
+                f" {text!r} names ${name}, which is "
+                f"{'empty' if name in os.environ else 'not set'}; set it in the environment "
+                f"(export {name}=...), or write $${name} for the text ${name}",
+            )
+        return os.environ[name]
+
+    # a shell's tilde prefix: up to the first /, expanded before the variables and not after
+    tilde = re.match(r"~[^/]*", text)
+    home = os.path.expanduser(tilde[0]) if tilde else None
+    start, rest = (home, text[tilde.end() :]) if tilde and home != tilde[0] else ("", str(text))
+    return start + (_DOLLAR.sub(value, rest) if isinstance(text, Written) else rest)
 
 
 NULL = ("", "~", "null", "Null", "NULL")  # YAML 1.2's null, only where a key allows null
@@ -311,7 +363,7 @@ def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
         return _number(value, tp is int)
     elif tp in (str, PathText):
         if isinstance(value, str):
-            return os.path.expanduser(str(value)) if tp is PathText else str(value)
+            return expand_path(value, key) if tp is PathText else str(value)
     # any length: a list, or text with commas (fairseq's --lang-pairs)
     elif origin is tuple and typing.get_args(tp)[-1] is Ellipsis:
         # an empty item is refused, not dropped
@@ -335,9 +387,27 @@ def _read_as(value: Any, tp: Any, key: str, allowed: Range | None) -> Any:
             not isinstance(v, (dict, list, tuple)) and v is not None for v in value.values()
         ):
             return {
-                str(k): read(str(v), typing.get_args(tp)[1], f"{key}.{k}") for k, v in value.items()
+                str(k): read(
+                    v if isinstance(v, str) else str(v), typing.get_args(tp)[1], f"{key}.{k}"
+                )
+                for k, v in value.items()
             }
     raise _Mismatch
+
+
+def as_written(values: dict[str, Any], cls: type) -> dict[str, Any]:
+    """``values`` of the section ``cls`` as a config writes them to read back the same: each path's
+    ``$`` doubled (one left in an expanded path is the text ``$``, not a variable)."""
+
+    def written(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: written(v) for k, v in value.items()}
+        return value.replace("$", "$$") if isinstance(value, str) else value
+
+    paths = {PathText, dict[str, PathText]}
+    return {
+        k: written(v) if paths & set(_members(hints(cls).get(k))) else v for k, v in values.items()
+    }
 
 
 def _shown(value: Any) -> str:
@@ -429,7 +499,7 @@ def _from_node(
             line=node.start_mark.line + 1 if path else None,
         )
     if isinstance(node, yaml.ScalarNode):
-        return Plain(node.value) if node.style is None else node.value
+        return Plain(node.value) if node.style is None else Written(node.value)
     if isinstance(node, yaml.SequenceNode):
         return [_from_node(item, path, lines, key, budget, depth + 1) for item in node.value]
     out: dict[str, Any] = {}

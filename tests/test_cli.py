@@ -2355,3 +2355,29 @@ def test_a_run_directory_under_home_written_with_a_tilde_is_under_home(tmp_path,
     line = _one_line_error(invoke("train", "--config", config, "--run-dir=~/taken"))
     assert line == f"error: --run-dir {tmp_path / 'home' / 'taken'} is a file; choose a directory"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "home"]  # no ./~
+
+
+def test_a_run_directory_written_with_a_variable_is_where_the_variable_says(tmp_path, monkeypatch):
+    """`run_dir: $HOME/runs/r2` (and --set 'train.run_dir=${HOME}/...') trained into ./$HOME/runs,
+    exit 0. A config's variables are expanded; --run-dir's path is as the shell left it (it has
+    expanded the variables there), so a $ in it is the directory's own."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("NMT_TEST_UNSET", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "taken").write_text("a file\n")
+    (tmp_path / "a$HOME").write_text("a file\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  dir: {TOY}\ntrain:\n  run_dir: $HOME/taken\n")
+    taken = f"error: train.run_dir {tmp_path / 'home' / 'taken'} is a file; choose a directory"
+    assert _one_line_error(invoke("train", "--config", config)) == taken
+    assert _one_line_error(invoke("train", "--set", "train.run_dir=${HOME}/taken")) == taken
+    line = _one_line_error(invoke("train", "--config", config, "--run-dir", tmp_path / "a$HOME"))
+    assert line == f"error: --run-dir {tmp_path / 'a$HOME'} is a file; choose a directory"
+    config.write_text(f"data:\n  dir: {TOY}\ntrain:\n  run_dir: $NMT_TEST_UNSET/r2\n")
+    assert _one_line_error(invoke("train", "--config", config)) == (
+        f"error: {config}:4: train.run_dir '$NMT_TEST_UNSET/r2' names $NMT_TEST_UNSET, which is "
+        "not set; set it in the environment (export NMT_TEST_UNSET=...), or write $$NMT_TEST_UNSET "
+        "for the text $NMT_TEST_UNSET"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a$HOME", "c.yaml", "home"]

@@ -649,6 +649,8 @@ def _valid_sections(draw):
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.composite(lambda draw: _valid_sections(draw))())
+# a $ left in a path (written $$, or given to --run-dir) is the text $ (written $$ for the reader)
+@example({"data": {"dir": "a$HOME$$", "hf_dataset": "x", "hf_data_files": {"t": "${X}"}}})
 def test_a_config_written_as_yaml_reads_back_the_same(tmp_path, raw):
     """The run directory's config.yaml (config_to_yaml) must read back as cfg, and each value must
     read the same through --set. (Written with allow_unicode, a key of U+0085 read back as a
@@ -771,6 +773,38 @@ def _home_of(user: str) -> str:
     return pwd.getpwnam(user).pw_dir
 
 
+def _read_path(tmp_path, key: str, text: str, how: str):
+    """The value of the path ``key`` written as ``text`` (in quotes where ``how`` says), in a config
+    file (``how`` ends with yaml) or in ``--set``; keys that go together are given the same path.
+
+    """
+    written = f'"{text}"' if how.startswith("quoted") else text
+    if key == "data.hf_data_files":  # in quotes where a flow mapping would read {} or , otherwise
+        written = f"{{train: {repr(text) if set('{},') & set(written) else written}}}"
+    values = {key: written}
+    for pair in (
+        ("data.train_src", "data.train_tgt"),
+        ("data.valid_src", "data.valid_tgt"),
+        ("tokenizer.src_model", "tokenizer.tgt_model"),
+    ):
+        if key in pair:  # keys that go together, given the same path
+            values |= dict.fromkeys(pair, written) | (
+                {"tokenizer.joint": "false", "model.share_embeddings": "false"}
+                if "tokenizer" in key
+                else {}
+            )
+    if how.endswith("yaml"):
+        sections: dict[str, list[str]] = {}
+        for k, v in values.items():
+            sections.setdefault(k.split(".")[0], []).append(f"  {k.split('.')[1]}: {v}")
+        text = "".join(f"{s}:\n" + "\n".join(lines) + "\n" for s, lines in sections.items())
+        cfg = load_config(write(tmp_path, text))
+    else:
+        cfg = load_config(None, [f"{k}={v}" for k, v in values.items()])
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -794,35 +828,79 @@ def test_a_leading_tilde_in_any_path_setting_is_the_home_directory_as_a_shell_re
     text = start + rest
     home = {"~": "/home/of/a/user", f"~{getpass.getuser()}": _home_of(getpass.getuser())}.get(start)
     expected = home + rest if home is not None else text
-    written = f'"{text}"' if how.startswith("quoted") else text
-    if key == "data.hf_data_files":
-        written, expected = f"{{train: {written}}}", {"train": expected}
-    values = {key: written}
-    for pair in (
-        ("data.train_src", "data.train_tgt"),
-        ("data.valid_src", "data.valid_tgt"),
-        ("tokenizer.src_model", "tokenizer.tgt_model"),
-    ):
-        if key in pair:  # keys that go together, given the same path
-            values |= dict.fromkeys(pair, written) | (
-                {"tokenizer.joint": "false", "model.share_embeddings": "false"}
-                if "tokenizer" in key
-                else {}
-            )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOME", "/home/of/a/user")
-        if how.endswith("yaml"):
-            sections = {}
-            for k, v in values.items():
-                sections.setdefault(k.split(".")[0], []).append(f"  {k.split('.')[1]}: {v}")
-            cfg = load_config(
-                write(
-                    tmp_path,
-                    "".join(f"{s}:\n" + "\n".join(lines) + "\n" for s, lines in sections.items()),
-                )
-            )
-        else:
-            cfg = load_config(None, [f"{k}={v}" for k, v in values.items()])
-    section, name = key.split(".")
-    assert getattr(getattr(cfg, section), name) == expected
+        value = _read_path(tmp_path, key, text, how)
+    assert value == ({"train": expected} if key == "data.hf_data_files" else expected)
     assert len(_path_keys()) == 11 and "train.run_dir" in _path_keys()
+
+
+# Pieces of a path as written and what each means: text, $$ (a $), a $ before what no name starts
+# with, and variables: set (a value with $ and ~ in it, expanded once, as a shell does), unset,
+# empty, or a form only a shell fills (None: refused).
+_PIECES = {
+    "runs": "runs",
+    "a b": "a b",
+    "é.de": "é.de",
+    "/": "/",
+    "$$": "$",
+    "$.": "$.",
+    "$/": "$/",
+    "$NMT_TEST_DIR/": "/data/set one/",
+    "${NMT_TEST_DIR}": "/data/set one",
+    "${NMT_TEST_ODD}": "x$HOME~y",
+    "$NMT_TEST_UNSET/": None,
+    "${NMT_TEST_UNSET}": None,
+    "${NMT_TEST_EMPTY}": None,
+    "${NMT_TEST_DIR:-x}": None,
+    "$1": None,
+}
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    key=st.sampled_from(_path_keys()),
+    start=st.sampled_from(["", "~", "~no_such_user_here", "./~", "$HOME", "${HOME}"]),
+    pieces=st.lists(st.sampled_from(list(_PIECES)), min_size=1, max_size=5),
+    how=st.sampled_from(["yaml", "quoted yaml", "set", "quoted set"]),
+)
+def test_environment_variables_in_any_path_setting_are_expanded_as_a_shell_expands_them(
+    tmp_path, key, start, pieces, how
+):
+    """`run_dir: $HOME/runs/r2` and `--set 'train.run_dir=${HOME}/runs/r'` trained into
+    ./$HOME/runs, exit 0. $NAME and ${NAME} are expanded, in the file and in --set, quoted or not,
+    after a leading ~ and with it, their values as they are; an unset or empty variable, or a form
+    only a shell can fill ($1, ${X:-y}), is one line naming the key (and the file and line it is
+    on); $$ is a $."""
+    text = (start + "/" if start else "") + "".join(pieces)
+    meanings = [_PIECES[p] for p in pieces]
+    home = {"~": "/home/of/a/user", "$HOME": "/home/of/a/user", "${HOME}": "/home/of/a/user"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", "/home/of/a/user")
+        patch.setenv("NMT_TEST_DIR", "/data/set one")
+        patch.setenv("NMT_TEST_ODD", "x$HOME~y")
+        patch.setenv("NMT_TEST_EMPTY", "")
+        patch.delenv("NMT_TEST_UNSET", raising=False)
+        if None in meanings:
+            with pytest.raises(ConfigError) as refused:
+                _read_path(tmp_path, key, text, how)
+        else:
+            value = _read_path(tmp_path, key, text, how)
+    if None not in meanings:
+        expected = (home.get(start, start) + "/" if start else "") + "".join(meanings)
+        assert value == ({"train": expected} if key == "data.hf_data_files" else expected)
+        return
+    # the first piece refused is named, with the key, the file and the key's line
+    bad = next(p for p in pieces if _PIECES[p] is None)
+    exc = refused.value
+    assert exc.key.startswith(key) and "\n" not in str(exc) and repr(text) in str(exc)
+    assert bad.strip("/") in str(exc) and (
+        "not set" in str(exc) or "empty" in str(exc) or "not a variable nmt expands" in str(exc)
+    )
+    if how.endswith("yaml"):
+        text_lines = exc.path.read_text().splitlines()
+        assert text_lines[exc.line - 1].lstrip().startswith(exc.key.split(".")[1] + ":")
+    else:
+        assert exc.path is None and exc.line is None

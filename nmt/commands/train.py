@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from ..config import load_config
+from ..config import TrainConfig, load_config
+from ..fields import as_written
 from .options import Quiet, setup_logging
 
 
@@ -72,10 +73,12 @@ def train(
     from ..train import train as run_training
 
     setup_logging(quiet)
-    # The run directory as quoted text, so that no character of a path reads as YAML.
+    # The run directory as quoted text, so that no character of a path reads as YAML, and its $ as
+    # a config writes the text $: the shell has expanded the variables of the path it gave.
+    written = as_written({"run_dir": str(run_dir)}, TrainConfig) if run_dir else {}
     overrides = (
         list(set_)
-        + ([f"train.run_dir={json.dumps(str(run_dir))}"] if run_dir else [])
+        + [f"train.run_dir={json.dumps(path)}" for path in written.values()]
         + (["train.progress_bar=false"] if quiet else [])
     )
     # SIGTERM (kill, timeout, schedulers) stops the data preparation as Ctrl-C does; the
