@@ -14,7 +14,7 @@ from .checkpoint import CheckpointError, checkpoint_file, load_checkpoint, save_
 from .config import ConfigError
 from .errors import Key
 from .files import check_not_an_input, check_writable
-from .rundir import step_checkpoints
+from .runid import peek, step_checkpoints, warn_if_not_the_runs
 
 log = logging.getLogger("nmt.average")
 
@@ -30,6 +30,8 @@ def newest_step_checkpoints(run_dir: str | Path, last: int) -> list[Path]:
     if not Path(run_dir).is_dir():
         raise ConfigError(Key("run_dir"), f" {run_dir} is not a directory")
     found = step_checkpoints(Path(run_dir))[-last:]
+    for path in found:  # one copied in from another run is named
+        warn_if_not_the_runs(Path(run_dir), path, peek(path)[1])
     if 0 < len(found) < last:
         log.warning(
             "warning: --last %d asked for %d step checkpoints, but %s has %d (%s): averaging those",

@@ -10,9 +10,9 @@ the step, the sampler's position and every process's RNG states, so that ``nmt t
 --resume`` continues exactly where the run stopped.
 """
 
-# Size: module at most 445 lines, check_payload() at most 75: one file format written, verified and
-# read; check_payload() states each entry's rule once, a few lines each, in the order the file holds
-# them.
+# Size: module at most 450 lines, check_payload() at most 75: one file format written, verified and
+# read (a run directory read as its best.pt, which is checked to be the run's own: nmt.runid);
+# check_payload() states each entry's rule once, a few lines each, in the order the file holds them.
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from .core.model import STATE_LAYERS, STATE_WIDTHS, uninitialised_model
 from .errors import NmtError
 from .files import atomic_write
 from .progress import Progress
+from .runid import warn_if_not_the_runs
 from .tokenizer import TokenizerError
 from .vocab import tokenizer_from_protos
 
@@ -115,15 +116,15 @@ def load_checkpoint(
     """Load and verify a checkpoint written by :func:`save_checkpoint`: its config parsed, its
     tokenizer loaded and its model built once, into one :class:`Checkpoint`.
 
-    ``path`` may be a run directory (its ``best.pt``). With ``training``, the checkpoint
-    must also hold the training state ``--resume`` needs.
+    ``path`` may be a run directory (its ``best.pt``; a warning says where that is another run's).
+    With ``training``, the checkpoint must also hold the training state ``--resume`` needs.
 
     Raises:
         CheckpointError: the file does not exist, is not an nmt checkpoint (the message
             says what it looks like), is damaged (``damaged checkpoint: FILE``), or lacks
             entries.
     """
-    path = checkpoint_file(path)
+    path, given = checkpoint_file(path), Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found")
     _verify_archive(path)
@@ -139,7 +140,10 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path} is not an nmt checkpoint: a zip archive torch cannot read ({_first_line(exc)})"
         ) from None
-    return check_payload(payload, path, training)
+    checkpoint = check_payload(payload, path, training)
+    if path != given:  # the run directory's best.pt: another run's is named
+        warn_if_not_the_runs(given, path, checkpoint.get("run"))
+    return checkpoint
 
 
 def _first_line(exc: BaseException) -> str:

@@ -134,10 +134,12 @@ def resolve_output(path: Path) -> Path:
 
 
 #: What ``nmt train`` keeps in a run directory (:mod:`nmt.rundir`): its records, checkpoints,
-#: config, tokenizer and lock. Every writer refuses to replace one (:func:`check_not_a_run_file`).
+#: config, tokenizer, lock and the run it holds. Every writer refuses to replace one
+#: (:func:`check_not_a_run_file`).
 METRICS = "metrics.jsonl"
+RUN_RECORD = "run.json"  # which run the directory holds (nmt.runid)
 RUN_FILE = re.compile(
-    r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock"
+    r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|run\.json|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock"
 )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import checkpoint_file, load_checkpoint
+from .checkpoint import load_checkpoint
 from .config import config_from_dict
 from .core.model import count_parameters, uninitialised_model
 from .multilingual import directions, tags, target_languages
@@ -37,8 +37,8 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
     Raises:
         nmt.checkpoint.CheckpointError: the file is missing or not an nmt checkpoint.
     """
-    file = checkpoint_file(path)
-    payload = load_checkpoint(file)
+    payload = load_checkpoint(path)
+    file = payload.path
     cfg = config_from_dict(payload["config"], str(file))
     parameters = count_parameters(uninitialised_model(cfg.model))
     progress = payload.get("progress", {})

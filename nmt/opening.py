@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import evaluate
-from .checkpoint import checkpoint_file, load_checkpoint
+from .checkpoint import load_checkpoint
 from .clean import clean_pairs, shown, stripped_side, unknowns
 from .config import Config, ConfigError, config_from_dict, config_to_yaml, with_vocab
 from .corpus import DataError, ParallelText, check_inputs
@@ -348,9 +348,9 @@ def _open_init(
             f" {init_from} is a directory without best.pt (a run directory means its best.pt); "
             f"pass a checkpoint file, such as {Path(init_from) / 'last.pt'}",
         )
-    # a Path: a run directory's best.pt, as translate reads it
-    init_from = checkpoint_file(init_from)
+    # a run directory's best.pt, as translate reads it
     init = load_checkpoint(init_from)
+    init_from = init.path
     step = init.get("progress", {}).get("step")
     origin = init.get("imported_from")
     opened = Opened(

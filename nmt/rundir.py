@@ -9,6 +9,8 @@
 * **Resume.** From the newest complete checkpoint that holds the training state (by step;
   a damaged one is skipped with a warning). Records and step checkpoints newer than it
   belong to an abandoned history and are removed, so ``metrics.jsonl`` describes one run.
+* **One run.** ``run.json`` records the run the directory holds (:mod:`nmt.runid`); a resume is
+  refused where a checkpoint there is another run's.
 * **Sweep.** Temporary files that killed writers left (``.last.pt.tmpPID-TOKEN``) are removed
   at the start of every run; those of writers still at work (``nmt average --out RUN/avg.pt``,
   ``nmt translate -o RUN/hyp.txt``) are left to them
@@ -24,11 +26,10 @@ import contextlib
 import json
 import logging
 import os
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import (
@@ -42,6 +43,7 @@ from .config import (
 )
 from .errors import Key
 from .files import METRICS, RUN_FILE, OutputError, append_line, atomic_write, reason
+from .runid import not_the_runs, peek, record_run, run_checkpoints, step_checkpoints
 
 log = logging.getLogger("nmt.train")
 
@@ -72,14 +74,6 @@ def check_config_outside(run_dir: Path, config_file: Path | None) -> None:
             "configuration; keep it outside ",
             Key("train.run_dir"),
         )
-
-
-def step_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's ``step_N.pt`` files, oldest first."""
-    return sorted(
-        (p for p in run_dir.glob("step_*.pt") if p.stem[5:].isdigit()),
-        key=lambda p: int(p.stem[5:]),
-    )
 
 
 class RunDir:
@@ -175,9 +169,7 @@ class RunDir:
     def checkpoints(self) -> list[Path]:
         """``last.pt``, ``best.pt`` (those that exist) and the ``step_N.pt`` files, oldest step
         first."""
-        return [
-            p for p in (self.path / "last.pt", self.path / "best.pt") if p.is_file()
-        ] + step_checkpoints(self.path)
+        return run_checkpoints(self.path)
 
     def check_fresh(self) -> None:
         """Refuse a fresh run where a checkpoint exists (nothing is changed).
@@ -198,16 +190,18 @@ class RunDir:
         a warning.
 
         Raises:
-            ConfigError: there is no checkpoint.
+            ConfigError: there is no checkpoint, or one is another run's (:meth:`_check_one_run`).
             nmt.checkpoint.CheckpointError: no checkpoint is usable (the newest one's reason).
         """
         order = {"last.pt": 2, "best.pt": 0}
-        steps = {path: _peek(path)[0] for path in self.checkpoints()}
-        if not steps:
+        peeks = {path: peek(path) for path in self.checkpoints()}
+        if not peeks:
             raise ConfigError(
                 f"--resume: {self.path} holds no checkpoint (the run stopped before its first one, "
                 "or never started); run without --resume to start afresh"
             )
+        self._check_one_run(peeks)
+        steps = {path: step for path, (step, _) in peeks.items()}
         first_error = None
         # unreadable: named now, whatever a readable one holds
         for path in [path for path, step in steps.items() if step < 0]:
@@ -219,36 +213,34 @@ class RunDir:
                 del steps[path]
         for path in sorted(steps, key=lambda p: (steps[p], order.get(p.name, 1)), reverse=True):
             try:
-                payload = load_checkpoint(path, training=True)
-                self._check_one_run(path, payload)
-                return path, payload
+                return path, load_checkpoint(path, training=True)
             except CheckpointError as exc:
                 log.warning("skipping %s: %s", path, exc)
                 first_error = first_error or exc
         raise first_error
 
-    def _check_one_run(self, path: Path, payload: dict) -> None:
-        """Refuse to resume from ``path`` when it was written by another run than the directory's
-        other checkpoints (a ``last.pt`` copied in from elsewhere): its steps would be appended to
-        this run's records, and ``best.pt`` would stay the other run's.
+    def _check_one_run(self, peeks: dict[Path, tuple[int, dict | None]]) -> None:
+        """Refuse to resume where a checkpoint of the directory (``peeks``: each one's step and run)
+        is another run's (a ``best.pt`` or ``last.pt`` copied in from elsewhere): its steps would
+        be appended to this run's records, or ``best.pt`` would stay the other run's.
 
         Raises:
-            ConfigError: naming the checkpoint, both runs and what to do.
+            ConfigError: naming the checkpoint, what says it is another run's and what to do.
         """
-        ours = (payload.get("run") or {}).get("id")
-        others = {
-            p.name: run
-            for p in self.checkpoints()
-            if p != path and (run := _peek(p)[1]) is not None
-        }
-        strangers = sorted(name for name, run in others.items() if run != ours)
-        if ours is not None and strangers:
-            started = (payload.get("run") or {}).get("dir", "elsewhere")
-            raise ConfigError(
-                f"--resume: {path} was written by another run (started in {started}) than "
-                f"{', '.join(strangers)} of {self.path}; "
-                "put this run's own checkpoint back, or resume that run in a directory of its own"
-            )
+        for path, (_, run) in peeks.items():
+            why = not_the_runs(self.path, path, run)
+            if why:
+                raise ConfigError(
+                    f"--resume: {why}; move the other run's checkpoint out of {self.path}, or "
+                    "resume that run in a directory of its own"
+                )
+
+    def hold(self, run: dict | None) -> dict:
+        """Record ``run`` (the resumed checkpoint's ``run`` entry; None: a new run's, drawn here) as
+        the run this directory holds (:func:`nmt.runid.record_run`), and return it."""
+        run = run or {"id": uuid.uuid4().hex, "dir": str(self.path)}
+        record_run(self.path, run)
+        return run
 
     def keep_history_until(self, step: int) -> None:
         """Remove metrics records and step checkpoints after ``step``: an abandoned history, or
@@ -337,18 +329,6 @@ def _try_lock(f) -> bool:
     except OSError:
         return False
     return True
-
-
-def _peek(path: Path) -> tuple[int, str | None]:
-    """A checkpoint's step and the id of the run that wrote it, read lazily (tensors are not
-    loaded);
-    ``(-1, None)`` if it cannot be read, a None id where it records none (an older nmt's)."""
-    try:
-        payload = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
-        run = payload.get("run")
-        return int(payload["progress"]["step"]), run.get("id") if isinstance(run, dict) else None
-    except Exception:  # damaged or foreign files sort last; loading them reports why
-        return -1, None
 
 
 # the "step" of a line that is not a record: after every history, so never kept

@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,7 +48,8 @@ from .memory import keep_freed_memory
 from .multilingual import DirectionMix, directions
 from .opening import Opened, open_run, read_back
 from .progress import Batching, Progress, rng_state, set_rng_state
-from .rundir import RunDir, step_checkpoints
+from .rundir import RunDir
+from .runid import step_checkpoints
 from .runtime import attention_backends, check_fits, for_training, resolve_device
 from .subwords import sampled_training_corpus
 from .validation import validate
@@ -191,12 +191,9 @@ class Trainer:
             run,
             opened.checkpoint,
         )
-        # Which training this is, in every checkpoint: nmt average refuses to mix two runs' weights
-        # unless asked.
-        self.run_id = (opened.payload or {}).get("run") or {
-            "id": ddp.share(uuid.uuid4().hex),
-            "dir": str(run.path),
-        }
+        # Which training this is, in every checkpoint and in the directory: nmt average refuses to
+        # mix two runs' weights unless asked, and a checkpoint copied in from another run is named.
+        self.run_id = ddp.share(ddp.on_main(lambda: run.hold((opened.payload or {}).get("run"))))
         self.tokenizer, self.corpus, self.valid = (
             opened.data.tokenizer,
             opened.data.corpus,

@@ -882,7 +882,7 @@ def select_and_score(
     from nmt.corpus import find_split_file, read_lines
     from nmt.evaluate import score
     from nmt.inference import Decoding, Inference
-    from nmt.rundir import step_checkpoints
+    from nmt.runid import step_checkpoints
 
     device = torch.device(device_name)
 

@@ -64,6 +64,7 @@ def test_run_directory_contents(trained_run):
         "config.yaml",
         "spm.model",
         "metrics.jsonl",
+        "run.json",
         "cache",
         "tensorboard",
     } <= names

@@ -1190,34 +1190,97 @@ def test_a_run_directory_removed_during_training_ends_in_one_error_naming_it(
     assert not run.exists()
 
 
+def _warnings(caplog, read) -> list[str]:
+    """The warnings logged while ``read()`` runs."""
+    import logging
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        read()
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 @pytest.mark.parametrize("foreign", ["last.pt", "best.pt"])
-def test_a_checkpoint_of_another_run_in_the_run_directory_is_refused_on_resume(tmp_path, foreign):
+@pytest.mark.parametrize("other_steps", [1, 3])  # the other run's checkpoint older or newer
+def test_a_checkpoint_of_another_run_in_the_run_directory_is_named_by_resume_and_translate(
+    tmp_path, caplog, foreign, other_steps
+):
     """A last.pt replaced by another run's checkpoint resumed silently (exit 0): metrics.jsonl then
-    mixed two runs and best.pt belonged to the first."""
+    mixed two runs. A best.pt of another run was translated with --checkpoint RUN without a word,
+    and --resume named the run's own last.pt as the stranger. The directory's run.json says which
+    run it holds: the stranger is named, whichever file it replaced and whichever is newer."""
     import shutil
 
-    from nmt.config import ConfigError
+    data = small_corpus(tmp_path, n=40)
+    run, other = tmp_path / "run", tmp_path / "other"
+    train(tiny_run_config(data, run, 2, save_every=1, validate_every=2))
+    train(tiny_run_config(data, other, other_steps, validate_every=other_steps))
+    records = (run / "metrics.jsonl").read_bytes()
+    shutil.copyfile(other / "last.pt", run / foreign)
+    own = run / ("best.pt" if foreign == "last.pt" else "last.pt")
+    with pytest.raises(ConfigError) as refused:
+        train(tiny_run_config(data, run, 2), resume=True, overrides=["train.max_steps=4"])
+    assert str(refused.value) == (
+        f"--resume: {run / foreign} was written by another run (started in {other}) than the run "
+        f"{run / 'run.json'} names (started in {run}), whose checkpoint is {own}; move the other "
+        f"run's checkpoint out of {run}, or resume that run in a directory of its own"
+    )
+    assert (run / "metrics.jsonl").read_bytes() == records  # nothing of the other run appended
+    # translate, evaluate (and info, export, --init-from) read RUN as its best.pt
+    warned = _warnings(caplog, lambda: load_checkpoint(run))
+    assert warned == (
+        [
+            f"warning: {run / 'best.pt'} was written by another run (started in {other}) than the "
+            f"run {run / 'run.json'} names (started in {run}), whose checkpoint is {own}; reading "
+            f"{run / 'best.pt'} all the same: move the other run's checkpoint out of {run}, or "
+            "give the checkpoint's file, not the directory, to use it knowingly"
+        ]
+        if foreign == "best.pt"
+        else []
+    )
+    assert _warnings(caplog, lambda: load_checkpoint(run / "best.pt")) == []  # the file, as asked
+    train(tiny_run_config(data, other, 3), resume=True, overrides=["train.max_steps=4"])
+    assert load_checkpoint(other / "last.pt")["progress"]["step"] == 4
+
+
+def test_another_runs_checkpoint_as_a_run_directorys_only_one_is_refused_on_resume(tmp_path):
+    """last.pt, the directory's only checkpoint, replaced by another run's: --resume continued it,
+    and both runs' records mixed in metrics.jsonl."""
+    import shutil
 
     data = small_corpus(tmp_path, n=40)
-    train(tiny_run_config(data, tmp_path / "run", 2, save_every=1, validate_every=2))
-    train(tiny_run_config(data, tmp_path / "other", 3, validate_every=3))
-    records = (tmp_path / "run" / "metrics.jsonl").read_bytes()
-    # step 3: newer than this run's own
-    shutil.copyfile(tmp_path / "other" / "last.pt", tmp_path / "run" / foreign)
-    with pytest.raises(
-        ConfigError,
-        match=rf"^--resume: {tmp_path / 'run'}/\S+ was written by another run \(started in "
-        rf"{tmp_path / 'other'}\) than",
-    ):
-        train(
-            tiny_run_config(data, tmp_path / "run", 2), resume=True, overrides=["train.max_steps=4"]
-        )
-    # nothing of the other run was appended
-    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == records
-    train(
-        tiny_run_config(data, tmp_path / "other", 3), resume=True, overrides=["train.max_steps=4"]
+    run, other = tmp_path / "run", tmp_path / "other"
+    train(tiny_run_config(data, run, 2))
+    train(tiny_run_config(data, other, 3))
+    (run / "best.pt").unlink(missing_ok=True)
+    shutil.copyfile(other / "last.pt", run / "last.pt")
+    records = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match="holds no checkpoint; move the other run's checkpoint"):
+        train(tiny_run_config(data, run, 2), resume=True, overrides=["train.max_steps=4"])
+    assert (run / "metrics.jsonl").read_bytes() == records
+
+
+def test_a_run_directory_without_run_json_names_two_runs_checkpoints_together(tmp_path, caplog):
+    """A directory of an nmt from before run.json has only its checkpoints to say which run it
+    holds: two of different runs are named together, neither as the other's."""
+    import shutil
+
+    data = small_corpus(tmp_path, n=40)
+    run, other = tmp_path / "run", tmp_path / "other"
+    train(tiny_run_config(data, run, 2, validate_every=2))
+    train(tiny_run_config(data, other, 1, validate_every=1))
+    (run / "run.json").unlink()
+    shutil.copyfile(other / "best.pt", run / "best.pt")
+    both = (
+        f"{run / 'best.pt'} (started in {other}) and {run / 'last.pt'} (started in {run}) were "
+        f"written by different runs, and {run} has no run.json to say which is its own"
     )
-    assert load_checkpoint(tmp_path / "other" / "last.pt")["progress"]["step"] == 4
+    assert _warnings(caplog, lambda: load_checkpoint(run))[0].startswith(f"warning: {both}; ")
+    with pytest.raises(ConfigError, match="were written by different runs, and .* has no run.json"):
+        train(tiny_run_config(data, run, 2), resume=True, overrides=["train.max_steps=4"])
+    (run / "best.pt").unlink()  # the other run's moved out: this one resumes, and says so from now
+    train(tiny_run_config(data, run, 2), resume=True, overrides=["train.max_steps=3"])
+    assert json.loads((run / "run.json").read_text())["dir"] == str(run)
 
 
 @settings(max_examples=25, deadline=None)
