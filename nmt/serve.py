@@ -56,12 +56,13 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from .align import alignment_layer, format_alignment
-from .checkpoint import load_checkpoint
+from .checkpoint import checkpoint_file
 from .config import Config, ConfigError, DecodeConfig, config_to_dict
 from .decode.search import Hypothesis
 from .decode.steering import Steering
 from .inference import Decoding, Inference
 from .multilingual import directions, target_languages
+from .runid import peek
 from .serve_api import Body, Job, Limits, RequestError, parse_request
 from .tokenizer import Tokenizer
 
@@ -115,9 +116,9 @@ class Translator:
                 "not supported"
             )
         inference = Inference.load(checkpoints, device, dtype)
-        step = load_checkpoint(checkpoints[0]).get("progress", {}).get("step")
+        step = peek(checkpoint_file(checkpoints[0]))[0]  # lazily: the weights are read once, above
         name = "int8" if dtype == torch.qint8 else str(dtype).removeprefix("torch.")
-        return cls(inference, str(checkpoints[0]), step, name)
+        return cls(inference, str(checkpoints[0]), step if step >= 0 else None, name)
 
     def translate(
         self,

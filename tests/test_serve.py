@@ -681,6 +681,26 @@ def test_page_in_a_real_browser(translator):
         thread.join(timeout=30)
 
 
+def test_a_checkpoint_is_read_once_and_its_step_served(checkpoint, tmp_path, monkeypatch):
+    """The server read its checkpoint whole a second time for the step: twice the time, and a run
+    directory's warning (another run's best.pt) said twice. A checkpoint without a step (an
+    import) serves none."""
+    import nmt.checkpoint
+
+    reads, check = [], nmt.checkpoint.check_payload
+    monkeypatch.setattr(
+        nmt.checkpoint, "check_payload", lambda *args: reads.append(args[1]) or check(*args)
+    )
+    assert Translator.load([checkpoint], torch.device("cpu"), torch.float32).step == 7
+    assert reads == [checkpoint]
+    payload = torch.load(checkpoint, weights_only=True)
+    del payload["progress"]
+    save_checkpoint(payload, tmp_path / "imported.pt")
+    assert (
+        Translator.load([tmp_path / "imported.pt"], torch.device("cpu"), torch.float32).step is None
+    )
+
+
 def test_int8_loads_through_the_translate_dtype_path(checkpoint, translator):
     """``nmt serve --dtype int8`` once crashed at start (``nn.Module.to`` with ``torch.qint8``)."""
     from nmt.inference import Inference
