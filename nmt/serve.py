@@ -30,9 +30,11 @@ A client that leaves before its answer, while it sends its body or while its lin
 loses the answer: its request is logged in one line as 499 (nginx's "client closed request"),
 never as a traceback. When ``max_queued_requests`` requests already wait, a new one is
 answered 503 with ``Retry-After: 1`` at once (before its body is parsed).
+
+The process that runs the application (uvicorn, signals, the log) is :mod:`nmt.serve_process`.
 """
 
-# Size: module at most 470 lines, create_app() at most 140: create_app()'s routes, admission count
+# Size: module at most 440 lines, create_app() at most 140: create_app()'s routes, admission count
 # and error handler are closures over one batcher and translator (Starlette's idiom).
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -432,38 +433,3 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
     return Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
     )
-
-
-def serve(
-    translator: Translator, limits: Limits, host: str, port: int, quiet: bool = False
-) -> None:
-    """Serve until SIGTERM or SIGINT, then finish the requests in flight and return.
-
-    Each request is logged in one line on stderr (status, lines, source tokens, milliseconds),
-    unless ``quiet``, which leaves warnings and errors only.
-
-    uvicorn answers the signal by refusing new connections and waiting for the requests in
-    flight; afterwards it raises the signal again under the handler installed before it
-    started. That handler is a no-op here, so the process ends with exit code 0 once every
-    answer is out instead of being killed by the re-raised signal.
-    """
-    import uvicorn
-
-    app = create_app(translator, limits)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: None)
-    logging.basicConfig(
-        level=logging.WARNING if quiet else logging.INFO,
-        format="%(asctime)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    log.setLevel(logging.WARNING if quiet else logging.INFO)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning" if quiet else "info",
-        access_log=False,
-        timeout_graceful_shutdown=60,
-    )
-    uvicorn.Server(config).run()

@@ -86,7 +86,7 @@ def serve(
     Needs the serve extra: pip install -e ".[serve]"."""
     try:
         from ..serve import Limits, Translator
-        from ..serve import serve as run_server
+        from ..serve_process import serve as run_server
     except ImportError as exc:
         raise NmtError(
             f'serving needs the serve extra ({exc.name} is missing): pip install -e ".[serve]"'
