@@ -1,4 +1,5 @@
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -452,7 +453,10 @@ def checkpoint(translator, tmp_path_factory):
     return path
 
 
-def start_server(checkpoint, *flags):
+def start_server(checkpoint, *flags, output=subprocess.PIPE, preexec_fn=None):
+    """``nmt serve`` on ``checkpoint`` in a child process with ``flags``, its log to ``output``
+    (a pipe, or an open file), ``preexec_fn`` run in the child before it starts; the process and
+    its URL once ``/health`` answers (within 60 s)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
@@ -469,10 +473,11 @@ def start_server(checkpoint, *flags):
             "1",
             *flags,
         ],
-        stdout=subprocess.PIPE,
+        stdout=output,
         stderr=subprocess.STDOUT,
         env=env,
         text=True,
+        preexec_fn=preexec_fn,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -486,6 +491,132 @@ def start_server(checkpoint, *flags):
             break
     proc.kill()
     pytest.fail(f"server did not start: {proc.communicate()[0]}")
+
+
+class HandDrivenLoop:
+    """What :class:`~nmt.serve_process.AcceptShortage` uses of an event loop (its clock, timers and
+    default exception handler), driven by hand."""
+
+    def __init__(self):
+        self.now, self.timers, self.defaulted = 0.0, [], []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback, *args) -> None:
+        self.timers.append((self.now + delay, callback, args))
+
+    def default_exception_handler(self, context: dict) -> None:
+        self.defaulted.append(context)
+
+    def advance(self, to: float) -> None:
+        """Run the timers due by ``to``, in time order, and set the clock to it."""
+        while due := [t for t in self.timers if t[0] <= to]:
+            timer = min(due, key=lambda t: t[0])
+            self.timers.remove(timer)
+            self.now = timer[0]
+            timer[1](*timer[2])
+        self.now = to
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    # seconds before each report: within an episode (asyncio retries every second, and tries the
+    # whole backlog at once), or after the quiet that ends one
+    gaps=st.lists(st.floats(0, 2.0) | st.floats(3.0, 400.0), min_size=1, max_size=60),
+    kinds=st.lists(st.sampled_from(["EMFILE", "ENFILE", "ENOBUFS", "other"]), min_size=1),
+)
+def test_running_short_of_descriptors_is_one_line_an_episode_and_a_line_a_minute_at_most(
+    gaps, kinds
+):
+    """However the failures come, each episode is a line when it starts and one when it ends (with
+    the count of its failures), and at most one in between a minute; every other report of the loop
+    goes to its default handler."""
+    from nmt.serve_process import AcceptShortage
+
+    loop, handler = HandDrivenLoop(), AcceptShortage(every_s=60.0, quiet_s=2.5)
+    records: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = records.append
+    logger = logging.getLogger("nmt.serve")
+    logger.addHandler(catcher)
+    at, episodes, shortages, others = 0.0, [], 0, 0
+    try:
+        for i, gap in enumerate(gaps):
+            kind = kinds[i % len(kinds)]
+            at += gap
+            loop.advance(at)
+            code = getattr(errno, kind, errno.ECONNABORTED)
+            context = {"message": "m", "exception": OSError(code, os.strerror(code)), "socket": 6}
+            handler(loop, context)
+            if kind == "other":
+                others += 1
+                continue
+            if not episodes or at - episodes[-1][1] > 2.5:
+                episodes.append([at, at, 0])
+            episodes[-1][1:] = [at, episodes[-1][2] + 1]
+            shortages += 1
+        handler(loop, {"message": "not about accept", "exception": ValueError("x")})
+        loop.advance(at + 10)
+    finally:
+        logger.removeHandler(catcher)
+    assert len(loop.defaulted) == others + 1
+    lines = [r.getMessage() for r in records]
+    assert all(r.levelno == logging.WARNING and not r.exc_info for r in records)
+    starts = [m for m in lines if m.startswith("cannot accept connections")]
+    ends = [m for m in lines if m.startswith("accepting connections again")]
+    assert len(starts) == len(ends) == len(episodes), lines
+    counts = [int(re.search(r"in which ([\d,]+) attempts", m)[1].replace(",", "")) for m in ends]
+    assert counts == [n for _, _, n in episodes]
+    assert sum(counts) == shortages
+    assert len(lines) <= sum(2 + (last - first) // 60 for first, last, _ in episodes), lines
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_NOFILE is a POSIX limit")
+def test_out_of_descriptors_is_logged_once_and_service_resumes_when_they_free_up(
+    checkpoint, tmp_path
+):
+    """At its file-descriptor limit the server cannot accept connections. That costs a few log
+    lines, not a line and a traceback per failed accept (asyncio's accept loop tries the whole
+    listen backlog before it pauses: thousands a second), and it answers again once clients close
+    their connections."""
+    import resource
+
+    def few_descriptors():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
+
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log_file:
+        proc, url = start_server(checkpoint, output=log_file, preexec_fn=few_descriptors)
+    port = int(url.rsplit(":", 1)[1])
+    held = []
+    try:
+        # more connections than descriptors: the rest wait in the listen queue
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(60)]
+        time.sleep(3)  # three of asyncio's one-second pauses between attempts to accept
+        assert log_path.stat().st_size < 100_000, log_path.read_text()[:3000]
+        for s in held:
+            s.close()
+        response = httpx.post(f"{url}/translate", json={"text": SENTENCES[0]}, timeout=10)
+        assert response.status_code == 200, response.text
+        deadline = time.monotonic() + 10
+        while "accepting connections again" not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        for s in held:
+            s.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = log_path.read_text()
+    assert "Traceback" not in output, output[:3000]
+    about_it = [line for line in output.splitlines() if "accept" in line]
+    assert len(about_it) == 2, output
+    assert "cannot accept connections" in about_it[0] and "ulimit -n: 32" in about_it[0], about_it
 
 
 @pytest.mark.slow
