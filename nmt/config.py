@@ -361,7 +361,9 @@ class TrainConfig(Checked):
     )
     update_freq: int = setting(1, "micro-batches accumulated per optimizer step", AT_LEAST_1)
     compile: bool = setting(
-        False, "torch.compile the training forward and backward (dynamic shapes)"
+        False,
+        "torch.compile the training forward and backward (dynamic shapes; checked first, and "
+        "eager, said once, where compiling fails)",
     )
     compile_loss: bool = setting(
         False,

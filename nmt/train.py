@@ -35,7 +35,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .checkpoint import save_checkpoint, tokenizer_to_tensors
-from .compiled import training_loss
+from .compiled import compiling
 from .config import Config, ConfigError, config_to_dict
 from .core.batching import Batch, TokenBatchSampler, collate
 from .core.model import Transformer, count_parameters
@@ -212,8 +212,9 @@ class Trainer:
                 "paged in again every step"
             )
         world_size = ddp.world_size if ddp.enabled else 1
+        loss, step = compiling(tc, ddp.device, ddp.gather)  # tried here, before the first step
         context = functools.partial(attention_backends, ddp.device)
-        self.updater = Updater(self.model, tc, ddp.device, world_size, training_loss(tc), context)
+        self.updater = Updater(self.model, tc, ddp.device, world_size, loss, context, step)
         parts = self.corpus.parts  # one per direction
         self.mix = (
             DirectionMix(parts, self.cfg.data.sampling_temperature) if len(parts) > 1 else None

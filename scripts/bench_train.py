@@ -104,7 +104,7 @@ def sync(device) -> None:
 def child(args) -> None:
     import torch
 
-    from nmt.compiled import training_loss
+    from nmt.compiled import compiling
     from nmt.config import config_from_dict, with_vocab
     from nmt.core.batching import TokenBatchSampler, collate
     from nmt.core.loss import LossOutput
@@ -158,7 +158,8 @@ def child(args) -> None:
     torch.manual_seed(0)
     # as nmt train: the CPU's dropout masks (nmt.runtime)
     model = for_training(Transformer(cfg.model).to(device), device)
-    loss_fn = training_loss(cfg.train)  # as nmt train: compiled with nmt-compile-loss
+    # as nmt train: the step compiled with nmt-compile, the loss with nmt-compile-loss
+    loss_fn, compile_step = compiling(cfg.train, device)
     if args.engine.startswith("hf"):
         from nmt.export import marian_model
 
@@ -188,7 +189,12 @@ def child(args) -> None:
 
         loss_fn = hf_loss
     updater = Updater(
-        model, cfg.train, device, loss_fn=loss_fn, context=lambda: attention_backends(device)
+        model,
+        cfg.train,
+        device,
+        loss_fn=loss_fn,
+        context=lambda: attention_backends(device),
+        compile_step=compile_step,
     )
     times, first_loss = [], None
     if device.type == "cuda":

@@ -136,7 +136,7 @@ def compiled(monkeypatch):
     from nmt.compiled import _Compiled, training_loss
     from nmt.config import TrainConfig
 
-    monkeypatch.setattr(_Compiled, "failed", [])
+    monkeypatch.setattr(_Compiled, "failed", {})
     return training_loss(TrainConfig(compile_loss=True))
 
 
@@ -152,7 +152,7 @@ def test_the_compiled_loss_gives_the_eager_values_and_gradients(compiled):
         torch.testing.assert_close(out.loss, eager.loss, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out.nll, eager.nll, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(grad, grad_eager, rtol=1e-5, atol=1e-7)
-    assert compiled.rows.failed == []  # compiled indeed, not the eager fallback
+    assert compiled.rows.failed == {}  # compiled indeed, not the eager fallback
 
 
 def test_a_loss_that_cannot_compile_runs_eagerly_said_once(compiled, monkeypatch, caplog):

@@ -1,4 +1,5 @@
 import json
+import logging
 import math
 import os
 import re
@@ -330,6 +331,7 @@ def test_compiled_training_step_equals_eager():
     rounding noise (the key biases, which softmax ignores) move apart by up to 2 · lr."""
     from conftest import random_sources, tiny_config
 
+    from nmt.compiled import _Compiled, _CompiledStep, compiling
     from nmt.config import TrainConfig
     from nmt.core.batching import Batch
     from nmt.core.loss import label_smoothed_loss
@@ -349,7 +351,11 @@ def test_compiled_training_step_equals_eager():
     def run(compile_: bool) -> tuple[dict, list[float]]:
         torch.manual_seed(0)
         model = Transformer(tiny_config(dropout=0.0))
-        updater = Updater(model, TrainConfig(compile=compile_, warmup_steps=2), torch.device("cpu"))
+        tc, cpu = TrainConfig(compile=compile_, warmup_steps=2), torch.device("cpu")
+        # as nmt train: the compiler tried first (here it works), then the step compiled
+        loss_fn, compile_step = compiling(tc, cpu)
+        updater = Updater(model, tc, cpu, loss_fn=loss_fn, compile_step=compile_step)
+        assert isinstance(updater.trained, _CompiledStep) == compile_
         label_smoothed_loss(
             updater.trained(batches[0].src, batches[0].tgt_in), batches[0].tgt_out, 0.1
         ).loss.backward()
@@ -362,6 +368,103 @@ def test_compiled_training_step_equals_eager():
     assert eager_losses[2] != eager_losses[0]  # the updates did something
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, atol=1e-6, rtol=1e-4)
+    assert "train.compile" not in _Compiled.failed  # compiled indeed, not the eager fallback
+
+
+@pytest.fixture
+def compile_record(monkeypatch):
+    """No compiler check or failed compile of this process remembered, before or after."""
+    from nmt.compiled import _Compiled, compile_failure
+
+    compile_failure.cache_clear()
+    monkeypatch.setattr(_Compiled, "failed", {})
+    yield
+    compile_failure.cache_clear()
+
+
+def test_without_a_compiler_train_compile_trains_eagerly_said_once_and_writes_its_checkpoint(
+    tmp_path, monkeypatch, caplog, compile_record
+):
+    """A C++ compiler that is not there (CXX names none): the check before the first step finds
+    out in seconds, where compiling the step would have failed only once traced."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiled.append(a))
+    data = small_corpus(tmp_path)
+    with caplog.at_level("WARNING", logger="nmt"):
+        result = train(tiny_run_config(data, tmp_path / "run", 3, compile=True))
+    assert result["step"] == 3 and not compiled
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == 3
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "train.compile: torch.compile cannot compile on cpu" in warning, warning
+    assert "no-such-compiler" in warning and "--set train.compile=false" in warning, warning
+    assert len(warning.splitlines()) == 1
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    compile_=st.booleans(),
+    compile_loss=st.booleans(),
+    reasons=st.lists(st.none() | st.sampled_from(["no compiler", "took over 120 s"]), min_size=1),
+)
+def test_compiling_runs_eagerly_where_any_process_cannot_compile_and_says_so_once(
+    compile_, compile_loss, reasons, monkeypatch, caplog
+):
+    """Under train.compile each process of a job checks (here: ``reasons``, one per process); one
+    that cannot compile makes every process train eagerly, said in one line naming the settings
+    asked for. Without train.compile nothing is checked."""
+    from nmt import compiled as compiled_module
+    from nmt.config import TrainConfig
+    from nmt.core.loss import EAGER
+
+    tried = []
+    monkeypatch.setattr(compiled_module, "compile_failure", lambda device: tried.append(device))
+    tc = TrainConfig(compile=compile_, compile_loss=compile_loss)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="nmt"):
+        loss, step = compiled_module.compiling(tc, torch.device("cpu"), lambda _: reasons)
+    asked = [
+        n for n, on in (("train.compile", compile_), ("train.compile_loss", compile_loss)) if on
+    ]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert tried == (["cpu"] if compile_ else [])
+    model = torch.nn.Linear(2, 2)
+    if compile_ and any(reasons):
+        assert loss is EAGER and step(model) is model
+        (warning,) = warnings
+        assert all(name in warning for name in asked) and next(filter(None, reasons)) in warning
+    else:
+        assert warnings == []
+        assert (loss is EAGER) != compile_loss
+        assert (step(model) is model) != compile_
+
+
+def test_a_step_that_fails_to_compile_runs_eagerly_said_once(monkeypatch, caplog, compile_record):
+    """What the check before the first step does not catch fails at the first step: from then
+    on the step runs eagerly, with the eager values."""
+    from nmt.compiled import _CompiledStep
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Dropout(0.5))
+    step = _CompiledStep(model)
+
+    def broken(*args):
+        raise RuntimeError("inductor: no compiler\nmore detail")
+
+    monkeypatch.setattr(step, "compiled", broken)
+    x = torch.randn(5, 4)
+    with caplog.at_level("WARNING", logger="nmt"):
+        assert step.train(False) is step and not model.training
+        outs = [step(x) for _ in range(2)]
+    for out in outs:
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning == (
+        "warning: train.compile: compiling the training step failed (inductor: no compiler); it "
+        "runs eagerly"
+    )
 
 
 # --------------------------------------------------------------------------- run directory

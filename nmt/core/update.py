@@ -38,12 +38,16 @@ class Updater:
         world_size: int = 1,
         loss_fn=label_smoothed_loss,
         context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        compile_step: Callable[[torch.nn.Module], Callable] = lambda module: module,
     ):
         """``tc``: the :class:`~nmt.config.TrainConfig`; ``world_size``: processes training together
         (more than 1: the model is wrapped in ``DistributedDataParallel``, whose process group must
         exist); ``loss_fn(logits, target, smoothing) -> LossOutput`` (sums), which benchmarks swap;
         ``context``: entered around each forward pass, for what the device needs
-        (:func:`nmt.runtime.attention_backends`). ``model.cfg.d_model`` sets the noam scale."""
+        (:func:`nmt.runtime.attention_backends`); ``compile_step``: given the module a step runs
+        (the model, or DDP's wrapper of it), what runs it instead, with its ``train()``: the module
+        itself, or it compiled (``train.compile``: :func:`nmt.compiled.compiling`, which gives both
+        ``loss_fn`` and this). ``model.cfg.d_model`` sets the noam scale."""
         self.model, self.tc, self.device, self.loss_fn, self.context = (
             model,
             tc,
@@ -67,11 +71,7 @@ class Updater:
         distributed = world_size > 1
         # Buffers (the position table) are deterministic: no need to broadcast them every step.
         trained = DistributedDataParallel(model, broadcast_buffers=False) if distributed else model
-        if tc.compile:
-            log.info(
-                "train.compile: compiling the training step; the first steps take a minute or more"
-            )
-        self.trained = torch.compile(trained, dynamic=True) if tc.compile else trained
+        self.trained = compile_step(trained)
         self.ddp_model = trained if distributed else None
         self.world_size = world_size
         self.last_tokens = 0  # non-pad target tokens of the last update on this process
