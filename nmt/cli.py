@@ -18,6 +18,7 @@ import errno
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import PurePath
 from typing import Annotated
 
@@ -174,6 +175,23 @@ class Command(TyperCommand):
             raise typer.Exit(code=2) from None
 
 
+def _setting_of(exc: click_errors.UsageError, ctx: typer.Context) -> str | None:
+    """``--set SECTION.KEY=VALUE`` for an unknown option that names a config key, or nearly
+    (``nmt train --threads 2``: ``--set train.threads=VALUE``), where the command takes ``--set``;
+    every section holding the key, joined by "or"; else None."""
+    from .config import SECTIONS  # here: the config is read only for such an error
+
+    name = (getattr(exc, "option_name", None) or "").lstrip("-").replace("-", "_")
+    if not name or "--set" not in {o for p in ctx.command.params for o in p.opts}:
+        return None
+    keys = {f.name for cls in SECTIONS.values() for f in fields(cls)}
+    if name not in keys:  # a key it begins (--warmup: warmup_steps), else one close to it
+        begun = sorted(k for k in keys if k.startswith(name))
+        name = next(iter(begun or difflib.get_close_matches(name, keys, 1, 0.85)), "")
+    found = [s for s, cls in SECTIONS.items() if name in {f.name for f in fields(cls)}]
+    return " or ".join(f"--set {s}.{name}=VALUE" for s in found) or None
+
+
 @contextlib.contextmanager
 def _usage_errors(ctx: typer.Context):
     """Report a usage error (a misspelt flag, a missing option) as one line, exit code 2, like every
@@ -186,8 +204,13 @@ def _usage_errors(ctx: typer.Context):
     except click_errors.UsageError as exc:
         message = exc.format_message().rstrip(".")
         # a misspelt flag: the closest of click's candidates
-        if getattr(exc, "possibilities", None):
-            (closest,) = difflib.get_close_matches(
+        setting = _setting_of(exc, exc.ctx or ctx)
+        if setting:
+            message = f"no such option: {exc.option_name}; did you mean {setting}?"
+        elif getattr(exc, "possibilities", None):
+            # an option the misspelling begins (--beam: --beam-size), else the closest
+            begun = [p for p in exc.possibilities if p.startswith(exc.option_name)]
+            (closest,) = begun[:1] or difflib.get_close_matches(
                 exc.option_name, exc.possibilities, n=1, cutoff=0
             )
             message = f"no such option: {exc.option_name}; did you mean {closest}?"

@@ -478,8 +478,11 @@ def test_help_shows_flags_as_flags():
         assert "<bool>" not in result.output and "BOOLEAN" not in result.output
     lines = invoke("train", "--help").output.splitlines()
     assert any(line.split() == ["--resume", "Continue", *line.split()[2:]] for line in lines)
-    # options that take values keep their type
+    # options that take values keep their type; a repeatable option shows what one value is
     assert "--beam-size <int>" in invoke("translate", "--help").output
+    for command in ["translate", "evaluate", "serve", "tune-decode"]:
+        shown = invoke(command, "--help").output
+        assert "--checkpoint <path>" in shown and "<list[" not in shown, shown
 
 
 def _one_line_error(result) -> str:
@@ -575,6 +578,25 @@ def test_usage_errors_are_one_line_with_a_suggestion():
         "error: no such option: --nbest"
     )
     assert "missing option '--out'" in _one_line_error(invoke("average", "a.pt"))
+    # an option that begins a longer one is that one, not the closest by letters (--ban)
+    assert _one_line_error(invoke("translate", "--checkpoint", "x", "--beam", "2")).startswith(
+        "error: no such option: --beam; did you mean --beam-size?"
+    )
+    # a config key as an option, to a command that takes --set: the --set that sets it
+    for option, keys in (
+        ("--threads", ["train.threads"]),  # exactly
+        ("--thread", ["train.threads"]),  # nearly
+        ("--warmup", ["train.warmup_steps"]),  # the key it begins
+        ("--max-tokens", ["train.max_tokens", "decode.max_tokens"]),  # every section's
+    ):
+        line = _one_line_error(invoke("train", option, "2"))
+        said = " or ".join(f"--set {key}=VALUE" for key in keys)
+        assert (
+            line == f"error: no such option: {option}; did you mean {said}? (see root train --help)"
+        )
+    assert _one_line_error(invoke("train", "--bogus", "2")) == (
+        "error: no such option: --bogus (see root train --help)"
+    )
     # `nmt plot` alone prints its help, as before
     assert invoke("plot").exit_code == 2 and "Commands:" in invoke("plot").output
 

@@ -76,6 +76,7 @@ def evaluate(
         list[Path],
         typer.Option(
             "--checkpoint",
+            metavar="<path>",
             help="Translate --src with this checkpoint first (repeat for an ensemble), then score.",
         ),
     ] = [],

@@ -24,6 +24,7 @@ Checkpoints = Annotated[
     list[Path],
     typer.Option(
         "--checkpoint",
+        metavar="<path>",
         help=f"{CKPT_HELP[:-1]}. Repeat for an ensemble: models' next-token probabilities "
         "averaged; their tokenizers must be the same.",
     ),

@@ -19,7 +19,9 @@ def serve(
     checkpoint: Annotated[
         list[Path],
         typer.Option(
-            "--checkpoint", help=f"{CKPT_HELP[:-1]}; one, as ensembles cannot be served yet."
+            "--checkpoint",
+            metavar="<path>",
+            help=f"{CKPT_HELP[:-1]}; one, as ensembles cannot be served yet.",
         ),
     ],
     host: Annotated[

@@ -145,6 +145,7 @@ def translate(
         list[str],
         typer.Option(
             "--ban",
+            metavar="<str>",
             help="A target phrase no translation may contain (repeatable; adds to --ban-file's).",
         ),
     ] = [],
