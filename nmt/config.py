@@ -313,7 +313,9 @@ class TrainConfig(Checked):
     max_steps: int = setting(100_000, "optimizer steps to train for", AT_LEAST_1)
     max_epochs: int = setting(1000, "epochs to train for at most", AT_LEAST_1)
     max_time_s: float = setting(
-        0.0, "stop after this many seconds of training; 0: no limit", AT_LEAST_0
+        0.0,
+        "stop after this many seconds of training; 0 or inf: no limit",
+        Range(0, unbounded=True),
     )
     schedule: Literal["noam", "inverse_sqrt", "constant", "linear"] = setting(
         "noam",

@@ -51,14 +51,17 @@ class ConfigError(NmtError, ValueError):
 @dataclass(frozen=True)
 class Range:
     """The values a number may take: ``low`` to ``high``, each end included unless ``*_open``; never
-    inf or nan."""
+    nan, and inf only where ``unbounded`` (a limit for which inf means none, as 0 does)."""
 
     low: float = -math.inf
     high: float = math.inf
     low_open: bool = False
     high_open: bool = False
+    unbounded: bool = False
 
     def __contains__(self, value: float) -> bool:
+        if value == math.inf and self.unbounded:
+            return True
         if not math.isfinite(value):
             return False
         above = value > self.low if self.low_open else value >= self.low
@@ -71,7 +74,7 @@ class Range:
             return (
                 "a finite number"
                 if self.low == -math.inf
-                else f"{'>' if self.low_open else '>='} {low}"
+                else f"{'>' if self.low_open else '>='} {low}{' or inf' if self.unbounded else ''}"
             )
         return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
 

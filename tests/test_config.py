@@ -153,7 +153,14 @@ def test_missing_config_file(tmp_path):
         ({"train": {"max_steps": -1}}, "train.max_steps must be >= 1, got -1"),
         ({"train": {"max_epochs": 0}}, "train.max_epochs must be >= 1, got 0"),
         ({"train": {"threads": -1}}, r"train.threads must be in \[0, 1024\], got -1"),
-        ({"train": {"max_time_s": float("inf")}}, "train.max_time_s must be >= 0, got inf"),
+        ({"train": {"max_time_s": -1}}, "train.max_time_s must be >= 0 or inf, got -1"),
+        ({"train": {"max_time_s": float("nan")}}, "train.max_time_s must be >= 0 or inf, got nan"),
+        (
+            {"train": {"max_time_s": float("-inf")}},
+            "train.max_time_s must be >= 0 or inf, got -inf",
+        ),
+        ({"train": {"warmup_steps": float("inf")}}, "train.warmup_steps must be"),
+        ({"train": {"lr": float("inf")}}, "train.lr must be >= 0, got inf"),
         (
             {"train": {"adam_betas": [0.9, 1.0]}},
             r"train.adam_betas\[1\] must be in \[0, 1\), got 1.0",
@@ -222,6 +229,7 @@ def test_range_errors_are_one_line_and_happen_before_any_file_is_written(tmp_pat
         ("1.0E3", "train.max_steps", 1000),
         ("0x10", "train.log_every", 16),
         ("1_0.5", "train.max_time_s", 10.5),
+        ("inf", "train.max_time_s", float("inf")),  # no limit, as 0 is
     ],
 )
 def test_numbers_in_python_or_json_notation(tmp_path, text, key, value):
