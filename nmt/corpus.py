@@ -476,7 +476,7 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str]
 
 @functools.cache
 def _warn_once(message: str) -> None:
-    logging.getLogger("nmt.data").warning("%s", message)
+    logging.getLogger("nmt.data").warning("warning: %s", message)
 
 
 def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
@@ -493,7 +493,7 @@ def find_split_file(directory: str | Path, split: str, lang: str) -> Path:
     candidates = [Path(directory) / f"{split}.{lang}", Path(directory) / f"{split}.{lang}.gz"]
     if all(path.is_file() for path in candidates):
         _warn_once(
-            f"warning: {directory} holds both {candidates[0].name} and {candidates[1].name}; "
+            f"{directory} holds both {candidates[0].name} and {candidates[1].name}; "
             f"reading {candidates[0].name} (remove the one not meant)"
         )
     for path in candidates:

@@ -180,7 +180,7 @@ class StopSignal:
             raise KeyboardInterrupt
         self.received, self.received_at = signum, time.monotonic()
         log.warning(
-            "%s received: stopping after saving last.pt (send it again to stop at once)",
+            "warning: %s received: stopping after saving last.pt (send it again to stop at once)",
             signal.Signals(signum).name,
         )
         if self._interruptible:

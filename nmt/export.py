@@ -411,8 +411,8 @@ def write_huggingface(
         return
     if tags:
         log.warning(
-            "%s: a multilingual model: start each input with its target's tag (%s), as for "
-            "OPUS-MT's multi-target models; MarianTokenizer "
+            "warning: %s: a multilingual model: start each input with its target's tag (%s), as "
+            "for OPUS-MT's multi-target models; MarianTokenizer "
             "keeps control characters, which nmt reads as spaces; for such lines give the exported "
             "model the ids nmt's tokenizer gives",
             name,
@@ -420,8 +420,8 @@ def write_huggingface(
         )
     elif not imported:
         log.warning(
-            "%s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from its "
-            "input, where nmt reads it as text, "
+            "warning: %s: MarianTokenizer removes a leading '>>...<<' (Marian's language tag) from "
+            "its input, where nmt reads it as text, "
             "and keeps control characters, which nmt reads as spaces; for such lines give the "
             "exported model the ids nmt's tokenizer gives",
             name,

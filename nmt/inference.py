@@ -161,15 +161,16 @@ class Inference:
                 results[present[i]] = h
                 if not h:
                     log.warning(
-                        "input line %d: the search found no translation (every piece it could "
+                        "warning: input line %d: the search found no translation (every piece it "
+                        "could "
                         "write was forbidden, or the model's scores are not numbers); its output "
                         "line is left empty",
                         first_index + present[i] + 1,
                     )
                 elif h[0].unmet:
                     log.warning(
-                        "input line %d: its length limit ended the translation before %d of its "
-                        "constraints appeared; raise --max-len-a or --max-len-b",
+                        "warning: input line %d: its length limit ended the translation before %d "
+                        "of its constraints appeared; raise --max-len-a or --max-len-b",
                         first_index + present[i] + 1,
                         h[0].unmet,
                     )
@@ -195,7 +196,8 @@ class Inference:
                 present.append(i)
                 if UNK in pieces and (unknown := self.tokenizer.unknown_src(line)):
                     log.warning(
-                        "input line %d has text the model's vocabulary lacks (%s): the model "
+                        "warning: input line %d has text the model's vocabulary lacks (%s): the "
+                        "model "
                         "reads it as unknown and cannot write it (--replace-unk copies it where "
                         "the translation writes an unknown piece)",
                         first_index + i + 1,
@@ -203,7 +205,9 @@ class Inference:
                     )
             elif why[0] != "blank":
                 number = first_index + i + 1
-                log.warning("input line %d %s: its output line is left empty", number, why[1])
+                log.warning(
+                    "warning: input line %d %s: its output line is left empty", number, why[1]
+                )
                 skipped[why[0]] += 1
         return present
 

@@ -198,7 +198,7 @@ def _encode_training_text(
     written when its flag says), and with the flag their hashes (:func:`nmt.overlap.corpus_hashes`);
     ``name``: the direction, in a run of several."""
     cache, write = caching
-    threads = encoding_threads(cfg.data.workers)
+    threads = encoding_threads(cfg.data.workers, cfg.train.threads)
     encoding = time.perf_counter()
     corpus, report = encode_corpus(
         text,
@@ -243,7 +243,7 @@ def _validation_set(
     """One direction's validation pairs, cleaned (never filtered by length), the first
     ``data.valid_max_sentences``, and encoded (cached under ``caching``'s directory, written when
     its flag says); with the flag, logged with what they share with the direction's training
-    pairs (``train``, their hashes), warned about as :meth:`nmt.overlap.Overlap.warning` says."""
+    pairs (``train``, their hashes), warned about as :meth:`~.Overlap.worth_saying` says."""
     cache, write = caching
     tgt_lang, prefix = direction.tgt, tag_ids(tokenizer, cfg.data, direction.tgt)
     pairs = clean_pairs(tokenizer, *text.read())
@@ -266,8 +266,8 @@ def _validation_set(
         )
         overlap = Overlap.of(train, corpus_hashes(corpus))
         log.info("valid%s: %s%s; %s", f" {name}" if name else "", vreport, capped, overlap)
-        if overlap.warning(text.name):
-            log.warning(overlap.warning(text.name))
+        if said := overlap.worth_saying(text.name):
+            log.warning("warning: %s", said)
         _warn_if_unsegmented(cfg, vtgt, tgt_lang, text.name)
     return ValidationSet(corpus, vsrc, vtgt, name, tgt_lang, prefix)
 

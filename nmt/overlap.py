@@ -82,13 +82,13 @@ class Overlap:
     def __str__(self) -> str:
         return f"in the training pairs: {self.pairs} pairs, {self.sources} sources"
 
-    def warning(self, files: str) -> str | None:
-        """The one-line warning for a validation set read from ``files`` when
+    def worth_saying(self, files: str) -> str | None:
+        """What to warn of, in one line, for a validation set read from ``files`` when
         :attr:`MATERIAL` of its pairs are training pairs, else None."""
         if not self.pairs or self.pairs < self.MATERIAL * self.total:
             return None
         return (
-            f"warning: {self.pairs} of the {self.total} validation pairs ({files}) are training "
+            f"{self.pairs} of the {self.total} validation pairs ({files}) are training "
             "pairs too: validation BLEU, best.pt and train.patience would reward remembering them; "
             "hold them out of the training files, or validate on other text"
         )

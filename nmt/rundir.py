@@ -208,14 +208,14 @@ class RunDir:
             try:
                 load_checkpoint(path, training=True)
             except CheckpointError as exc:
-                log.warning("skipping %s: %s", path, exc)
+                log.warning("warning: skipping %s: %s", path, exc)
                 first_error = first_error or exc
                 del steps[path]
         for path in sorted(steps, key=lambda p: (steps[p], order.get(p.name, 1)), reverse=True):
             try:
                 return path, load_checkpoint(path, training=True)
             except CheckpointError as exc:
-                log.warning("skipping %s: %s", path, exc)
+                log.warning("warning: skipping %s: %s", path, exc)
                 first_error = first_error or exc
         raise first_error
 

@@ -79,15 +79,16 @@ class AcceptShortage:
             self.started = self.reported = now
             self.unreported = 0
             log.warning(
-                "cannot accept connections: %s: %s; new ones wait until a connection closes. Raise "
-                "the limit, or have clients hold fewer connections open",
+                "warning: cannot accept connections: %s: %s; new ones wait until a connection "
+                "closes. Raise the limit, or have clients hold fewer connections open",
                 exc.strerror,
                 SHORTAGES[exc.errno].format(limit=_descriptor_limit()),
             )
             loop.call_later(self.quiet_s, self._check, loop)
         elif now - self.reported >= self.every_s:
             log.warning(
-                "still cannot accept connections (%s): %s attempts failed in the last %.0f s",
+                "warning: still cannot accept connections (%s): %s attempts failed in the last "
+                "%.0f s",
                 exc.strerror,
                 f"{self.unreported:,}",
                 now - self.reported,
@@ -103,7 +104,7 @@ class AcceptShortage:
             loop.call_later(max(self.quiet_s - quiet, 0.1), self._check, loop)
             return
         log.warning(
-            "accepting connections again, after %.1f s in which %s attempts failed",
+            "warning: accepting connections again, after %.1f s in which %s attempts failed",
             self.last - self.started,
             f"{self.failures:,}",
         )

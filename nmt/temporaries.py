@@ -262,8 +262,8 @@ def _restore_displaced(out: Path, old: Path) -> None:
             with contextlib.suppress(OSError):
                 os.rename(candidate, out)
                 log.warning(
-                    "%s was missing (a writer was stopped between its two renames): the earlier "
-                    "one is back in place",
+                    "warning: %s was missing (a writer was stopped between its two renames): the "
+                    "earlier one is back in place",
                     out,
                 )
                 return

@@ -104,7 +104,8 @@ def warn_if_normalisation_differs(
         if count:
             line, hyp_text, ref_text = first
             log.warning(
-                "%d line(s) of the hypotheses differ from %s in Unicode normalisation (line %d: %s "
+                "warning: %d line(s) of the hypotheses differ from %s in Unicode normalisation "
+                "(line %d: %s "
                 "against %s), which scores as different text; normalise both to one form first "
                 "(unicodedata.normalize('NFKC', line) in Python, or uconv -x any-nfkc)",
                 count,
@@ -217,7 +218,8 @@ def warn_if_hidden_differences(
         count, first = found["invisible"]
         if count:
             log.warning(
-                "%d line(s) of the hypotheses and %s differ in invisible characters (line %d: "
+                "warning: %d line(s) of the hypotheses and %s differ in invisible characters (line "
+                "%d: "
                 "%s%s), which score as part of the word they touch; delete them from both first",
                 count,
                 name,
@@ -230,7 +232,8 @@ def warn_if_hidden_differences(
         count, first = found["escaped"]
         if count:
             log.warning(
-                "%d line(s) of the hypotheses and %s differ in Moses escapes (line %d: %s on one "
+                "warning: %d line(s) of the hypotheses and %s differ in Moses escapes (line %d: %s "
+                "on one "
                 "side, the character on the other), which score as different words; unescape both "
                 "first (html.unescape in Python, or Moses' deescape-special-chars.perl)",
                 count,

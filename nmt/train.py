@@ -289,8 +289,8 @@ class Trainer:
         self.keep_epoch_batching()
         if len(states) != self.ddp.world_size:
             log.warning(
-                "%s was written by %d process(es), this run has %d: resuming, but random draws "
-                "(dropout) differ from an uninterrupted run",
+                "warning: %s was written by %d process(es), this run has %d: resuming, but random "
+                "draws (dropout) differ from an uninterrupted run",
                 self.checkpoint_from,
                 len(states),
                 self.ddp.world_size,
@@ -300,8 +300,8 @@ class Trainer:
             self.restore_cut(payload)
         if payload.get("data_key") not in (None, self.corpus.key):
             log.warning(
-                "the training text changed since %s was written: resuming, but not exactly (the "
-                "sampler position now points into other batches)",
+                "warning: the training text changed since %s was written: resuming, but not "
+                "exactly (the sampler position now points into other batches)",
                 self.checkpoint_from,
             )
 
@@ -333,7 +333,7 @@ class Trainer:
                 problem = f"its cut of the epoch is damaged ({exc})"
         if problem and p.batch_in_epoch > 0 and self.ddp.main:
             log.warning(
-                "%s: %s; the rest of epoch %d is cut anew, so this resume is not exact",
+                "warning: %s: %s; the rest of epoch %d is cut anew, so this resume is not exact",
                 self.checkpoint_from,
                 problem,
                 p.epoch,
@@ -415,8 +415,8 @@ class Trainer:
             )
         else:
             log.warning(
-                "%s was written by %d process(es), this run has %d: the rest of epoch %d cannot be "
-                "cut into the same batches and is skipped",
+                "warning: %s was written by %d process(es), this run has %d: the rest of epoch %d "
+                "cannot be cut into the same batches and is skipped",
                 self.checkpoint_from,
                 p.batching.processes,
                 self.batching.processes,

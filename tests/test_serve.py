@@ -563,8 +563,8 @@ def test_running_short_of_descriptors_is_one_line_an_episode_and_a_line_a_minute
     assert len(loop.defaulted) == others + 1
     lines = [r.getMessage() for r in records]
     assert all(r.levelno == logging.WARNING and not r.exc_info for r in records)
-    starts = [m for m in lines if m.startswith("cannot accept connections")]
-    ends = [m for m in lines if m.startswith("accepting connections again")]
+    starts = [m for m in lines if m.startswith("warning: cannot accept connections")]
+    ends = [m for m in lines if m.startswith("warning: accepting connections again")]
     assert len(starts) == len(ends) == len(episodes), lines
     counts = [int(re.search(r"in which ([\d,]+) attempts", m)[1].replace(",", "")) for m in ends]
     assert counts == [n for _, _, n in episodes]

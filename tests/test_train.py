@@ -531,9 +531,9 @@ def test_resume_takes_the_newest_complete_checkpoint_and_keeps_one_history(tmp_p
     with caplog.at_level("WARNING", logger="nmt"):
         result = train(tiny_run_config(data, run, 7), resume=True, overrides=["train.max_steps=10"])
     skipped = sorted(
-        r.getMessage().split(":")[0]
+        r.getMessage().removeprefix("warning: ").split(":")[0]
         for r in caplog.records
-        if r.getMessage().startswith("skipping ")
+        if r.getMessage().startswith("warning: skipping ")
     )
     assert skipped == [f"skipping {run / 'step_6.pt'}", f"skipping {run / 'step_9.pt'}"]
     assert result["step"] == 10

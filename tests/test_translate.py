@@ -148,7 +148,10 @@ def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_se
     assert [bool(r) for r in results] == [True, False, False, False, True] and skipped == Counter(
         unknown=2
     )
-    assert [r.getMessage()[:13] for r in caplog.records] == ["input line 2 ", "input line 3 "]
+    assert [r.getMessage()[:22] for r in caplog.records] == [
+        "warning: input line 2 ",
+        "warning: input line 3 ",
+    ]
     assert "only characters the model does not know" in caplog.text
 
 
@@ -209,7 +212,7 @@ def test_a_line_with_no_text_is_not_translated_into_an_invented_sentence(
     warned = [i + 1 for i, line in enumerate(lines) if not texts[i] and line.strip()]
     assert skipped == Counter(no_text=len(warned)) if warned else skipped == Counter()
     messages = [r.getMessage() for r in caplog.records]
-    assert [int(m.split()[2]) for m in messages] == warned and all(
+    assert [int(m.split()[3]) for m in messages] == warned and all(
         "has no text to translate (only format, control or space characters, or ones the "
         "tokenizer reads as spaces, such as U+" in m
         for m in messages
@@ -351,7 +354,9 @@ def test_text_the_vocabulary_lacks_is_said_and_copied_where_an_unknown_piece_is_
     with caplog.at_level("WARNING", logger="nmt.translate"):
         plain = translate_lines(model, tok, lines, decode)
     (said,) = [r.getMessage() for r in caplog.records]
-    assert said.startswith("input line 1 has text the model's vocabulary lacks ('3', '12345')")
+    assert said.startswith(
+        "warning: input line 1 has text the model's vocabulary lacks ('3', '12345')"
+    )
     assert all(UNK not in h.tokens for hyps in plain for h in hyps)  # UNK is banned by default
     copied = translate_lines(model, tok, lines, decode, replace_unk=True)
     best = [hyps[0] for hyps in copied]
