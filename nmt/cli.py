@@ -181,7 +181,9 @@ def _setting_of(exc: click_errors.UsageError, ctx: typer.Context) -> str | None:
     every section holding the key, joined by "or"; else None."""
     from .config import SECTIONS  # here: the config is read only for such an error
 
-    name = (getattr(exc, "option_name", None) or "").lstrip("-").replace("-", "_")
+    if not isinstance(exc, click_errors.NoSuchOption):
+        return None
+    name = exc.option_name.lstrip("-").replace("-", "_")
     if not name or "--set" not in {o for p in ctx.command.params for o in p.opts}:
         return None
     keys = {f.name for cls in SECTIONS.values() for f in fields(cls)}
