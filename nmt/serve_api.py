@@ -31,7 +31,7 @@ import torch
 from .config import BEAM, LENGTH_PENALTY, ConfigError, DecodeConfig
 from .decode.search import output_limits
 from .decode.steering import Steering
-from .fields import MAX_INT, Range
+from .fields import MAX_INT, Range, did_you_mean
 from .inference import Inference
 from .multilingual import target
 from .steering_text import UnwritableText, steering
@@ -240,9 +240,9 @@ def parse_request(raw: bytes | bytearray, translator: Inference, limits: Limits)
         raise RequestError('the body must be a JSON object such as {"text": "a sentence"}')
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
-        raise RequestError(
-            f"unknown field(s) {', '.join(map(json.dumps, unknown))}; known: {', '.join(FIELDS)}"
-        )
+        hints = [did_you_mean(u.replace("-", "_"), FIELDS)[2:] for u in unknown]  # "did you..."
+        named = [json.dumps(u) + (f" ({h})" if h else "") for u, h in zip(unknown, hints)]
+        raise RequestError(f"unknown field(s) {', '.join(named)}; known: {', '.join(FIELDS)}")
     if "text" not in body:
         raise RequestError('missing field "text" (a string, or a list of strings)')
     text = body["text"]

@@ -220,6 +220,8 @@ BAD = [
     (b'{"text": []}', 422, "string or a non-empty list"),
     (b'{"text": ["a", null]}', 422, "string or a non-empty list"),
     (b'{"text": "a", "beam": 2}', 422, 'unknown field(s) "beam"'),
+    (b'{"text": "a", "beam-size": 2}', 422, '"beam-size" (did you mean beam_size?); known: '),
+    (b'{"text": "a", "nbest": 2, "zz": 1}', 422, '"nbest" (did you mean n_best?), "zz"; known'),
     (b'{"text": "a", "beam_size": 0}', 422, "beam_size must be in [1, 6], got 0"),
     (b'{"text": "a", "beam_size": 7}', 422, "beam_size must be in [1, 6], got 7"),
     (b'{"text": "a", "beam_size": "2"}', 422, "beam_size must be an integer"),
