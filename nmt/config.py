@@ -211,7 +211,7 @@ class DataConfig(Checked):
     )
     workers: int = setting(
         0,
-        "SentencePiece threads encoding the training text; 0: one per usable CPU, at most 16",
+        "SentencePiece threads encoding training text; 0: train.threads, else one a CPU, <= 16",
         AT_LEAST_0,
     )
     cache_dir: PathText | None = setting(
@@ -313,9 +313,7 @@ class TrainConfig(Checked):
     max_steps: int = setting(100_000, "optimizer steps to train for", AT_LEAST_1)
     max_epochs: int = setting(1000, "epochs to train for at most", AT_LEAST_1)
     max_time_s: float = setting(
-        0.0,
-        "stop after this many seconds of training; 0 or inf: no limit",
-        Range(0, unbounded=True),
+        0.0, "seconds of training before stopping; 0 or inf: no limit", Range(0, unbounded=True)
     )
     schedule: Literal["noam", "inverse_sqrt", "constant", "linear"] = setting(
         "noam",

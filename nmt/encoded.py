@@ -36,6 +36,7 @@ import numpy as np
 
 from .clean import KEPT, CleanReport, Flat, drop_reasons, flatten, report_of
 from .corpus import CHUNK_LINES, DataError, ParallelText
+from .files import FULL, reason
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("nmt.encoded")
@@ -292,12 +293,11 @@ def _temporary_directory(path: Path | None, name: str) -> Path:
 
 
 def _unwritable(where, exc: OSError) -> DataError:
-    """The one-line error for a cache that cannot be written under ``where`` (a full or read-only
-    disk)."""
-    return DataError(
-        f"cannot write the encoded corpus under {where} ({exc.strerror or exc}); free some space "
-        "or set data.cache_dir elsewhere"
-    )
+    """The one-line error for a cache not writable under ``where``; what to do follows why."""
+    advice = "free some space or set data.cache_dir elsewhere"
+    if exc.errno not in FULL:
+        advice = "set data.cache_dir to a directory nmt can write"
+    return DataError(f"cannot write the encoded corpus under {where} ({reason(exc)}); {advice}")
 
 
 def _write_ids(
@@ -436,7 +436,7 @@ def _load_cache(path: Path) -> tuple[EncodedCorpus, CleanReport] | None:
             raise ValueError(f"{len(corpus)} pairs, not the {report.kept} recorded")
     # pyarrow's errors are ValueError or OSError
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        log.warning("cache %s is damaged (%s); encoding again", path, exc)
+        log.warning("warning: cache %s is damaged (%s); encoding again", path, exc)
         trash = path.with_name(f"{_temporary_prefix(path.name)}damaged")
         try:
             os.replace(path, trash)
@@ -480,11 +480,11 @@ def _remove_stale_temporaries(directory: Path, pattern: str = "*.tmp-*") -> None
             pass
 
 
-def encoding_threads(requested: int = 0) -> int:
-    """SentencePiece threads for encoding: ``requested`` (``data.workers``) up to the usable
-    CPUs, or for 0 the usable CPUs, at most 16."""
+def encoding_threads(requested: int = 0, torch_threads: int = 0) -> int:
+    """SentencePiece threads for encoding: ``requested`` (``data.workers``), else ``torch_threads``
+    (``train.threads``), up to the usable CPUs; where both are 0 the usable CPUs, at most 16."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(requested, cpus) if requested else min(16, cpus))
+    return max(1, min(requested or torch_threads or 16, cpus))

@@ -60,10 +60,8 @@ class Range:
     unbounded: bool = False
 
     def __contains__(self, value: float) -> bool:
-        if value == math.inf and self.unbounded:
-            return True
         if not math.isfinite(value):
-            return False
+            return value == math.inf and self.unbounded
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
         return above and below

@@ -39,6 +39,7 @@ try:  # POSIX
 except ImportError:
     fcntl = None
 
+FULL = (errno.ENOSPC, errno.EDQUOT)  # what a write fails with where the disk is full
 _REASONS = {
     errno.ENOSPC: "no space left on the device",
     errno.EDQUOT: "disk quota exceeded",

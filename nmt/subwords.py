@@ -78,7 +78,7 @@ def sampled_training_corpus(cfg, tokenizer: Tokenizer, seed: tuple[int, ...]) ->
     """Every direction's training pairs cut anew with ``tokenizer.subword_alpha``
     (:func:`sample_corpus`, seeded by ``seed`` and the direction's place), joined
     as :func:`nmt.opening.prepare` joins the cached ones: the same pairs in the same order."""
-    d, threads = cfg.data, encoding_threads(cfg.data.workers)
+    d, threads = cfg.data, encoding_threads(cfg.data.workers, cfg.train.threads)
     return EncodedCorpus.joined(
         [
             sample_corpus(

@@ -254,7 +254,7 @@ class Trainer:
                 len(self.corpus),
                 100
                 * self.sampler(self.progress.batching, self.progress.epoch).padding_fraction(
-                    self.progress.epoch
+                    self.progress.epoch, tc.pad_to_multiple
                 ),
                 ddp.world_size,
                 tc.update_freq,

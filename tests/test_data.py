@@ -100,6 +100,32 @@ def test_bucketing_keeps_padding_small():
     assert sampler.padding_fraction() < 0.08
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 30)), min_size=1, max_size=40),
+    st.integers(20, 200),
+    st.sampled_from([1, 2, 8, 64]),
+)
+def test_the_padding_share_is_that_of_the_batches_collate_builds(pairs, max_tokens, multiple):
+    src_lengths = np.array([s for s, _ in pairs])
+    tgt_lengths = np.array([t for _, t in pairs])
+
+    class Corpus:
+        def src(self, i):
+            return [5] * int(src_lengths[i])
+
+        def tgt(self, i):
+            return [6] * int(tgt_lengths[i])
+
+    sampler = TokenBatchSampler(src_lengths, tgt_lengths, max_tokens, seed=3)
+    pad = positions = 0
+    for b in sampler.epoch_batches(0):
+        batch = collate(Corpus(), b, multiple=multiple)
+        for side in (batch.src, batch.tgt_out):
+            pad, positions = pad + int((side == PAD).sum()), positions + side.numel()
+    assert sampler.padding_fraction(0, multiple) == pytest.approx(pad / positions, abs=1e-12)
+
+
 def test_ranks_get_distinct_batches_and_equal_counts():
     lengths = np.arange(1, 101)
     parts = [
@@ -321,6 +347,9 @@ def test_thread_count_never_exceeds_the_cpus():
         and encoding_threads(1) == 1
         and 1 <= encoding_threads(0) <= min(16, cpus)
     )
+    # data.workers 0 follows train.threads where that is set; data.workers wins where both are
+    assert encoding_threads(0, 1) == 1 and encoding_threads(1, 100_000) == 1
+    assert encoding_threads(0, 100_000) == cpus and encoding_threads(0, 0) == min(16, cpus)
 
 
 def test_stream_buffers_hand_over_what_a_pipe_has_so_far():
@@ -740,19 +769,29 @@ def test_a_full_disk_while_encoding_is_one_error_and_leaves_nothing(
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
     # the disk fills while the ids are written
     monkeypatch.setattr(encoded_module, "_write_ids", full)
     with pytest.raises(
         DataError,
-        match=r"cannot write the encoded corpus under .*cache \(No space left on device\); free "
-        r"some space",
+        match=r"cannot write the encoded corpus under .*cache \(no space left on the device\); "
+        r"free some space or set data.cache_dir elsewhere$",
     ):
         encode_corpus(text, toy_tokenizer, tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []  # neither a cache nor a temporary
+    # a read-only place wants another directory, not space
+    monkeypatch.setattr(encoded_module, "_write_ids", read_only)
+    with pytest.raises(
+        DataError,
+        match=r"\(read-only file system\); set data.cache_dir to a directory nmt can write$",
+    ):
+        encode_corpus(text, toy_tokenizer, tmp_path / "cache")
     monkeypatch.setattr(tempfile, "mkdtemp", full)  # no room even for the temporary directory
     with pytest.raises(
         DataError,
-        match=r"No space left on device\); free some space or set data.cache_dir elsewhere",
+        match=r"no space left on the device\); free some space or set data.cache_dir elsewhere",
     ):
         encode_corpus(text, toy_tokenizer, tmp_path / "cache")
 

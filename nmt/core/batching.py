@@ -122,12 +122,15 @@ class TokenBatchSampler:
             batches = batches[self.rank : per_rank * self.world_size : self.world_size]
         return batches
 
-    def padding_fraction(self, epoch: int = 0) -> float:
-        """Share of padded positions in ``epoch``'s batches (0 = no padding)."""
+    def padding_fraction(self, epoch: int = 0, multiple: int = 1) -> float:
+        """Share of PAD in the source and target positions of ``epoch``'s batches as
+        :func:`collate` builds them (each side one longer for its EOS, its length rounded up to
+        ``multiple``, ``train.pad_to_multiple``); 0 = no padding."""
         real = padded = 0
         for b in self.epoch_batches(epoch):
-            real += int(self.src_lengths[b].sum() + self.tgt_lengths[b].sum())
-            padded += len(b) * int(self.src_lengths[b].max() + self.tgt_lengths[b].max())
+            src, tgt = self.src_lengths[b] + 1, self.tgt_lengths[b] + 1
+            real += int(src.sum() + tgt.sum())
+            padded += len(b) * (_width(int(src.max()), multiple) + _width(int(tgt.max()), multiple))
         return 1.0 - real / max(1, padded)
 
 
