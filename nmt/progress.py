@@ -6,6 +6,7 @@ stopped."""
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,3 +85,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def _tuples(x):
     return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+@dataclass
+class Invocation:
+    """Where this invocation of a run started: its first step (``first_step``) and time
+    (``started``, ``time.perf_counter()``); and when it logs before its first ``train.log_every``
+    steps: at that first step and once a minute in, so that a run writing its log to a file says
+    early that it runs and how fast."""
+
+    first_step: int
+    started: float
+    minute_said: bool = False
+
+    def seconds(self) -> float:
+        """Seconds since :attr:`started`."""
+        return time.perf_counter() - self.started
+
+    def early_log_due(self, step: int) -> bool:
+        """Whether ``step`` gets an early log line (each of the two comes once)."""
+        if step == self.first_step:
+            return True
+        if not self.minute_said and self.seconds() >= 60:
+            self.minute_said = True
+            return True
+        return False

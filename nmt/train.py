@@ -47,7 +47,7 @@ from .errors import Key
 from .memory import keep_freed_memory
 from .multilingual import DirectionMix, directions
 from .opening import Opened, open_run, read_back
-from .progress import Batching, Progress, rng_state, set_rng_state
+from .progress import Batching, Invocation, Progress, rng_state, set_rng_state
 from .rundir import RunDir
 from .runid import step_checkpoints
 from .runtime import attention_backends, check_fits, for_training, resolve_device
@@ -245,7 +245,7 @@ class Trainer:
         # the newest validation record, for the result
         self.last_validation = run.last_validation() if opened.payload else None
         self.writer = run.tensorboard(self.progress.step) if ddp.main and tc.tensorboard else None
-        self.started = time.perf_counter()
+        self.invocation = Invocation(self.progress.step + 1, time.perf_counter())
         if ddp.main:
             log.info(
                 "model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d "
@@ -595,8 +595,9 @@ class Trainer:
 
     def maybe_log(self, bar) -> None:
         """Every ``train.log_every`` steps: log the window's loss, perplexity, lr and tokens/s, and
-        record them."""
-        if self.progress.step % self.cfg.train.log_every:
+        record them; at this invocation's first step and first minute too, logged only."""
+        regular = self.progress.step % self.cfg.train.log_every == 0
+        if not regular and not self.invocation.early_log_due(self.progress.step):
             return
         values = self.window.flush(self.progress, self.updater.last_lr)
         self.notice_divergence(values)
@@ -617,7 +618,8 @@ class Trainer:
                 lr=f"{values['lr']:.1e}",
                 tok_s=f"{values['tgt_tokens_per_s']:.0f}",
             )
-            self.record(values)
+            if regular:
+                self.record(values)
 
     def notice_divergence(self, values: dict) -> None:
         """Warn once when the logged training loss has doubled from its lowest: the run may be
@@ -715,7 +717,7 @@ class Trainer:
         p, tc = self.progress, self.cfg.train
         flags = self.ddp.agree(
             signal=signals.received is not None,
-            time=bool(tc.max_time_s) and time.perf_counter() - self.started >= tc.max_time_s,
+            time=bool(tc.max_time_s) and self.invocation.seconds() >= tc.max_time_s,
             steps=p.step >= tc.max_steps,
             epochs=p.epoch >= tc.max_epochs,
             patience=bool(tc.patience) and p.bad_validations >= tc.patience,
@@ -738,7 +740,7 @@ class Trainer:
             self.checkpoint("last.pt")
         if self.writer is not None:
             self.writer.close()
-        seconds = time.perf_counter() - self.started
+        seconds = self.invocation.seconds()
         if self.ddp.main:
             best = (
                 f"{self.progress.best_bleu:.2f}"

@@ -1486,3 +1486,37 @@ def test_lengths_padded_to_a_multiple_give_the_same_loss_and_gradients(lengths, 
     # can cancel to a much smaller element, so it is bounded by the tensor's scale, not the element.
     for a, b in zip(grads, padded_grads):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()) + 1e-9)
+
+
+def test_a_run_logs_its_first_step_and_first_minute_before_log_every(tmp_path, caplog):
+    """A run whose log goes to a file says at once that it trains and how fast, not after
+    train.log_every steps; those early lines are not records (metrics.jsonl keeps its rhythm)."""
+    data = small_corpus(tmp_path)
+    run = tmp_path / "run"
+    with caplog.at_level("INFO", logger="nmt.train"):
+        train(tiny_run_config(data, run, 4, log_every=3))
+    logged = [int(m.split()[1]) for m in caplog.messages if re.match(r"step \d+ epoch", m)]
+    assert logged == [1, 3]
+    assert sorted(step_losses(run)) == [3]
+    # resumed: its own first step is logged early
+    caplog.clear()
+    with caplog.at_level("INFO", logger="nmt.train"):
+        train(
+            tiny_run_config(data, run, 4, log_every=3), resume=True, overrides=["train.max_steps=7"]
+        )
+    logged = [int(m.split()[1]) for m in caplog.messages if re.match(r"step \d+ epoch", m)]
+    assert logged == [5, 6]
+
+
+def test_the_first_minute_is_logged_once(monkeypatch):
+    from nmt import progress
+
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+    invocation = progress.Invocation(first_step=11, started=100.0)
+    due = []
+    for step, at in [(11, 100.5), (12, 130.0), (13, 159.9), (14, 160.0), (15, 170.0), (16, 400)]:
+        now[0] = at
+        due.append(invocation.early_log_due(step))
+    assert due == [True, False, False, True, False, False]
+    assert invocation.seconds() == 300
