@@ -424,28 +424,24 @@ def profile_train(cfg: ModelConfig, shape: Shape, device: torch.device) -> dict:
 
 
 def profile(model, shape: Shape, device: torch.device, dtype_name: str = "float32") -> dict:
-    """Everything ``nmt profile`` reports, as one JSON-ready dict."""
+    """Everything ``nmt profile`` reports, as one JSON-ready dict; with ``cpu``, the process's CPU
+    seconds (all threads) against the wall's, which on a busy machine fall short of the threads'
+    count times the wall time."""
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype_name, torch.float32)
+    cpu, wall = time.process_time(), time.perf_counter()
     with attention_backends(device):  # the kernels decoding and training choose from (nmt.runtime)
-        return _profile(model, shape, device, dtype_name, dtype)
+        result = _profile(model, shape, device, dtype_name, dtype)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return result | {"cpu": {"cpu_seconds": cpu, "wall_seconds": wall, "threads_busy": cpu / wall}}
 
 
 def _profile(
     model, shape: Shape, device: torch.device, dtype_name: str, dtype: torch.dtype
 ) -> dict:
     cfg = model.cfg
+    keys = ("d_model", "d_ff", "n_heads", "n_encoder_layers", "n_decoder_layers", "tgt_vocab_size")
     return {
-        "model": {
-            k: getattr(cfg, k)
-            for k in (
-                "d_model",
-                "d_ff",
-                "n_heads",
-                "n_encoder_layers",
-                "n_decoder_layers",
-                "tgt_vocab_size",
-            )
-        },
+        "model": {k: getattr(cfg, k) for k in keys},
         "shape": asdict(shape),
         "device": str(device),
         "dtype": dtype_name,
@@ -457,44 +453,3 @@ def _profile(
             f"beam {b}": latency(model, device, shape.src_len, shape.tgt_len, b) for b in (1, 5)
         },
     }
-
-
-def format_profile(result: dict) -> str:
-    """:func:`profile`'s result as a table for a terminal."""
-    lines = [
-        f"{result['device']}, {result['dtype']}, {result['threads']} thread(s); batch "
-        f"{result['shape']['batch']}, "
-        f"beam {result['shape']['beam']}, {result['shape']['src_len']} source and "
-        f"{result['shape']['tgt_len']} target pieces"
-    ]
-    for name, parts in (("decode", result["decode"]), ("training step", result["train"])):
-        if parts is None:
-            continue
-        step = f" ({parts['step']})" if "step" in parts else ""
-        lines.append(
-            f"\n{name}{step}: {1000 * parts['seconds']:.1f} ms, peak memory "
-            f"{parts['peak_memory_bytes'] / 2**20:.0f} MiB"
-        )
-        lines += [
-            f"  {part:<32} {v['ms']:>9.1f} ms {100 * v['share']:>6.1f}%"
-            for part, v in parts["parts"].items()
-        ]
-    d = result["decode"]
-    lines.append(
-        f"\nthroughput: {d['sentences_per_s']:.1f} sentences/s, {d['tokens_per_s']:.0f} target "
-        "pieces/s"
-    )
-    lines.append(
-        "latency, one sentence: "
-        + ", ".join(f"{k} {v:.2f} ms a piece" for k, v in result["latency_ms_per_piece"].items())
-    )
-    c = result["cache"]
-    lines.append(
-        f"decoder cache: self-attention {c['self_kv_bytes_measured']:,} bytes measured, "
-        f"{c['self_kv_bytes_formula']:,} by formula "
-        f"({c['self_kv_bytes_allocated']:,} allocated); source side "
-        f"{c['source_kv_bytes_measured']:,} shared "
-        f"({c['source_kv_bytes_formula']:,} by formula; "
-        f"{c['source_kv_bytes_if_copied_per_beam']:,} if copied per beam)"
-    )
-    return "\n".join(lines)

@@ -2,9 +2,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from nmt.commands.profile import format_profile
 from nmt.config import ModelConfig
 from nmt.core.model import Transformer
-from nmt.profiling import PARTS, TRAIN_PARTS, Shape, cache_bytes, format_profile, profile
+from nmt.profiling import PARTS, TRAIN_PARTS, Shape, cache_bytes, profile
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,37 @@ def test_time_shares_are_the_parts_of_the_whole(result):
         "beam 5",
     }
     assert "decoder self-attention" in format_profile(result)
+    cpu = result["cpu"]
+    assert 0 < cpu["cpu_seconds"] and 0 < cpu["wall_seconds"]
+    assert cpu["threads_busy"] == pytest.approx(cpu["cpu_seconds"] / cpu["wall_seconds"])
+    assert "thread(s) busy" in format_profile(result)
+
+
+def test_a_busy_machine_is_said_beside_the_profile():
+    from nmt.commands.profile import busy_machine
+
+    def said(device, threads, cpu_seconds, wall_seconds=2.0):
+        busy = cpu_seconds / wall_seconds
+        return busy_machine(
+            {
+                "device": device,
+                "threads": threads,
+                "cpu": {
+                    "cpu_seconds": cpu_seconds,
+                    "wall_seconds": wall_seconds,
+                    "threads_busy": busy,
+                },
+            }
+        )
+
+    assert said("cpu", 2, 3.8) == [
+        "CPU time: 3.8 s in 2.0 s of wall time, 1.90 of 2 thread(s) busy"
+    ]
+    (line, warning) = said("cpu", 2, 2.0)  # one of two threads' time: the other went elsewhere
+    assert line.endswith("1.00 of 2 thread(s) busy")
+    assert warning.startswith("warning: only 1.00 of 2 thread(s) were busy: other work shares")
+    assert len(said("cpu", 1, 1.5)) == 2 and len(said("cpu", 1, 1.7)) == 1  # 80% of one thread
+    assert said("cuda:0", 2, 0.1) == []  # a GPU's host thread waits: its CPU time says nothing
 
 
 # 70 outgrows the cache's first capacity

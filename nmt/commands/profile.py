@@ -68,7 +68,7 @@ def profile(
 
     from ..core.model import Transformer
     from ..inference import Inference
-    from ..profiling import Shape, available_memory, format_profile, largest_tensors_bytes
+    from ..profiling import Shape, available_memory, largest_tensors_bytes
     from ..profiling import profile as run_profile
     from ..runtime import to_dtype
 
@@ -112,3 +112,64 @@ def profile(
         )
     result = run_profile(model, shape, dev, dtype)
     typer.echo(json.dumps(result) if as_json else format_profile(result))
+
+
+def format_profile(result: dict) -> str:
+    """:func:`profile`'s result as a table for a terminal."""
+    lines = [
+        f"{result['device']}, {result['dtype']}, {result['threads']} thread(s); batch "
+        f"{result['shape']['batch']}, "
+        f"beam {result['shape']['beam']}, {result['shape']['src_len']} source and "
+        f"{result['shape']['tgt_len']} target pieces"
+    ]
+    for name, parts in (("decode", result["decode"]), ("training step", result["train"])):
+        if parts is None:
+            continue
+        step = f" ({parts['step']})" if "step" in parts else ""
+        lines.append(
+            f"\n{name}{step}: {1000 * parts['seconds']:.1f} ms, peak memory "
+            f"{parts['peak_memory_bytes'] / 2**20:.0f} MiB"
+        )
+        lines += [
+            f"  {part:<32} {v['ms']:>9.1f} ms {100 * v['share']:>6.1f}%"
+            for part, v in parts["parts"].items()
+        ]
+    d = result["decode"]
+    lines.append(
+        f"\nthroughput: {d['sentences_per_s']:.1f} sentences/s, {d['tokens_per_s']:.0f} target "
+        "pieces/s"
+    )
+    lines.append(
+        "latency, one sentence: "
+        + ", ".join(f"{k} {v:.2f} ms a piece" for k, v in result["latency_ms_per_piece"].items())
+    )
+    c = result["cache"]
+    lines.append(
+        f"decoder cache: self-attention {c['self_kv_bytes_measured']:,} bytes measured, "
+        f"{c['self_kv_bytes_formula']:,} by formula "
+        f"({c['self_kv_bytes_allocated']:,} allocated); source side "
+        f"{c['source_kv_bytes_measured']:,} shared "
+        f"({c['source_kv_bytes_formula']:,} by formula; "
+        f"{c['source_kv_bytes_if_copied_per_beam']:,} if copied per beam)"
+    )
+    return "\n".join([*lines, *busy_machine(result)])
+
+
+def busy_machine(result: dict) -> list[str]:
+    """On a CPU, a line saying how many of its threads the profile kept busy, and a warning where
+    under 80% of them were (other work took the cores: every time above is longer than on an idle
+    machine)."""
+    if not result["device"].startswith("cpu") or "cpu" not in result:
+        return []
+    busy, threads = result["cpu"]["threads_busy"], result["threads"]
+    said = [
+        f"CPU time: {result['cpu']['cpu_seconds']:.1f} s in {result['cpu']['wall_seconds']:.1f} s "
+        f"of wall time, {busy:.2f} of {threads} thread(s) busy"
+    ]
+    if busy < 0.8 * threads:
+        said.append(
+            f"warning: only {busy:.2f} of {threads} thread(s) were busy: other work shares these "
+            "cores, and the times above are longer than on an idle machine; profile again when it "
+            "is idle, or with fewer --threads"
+        )
+    return said
