@@ -94,6 +94,13 @@ def add_alignments(
     return [[next(aligned) for _ in hyps] for hyps in results]
 
 
+def _text_at(surfaces: list[str], i: int) -> str:
+    """The text of source piece ``i``; for a piece without text, SentencePiece's bare word
+    boundary ``▁`` before a piece it keeps apart (an unknown one: ``▁`` ``龍``), the text of the
+    piece it opens, the next one with text."""
+    return next((text for text in surfaces[i:] if text), "")
+
+
 def copy_unknown(
     models,
     sources: list[list[int]],
@@ -121,7 +128,7 @@ def copy_unknown(
             if UNK not in h.tokens:
                 out[-1].append(h)
                 continue
-            source = {j: surfaces[s][i] for i, j in next(aligned).alignment}
+            source = {j: _text_at(surfaces[s], i) for i, j in next(aligned).alignment}
             words = tuple(source.get(j, "") for j, t in enumerate(h.tokens) if t == UNK)
             out[-1].append(replace(h, copied=words))
     return out

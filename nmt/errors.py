@@ -1,5 +1,5 @@
 """User errors: one base class, so that the command line reports every one as one line and exit code
-2.
+2; and warnings about single inputs, capped (:class:`Capped`).
 
 An error names what it is about as data, not only as text: :class:`Key` parts of its
 message are config keys (``decode.n_best``) or argument names (``out``). Python callers
@@ -10,6 +10,8 @@ a key's name is never rewritten.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,3 +59,40 @@ class NmtError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+class Capped:
+    """Warnings about single inputs (a translated line), by kind, logged to ``log``: the first
+    :attr:`NAMED` of each kind are logged, naming their input, the rest only counted (a file of
+    100,000 lines with digits the vocabulary lacks would otherwise write 100,000 lines to stderr);
+    :meth:`say_unnamed` says how many at the end, or the end of a ``with`` block. Each message is
+    written where it is said, beginning ``warning: ``."""
+
+    NAMED = 10
+
+    def __init__(self, log: logging.Logger):
+        self.log, self.counts = log, Counter()
+
+    def __call__(self, kind: str, message: str, *args) -> None:
+        """Log ``message % args`` (a ``warning: ...`` line), or count it once ``kind`` has had
+        :attr:`NAMED`; the last one named says that more are counted."""
+        self.counts[kind] += 1
+        if self.counts[kind] < self.NAMED:
+            self.log.warning(message, *args)  # the caller's text, "warning: ..."
+        elif self.counts[kind] == self.NAMED:
+            self.log.warning(message + "; further lines like this are counted, not named", *args)
+
+    def __enter__(self) -> Capped:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:  # a run that ended: what was counted is said
+            self.say_unnamed()
+
+    def say_unnamed(self) -> None:
+        """Log one line per kind with lines counted but not named (at the end of a run)."""
+        for kind, n in self.counts.items():
+            if n > self.NAMED:
+                self.log.warning(
+                    "warning: %d more input line(s) not named above: %s", n - self.NAMED, kind
+                )

@@ -9,7 +9,7 @@ import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from .core.batching import pad_sources, token_batches
 from .core.model import Transformer
 from .decode.search import Hypothesis, Sampling, sample_seed, translate_batch
 from .decode.steering import Steering
+from .errors import Capped
 from .runtime import attention_backends, to_dtype
 from .shortlist import Shortlist
 from .tokenizer import BOS, UNK, Tokenizer, tokenizer_difference, unknown_only
@@ -59,6 +60,14 @@ class Decoding:
     replace_unk: bool = False
 
 
+# the kinds of line left untranslated (Inference.untranslatable), as a count of them reads
+_UNTRANSLATED = {
+    "no_text": "no text to translate",
+    "too_long": "over the input length limit",
+    "unknown": "only text the vocabulary lacks",
+}
+
+
 @dataclass
 class Inference:
     """Models that decode together (one, or an ensemble whose probabilities are averaged), their
@@ -68,6 +77,7 @@ class Inference:
     tokenizer: Tokenizer
     device: torch.device
     cfg: Config | None = None
+    said: Capped = field(default_factory=lambda: Capped(log))  # per-line warnings, capped
 
     @classmethod
     def load(
@@ -138,6 +148,7 @@ class Inference:
             decode.max_input_pieces,
             first_index,
             skipped if skipped is not None else Counter(),
+            decoding.replace_unk,
         )
         ids = (
             [[*src_prefix, *encoded[i]] for i in present]
@@ -160,15 +171,16 @@ class Inference:
             for i, h in zip(batch, hyps):
                 results[present[i]] = h
                 if not h:
-                    log.warning(
+                    self.said(
+                        "the search found no translation",
                         "warning: input line %d: the search found no translation (every piece it "
-                        "could "
-                        "write was forbidden, or the model's scores are not numbers); its output "
-                        "line is left empty",
+                        "could write was forbidden, or the model's scores are not numbers); its "
+                        "output line is left empty",
                         first_index + present[i] + 1,
                     )
                 elif h[0].unmet:
-                    log.warning(
+                    self.said(
+                        "the length limit ended the translation before its constraints appeared",
                         "warning: input line %d: its length limit ended the translation before %d "
                         "of its constraints appeared; raise --max-len-a or --max-len-b",
                         first_index + present[i] + 1,
@@ -185,6 +197,7 @@ class Inference:
         max_input_pieces: int,
         first_index: int,
         skipped: Counter,
+        replacing: bool = False,
     ) -> list[int]:
         """The indices of the lines to translate (:meth:`translate`); each other line that is not
         blank is named in a one-line warning and counted in ``skipped`` by reason: ``no_text``,
@@ -195,18 +208,23 @@ class Inference:
             if why is None:
                 present.append(i)
                 if UNK in pieces and (unknown := self.tokenizer.unknown_src(line)):
-                    log.warning(
+                    self.said(
+                        "text the model's vocabulary lacks",
                         "warning: input line %d has text the model's vocabulary lacks (%s): the "
-                        "model "
-                        "reads it as unknown and cannot write it (--replace-unk copies it where "
-                        "the translation writes an unknown piece)",
+                        "model reads it as unknown and cannot write it%s",
                         first_index + i + 1,
                         ", ".join(map(repr, unknown)),
+                        ""
+                        if replacing
+                        else " (--replace-unk copies it where the translation "
+                        "writes an unknown piece)",
                     )
             elif why[0] != "blank":
-                number = first_index + i + 1
-                log.warning(
-                    "warning: input line %d %s: its output line is left empty", number, why[1]
+                self.said(
+                    _UNTRANSLATED[why[0]],
+                    "warning: input line %d %s: its output line is left empty",
+                    first_index + i + 1,
+                    why[1],
                 )
                 skipped[why[0]] += 1
         return present
@@ -234,7 +252,8 @@ class Inference:
                 "(--max-input-pieces)"
             )
         if unknown_only(pieces, self.tokenizer.src):
-            return "unknown", "has only characters the model does not know (every piece is unknown)"
+            named = ", ".join(map(repr, self.tokenizer.unknown_src(line)))
+            return "unknown", f"has only text the model's vocabulary lacks ({named})"
         return None
 
     def _batch(
@@ -340,6 +359,7 @@ class Inference:
             steer = list(itertools.islice(steering, len(lines))) if steering is not None else None
             yield first, self.translate(lines, decoding, steer, first, **options)
             first += len(lines)
+        self.said.say_unnamed()  # the input ended: the lines warned of but not named are counted
 
     def best_strings(self, results: list[list[Hypothesis]]) -> list[str]:
         """Detokenized best hypothesis per input line (empty string for blank input)."""

@@ -180,6 +180,26 @@ def test_unknown_pieces_copy_the_source_text_their_step_attends_to_most():
     (hyps,) = copy_unknown([ScriptedAttention()], sources, surfaces, results, torch.device("cpu"))
     assert hyps[0].copied == ("Ω", "Zürich") and hyps[0].alignment is None
     assert hyps[1] == results[0][1]
+    # an UNK that attends to a bare word boundary ('▁' before '龍', as SentencePiece cuts an
+    # unknown word) copies the piece the boundary opens, not its empty text
+    surfaces = [["the", "", "龍"]]
+    results = [[Hypothesis([5, UNK, 6], -1.0, -1.0)]]  # its UNK, at 1, attends to piece 1
+    (hyps,) = copy_unknown([ScriptedAttention()], sources, surfaces, results, torch.device("cpu"))
+    assert hyps[0].copied == ("龍",)
+
+
+def test_an_unknown_word_of_a_real_tokenizer_is_copied_whole(toy_tokenizer):
+    """The toy vocabulary has no digits or Han characters: each such word is a bare '▁' and one
+    unknown piece, and whichever of the two an UNK attends to, the word is what is copied."""
+    from nmt.align import _text_at
+    from nmt.tokenizer import UNK
+
+    for word in ("12345", "龍", "龍龍"):
+        line = f"the {word} dog"
+        surfaces, ids = toy_tokenizer.src_surfaces(line), toy_tokenizer.encode_src([line])[0]
+        at = ids.index(UNK)
+        assert surfaces[at] == word and surfaces[at - 1] == ""  # '▁', then the unknown piece
+        assert _text_at(surfaces, at - 1) == _text_at(surfaces, at) == word
 
 
 def test_a_translation_writes_the_copied_text_in_place_of_its_unknown_pieces(toy_tokenizer):

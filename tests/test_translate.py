@@ -152,7 +152,7 @@ def test_a_line_of_only_unknown_characters_is_not_translated_into_an_invented_se
         "warning: input line 2 ",
         "warning: input line 3 ",
     ]
-    assert "only characters the model does not know" in caplog.text
+    assert "only text the model's vocabulary lacks" in caplog.text
 
 
 @pytest.fixture(scope="module")
@@ -365,3 +365,38 @@ def test_text_the_vocabulary_lacks_is_said_and_copied_where_an_unknown_piece_is_
     assert all(set(h.copied) <= surfaces for h in best)
     texts = best_strings(tok, copied)
     assert "⁇" not in "".join(texts) and any(c in texts[0] for c in best[0].copied if c)
+
+
+def test_per_line_warnings_name_ten_lines_of_a_kind_then_count_the_rest(toy_tokenizer, caplog):
+    """300 lines with digits the vocabulary lacks wrote 300 warnings; now the first ten of each
+    kind are named (the tenth says the rest are counted) and, when the input ends, one line
+    counts the rest. The hint to --replace-unk is left out where it is given."""
+    from conftest import tiny_config
+
+    from nmt.core.model import Transformer
+    from nmt.errors import Capped
+    from nmt.inference import Decoding, Inference
+
+    vocab = toy_tokenizer.tgt.get_piece_size()
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=vocab, tgt_vocab_size=vocab)).eval()
+    inference = Inference([model], toy_tokenizer, torch.device("cpu"))
+    lines = [f"the {n} dogs ." for n in range(25)] + ["龍"] * 3  # 25 with digits; 3 unknown only
+    decoding = Decoding(DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=2), replace_unk=True)
+    with caplog.at_level("WARNING", logger="nmt.translate"):
+        results = [
+            r for _, chunk in inference.stream([lines[:7], lines[7:]], decoding) for r in chunk
+        ]
+    said = caplog.messages
+    assert len(results) == 28 and [bool(r) for r in results] == [True] * 25 + [False] * 3
+    digits = [m for m in said if "vocabulary lacks ('" in m and "has text" in m]
+    assert [m.split()[3] for m in digits] == [str(n) for n in range(1, Capped.NAMED + 1)]
+    assert digits[-1].endswith("; further lines like this are counted, not named")
+    assert not any("--replace-unk" in m for m in digits)  # given already
+    unknown_only = [m for m in said if "has only text the model's vocabulary lacks ('龍')" in m]
+    assert len(unknown_only) == 3
+    assert said[-1] == (
+        f"warning: {25 - Capped.NAMED} more input line(s) not named above: text the model's "
+        "vocabulary lacks"
+    )
+    assert len(said) == Capped.NAMED + 3 + 1

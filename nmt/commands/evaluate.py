@@ -162,7 +162,7 @@ def evaluate(
         # before translating, not after
         check_line_counts(len(sources), "source lines", references, ref_names)
         allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
-        with progress_bar(quiet, total=len(sources)) as bar:
+        with progress_bar(quiet, total=len(sources)) as bar, inference.said:
             decoding = Decoding(
                 settings, src_prefix=goal.src_prefix, shortlist=allowed, replace_unk=replace_unk
             )
