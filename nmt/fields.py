@@ -294,9 +294,9 @@ def expand_path(text: str, key: str) -> str:
         if not os.environ.get(name):
             raise ConfigError(
                 Key(key),
-                f" {text!r} names ${name}, which is "
+                f" {text!r} names {match[0]}, which is "
                 f"{'empty' if name in os.environ else 'not set'}; set it in the environment "
-                f"(export {name}=...), or write $${name} for the text ${name}",
+                f"(export {name}=...), or write ${match[0]} for the text {match[0]}",
             )
         return os.environ[name]
 

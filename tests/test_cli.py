@@ -2404,6 +2404,12 @@ def test_a_run_directory_written_with_a_variable_is_where_the_variable_says(tmp_
         "not set; set it in the environment (export NMT_TEST_UNSET=...), or write $$NMT_TEST_UNSET "
         "for the text $NMT_TEST_UNSET"
     )
+    # the braces as written: ${NAME} is named, and escaped, as ${NAME}
+    line = _one_line_error(invoke("train", "--set", "train.run_dir=${NMT_TEST_UNSET}/r"))
+    assert line.endswith(
+        "names ${NMT_TEST_UNSET}, which is not set; set it in the environment (export "
+        "NMT_TEST_UNSET=...), or write $${NMT_TEST_UNSET} for the text ${NMT_TEST_UNSET}"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a$HOME", "c.yaml", "home"]
 
 

@@ -37,8 +37,8 @@ def train(
         Path | None,
         typer.Option(
             "--run-dir",
-            help="Run directory for checkpoints, tokenizer and logs (same as --set "
-            "train.run_dir=...).",
+            help="Run directory for checkpoints, tokenizer and logs (as --set train.run_dir=..., "
+            "but read literally: the shell has expanded its variables, and a $ left is a $).",
         ),
     ] = None,
     resume: Annotated[
