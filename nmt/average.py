@@ -103,7 +103,7 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
         "model": averaged,
         "config": last["config"],
         "tokenizer": last["tokenizer"],
-        "averaged_from": [str(p) for p in paths],
+        "averaged_from": [str(Path(p).resolve()) for p in paths],  # followable from anywhere
     }
     # where the weights came from, for nmt info
     payload |= {key: last[key] for key in ("progress", "init_from", "imported_from") if key in last}

@@ -1,5 +1,6 @@
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,6 +178,12 @@ def test_averaging_refuses_to_replace_a_runs_checkpoint_in_the_python_api_too(tm
     # not in a run directory: any name will do
     average_checkpoints([tmp_path / "a.pt"], tmp_path / "last.pt")
     assert load_checkpoint(tmp_path / "last.pt")["averaged_from"] == [str(tmp_path / "a.pt")]
+    # a relative input is recorded absolute: the record is read from elsewhere (nmt info)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        average_checkpoints([Path("a.pt")], tmp_path / "rel.pt")
+    recorded = load_checkpoint(tmp_path / "rel.pt")["averaged_from"]
+    assert recorded == [str((tmp_path / "a.pt").resolve())]
     with pytest.raises(ConfigError, match="^last must be at least 1, got 0$"):
         newest_step_checkpoints(run, 0)
     with pytest.raises(ConfigError, match="^run_dir .*nowhere is not a directory$"):

@@ -159,13 +159,13 @@ def test_evaluate_hyp_and_checkpoint(trained_run, tmp_path):
     result = invoke("evaluate", "--hyp", ref, "--ref", ref, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["bleu"] == pytest.approx(100.0)
-    # one file twice, however spelt, would count as two references
-    assert (
-        _one_line_error(
-            invoke("evaluate", "--hyp", ref, "--ref", ref, "--ref", tmp_path / "." / "ref.de")
+    # one file twice, however spelt (a link to it too), would count as two references
+    (tmp_path / "link.de").symlink_to(ref)
+    for other in (tmp_path / "." / "ref.de", tmp_path / "link.de"):
+        assert _one_line_error(invoke("evaluate", "--hyp", ref, "--ref", ref, "--ref", other)) == (
+            f"error: --ref {ref} and --ref {other} are one file ({ref.resolve()}): it would count "
+            "as several references; give it once"
         )
-        == f"error: --ref {ref} is given twice: it would count as two references; give it once"
-    )
     src = tmp_path / "src.en"
     src.write_text("the dog sees a cat .\nthe woman likes the house .\n", encoding="utf-8")
     hyp = tmp_path / "hyp.de"
@@ -242,7 +242,8 @@ def test_evaluate_reads_one_input_from_standard_input_as_from_a_file(trained_run
     twice = invoke("evaluate", "--hyp", "-", "--ref", "-", input=hyp.read_bytes())
     assert (
         twice.exit_code == 2
-        and "--hyp and --ref all name standard input (-), which can be read once" in twice.output
+        and "2 inputs (--hyp, --ref) name standard input (-), which can be read once"
+        in twice.output
     )
 
 

@@ -225,14 +225,17 @@ def _reader(inputs: list[tuple[str, Path | None]]):
     dashes = [flag for flag, path in inputs if path == STDIN]
     if len(dashes) > 1:
         raise NmtError(
-            f"{' and '.join(dashes)} all name standard input (-), which can be read once: give "
-            "files for all but one"
+            f"{len(dashes)} inputs ({', '.join(dashes)}) name standard input (-), which can be "
+            "read once: give files for all but one"
         )
     refs = [(p, Path(p).resolve()) for flag, p in inputs if flag == "--ref" and p != STDIN]
-    twice = next((p for p, f in refs if [g for _, g in refs].count(f) > 1), None)
-    if twice is not None:
+    same = next(
+        ([p for p, g in refs if g == f] for _, f in refs if [g for _, g in refs].count(f) > 1), []
+    )
+    if same:
         raise NmtError(
-            f"--ref {twice} is given twice: it would count as two references; give it once"
+            f"--ref {' and --ref '.join(map(str, same))} are one file ({Path(same[0]).resolve()}): "
+            "it would count as several references; give it once"
         )
 
     def read(path: Path) -> list[str]:
