@@ -2452,3 +2452,21 @@ def test_every_warning_nmt_logs_says_it_is_one():
     # Capped (nmt.errors) logs what its callers wrote, each checked at its said(kind, text) call
     assert len([k for k in wrong if k.startswith("errors.py:")]) == 2
     assert {k: t for k, t in wrong.items() if not k.startswith("errors.py:")} == {}
+
+
+def test_a_long_command_says_it_is_still_working_and_a_short_one_says_nothing(capsys):
+    import time
+
+    from nmt.commands.options import still_working
+
+    with still_working("nmt export", at=(0.3, 0.6)):
+        time.sleep(1.45)  # said at 0.3, 0.6 and 1.2 s: each wait then at[-1] more
+    said = capsys.readouterr().err.splitlines()
+    # at least the first two (a busy machine may delay the thread past the third)
+    assert 2 <= len(said) <= 3 and all(
+        re.fullmatch(r"nmt export: still working, \d+ s", s) for s in said
+    )
+    with still_working("nmt export", at=(0.5,)):
+        pass
+    time.sleep(0.7)  # the block ended: its thread has ended, and says nothing later
+    assert capsys.readouterr().err == ""

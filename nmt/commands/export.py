@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .options import Checkpoint
+from .options import Checkpoint, still_working
 
 
 def export(
@@ -47,5 +47,6 @@ def export(
     """
     from ..export import export as write
 
-    write(checkpoint, out, format, quantization)
+    with still_working("nmt export"):
+        write(checkpoint, out, format, quantization)
     typer.echo(f"wrote {out}")

@@ -54,10 +54,11 @@ def import_(
     represent is refused, naming its key. Works offline from the directory.
     """
     from ..importing import import_checkpoint
-    from .options import setup_logging
+    from .options import setup_logging, still_working
 
     setup_logging()
-    payload = import_checkpoint(source, out, format, src_lang, tgt_lang)
+    with still_working("nmt import"):
+        payload = import_checkpoint(source, out, format, src_lang, tgt_lang)
     cfg = payload["config"]
     m = cfg["model"]
     typer.echo(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
+import time
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Annotated
@@ -315,3 +318,31 @@ def load_translator(ctx: typer.Context, checkpoints: list[Path], **fixed):
     decode = replace(inference.cfg.decode, **changes)
     validate(replace(inference.cfg, decode=decode))
     return inference, decode
+
+
+#: When a long command says it is still working: seconds after its start, then every last one.
+STILL_WORKING_AT = (5, 15, 30, 60)
+
+
+@contextlib.contextmanager
+def still_working(what: str, at: tuple[float, ...] = STILL_WORKING_AT):
+    """Say on stderr, at ``at`` seconds and then every ``at[-1]`` seconds until the block ends,
+    that ``what`` is still under way and for how long (``nmt export: still working, 15 s``): a
+    command of a few silent minutes on a busy machine must not look hung. Nothing is said for a
+    block that ends sooner."""
+    done, started = threading.Event(), time.perf_counter()
+
+    def say() -> None:
+        waits = iter(at)
+        due = next(waits)
+        while not done.wait(max(0.0, due - (time.perf_counter() - started))):
+            print(f"{what}: still working, {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            due = next(waits, due + at[-1])
+
+    thread = threading.Thread(target=say, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
