@@ -55,9 +55,10 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def translate_file(args, lines: list[str], work: Path) -> tuple[list[str], float]:
+def translate_file(args, lines: list[str], work: Path) -> tuple[list[str], float | None]:
     """``nmt translate`` on ``lines``; returns its output and the seconds it took, start-up
-    (the same command on one line) subtracted."""
+    (the same command on one line) subtracted, or None where that difference is within a tenth
+    of the start-up (too few lines to time apart from it: the rate would be noise, or negative)."""
 
     def run(name: str, text: list[str]) -> tuple[list[str], float]:
         src, out = work / f"{name}.en", work / f"{name}.de"
@@ -86,7 +87,7 @@ def translate_file(args, lines: list[str], work: Path) -> tuple[list[str], float
 
     _, startup = run("one", lines[:1])
     hyps, total = run("all", lines)
-    return hyps, total - startup
+    return hyps, total - startup if total - startup > 0.1 * startup else None
 
 
 async def load(url: str, lines: list[str], clients: int, args) -> dict:
@@ -220,7 +221,7 @@ def main() -> None:
             "mode": "nmt translate (file)",
             "clients": "",
             "requests_per_s": None,
-            "sentences_per_s": len(lines) / file_s,
+            "sentences_per_s": None if file_s is None else len(lines) / file_s,
             "wall_s": file_s,
         }
     ]
@@ -299,10 +300,8 @@ def main() -> None:
                 f"{r['mismatched']} / {r['swapped']} |"
             )
         else:
-            print(
-                f"| nmt translate -i FILE | | | {r['sentences_per_s']:.1f} | | | | | {len(lines)} "
-                "| |"
-            )
+            rate = "n/a" if r["sentences_per_s"] is None else f"{r['sentences_per_s']:.1f}"
+            print(f"| nmt translate -i FILE | | | {rate} | | | | | {len(lines)} | |")
 
 
 if __name__ == "__main__":
