@@ -1351,7 +1351,7 @@ def test_plot_attention_writes_a_png(trained_run, tmp_path):
     )
     assert (
         result.exit_code == 2
-        and "every piece is unknown" in result.output
+        and "has only text the model's vocabulary lacks ('😀😀')" in result.output
         and not (tmp_path / "b.png").exists()
     )
 
