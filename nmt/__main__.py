@@ -1,6 +1,6 @@
-"""``python -m nmt``: the command line (:mod:`nmt.cli`)."""
+"""``python -m nmt``: the command line (:mod:`nmt.cli.main`)."""
 
-from .cli import main
+from nmt.cli.main import main
 
 if __name__ == "__main__":  # guarded: worker processes started by spawn import this module
     main()

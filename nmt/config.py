@@ -110,7 +110,7 @@ class ModelConfig(Checked):
     ``norm_position`` ``"post"`` is the paper's ``LayerNorm(x + Dropout(Sublayer(x)))``,
     ``"pre"`` is ``x + Dropout(Sublayer(LayerNorm(x)))``. ``dropout`` is the paper's P_drop;
     ``attention_dropout`` and ``activation_dropout`` are tensor2tensor's additions. ``activation:
-    swish`` and ``output_bias`` are what Marian models (OPUS-MT) need (:mod:`nmt.marian`).
+    swish`` and ``output_bias`` are what Marian models (OPUS-MT) need (:mod:`nmt.interop.marian`).
     """
 
     section = "model"
@@ -172,7 +172,7 @@ class DataConfig(Checked):
     in place of ``src_lang``/``tgt_lang``, each read from ``data.dir`` (its own files
     ``{split}.{src}-{tgt}.{lang}``, else the shared ``{split}.{lang}``) or from ``hf_dataset``;
     with more than one target language each source starts with its target's tag, ``>>de<<``
-    (Johnson et al. 2017; see :mod:`nmt.multilingual`).
+    (Johnson et al. 2017; see :mod:`nmt.data.multilingual`).
     """
 
     section = "data"
@@ -240,12 +240,12 @@ class TokenizerConfig(Checked):
 
     ``character_coverage: auto`` picks 0.9995 for text with a large character set (Chinese,
     Japanese, Korean) and 1.0 otherwise, as SentencePiece recommends (see
-    :func:`nmt.tokenizer.auto_character_coverage`); ``byte_fallback`` spells characters
+    :func:`nmt.data.tokenizer.auto_character_coverage`); ``byte_fallback`` spells characters
     outside the vocabulary as UTF-8 byte pieces (256 of the pieces) instead of UNK.
     ``subword_alpha`` > 0 cuts every training pair anew each epoch with a sampled segmentation
     (BPE-dropout, Provilkov et al. 2020; unigram sampling, Kudo 2018), drawn on rank 0 and kept
     in each checkpoint, since SentencePiece's draws differ between processes; validation and
-    translation keep the best segmentation (see :mod:`nmt.subwords`).
+    translation keep the best segmentation (see :mod:`nmt.data.subwords`).
     """
 
     section = "tokenizer"

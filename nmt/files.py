@@ -57,7 +57,8 @@ class OutputError(NmtError, RuntimeError):
 def os_error(exc: BaseException) -> OSError | None:
     """The OSError behind ``exc``: itself, or one it was raised from or while handling
     (not one a ``raise ... from None`` disowned, such as an input file's read error that
-    :class:`~nmt.corpus.DataError` already reports while a streamed output is being written)."""
+    :class:`~nmt.data.corpus.DataError` already reports while a streamed output is being
+    written)."""
     while exc is not None and not isinstance(exc, OSError):
         exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return exc
@@ -134,11 +135,11 @@ def resolve_output(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-#: What ``nmt train`` keeps in a run directory (:mod:`nmt.rundir`): its records, checkpoints,
+#: What ``nmt train`` keeps in a run directory (:mod:`nmt.runs.rundir`): its records, checkpoints,
 #: config, tokenizer, lock and the run it holds. Every writer refuses to replace one
 #: (:func:`check_not_a_run_file`).
 METRICS = "metrics.jsonl"
-RUN_RECORD = "run.json"  # which run the directory holds (nmt.runid)
+RUN_RECORD = "run.json"  # which run the directory holds (nmt.runs.runid)
 RUN_FILE = re.compile(
     r"(last|best|step_\d+)\.pt|config\.yaml|metrics\.jsonl|run\.json|spm(\.src|\.tgt)?\.model|spm\.(src|tgt)\.spm|spm\.vocab\.json|\.lock"
 )

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nmt.clean import stripped_side  # noqa: E402
 from nmt.config import load_config  # noqa: E402
-from nmt.corpus import load_split, read_lines  # noqa: E402
-from nmt.tokenizer import UNK, train_tokenizer  # noqa: E402
+from nmt.data.clean import stripped_side  # noqa: E402
+from nmt.data.corpus import load_split, read_lines  # noqa: E402
+from nmt.data.tokenizer import UNK, train_tokenizer  # noqa: E402
 
 
 def measure(tokenizer, refs: list[str]) -> dict:

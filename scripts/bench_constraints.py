@@ -66,10 +66,10 @@ def main() -> None:
 
     import torch
 
-    from nmt.corpus import read_lines
-    from nmt.evaluate import score
-    from nmt.inference import Decoding, Inference
-    from nmt.steering_text import steering
+    from nmt.data.corpus import read_lines
+    from nmt.scoring.evaluate import score
+    from nmt.translation.inference import Decoding, Inference
+    from nmt.translation.steering_text import steering
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")

@@ -24,7 +24,7 @@ Example (2 CPU cores)::
     python scripts/bench_data.py --workers 1,2 --steps 100
 
 Encoding runs in the training process, ``data.workers`` SentencePiece threads, into an
-Arrow cache (see :func:`nmt.encoded.encode_corpus`); docs/performance.md has the
+Arrow cache (see :func:`nmt.data.encoded.encode_corpus`); docs/performance.md has the
 measurements of it and of the designs before it.
 
 Data: ``--data`` or $MULTI30K (default ``../shared/data/multi30k`` beside the checkout).
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 def build_corpus(data: Path, work: Path, repeats: int) -> tuple[Path, Path, int]:
     """Write ``repeats`` copies of Multi30k train as plain text; reuse them if already there."""
-    from nmt.corpus import read_lines
+    from nmt.data.corpus import read_lines
 
     paths = work / "train.en", work / "train.de"
     done = work / f"corpus-{repeats}.done"
@@ -70,8 +70,8 @@ def train_tokenizer_once(data: Path, work: Path) -> Path:
     path = work / "spm.model"
     if not path.is_file():
         from nmt.config import TokenizerConfig
-        from nmt.corpus import read_parallel
-        from nmt.tokenizer import train_tokenizer
+        from nmt.data.corpus import read_parallel
+        from nmt.data.tokenizer import train_tokenizer
 
         src, tgt = read_parallel(data / "train.en.gz", data / "train.de.gz")
         train_tokenizer(src, tgt, TokenizerConfig(vocab_size=8000)).save(work)

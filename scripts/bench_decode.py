@@ -46,11 +46,11 @@ def prepare(args, work: Path) -> None:
     ``work``."""
     import torch
 
-    from nmt.checkpoint import load_checkpoint, save_checkpoint, tokenizer_to_tensors
     from nmt.config import TokenizerConfig, config_from_dict, config_to_dict, with_vocab
     from nmt.core.model import Transformer
-    from nmt.corpus import find_split_file, read_lines, read_parallel
-    from nmt.export import export_ctranslate2, export_huggingface
+    from nmt.data.corpus import find_split_file, read_lines, read_parallel
+    from nmt.interop.export import export_ctranslate2, export_huggingface
+    from nmt.runs.checkpoint import load_checkpoint, save_checkpoint, tokenizer_to_tensors
 
     src = read_lines(find_split_file(args.data, args.split, "en"))[: args.lines]
     ref = read_lines(find_split_file(args.data, args.split, "de"))[: args.lines]
@@ -61,7 +61,7 @@ def prepare(args, work: Path) -> None:
         model, tokenizer = loaded.model, loaded.tokenizer
         path = Path(args.checkpoint)
     else:
-        from nmt.tokenizer import train_tokenizer
+        from nmt.data.tokenizer import train_tokenizer
 
         train_src, train_tgt = read_parallel(
             find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de")
@@ -117,10 +117,10 @@ def worker(args, work: Path) -> None:
     """Measure one engine at each batch size; prints one JSON record per batch size."""
     import torch
 
-    from nmt.checkpoint import load_checkpoint
     from nmt.core.batching import pad_sources
     from nmt.decode.search import translate_batch
-    from nmt.runtime import attention_backends, resolve_dtype, to_dtype
+    from nmt.runs.checkpoint import load_checkpoint
+    from nmt.runtime.device import attention_backends, resolve_dtype, to_dtype
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -146,7 +146,7 @@ def worker(args, work: Path) -> None:
     sp = tokenizer.src
 
     if engine.startswith("nmt"):
-        from nmt.shortlist import Shortlist
+        from nmt.translation.shortlist import Shortlist
 
         if args.quantized_engine:
             # before quantizing: the weights are packed for it
@@ -155,8 +155,8 @@ def worker(args, work: Path) -> None:
             model, resolve_dtype(dtype_name, device), per_channel=args.int8_weights == "per-channel"
         )
         shortlist = Shortlist.read(args.shortlist, tokenizer) if args.shortlist else None
-        # nmt: what nmt.inference runs on this device (decode.cache auto: the static step with CUDA
-        # graphs on a GPU, the dynamic cache on a CPU); the others name the step.
+        # nmt: what nmt.translation.inference runs on this device (decode.cache auto: the static
+        # step with CUDA graphs on a GPU, the dynamic cache on a CPU); the others name the step.
         step = None if engine == "nmt" else engine.removeprefix("nmt-")
 
         def run(idx):
@@ -308,7 +308,7 @@ def worker(args, work: Path) -> None:
                 )
             )
         if not forced and len(outputs) == len(ids):
-            from nmt.evaluate import score
+            from nmt.scoring.evaluate import score
 
             hyps = tokenizer.decode_tgt([outputs[i] for i in range(len(ids))])
             refs = (work / "ref.txt").read_text(encoding="utf-8").splitlines()
@@ -355,7 +355,7 @@ def cache_bytes(model, m, sources, beam: int, length: int, dtype, device) -> dic
     import torch
 
     from nmt.core.batching import pad_sources
-    from nmt.runtime import attention_backends
+    from nmt.runtime.device import attention_backends
 
     with torch.inference_mode(), attention_backends(device):
         src = pad_sources(sources).to(device)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Encoding time of a corpus into an empty cache (``nmt.encoded.encode_corpus``), per
+"""Encoding time of a corpus into an empty cache (``nmt.data.encoded.encode_corpus``), per
 ``data.workers`` value (SentencePiece threads), and the time to open the cache once present.
 Prints one JSON line.
 
@@ -37,11 +37,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from nmt.clean import stripped_side
     from nmt.config import TokenizerConfig
-    from nmt.corpus import ParallelText, find_split_file
-    from nmt.encoded import encode_corpus
-    from nmt.tokenizer import train_tokenizer
+    from nmt.data.clean import stripped_side
+    from nmt.data.corpus import ParallelText, find_split_file
+    from nmt.data.encoded import encode_corpus
+    from nmt.data.tokenizer import train_tokenizer
 
     text = ParallelText.files(
         find_split_file(args.data, "train", "en"), find_split_file(args.data, "train", "de")

@@ -38,8 +38,8 @@ def nmt_scores(model, src_ids, outputs, decode) -> list[float]:
     import torch
 
     from nmt.core.batching import pad_sources
+    from nmt.data.tokenizer import BOS, EOS
     from nmt.decode.beams import length_penalty
-    from nmt.tokenizer import BOS, EOS
 
     scores = []
     with torch.inference_mode():
@@ -96,10 +96,10 @@ def main() -> None:
     import torch
 
     from nmt.config import apply_overrides, config_from_dict, config_to_dict
-    from nmt.corpus import read_lines
-    from nmt.export import export, generation_settings
-    from nmt.inference import Decoding, Inference
-    from nmt.tokenizer import EOS
+    from nmt.data.corpus import read_lines
+    from nmt.data.tokenizer import EOS
+    from nmt.interop.export import export, generation_settings
+    from nmt.translation.inference import Decoding, Inference
 
     torch.set_num_threads(1)
     inference = Inference.load([args.checkpoint], torch.device("cpu"))

@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nmt.corpus import read_lines
+from nmt.data.corpus import read_lines
 
 
 def free_port() -> int:

@@ -8,9 +8,9 @@ streamed), and samples the process's resident memory while it runs. ``--time-lim
 it early; the record says how far it got. Prints one JSON object.
 
 ``file``: in one process, translates the same lines once with
-:meth:`nmt.inference.Inference.translate` over the whole input and once with
-:meth:`nmt.inference.Inference.stream` in ``--buffer-size`` buffers, alternating ``--repeats``
-times, and prints the best sentences/s of each.
+:meth:`nmt.translation.inference.Inference.translate` over the whole input and once with
+:meth:`nmt.translation.inference.Inference.stream` in ``--buffer-size`` buffers, alternating
+``--repeats`` times, and prints the best sentences/s of each.
 
     python scripts/bench_stream.py pipe --checkpoint RUN/best.pt --lines 1000000 --beam 1
     python scripts/bench_stream.py file --checkpoint RUN/best.pt --lines 4000
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def source_lines(args) -> list[str]:
-    from nmt.corpus import read_lines
+    from nmt.data.corpus import read_lines
 
     return read_lines(Path(args.data) / f"{args.split}.en.gz")
 
@@ -138,7 +138,7 @@ def whole(args) -> None:
     """The pre-streaming path: all of standard input, translated in one call, then written."""
     import torch
 
-    from nmt.inference import Decoding, Inference
+    from nmt.translation.inference import Decoding, Inference
 
     torch.set_num_threads(args.threads)
     inference = Inference.load([args.checkpoint], torch.device("cpu"))
@@ -157,8 +157,8 @@ def file(args) -> dict:
 
     import torch
 
-    from nmt.corpus import buffers
-    from nmt.inference import Decoding, Inference
+    from nmt.data.corpus import buffers
+    from nmt.translation.inference import Decoding, Inference
 
     torch.set_num_threads(args.threads)
     base = source_lines(args)

@@ -104,17 +104,17 @@ def sync(device) -> None:
 def child(args) -> None:
     import torch
 
-    from nmt.compiled import compiling
     from nmt.config import config_from_dict, with_vocab
     from nmt.core.batching import TokenBatchSampler, collate
     from nmt.core.loss import LossOutput
     from nmt.core.model import Transformer, count_parameters
     from nmt.core.update import Updater
-    from nmt.corpus import ParallelText
-    from nmt.encoded import encode_corpus
-    from nmt.memory import keep_freed_memory
-    from nmt.runtime import attention_backends, for_training
-    from nmt.vocab import tokenizer_from_dir
+    from nmt.data.corpus import ParallelText
+    from nmt.data.encoded import encode_corpus
+    from nmt.data.vocab import tokenizer_from_dir
+    from nmt.runtime.compiled import compiling
+    from nmt.runtime.device import attention_backends, for_training
+    from nmt.runtime.memory import keep_freed_memory
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -156,12 +156,12 @@ def child(args) -> None:
         config_from_dict(overrides), tokenizer.src.get_piece_size(), tokenizer.tgt.get_piece_size()
     )
     torch.manual_seed(0)
-    # as nmt train: the CPU's dropout masks (nmt.runtime)
+    # as nmt train: the CPU's dropout masks (nmt.runtime.device)
     model = for_training(Transformer(cfg.model).to(device), device)
     # as nmt train: the step compiled with nmt-compile, the loss with nmt-compile-loss
     loss_fn, compile_step = compiling(cfg.train, device)
     if args.engine.startswith("hf"):
-        from nmt.export import marian_model
+        from nmt.interop.export import marian_model
 
         hf = marian_model(model, tokenizer).to(device)
         hf.config._attn_implementation = "sdpa"
@@ -316,7 +316,7 @@ def gpu_profile(updater, batches, device, top: int = 12) -> dict:
 
 def train_files(data: str) -> tuple[Path, Path]:
     """The English and German training files of ``data`` (plain or ``.gz``)."""
-    from nmt.corpus import find_split_file
+    from nmt.data.corpus import find_split_file
 
     return find_split_file(data, "train", "en"), find_split_file(data, "train", "de")
 
@@ -387,8 +387,8 @@ def main() -> None:
         child(args)
         return
     from nmt.config import TokenizerConfig
-    from nmt.corpus import read_parallel
-    from nmt.tokenizer import train_tokenizer
+    from nmt.data.corpus import read_parallel
+    from nmt.data.tokenizer import train_tokenizer
 
     with tempfile.TemporaryDirectory() as work:
         src, tgt = read_parallel(*train_files(args.data))

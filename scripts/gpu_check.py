@@ -878,11 +878,11 @@ def select_and_score(
     once: the multi30k step's second half."""
     import torch
 
-    from nmt.average import average_checkpoints
-    from nmt.corpus import find_split_file, read_lines
-    from nmt.evaluate import score
-    from nmt.inference import Decoding, Inference
-    from nmt.runid import step_checkpoints
+    from nmt.data.corpus import find_split_file, read_lines
+    from nmt.runs.runid import step_checkpoints
+    from nmt.scoring.evaluate import score
+    from nmt.tools.average import average_checkpoints
+    from nmt.translation.inference import Decoding, Inference
 
     device = torch.device(device_name)
 

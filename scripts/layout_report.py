@@ -17,50 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_layers import graph  # noqa: E402  (the layer test's own import graph)
+from test_layers import cycles, graph  # noqa: E402  (the layer test's own import graph)
 from test_layout import sizes  # noqa: E402  (the size test's own counting)
-
-
-def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iteratively)."""
-    index, low, stack, on, found, counter = {}, {}, [], set(), [], 0
-    for root in edges:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges[root])))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, children = work[-1]
-            w = next(children, None)
-            if w is not None and w in edges:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(edges[w]))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            if w is not None:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                component = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    component.append(w)
-                    if w == v:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
 
 
 def report(top: int) -> dict:

@@ -33,9 +33,9 @@ PLAN=$("${PYTHON:-python3}" - "$CONFIG" "$TESTS" "$@" <<'PY'
 import sys
 try:
     from nmt.config import load_config
-    from nmt.corpus import find_split_file, load_split
+    from nmt.data.corpus import find_split_file, load_split
     from nmt.errors import NmtError
-    from nmt.tune import looks_like_test_data
+    from nmt.tools.tune import looks_like_test_data
 except ImportError as exc:
     sys.exit(f"error: {sys.executable} cannot import nmt ({exc}); set PYTHON to the Python nmt is installed in")
 config, tests, args = sys.argv[1], sys.argv[2].split(), sys.argv[3:]

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from nmt.config import ModelConfig, TokenizerConfig
 from nmt.core.model import Transformer
-from nmt.corpus import read_parallel
-from nmt.tokenizer import BOS, EOS, PAD, Tokenizer, train_tokenizer
+from nmt.data.corpus import read_parallel
+from nmt.data.tokenizer import BOS, EOS, PAD, Tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "data" / "toy"
@@ -42,7 +42,7 @@ def model() -> Transformer:
 def byte_tokenizer():
     """A SentencePiece model with byte fallback: every byte has a piece (``<0x0A>`` decodes to a
     line feed)."""
-    from nmt.tokenizer import Tokenizer, train_sentencepiece
+    from nmt.data.tokenizer import Tokenizer, train_sentencepiece
 
     sp = train_sentencepiece(
         ["a dog runs on the beach", "the cat sees a dog", "犬が走る", "猫が見る"] * 50,
@@ -194,7 +194,8 @@ settings.register_profile("thorough", settings.get_profile("nmt"), max_examples=
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nmt"))
 
 
-# ------------------------------------------------------------------ decoding through nmt.inference
+# ------------------------------------------------------------------ decoding through
+# nmt.translation.inference
 
 
 def translate_lines(
@@ -213,7 +214,7 @@ def translate_lines(
     """``Inference([model...]).translate(lines, Decoding(decode, **decoding))``: the one way into
     decoding, called as tests call it (``decoding``: ``sampling``, ``alignment``, ``src_prefix``,
     ``shortlist``)."""
-    from nmt.inference import Decoding, Inference
+    from nmt.translation.inference import Decoding, Inference
 
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     inference = Inference(models, tokenizer, torch.device(device))
@@ -225,7 +226,7 @@ def translate_lines(
 def load_model(path, device="cpu"):
     """``(model, tokenizer, config)`` of a checkpoint, the model as trained (no inference dtype or
     packing) on ``device``."""
-    from nmt.checkpoint import load_checkpoint
+    from nmt.runs.checkpoint import load_checkpoint
 
     loaded = load_checkpoint(path)
     return loaded.model.to(device), loaded.tokenizer, loaded.config

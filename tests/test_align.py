@@ -2,9 +2,9 @@ import pytest
 import torch
 from conftest import random_sources
 
-from nmt.align import add_alignments, alignment_layer, format_alignment, hard_alignment
+from nmt.data.tokenizer import BOS, PAD
 from nmt.decode.search import Hypothesis
-from nmt.tokenizer import BOS, PAD
+from nmt.translation.align import add_alignments, alignment_layer, format_alignment, hard_alignment
 
 
 class ScriptedAttention:
@@ -76,11 +76,11 @@ def test_plot_attention_search_honours_every_decode_setting(monkeypatch):
     import torch.nn.functional as F
     from conftest import TOY, tiny_config
 
-    from nmt.commands.plot import sentence_attention
+    from nmt.cli.commands.plot import sentence_attention
     from nmt.config import DecodeConfig
     from nmt.core.model import Transformer
-    from nmt.inference import Inference
-    from nmt.tokenizer import UNK, Tokenizer, train_sentencepiece
+    from nmt.data.tokenizer import UNK, Tokenizer, train_sentencepiece
+    from nmt.translation.inference import Inference
 
     sp = train_sentencepiece(
         (TOY / "train.en").read_text(encoding="utf-8").splitlines()[:500], vocab_size=100
@@ -110,7 +110,7 @@ def test_plot_labels_get_a_font_that_has_their_characters(tmp_path, caplog):
     import numpy as np
     from matplotlib import font_manager
 
-    from nmt.plot import label_fonts, plot_attention
+    from nmt.tools.plot import label_fonts, plot_attention
 
     dejavu = font_manager.findfont("DejaVu Sans")
     mono = font_manager.findfont("DejaVu Sans Mono")
@@ -171,8 +171,8 @@ def test_the_alignment_layer_is_a_setting_that_reaches_the_alignments():
 def test_unknown_pieces_copy_the_source_text_their_step_attends_to_most():
     """The scripted attention peaks at source piece 2 - j for target piece j: an UNK at j copies
     the text of piece 2 - j; a hypothesis without UNK is left as it was."""
-    from nmt.align import copy_unknown
-    from nmt.tokenizer import UNK
+    from nmt.data.tokenizer import UNK
+    from nmt.translation.align import copy_unknown
 
     sources = [[7, 8, 9]]
     surfaces = [["Zürich", "12345", "Ω"]]
@@ -191,8 +191,8 @@ def test_unknown_pieces_copy_the_source_text_their_step_attends_to_most():
 def test_an_unknown_word_of_a_real_tokenizer_is_copied_whole(toy_tokenizer):
     """The toy vocabulary has no digits or Han characters: each such word is a bare '▁' and one
     unknown piece, and whichever of the two an UNK attends to, the word is what is copied."""
-    from nmt.align import _text_at
-    from nmt.tokenizer import UNK
+    from nmt.data.tokenizer import UNK
+    from nmt.translation.align import _text_at
 
     for word in ("12345", "龍", "龍龍"):
         line = f"the {word} dog"
@@ -205,7 +205,7 @@ def test_an_unknown_word_of_a_real_tokenizer_is_copied_whole(toy_tokenizer):
 def test_a_translation_writes_the_copied_text_in_place_of_its_unknown_pieces(toy_tokenizer):
     """SentencePiece writes UNK as ' ⁇ ' with the spaces of the pieces around it; the copy takes
     its place, so a word-initial UNK stays a word and one inside a word stays inside it."""
-    from nmt.tokenizer import UNK
+    from nmt.data.tokenizer import UNK
 
     tok = toy_tokenizer
     the, dogs = (tok.encode_tgt([word])[0] for word in ("the", "dogs"))

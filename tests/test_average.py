@@ -8,11 +8,16 @@ from conftest import cached_tokenizer, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nmt.average import average_checkpoints, newest_step_checkpoints
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, tokenizer_to_tensors
 from nmt.config import ConfigError, config_from_dict, config_to_dict
 from nmt.core.model import Transformer
 from nmt.files import OutputError
+from nmt.runs.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+    tokenizer_to_tensors,
+)
+from nmt.tools.average import average_checkpoints, newest_step_checkpoints
 
 
 def write(path, seed, **entries):
@@ -108,7 +113,7 @@ def test_average_refuses_different_tokenizers_and_models_before_writing(tmp_path
 def test_average_command_checks_its_options(tmp_path):
     from typer.testing import CliRunner
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     write(tmp_path / "a.pt", 0)
     (tmp_path / "run").mkdir()
@@ -192,7 +197,7 @@ def test_averaging_refuses_to_replace_a_runs_checkpoint_in_the_python_api_too(tm
 
 def test_fewer_step_checkpoints_than_asked_are_warned_about(tmp_path, caplog):
     """--last 5 with 3 step files once averaged 3 silently."""
-    from nmt.average import newest_step_checkpoints
+    from nmt.tools.average import newest_step_checkpoints
 
     run = tmp_path / "run"
     run.mkdir()

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.config import DecodeConfig
+from nmt.data.tokenizer import BOS, EOS, PAD, UNK
 from nmt.decode.beams import Beams, Ranking, length_penalty
 from nmt.decode.candidates import Best
 from nmt.decode.restrictions import Restrictions
 from nmt.decode.search import beam_search
-from nmt.tokenizer import BOS, EOS, PAD, UNK
 
 
 class GeneratedScorer:

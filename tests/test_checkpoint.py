@@ -9,16 +9,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nmt import __version__
-from nmt.checkpoint import (
+from nmt.config import config_from_dict, config_to_dict
+from nmt.core.model import Transformer
+from nmt.files import OutputError, atomic_write, check_writable
+from nmt.runs.checkpoint import (
     CheckpointError,
     checkpoint_file,
     load_checkpoint,
     save_checkpoint,
     tokenizer_to_tensors,
 )
-from nmt.config import config_from_dict, config_to_dict
-from nmt.core.model import Transformer
-from nmt.files import OutputError, atomic_write, check_writable
 
 MODEL = {
     "d_model": 32,
@@ -259,9 +259,9 @@ def test_a_tokenizer_that_is_not_sentencepiece_or_not_the_models_is_refused_by_e
     """Nmt info, export --format nmt and average once accepted tokenizer bytes that are not a
     SentencePiece model (info even said it could be resumed); translate then refused what they
     wrote."""
-    from nmt.average import average_checkpoints
-    from nmt.export import export_slim
-    from nmt.info import checkpoint_info
+    from nmt.interop.export import export_slim
+    from nmt.tools.average import average_checkpoints
+    from nmt.tools.info import checkpoint_info
 
     path = tmp_path / "a.pt"
     write(path, protos)
@@ -322,7 +322,7 @@ def test_checking_a_checkpoint_does_not_import_dynamo(tmp_path, protos):
 
     write(tmp_path / "a.pt", protos)
     code = (
-        "import sys; from nmt.info import checkpoint_info; "
+        "import sys; from nmt.tools.info import checkpoint_info; "
         f"checkpoint_info({str(tmp_path / 'a.pt')!r}); sys.exit('torch._dynamo' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from nmt.cli import app
+from nmt.cli.main import app
 
 runner = CliRunner()
 
@@ -260,7 +260,7 @@ def test_bad_inputs_give_clear_errors_not_tracebacks(trained_run, tmp_path):
     assert (
         result.exit_code == 2 and "short.de has 1 lines but there are 2 hypotheses" in result.output
     )
-    from nmt.inference import (
+    from nmt.translation.inference import (
         Inference,
         # a source and references of different lengths are refused before anything is translated or
         # written
@@ -386,7 +386,7 @@ def test_plot_writes_a_png(trained_run, tmp_path):
 def _earlier_step(run, tmp_path):
     """A checkpoint of ``run`` at step 2, other weights than its last.pt's (step 4), as its
     step_2.pt would be."""
-    from nmt.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.runs.checkpoint import load_checkpoint, save_checkpoint
 
     earlier = dict(load_checkpoint(run / "last.pt"))
     earlier["model"] = {
@@ -467,7 +467,7 @@ def test_the_cli_module_loads_without_torch():
     import subprocess
     import sys
 
-    code = "import sys, nmt.cli, nmt.corpus; sys.exit('torch' in sys.modules)"
+    code = "import sys, nmt.cli.main, nmt.data.corpus; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -757,10 +757,10 @@ def test_plot_attention_checks_its_image_format_before_translating(
 ):
     """`plot attention -o a.xyz` translated the sentence first and then failed in matplotlib with a
     traceback."""
-    import nmt.commands.plot
+    import nmt.cli.commands.plot
 
     monkeypatch.setattr(
-        nmt.commands.plot,
+        nmt.cli.commands.plot,
         "sentence_attention",
         lambda *a, **k: pytest.fail("translated before the format was checked"),
     )
@@ -887,8 +887,8 @@ def test_export_ctranslate2_command_translates_like_nmt(trained_run, tmp_path):
 
     from nmt.config import DecodeConfig
     from nmt.core.batching import pad_sources
+    from nmt.data.tokenizer import EOS
     from nmt.decode.search import translate_batch
-    from nmt.tokenizer import EOS
 
     result = invoke(
         "export", tmp_path / "ct2", "--checkpoint", trained_run, "--format", "ctranslate2"
@@ -918,7 +918,7 @@ def test_n_best_score_is_length_normalised_log_probability(trained_run):
     from conftest import load_model, translate_lines
 
     from nmt.core.batching import pad_sources
-    from nmt.tokenizer import BOS, EOS
+    from nmt.data.tokenizer import BOS, EOS
 
     alpha = 0.6
     result = invoke(
@@ -999,7 +999,7 @@ def test_quiet_train_prints_only_its_result_line(tmp_path):
 
 
 def test_native_bf16_read_from_cpu_flags():
-    from nmt.runtime import native_bf16
+    from nmt.runtime.device import native_bf16
 
     avx2 = "processor\t: 0\nflags\t\t: fpu vme sse sse2 avx avx2 fma\n"
     assert native_bf16(avx2) is False
@@ -1012,8 +1012,8 @@ def test_native_bf16_read_from_cpu_flags():
 def test_dtype_auto_and_the_bf16_warning(trained_run, monkeypatch, caplog):
     import torch
 
-    from nmt import runtime
-    from nmt.runtime import resolve_dtype
+    from nmt.runtime import device as runtime
+    from nmt.runtime.device import resolve_dtype
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(runtime, "native_bf16", lambda: True)
@@ -1196,10 +1196,10 @@ def test_invalid_utf8_late_in_a_stream_leaves_earlier_output_and_no_partial_file
 def test_ensemble_of_a_checkpoint_with_itself_and_tokenizer_mismatch(trained_run, tmp_path):
     import torch
 
-    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import TokenizerConfig
-    from nmt.corpus import read_lines
-    from nmt.tokenizer import train_tokenizer
+    from nmt.data.corpus import read_lines
+    from nmt.data.tokenizer import train_tokenizer
+    from nmt.runs.checkpoint import save_checkpoint, tokenizer_to_tensors
 
     text = "the dog sees a cat .\nthe big man likes the small house .\n"
     args = ("--beam-size", "3", "--max-len-b", "5", "--n-best", "2")
@@ -2127,7 +2127,7 @@ def test_running_out_of_memory_is_one_line_naming_what_to_lower_and_leaves_the_o
     trained_run, tmp_path, monkeypatch, error, command
 ):
     """A process that ran out of memory printed a 187-line traceback."""
-    from nmt.inference import Inference
+    from nmt.translation.inference import Inference
 
     def exhausted(self, lines, *args, **kwargs):
         raise error
@@ -2157,7 +2157,7 @@ def test_running_out_of_memory_is_one_line_naming_what_to_lower_and_leaves_the_o
 
 
 def test_other_runtime_errors_are_not_taken_for_running_out_of_memory():
-    from nmt.runtime import out_of_memory
+    from nmt.runtime.device import out_of_memory
 
     assert out_of_memory(MemoryError()) and out_of_memory(
         torch.OutOfMemoryError("CUDA out of memory")
@@ -2457,7 +2457,7 @@ def test_every_warning_nmt_logs_says_it_is_one():
 def test_a_long_command_says_it_is_still_working_and_a_short_one_says_nothing(capsys):
     import time
 
-    from nmt.commands.options import still_working
+    from nmt.cli.commands.options import still_working
 
     with still_working("nmt export", at=(0.3, 0.6)):
         time.sleep(1.45)  # said at 0.3, 0.6 and 1.2 s: each wait then at[-1] more

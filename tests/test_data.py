@@ -12,11 +12,11 @@ from conftest import AWKWARD_LINES, NO_TEXT_LINES, ROOT, TOY, format_tokenizer
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import nmt.encoded as encoded_module
-from nmt.clean import CleanReport, clean_pairs, encode_rows, has_text, report_of, strip_pairs
+import nmt.data.encoded as encoded_module
 from nmt.config import DataConfig
 from nmt.core.batching import TokenBatchSampler, collate, token_batches
-from nmt.corpus import (
+from nmt.data.clean import CleanReport, clean_pairs, encode_rows, has_text, report_of, strip_pairs
+from nmt.data.corpus import (
     DataError,
     ParallelText,
     check_inputs,
@@ -26,9 +26,9 @@ from nmt.corpus import (
     read_parallel,
     stream_buffers,
 )
-from nmt.encoded import EncodedCorpus, encode_corpus
-from nmt.subwords import sample_corpus
-from nmt.tokenizer import BOS, EOS, PAD
+from nmt.data.encoded import EncodedCorpus, encode_corpus
+from nmt.data.subwords import sample_corpus
+from nmt.data.tokenizer import BOS, EOS, PAD
 
 
 def test_read_lines_handles_crlf_bom_gzip_and_unicode_separators(tmp_path):
@@ -339,7 +339,7 @@ def test_gzip_is_recognised_by_content_and_other_files_are_named(tmp_path):
 
 
 def test_thread_count_never_exceeds_the_cpus():
-    from nmt.encoded import encoding_threads
+    from nmt.data.encoded import encoding_threads
 
     cpus = len(os.sched_getaffinity(0))
     assert (
@@ -516,7 +516,7 @@ def test_has_text_sees_one_character_of_text_among_any_others():
 
 
 def test_the_characters_sentencepiece_reads_as_spaces_give_no_pieces(toy_tokenizer):
-    from nmt.clean import SENTENCEPIECE_SPACES
+    from nmt.data.clean import SENTENCEPIECE_SPACES
 
     lines = [*SENTENCEPIECE_SPACES, "".join(SENTENCEPIECE_SPACES) + " \u2581"]
     assert toy_tokenizer.encode_src(lines) == [[]] * len(lines)
@@ -542,8 +542,8 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
     side is warned about when 1% of its lines or more hold one."""
     from collections import Counter
 
-    from nmt.clean import shown, unknowns
-    from nmt.opening import MATERIAL_UNKNOWN_LINES, warn_if_uncovered
+    from nmt.data.clean import shown, unknowns
+    from nmt.training.opening import MATERIAL_UNKNOWN_LINES, warn_if_uncovered
 
     known = _covered(toy_tokenizer)
     outside = st.characters(categories=["Lu", "Ll", "Lo", "Nd", "Po", "Sm", "Sc", "So"]).filter(
@@ -597,7 +597,7 @@ def test_a_corpus_with_characters_outside_the_tokenizer_is_measured_and_warned_a
 
 
 def test_a_missing_character_is_shown_by_its_code_points_where_it_would_not_print_as_itself():
-    from nmt.clean import characters, shown
+    from nmt.data.clean import characters, shown
 
     assert characters("u\u0308 e\u0301x \ufb01") == ["ü", " ", "é", "x", " ", "f", "i"]
     assert characters("\u0301a") == ["\u0301", "a"]  # a mark with nothing before it stands alone
@@ -611,9 +611,9 @@ import signal, sys
 from pathlib import Path
 # a background job starts with Ctrl-C ignored
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from nmt.encoded import encode_corpus
-from nmt.corpus import ParallelText
-from nmt.tokenizer import Tokenizer
+from nmt.data.encoded import encode_corpus
+from nmt.data.corpus import ParallelText
+from nmt.data.tokenizer import Tokenizer
 d = Path(sys.argv[1])
 try:
     text = ParallelText.files(d / "big.en", d / "big.de")
@@ -746,8 +746,8 @@ def test_a_script_without_a_main_guard_encodes_like_any_other(tmp_path, toy_toke
     toy_tokenizer.save(tmp_path)
     script = tmp_path / "noguard.py"
     script.write_text(
-        "from pathlib import Path\nfrom nmt.encoded import encode_corpus\nfrom nmt.corpus import "
-        "ParallelText\nfrom nmt.tokenizer import Tokenizer\n"
+        "from pathlib import Path\nfrom nmt.data.encoded import encode_corpus\n"
+        "from nmt.data.corpus import ParallelText\nfrom nmt.data.tokenizer import Tokenizer\n"
         f"d = Path({str(tmp_path)!r})\n"
         "print(encode_corpus(ParallelText.files(d / 't.en', d / 't.de'), Tokenizer.load_dir(d), "
         "None, threads=2, chunk_lines=100)[1].total)\n"
@@ -800,7 +800,7 @@ def test_pairs_the_model_cannot_see_are_dropped_and_counted(tmp_path, toy_tokeni
     """A side of no piece but UNK and the bare word boundary (an emoji, punctuation or digits
     outside the vocabulary, another script) teaches the model to invent: dropped and counted,
     on either side; a line with one known piece besides is kept."""
-    from nmt.tokenizer import UNK, unknown_only
+    from nmt.data.tokenizer import UNK, unknown_only
 
     src = ["the dog .", "😀", "!!!", "42", "日本語", "the 😀 dog .", "a cat .", "\x00\x85"]
     tgt = ["der Hund .", "Hund", "Katze", "Haus", "Mann", "der Hund .", "😀 !!!", "x"]
@@ -880,8 +880,8 @@ def test_a_damaged_cache_is_found_by_its_checksum_and_encoded_again(
 
 @given(lines=st.lists(st.lists(st.sampled_from([0, 1, 2, 3, 5, 9, 255]), max_size=5), max_size=8))
 def test_unknown_only_of_one_line_agrees_with_the_cleaning_rule(toy_tokenizer, lines):
-    from nmt.clean import flatten, unknown_only_lines
-    from nmt.tokenizer import WORD_BOUNDARY, unknown_only
+    from nmt.data.clean import flatten, unknown_only_lines
+    from nmt.data.tokenizer import WORD_BOUNDARY, unknown_only
 
     boundary = toy_tokenizer.src.piece_to_id(WORD_BOUNDARY)
     assert unknown_only_lines(flatten(lines), boundary).tolist() == [
@@ -1067,7 +1067,7 @@ def test_bzip2_and_xz_inputs_read_as_gzip_does_and_other_compressions_are_named(
 
 def test_a_split_both_plain_and_gzipped_is_read_plain_with_a_warning(tmp_path, caplog):
     """train.en beside train.en.gz used the plain file without a word."""
-    from nmt.corpus import find_split_file
+    from nmt.data.corpus import find_split_file
 
     (tmp_path / "train.en").write_text("plain\n")
     (tmp_path / "train.en.gz").write_bytes(gzip.compress(b"packed\n"))
@@ -1097,7 +1097,7 @@ _LINES = st.lists(st.lists(st.integers(0, 40), max_size=5), min_size=1, max_size
 @given(_LINES, st.lists(st.integers(0, 30), max_size=4), st.integers(0, 5))
 @example([[1, 2], [2, 1], [1, 2], [], [0], [0, 0]], [], 0)
 def test_line_hashes_are_equal_exactly_for_equal_lines_whatever_the_blocks(lines, cuts, start):
-    from nmt.overlap import duplicate_pairs, line_hashes, pair_hashes
+    from nmt.data.overlap import duplicate_pairs, line_hashes, pair_hashes
 
     hashes = line_hashes(_blocks(lines, cuts, start))
     assert hashes.dtype == np.uint64 and len(hashes) == len(lines)
@@ -1117,7 +1117,7 @@ def test_line_hashes_are_equal_exactly_for_equal_lines_whatever_the_blocks(lines
 
 
 def test_overlap_counts_validation_pairs_and_sources_found_in_training():
-    from nmt.overlap import Overlap, line_hashes, pair_hashes
+    from nmt.data.overlap import Overlap, line_hashes, pair_hashes
 
     def hashes(src, tgt):
         s = line_hashes(_blocks(src, [], 0))
@@ -1134,7 +1134,7 @@ def test_a_validation_set_inside_the_training_data_is_warned_and_duplicates_logg
     tmp_path, caplog
 ):
     from nmt.config import load_config
-    from nmt.opening import prepare
+    from nmt.training.opening import prepare
 
     train_en = (TOY / "train.en").read_text(encoding="utf-8").splitlines()
     train_de = (TOY / "train.de").read_text(encoding="utf-8").splitlines()

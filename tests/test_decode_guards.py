@@ -20,14 +20,14 @@ from torch.overrides import TorchFunctionMode
 
 from nmt.config import Config, DataConfig, DecodeConfig, TrainConfig
 from nmt.core.model import Transformer
+from nmt.data.encoded import EncodedCorpus
 from nmt.decode.search import Sampling
 from nmt.decode.steering import Steering
-from nmt.encoded import EncodedCorpus
-from nmt.inference import Inference
-from nmt.serve import Limits, Translator, create_app
-from nmt.shortlist import Shortlist
-from nmt.steering_text import steering
-from nmt.validation import ValidationSet, validate
+from nmt.serve.app import Limits, Translator, create_app
+from nmt.training.validation import ValidationSet, validate
+from nmt.translation.inference import Inference
+from nmt.translation.shortlist import Shortlist
+from nmt.translation.steering_text import steering
 
 LINES = [
     "the dog sees a cat .",

@@ -13,10 +13,10 @@ import pytest
 import torch
 from test_train import small_corpus
 
-from nmt.checkpoint import load_checkpoint
 from nmt.config import TokenizerConfig
-from nmt.corpus import read_parallel
-from nmt.tokenizer import train_tokenizer
+from nmt.data.corpus import read_parallel
+from nmt.data.tokenizer import train_tokenizer
+from nmt.runs.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 HANG = 240  # seconds: far beyond what these runs need, short enough to fail a hang
@@ -291,8 +291,8 @@ def test_with_subword_sampling_rank_0_cuts_every_epoch_for_both(tmp_path, corpus
     """tokenizer.subword_alpha: SentencePiece draws differently in each process, so rank 0 cuts
     each epoch and both ranks train on its cut; a rank that cut for itself fails this run."""
     only_rank_0 = (
-        "import os, sys, nmt.train as t\nif os.environ['RANK'] != '0': "
-        "t.sampled_training_corpus = None\nfrom nmt.cli import main\nsys.argv[0] = "
+        "import os, sys, nmt.training.train as t\nif os.environ['RANK'] != '0': "
+        "t.sampled_training_corpus = None\nfrom nmt.cli.main import main\nsys.argv[0] = "
         "'nmt'\nmain()"
     )
     args = common_args(

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nmt.dropout import Dropout, dropout, dropout_mask
+from nmt.runtime.dropout import Dropout, dropout, dropout_mask
 
 shapes = st.lists(st.integers(0, 9), min_size=0, max_size=3).map(tuple)
 rates = st.one_of(st.sampled_from([0.0, 0.1, 0.5, 1.0, 2**-33, 1 - 2**-33]), st.floats(0.0, 1.0))

@@ -9,7 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from sacrebleu.metrics import BLEU
 
-from nmt.evaluate import (
+from nmt.scoring.evaluate import (
     CJK_LANGUAGES,
     LANGUAGE_TOKENIZERS,
     TOKENIZERS,
@@ -21,7 +21,12 @@ from nmt.evaluate import (
     guess_cjk_language,
     score,
 )
-from nmt.text_forms import INVISIBLE, MOSES_ESCAPES, hidden_differences, normalisation_mismatches
+from nmt.scoring.text_forms import (
+    INVISIBLE,
+    MOSES_ESCAPES,
+    hidden_differences,
+    normalisation_mismatches,
+)
 
 
 def test_perfect_and_signature():
@@ -382,7 +387,7 @@ def test_nmt_evaluate_scores_every_spelling_as_its_language_and_warns_when_13a_m
     references is warned about whatever -l said."""
     from typer.testing import CliRunner
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     tokenize, code = case
     hyp, ref = cjk_files[tokenize]
@@ -413,7 +418,7 @@ def test_nmt_evaluate_scores_every_spelling_as_its_language_and_warns_when_13a_m
 def test_13a_asked_for_by_name_is_not_warned_about(cjk_files):
     from typer.testing import CliRunner
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     hyp, ref = cjk_files["zh"]
     for flags in (["--tokenize", "13a"], ["--tokenize", "13a", "--tgt-lang", "zh"]):

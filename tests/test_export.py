@@ -11,11 +11,17 @@ from nmt.config import DecodeConfig, TokenizerConfig
 from nmt.core.batching import pad_sources
 from nmt.core.layers import sinusoidal_positions
 from nmt.core.model import Transformer
-from nmt.corpus import read_parallel
+from nmt.data.corpus import read_parallel
+from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, controls_as_spaces, train_tokenizer
 from nmt.decode.search import translate_batch
-from nmt.export import EXPORT_FILES, ExportError, export, export_huggingface, generation_settings
-from nmt.marian import permutation as marian_permutation
-from nmt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, controls_as_spaces, train_tokenizer
+from nmt.interop.export import (
+    EXPORT_FILES,
+    ExportError,
+    export,
+    export_huggingface,
+    generation_settings,
+)
+from nmt.interop.marian import permutation as marian_permutation
 
 transformers = pytest.importorskip("transformers")
 
@@ -142,7 +148,7 @@ def test_pre_ln_refused(exported, tmp_path):
 
 def test_ctranslate2_conversion_translates_like_nmt(exported, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from nmt.export import export_ctranslate2
+    from nmt.interop.export import export_ctranslate2
 
     model, tokenizer, _, hf_dir = exported
     export_ctranslate2(hf_dir, tmp_path / "ct2")
@@ -180,8 +186,8 @@ def test_export_checks_format_and_quantization_before_reading_the_checkpoint(tmp
 def checkpoint(exported, tmp_path):
     """The exported fixture's model as an nmt checkpoint whose decode settings generate() can
     express (an absolute length limit)."""
-    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import Config, config_to_dict, with_vocab
+    from nmt.runs.checkpoint import save_checkpoint, tokenizer_to_tensors
 
     model, tokenizer, _, _ = exported
     cfg = with_vocab(
@@ -277,7 +283,7 @@ def test_a_killed_export_leaves_nothing_that_loads(checkpoint, tmp_path, monkeyp
         "import os, signal, transformers\n"
         "transformers.MarianTokenizer.save_pretrained = lambda *a, **k: os.kill(os.getpid(), "
         "signal.SIGKILL)  # after the weights, before the tokenizer\n"
-        f"from nmt.export import export\nexport({str(checkpoint)!r}, {str(out)!r})\n"
+        f"from nmt.interop.export import export\nexport({str(checkpoint)!r}, {str(out)!r})\n"
     )
     proc = subprocess.run([sys.executable, "-c", kill], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
@@ -310,7 +316,7 @@ def test_an_unwritable_or_full_place_is_one_line_and_leaves_nothing(
 
     from typer.testing import CliRunner
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     runner = CliRunner()
     (tmp_path / "other").mkdir()
@@ -479,7 +485,7 @@ def test_separate_vocabularies_convert_to_ctranslate2_with_the_target_vocabulary
     separate, tmp_path
 ):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from nmt.export import export_ctranslate2
+    from nmt.interop.export import export_ctranslate2
 
     model, tokenizer, hf_dir = separate
     export_ctranslate2(hf_dir, tmp_path / "ct2")
@@ -528,7 +534,7 @@ def test_a_han_target_of_its_own_vocabulary_exports_with_byte_pieces(tmp_path):
     pieces): the target ids, byte pieces included, come from target_vocab.json; CTranslate2 writes
     nmt's greedy pieces."""
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from nmt.export import export_ctranslate2
+    from nmt.interop.export import export_ctranslate2
 
     english = [f"word{i} number{7 * i} item{13 * i} thing{i % 13} and more" for i in range(400)]
     han = ["".join(chr(0x4E00 + (7 * i + j) % 600) for j in range(7)) for i in range(400)]
@@ -582,8 +588,8 @@ def test_only_an_earlier_export_is_replaced(tmp_path_factory, format, kept, fore
     """A directory is replaced only when all it holds are the files one export format writes: any
     other file, a subdirectory or a link (even under an export's file name) makes it the user's,
     refused and left as it was."""
-    from nmt.export import _check_directory
     from nmt.files import OutputError
+    from nmt.interop.export import _check_directory
 
     out = tmp_path_factory.mktemp("export") / "out"
     out.mkdir()

@@ -308,7 +308,7 @@ def test_on_a_file_system_without_locks_writes_work_and_the_process_id_decides(
     )
     remove_abandoned_temporaries(tmp_path)
     assert alive.exists() and elsewhere.exists()
-    from nmt.rundir import RunDir
+    from nmt.runs.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
     run.lock()  # unlocked, with a warning: the run goes on

@@ -17,8 +17,8 @@ from test_cli import invoke
 from test_evaluate import CODES
 
 from nmt.config import ConfigError, TokenizerConfig, load_config
+from nmt.data.tokenizer import UNK, auto_character_coverage, train_tokenizer
 from nmt.decode.restrictions import Restrictions
-from nmt.tokenizer import UNK, auto_character_coverage, train_tokenizer
 
 TOY_ZH = ROOT / "data" / "toy_zh"
 ENJA = Path(
@@ -295,8 +295,8 @@ def test_validation_scores_every_spelling_of_its_language_code_as_that_language(
     from test_evaluate import JA_REF, KO_REF, ZH_REF
 
     from nmt.config import Config, DataConfig, DecodeConfig, TrainConfig
-    from nmt.encoded import EncodedCorpus
-    from nmt.validation import ValidationSet, validate
+    from nmt.data.encoded import EncodedCorpus
+    from nmt.training.validation import ValidationSet, validate
 
     tokenize, code = case
     model, tokenizer, sources = validation_model
@@ -318,7 +318,7 @@ def test_validation_scores_every_spelling_of_its_language_code_as_that_language(
 
 
 def test_a_run_is_warned_when_its_language_code_leaves_chinese_validation_to_13a(tmp_path, caplog):
-    from nmt.opening import prepare
+    from nmt.training.opening import prepare
 
     data = tmp_path / "data"
     data.mkdir()

@@ -48,7 +48,7 @@ def imports(path: Path) -> set[str]:
             if target.split(".")[0] != "nmt":
                 continue
             found.add(target)
-            for alias in node.names:  # `from . import evaluate`: the module nmt.evaluate
+            for alias in node.names:  # `from . import evaluate`: the module nmt.scoring.evaluate
                 candidate = f"{target}.{alias.name}"
                 if (ROOT / Path(*candidate.split("."))).with_suffix(".py").is_file() or (
                     ROOT / Path(*candidate.split(".")) / "__init__.py"
@@ -167,3 +167,52 @@ def test_the_checks_see_an_upward_import_a_cycle_and_a_function_level_import(tmp
         assert imports(source) == {"nmt.files", "nmt.config"}
     finally:
         ROOT = saved
+
+
+def folder_problems(table, package: Path) -> list[str]:
+    """Where the tree does not show the table: a layer but the foundations that is not exactly
+    the folder of its name (``nmt.X nmt.X.*``; the command line also holds ``nmt.__main__``), a
+    layer's folder missing or without its package docstring, a folder no layer names, or a module
+    outside every folder that is not a foundation."""
+    found = []
+    foundations = next(patterns for name, patterns, _ in table if name == "foundations")
+    layers = {name: patterns for name, patterns, _ in table if name != "foundations"}
+    for name, patterns in layers.items():
+        expected = [f"nmt.{name}", f"nmt.{name}.*"] + (["nmt.__main__"] if name == "cli" else [])
+        if sorted(patterns) != sorted(expected):
+            found.append(f"layer {name} is {' '.join(patterns)}, not the folder nmt/{name}/")
+        init = package / name / "__init__.py"
+        if not init.is_file() or not ast.get_docstring(ast.parse(init.read_text("utf-8"))):
+            found.append(f"nmt/{name}/ has no __init__.py saying what the layer holds")
+    for path in sorted(p for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        if path.name not in layers and any(path.glob("*.py")):
+            found.append(f"nmt/{path.name}/ is in no layer of the table")
+    for path in sorted(package.glob("*.py")):
+        name = "nmt" if path.stem == "__init__" else f"nmt.{path.stem}"
+        if name not in foundations and name != "nmt.__main__":
+            found.append(f"{path.name} sits at the top but is no foundation: move it to its layer")
+    return found
+
+
+def test_each_layer_is_a_folder_and_the_top_holds_only_the_foundations(table):
+    assert folder_problems(table, PACKAGE) == []
+
+
+def test_the_folder_check_sees_a_stray_module_and_a_layer_without_its_folder(tmp_path):
+    package = tmp_path / "nmt"
+    (package / "data").mkdir(parents=True)
+    (package / "data" / "__init__.py").write_text('"""Text in."""\n')
+    (package / "extra").mkdir()
+    (package / "extra" / "x.py").write_text("")
+    for name in ("__init__.py", "config.py", "stray.py"):
+        (package / name).write_text("")
+    table = layer_table(
+        "```layers\ndata  nmt.data nmt.data.*\nruns  nmt.runs nmt.runs.* nmt.train\n"
+        "foundations  nmt nmt.config\n```\n"
+    )
+    assert folder_problems(table, package) == [
+        "layer runs is nmt.runs nmt.runs.* nmt.train, not the folder nmt/runs/",
+        "nmt/runs/ has no __init__.py saying what the layer holds",
+        "nmt/extra/ is in no layer of the table",
+        "stray.py sits at the top but is no foundation: move it to its layer",
+    ]

@@ -133,8 +133,8 @@ def test_low_precision_gradients_equal_autograd_of_the_plain_formula(dtype):
 @pytest.fixture
 def compiled(monkeypatch):
     """The loss of train.compile_loss, with the record of a failed compile cleared."""
-    from nmt.compiled import _Compiled, training_loss
     from nmt.config import TrainConfig
+    from nmt.runtime.compiled import _Compiled, training_loss
 
     monkeypatch.setattr(_Compiled, "failed", {})
     return training_loss(TrainConfig(compile_loss=True))
@@ -175,9 +175,9 @@ def test_a_loss_that_cannot_compile_runs_eagerly_said_once(compiled, monkeypatch
 
 
 def test_the_loss_is_compiled_only_when_asked():
-    from nmt.compiled import _Compiled, training_loss
     from nmt.config import TrainConfig
     from nmt.core.loss import EAGER
+    from nmt.runtime.compiled import _Compiled, training_loss
 
     assert training_loss(TrainConfig()) is EAGER
     asked = training_loss(TrainConfig(compile_loss=True))

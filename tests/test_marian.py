@@ -31,14 +31,14 @@ from hypothesis import strategies as st
 from opus_dirs import SOURCE, TARGET, make_opus_dir
 from typer.testing import CliRunner
 
-from nmt.checkpoint import load_checkpoint
-from nmt.cli import app
+from nmt.cli.main import app
 from nmt.config import DecodeConfig
 from nmt.core.batching import pad_sources
-from nmt.importing import import_checkpoint
-from nmt.inference import best_strings
-from nmt.marian import NEVER, MarianError, Rows, from_marian, to_marian
-from nmt.tokenizer import BOS, EOS, PAD, UNK
+from nmt.data.tokenizer import BOS, EOS, PAD, UNK
+from nmt.interop.importing import import_checkpoint
+from nmt.interop.marian import NEVER, MarianError, Rows, from_marian, to_marian
+from nmt.runs.checkpoint import load_checkpoint
+from nmt.translation.inference import best_strings
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
@@ -129,8 +129,8 @@ def opus(request, tmp_path_factory):
 
 
 def test_layout_numbers_marian_pieces_in_nmts_layout():
-    from nmt.tokenizer import TokenizerError
-    from nmt.vocab import PAD_PIECE, Layout
+    from nmt.data.tokenizer import TokenizerError
+    from nmt.data.vocab import PAD_PIECE, Layout
 
     layout = Layout.of(
         {"</s>": 0, "<unk>": 1, "▁a": 2, "b": 3, "<pad>": 4}, "</s>", "<unk>", "<pad>"
@@ -606,7 +606,7 @@ def test_ids_equal_with_and_without_sacremoses(small_opus, monkeypatch, sacremos
     tok = transformers.MarianTokenizer.from_pretrained(small_opus)
     # the normaliser nmt must not apply differs with sacremoses
     assert (tok.punc_normalizer("«a»") == "«a»") == (sacremoses == "absent")
-    from nmt.importing import read_tokenizer
+    from nmt.interop.importing import read_tokenizer
 
     tokenizer = read_tokenizer(small_opus)
     for text in ["«the dog»  „x“ – 1,5 ’s", "the dog ... sees a cat!", "« »", "‘a’ “b” — c"]:
@@ -768,7 +768,7 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
 def test_serve_translates_an_imported_model_as_translate_does(small_opus, tmp_path):
     from starlette.testclient import TestClient
 
-    from nmt.serve import Limits, Translator, create_app
+    from nmt.serve.app import Limits, Translator, create_app
 
     import_checkpoint(small_opus, tmp_path / "m.pt")
     translator = Translator.load([tmp_path / "m.pt"], torch.device("cpu"), torch.float32)
@@ -794,11 +794,11 @@ def test_an_nmt_export_imports_back_as_the_model_it_came_from(tmp_path, joint):
     row is added; a vocabulary per side comes back as one per side."""
     from conftest import cached_tokenizer, tiny_config
 
-    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import Config, TokenizerConfig, config_to_dict
     from nmt.core.model import Transformer
-    from nmt.corpus import read_parallel
-    from nmt.tokenizer import train_tokenizer
+    from nmt.data.corpus import read_parallel
+    from nmt.data.tokenizer import train_tokenizer
+    from nmt.runs.checkpoint import save_checkpoint, tokenizer_to_tensors
 
     if joint:
         tokenizer = cached_tokenizer(300, 3000, german=True)
@@ -861,9 +861,9 @@ def test_a_ctranslate2_export_of_an_import_bans_pad_as_nmt_does(tmp_path):
 
     from conftest import cached_tokenizer, tiny_config
 
-    from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
     from nmt.config import Config, config_to_dict
     from nmt.core.model import Transformer
+    from nmt.runs.checkpoint import save_checkpoint, tokenizer_to_tensors
 
     tokenizer = cached_tokenizer(300, 3000, german=True)
     model = Transformer(tiny_config(src_vocab_size=300, tgt_vocab_size=300)).eval()

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from nmt.memory import chosen_by_user
+from nmt.runtime.memory import chosen_by_user
 
 
 def glibc_version() -> tuple[int, ...]:
@@ -25,7 +25,7 @@ glibc = pytest.mark.skipif(glibc_version() < (2, 33), reason="glibc 2.33 or late
 PROBE = textwrap.dedent(
     """
     import ctypes, sys, torch
-    from nmt.memory import keep_freed_memory
+    from nmt.runtime.memory import keep_freed_memory
 
     class Mallinfo2(ctypes.Structure):
         names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"

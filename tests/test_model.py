@@ -7,7 +7,7 @@ from conftest import random_sources, tiny_config
 from nmt.config import config_from_dict, with_vocab
 from nmt.core.layers import sinusoidal_positions
 from nmt.core.model import Transformer, count_parameters
-from nmt.tokenizer import BOS
+from nmt.data.tokenizer import BOS
 
 
 def test_sinusoidal_positions_hand_values():
@@ -228,7 +228,7 @@ def test_training_step_reduces_loss(norm_position, activation):
 def test_int8_logits_keep_the_output_bias_of_an_imported_model():
     """The quantized copy of the tied output matrix carries Marian's ``final_logits_bias``: a bias
     of +50 on one piece moves that piece's int8 logit by 50 as it moves the float32 one."""
-    from nmt.runtime import to_dtype
+    from nmt.runtime.device import to_dtype
 
     torch.manual_seed(0)
     model = Transformer(tiny_config(output_bias=True)).eval()

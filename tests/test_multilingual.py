@@ -12,14 +12,12 @@ import torch
 from conftest import TOY, load_model, translate_lines
 from typer.testing import CliRunner
 
-from nmt.checkpoint import load_checkpoint
-from nmt.cli import app
+from nmt.cli.main import app
 from nmt.config import ConfigError, TokenizerConfig, config_from_dict, config_to_dict, load_config
 from nmt.core.batching import TokenBatchSampler, token_batches
-from nmt.corpus import ParallelText, read_lines
-from nmt.encoded import EncodedCorpus, cache_key, encode_corpus
-from nmt.inference import best_strings
-from nmt.multilingual import (
+from nmt.data.corpus import ParallelText, read_lines
+from nmt.data.encoded import EncodedCorpus, cache_key, encode_corpus
+from nmt.data.multilingual import (
     Direction,
     DirectionMix,
     directions,
@@ -28,7 +26,9 @@ from nmt.multilingual import (
     target,
     train_multilingual_tokenizer,
 )
-from nmt.train import train
+from nmt.runs.checkpoint import load_checkpoint
+from nmt.training.train import train
+from nmt.translation.inference import best_strings
 
 runner = CliRunner()
 
@@ -179,8 +179,8 @@ def test_direction_settings_that_cannot_work_are_one_line(overrides, message):
 def test_a_direction_without_files_names_the_direction_the_splits_there_and_its_own_file_names(
     tmp_path,
 ):
-    from nmt.corpus import DataError
-    from nmt.multilingual import split_text
+    from nmt.data.corpus import DataError
+    from nmt.data.multilingual import split_text
 
     for name in ("train.en", "train.de", "val.en", "val.de"):
         (tmp_path / name).write_text("a\n", encoding="utf-8")
@@ -513,7 +513,7 @@ def test_alignments_index_the_sentence_not_the_tag(trained):
 def test_serve_takes_tgt_lang_and_the_page_offers_the_languages(trained):
     from starlette.testclient import TestClient
 
-    from nmt.serve import Limits, Translator, create_app
+    from nmt.serve.app import Limits, Translator, create_app
 
     _, run, _ = trained
     translator = Translator.load([run / "best.pt"], torch.device("cpu"), torch.float32)
@@ -639,7 +639,7 @@ def test_an_exported_multilingual_model_imports_back_with_its_directions(trained
     and warned that a ban it applies was not applied; its directions come back from the tags in
     vocab.json."""
     pytest.importorskip("transformers")
-    from nmt.importing import import_checkpoint
+    from nmt.interop.importing import import_checkpoint
 
     data, run, _ = trained
     assert (

@@ -23,17 +23,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nmt.corpus as corpus
+import nmt.data.corpus as corpus
 from nmt.config import BEAM, LENGTH_PENALTY, THREADS, ConfigError, DecodeConfig, config_from_dict
-from nmt.corpus import DataError, iter_lines, stream_buffers
+from nmt.data.corpus import DataError, iter_lines, stream_buffers
+from nmt.data.tokenizer import EOS
 from nmt.decode.sampling import Sampling, sampling_probs
 from nmt.decode.search import sample
 from nmt.fields import MAX_INT, read_yaml
 from nmt.files import OutputError, atomic_write, check_not_a_run_file, check_writable, inherited_fd
-from nmt.plot import read_metrics
-from nmt.rundir import RunDir
-from nmt.tokenizer import EOS
-from nmt.tune import grid
+from nmt.runs.rundir import RunDir
+from nmt.tools.plot import read_metrics
+from nmt.tools.tune import grid
 
 PROPERTY = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -428,7 +428,7 @@ def test_a_fresh_run_never_replaces_the_config_file_it_was_given(tmp_path, via):
     file."""
     from typer.testing import CliRunner
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     run = tmp_path / "exp"
     run.mkdir()
@@ -530,8 +530,8 @@ def test_serve_refuses_a_port_or_a_wait_it_cannot_use_in_one_line(port, wait):
     request unanswered."""
     from typer.testing import CliRunner
 
-    from nmt.cli import app
-    from nmt.serve_api import Limits
+    from nmt.cli.main import app
+    from nmt.serve.api import Limits
 
     result = CliRunner().invoke(app, ["serve", "--checkpoint", "missing.pt", "--port", str(port)])
     bound = "greater than or equal to 0" if port < 0 else "less than or equal to 65535"
@@ -559,7 +559,7 @@ def test_serve_names_an_address_it_cannot_listen_on_before_loading_anything(host
     """A port in use ended uvicorn after the model had loaded, with its exit code 3; an unknown host
     the same. Any --host either can be listened on or is refused in one line naming it, before the
     checkpoint is read."""
-    from nmt.commands.serve import check_address
+    from nmt.cli.commands.serve import check_address
     from nmt.errors import NmtError
 
     try:
@@ -581,7 +581,7 @@ def test_serve_names_an_address_it_cannot_listen_on_before_loading_anything(host
 def test_a_split_file_that_is_no_file_is_named_for_what_it_is(tmp_path, kind):
     """A FIFO or a directory named train.en was reported as "neither train.en nor train.en.gz
     exists", which pointed at data.train_split; a link to nothing or a loop of links likewise."""
-    from nmt.corpus import find_split_file
+    from nmt.data.corpus import find_split_file
 
     path = tmp_path / "train.en"
     if kind == "fifo":
@@ -619,7 +619,7 @@ def test_a_split_file_that_is_no_file_is_named_for_what_it_is(tmp_path, kind):
 def test_an_attention_plot_of_any_size_fits_the_pixel_budget(n_layers, tgt_len, src_len):
     """`nmt plot attention` of 300 words asked matplotlib for 23 GB: the figure grew with the pieces
     at 100 dpi."""
-    from nmt.plot import MAX_PIXELS, attention_figure
+    from nmt.tools.plot import MAX_PIXELS, attention_figure
 
     (width, height), dpi = attention_figure(n_layers, tgt_len, src_len)
     assert 1 <= dpi <= 100 and (width * dpi) * (height * dpi) <= MAX_PIXELS or dpi == 1
@@ -691,8 +691,8 @@ def test_an_export_into_the_current_directory_or_above_it_is_refused_in_one_line
 ):
     """`nmt export CKPT .` raised ValueError ("has an empty name"); exporting there would replace
     the working directory."""
-    from nmt.export import export
     from nmt.files import OutputError
+    from nmt.interop.export import export
 
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub" if given == ".." else tmp_path)
@@ -711,7 +711,7 @@ def test_a_config_given_as_a_pipe_is_read_once_by_every_reader(tmp_path):
     import threading
 
     from nmt.config import load_config
-    from nmt.rundir import _written_keys
+    from nmt.runs.rundir import _written_keys
 
     fifo = tmp_path / "config.yaml"
     os.mkfifo(fifo)

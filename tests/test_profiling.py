@@ -2,10 +2,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from nmt.commands.profile import format_profile
+from nmt.cli.commands.profile import format_profile
 from nmt.config import ModelConfig
 from nmt.core.model import Transformer
-from nmt.profiling import PARTS, TRAIN_PARTS, Shape, cache_bytes, profile
+from nmt.tools.profiling import PARTS, TRAIN_PARTS, Shape, cache_bytes, profile
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_time_shares_are_the_parts_of_the_whole(result):
 
 
 def test_a_busy_machine_is_said_beside_the_profile():
-    from nmt.commands.profile import busy_machine
+    from nmt.cli.commands.profile import busy_machine
 
     def said(device, threads, cpu_seconds, wall_seconds=2.0):
         busy = cpu_seconds / wall_seconds
@@ -99,7 +99,7 @@ def test_profile_command_prints_one_json_object_or_one_line_errors():
 
     from typer.testing import CliRunner
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     runner = CliRunner()
     result = runner.invoke(
@@ -159,7 +159,7 @@ def test_the_memory_a_shape_needs_is_bounded_below_by_its_largest_tensors():
     384; the cache 2·2·10·4·4·16 = 10,240 and the step's scores 2·10·8000 = 160,000, together
     170,240: the largest is 192,000 floats, 768,000 bytes."""
     from nmt.config import PRESETS, ModelConfig
-    from nmt.profiling import Shape, largest_tensors_bytes
+    from nmt.tools.profiling import Shape, largest_tensors_bytes
 
     cfg = ModelConfig(**PRESETS["tiny"], src_vocab_size=8000, tgt_vocab_size=8000)
     assert largest_tensors_bytes(cfg, Shape(batch=2, src_len=3, tgt_len=4, beam=5)) == 768_000

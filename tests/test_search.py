@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from nmt.config import ConfigError, DecodeConfig
 from nmt.core.layers import CrossAttention
+from nmt.data.tokenizer import BOS, EOS, NEVER_OUTPUT, PAD, UNK
 from nmt.decode.beams import LENGTH_NORMALIZATIONS, length_penalty
 from nmt.decode.sampling import Sampling, sample_seed, sampling_probs
 from nmt.decode.scorers import EnsembleScorer, TransformerScorer
 from nmt.decode.search import beam_search, sample, translate_batch
 from nmt.decode.steering import Steering
-from nmt.tokenizer import BOS, EOS, NEVER_OUTPUT, PAD, UNK
 
 A, B, C = 4, 5, 6
 VOCAB = 7

@@ -24,13 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from nmt.checkpoint import save_checkpoint, tokenizer_to_tensors
 from nmt.config import Config, ConfigError, DataConfig, DecodeConfig, config_to_dict
 from nmt.core.model import Transformer
-from nmt.inference import Inference
-from nmt.serve import Limits, Translator, create_app
-from nmt.serve_api import MAX_BODY_BYTES, Body, RequestError, parse_request
-from nmt.tokenizer import Tokenizer, train_sentencepiece
+from nmt.data.tokenizer import Tokenizer, train_sentencepiece
+from nmt.runs.checkpoint import save_checkpoint, tokenizer_to_tensors
+from nmt.serve.api import MAX_BODY_BYTES, Body, RequestError, parse_request
+from nmt.serve.app import Limits, Translator, create_app
+from nmt.translation.inference import Inference
 
 SENTENCES = [
     "the dog sees a cat .",
@@ -260,7 +260,7 @@ def test_bad_request_gets_4xx_with_one_line_reason(client, body, status, reason)
 
 
 def test_alignment_and_attention_equal_the_translate_path(client, translator):
-    from nmt.align import format_alignment
+    from nmt.translation.align import format_alignment
 
     lines = [SENTENCES[3], "", SENTENCES[0]]
     response = client.post(
@@ -406,7 +406,7 @@ def test_any_limit_is_refused_by_its_flag_or_every_request_it_admits_is_answered
     search's own range check; --max-input-pieces above the checkpoint's decode.max_input_pieces let
     lines in that came back empty. Every limit is in its search setting's range or refused naming
     its flag, and a request at the limits is parsed."""
-    from nmt.serve_api import RequestError, parse_request
+    from nmt.serve.api import RequestError, parse_request
 
     if name != "max_wait_ms":
         value = int(value)
@@ -496,7 +496,7 @@ def start_server(checkpoint, *flags, output=subprocess.PIPE, preexec_fn=None):
 
 
 class HandDrivenLoop:
-    """What :class:`~nmt.serve_process.AcceptShortage` uses of an event loop (its clock, timers and
+    """What :class:`~nmt.serve.process.AcceptShortage` uses of an event loop (its clock, timers and
     default exception handler), driven by hand."""
 
     def __init__(self):
@@ -534,7 +534,7 @@ def test_running_short_of_descriptors_is_one_line_an_episode_and_a_line_a_minute
     """However the failures come, each episode is a line when it starts and one when it ends (with
     the count of its failures), and at most one in between a minute; every other report of the loop
     goes to its default handler."""
-    from nmt.serve_process import AcceptShortage
+    from nmt.serve.process import AcceptShortage
 
     loop, handler = HandDrivenLoop(), AcceptShortage(every_s=60.0, quiet_s=2.5)
     records: list[logging.LogRecord] = []
@@ -688,7 +688,7 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(checkpoint, translat
 def test_serve_cli_errors_are_one_line_exit_2(tmp_path):
     from typer.testing import CliRunner
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     runner = CliRunner()
     missing = runner.invoke(app, ["serve", "--checkpoint", str(tmp_path / "none.pt")])
@@ -818,11 +818,11 @@ def test_a_checkpoint_is_read_once_and_its_step_served(checkpoint, tmp_path, mon
     """The server read its checkpoint whole a second time for the step: twice the time, and a run
     directory's warning (another run's best.pt) said twice. A checkpoint without a step (an
     import) serves none."""
-    import nmt.checkpoint
+    import nmt.runs.checkpoint
 
-    reads, check = [], nmt.checkpoint.check_payload
+    reads, check = [], nmt.runs.checkpoint.check_payload
     monkeypatch.setattr(
-        nmt.checkpoint, "check_payload", lambda *args: reads.append(args[1]) or check(*args)
+        nmt.runs.checkpoint, "check_payload", lambda *args: reads.append(args[1]) or check(*args)
     )
     assert Translator.load([checkpoint], torch.device("cpu"), torch.float32).step == 7
     assert reads == [checkpoint]
@@ -836,7 +836,7 @@ def test_a_checkpoint_is_read_once_and_its_step_served(checkpoint, tmp_path, mon
 
 def test_int8_loads_through_the_translate_dtype_path(checkpoint, translator):
     """``nmt serve --dtype int8`` once crashed at start (``nn.Module.to`` with ``torch.qint8``)."""
-    from nmt.inference import Inference
+    from nmt.translation.inference import Inference
 
     int8 = Translator.load([checkpoint], torch.device("cpu"), torch.qint8)
     assert int8.dtype == "int8" and any(
@@ -931,7 +931,7 @@ def test_each_request_is_logged_in_one_line(client, caplog):
 
 
 def test_prefix_constraints_and_bans_per_line_equal_the_translate_path(client, translator):
-    from nmt.steering_text import steering
+    from nmt.translation.steering_text import steering
 
     body = {
         "text": [SENTENCES[0], SENTENCES[2]],
@@ -1110,15 +1110,15 @@ def test_alignment_answers_are_bounded_by_the_weights_they_could_hold(translator
     """A 49 KB request with alignment asked for 64 lines of 254 pieces and got a 136 MB answer. By
     hand: a line of n pieces is n + 1 source positions (EOS) and at most max_len_a · (n + 1) +
         max_len_b + 1 output rows (1.0 and 4 here)."""
-    import nmt.serve_api
-    from nmt.serve_api import RequestError, parse_request
+    import nmt.serve.api
+    from nmt.serve.api import RequestError, parse_request
 
     n = len(translator.tokenizer.encode_src([SENTENCES[1]])[0])
     weights = 2 * (n + 1) * ((n + 1) + 4 + 1)
     body = json.dumps({"text": [SENTENCES[1]] * 2, "alignment": True}).encode()
-    monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", weights)
+    monkeypatch.setattr(nmt.serve.api, "MAX_ATTENTION_WEIGHTS", weights)
     assert parse_request(body, translator, Limits()).alignment
-    monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", weights - 1)
+    monkeypatch.setattr(nmt.serve.api, "MAX_ATTENTION_WEIGHTS", weights - 1)
     with pytest.raises(
         RequestError,
         match=rf"could hold {weights:,} weights; the limit is {weights - 1:,}: send fewer or "
@@ -1134,12 +1134,12 @@ def test_alignment_answers_are_bounded_by_the_weights_they_could_hold(translator
         "alignment": True,
         "prefix": [" ".join(SENTENCES * 2)] * 2,
     }
-    monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", 10**9)
+    monkeypatch.setattr(nmt.serve.api, "MAX_ATTENTION_WEIGHTS", 10**9)
     steered = parse_request(json.dumps(prefixed).encode(), translator, Limits()).steering[0]
     # the whole words, and at most a piece for each state of the cut last one
     forced = len(steered.prefix) + len(steered.fragment)
     assert forced > n + 1  # so the output limit grows to hold it, and the bound with it
-    monkeypatch.setattr(nmt.serve_api, "MAX_ATTENTION_WEIGHTS", weights)
+    monkeypatch.setattr(nmt.serve.api, "MAX_ATTENTION_WEIGHTS", weights)
     with pytest.raises(
         RequestError, match=rf"could hold {2 * (n + 1) * (forced + 4 + 1):,} weights"
     ):
@@ -1159,7 +1159,7 @@ def test_a_checkpoint_setting_in_its_configs_range_is_served_and_requests_are_ju
     may choose it) was answered 422 on every request: the server checked it against a narrower range
     of its own."""
     from nmt.config import LENGTH_PENALTY
-    from nmt.serve_api import RequestError, parse_request
+    from nmt.serve.api import RequestError, parse_request
 
     served = replace(
         translator,

@@ -6,11 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nmt.config import DecodeConfig
-from nmt.corpus import ParallelText
+from nmt.data.corpus import ParallelText
+from nmt.data.tokenizer import BOS, EOS, UNK
 from nmt.decode.search import translate_batch
 from nmt.decode.steering import Steering
-from nmt.shortlist import Shortlist, ShortlistError, build, cooccurrence, rank
-from nmt.tokenizer import BOS, EOS, UNK
+from nmt.translation.shortlist import Shortlist, ShortlistError, build, cooccurrence, rank
 
 DECODE = DecodeConfig(beam_size=4, length_penalty=0.6, max_len_a=0.5, max_len_b=6, n_best=2)
 

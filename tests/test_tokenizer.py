@@ -7,7 +7,7 @@ from conftest import AWKWARD_LINES, ROOT, TOY
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nmt.tokenizer import controls_as_spaces, reservoir_sample
+from nmt.data.tokenizer import controls_as_spaces, reservoir_sample
 
 
 def test_reservoir_keeps_a_short_stream_whole_and_in_order():
@@ -36,8 +36,8 @@ def test_reservoir_sample_is_uniform_and_fixed_by_the_seed():
 TRAIN = """
 import hashlib, sys
 from nmt.config import TokenizerConfig
-from nmt.corpus import read_parallel
-from nmt.tokenizer import train_tokenizer
+from nmt.data.corpus import read_parallel
+from nmt.data.tokenizer import train_tokenizer
 src, tgt = read_parallel(sys.argv[1] + "/train.en", sys.argv[1] + "/train.de")
 for joint in (True, False):
     cfg = TokenizerConfig(vocab_size=300, joint=joint, input_sentence_size=5000)
@@ -90,7 +90,7 @@ def test_control_characters_part_words_as_spaces_do(toy_tokenizer):
 
 def test_a_tokenizer_learns_no_piece_of_a_control_character():
     """It trains on the text encode_src gives it: a control is a space there too."""
-    from nmt.tokenizer import train_sentencepiece
+    from nmt.data.tokenizer import train_sentencepiece
 
     sp = train_sentencepiece(
         [f"the dog{c}sees a cat{c}." for c in ("\x85", "\x00", "\x01", "\x9c")] * 50, vocab_size=40
@@ -129,7 +129,7 @@ def test_a_control_character_encodes_as_a_space(toy_tokenizer, left, right, cont
 def test_the_unknown_text_of_a_line_is_what_encodes_as_unk(toy_tokenizer, words):
     """Every piece's text comes back, one per piece of encode_src, and the unknown ones are the
     texts of its UNK pieces."""
-    from nmt.tokenizer import UNK
+    from nmt.data.tokenizer import UNK
 
     line = "".join(words)
     ids = toy_tokenizer.encode_src([line])[0]

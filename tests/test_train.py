@@ -14,10 +14,10 @@ from conftest import TOY, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nmt.checkpoint import CheckpointError, load_checkpoint
 from nmt.config import ConfigError, config_from_dict
-from nmt.corpus import DataError, read_lines
-from nmt.train import train
+from nmt.data.corpus import DataError, read_lines
+from nmt.runs.checkpoint import CheckpointError, load_checkpoint
+from nmt.training.train import train
 
 
 def small_corpus(tmp_path, n=100):
@@ -95,7 +95,7 @@ def test_subword_sampling_resumes_its_epoch_exactly_from_the_checkpoint(tmp_path
     uninterrupted run does; the next epoch is a new draw. The pieces are not the best
     segmentation's (the losses differ from a run without sampling), and the alpha is the
     tokenizer's, fixed for a run."""
-    import nmt.train as train_module
+    import nmt.training.train as train_module
 
     data = small_corpus(tmp_path)
     sampled = ["tokenizer.subword_alpha=0.3"]
@@ -136,7 +136,7 @@ def test_subword_sampling_resumes_its_epoch_exactly_from_the_checkpoint(tmp_path
 def test_a_saved_cut_that_does_not_fit_is_said_and_the_epoch_cut_anew(tmp_path, caplog):
     """A checkpoint's epoch cut that is missing, damaged or of other data is never trained on:
     the resume says it is not exact and cuts the epoch again."""
-    from nmt.checkpoint import save_checkpoint
+    from nmt.runs.checkpoint import save_checkpoint
 
     data = small_corpus(tmp_path)
     sampled = ["tokenizer.subword_alpha=0.3"]
@@ -176,7 +176,7 @@ def test_training_files_changed_during_a_sampled_run_stop_it_at_the_next_cut_kee
 ):
     """Each epoch's cut reads the training files again: changed ones (even to as many pairs)
     stop the run with a clear error at that epoch, after saving last.pt."""
-    import nmt.train as train_module
+    import nmt.training.train as train_module
 
     data = small_corpus(tmp_path)
     cut = train_module.sampled_training_corpus
@@ -331,12 +331,12 @@ def test_compiled_training_step_equals_eager():
     rounding noise (the key biases, which softmax ignores) move apart by up to 2 · lr."""
     from conftest import random_sources, tiny_config
 
-    from nmt.compiled import _Compiled, _CompiledStep, compiling
     from nmt.config import TrainConfig
     from nmt.core.batching import Batch
     from nmt.core.loss import label_smoothed_loss
     from nmt.core.model import Transformer
     from nmt.core.update import Updater
+    from nmt.runtime.compiled import _Compiled, _CompiledStep, compiling
 
     batches = []
     for seed, lengths in enumerate(([3, 7, 5], [9, 2], [4, 4, 6, 1])):
@@ -374,7 +374,7 @@ def test_compiled_training_step_equals_eager():
 @pytest.fixture
 def compile_record(monkeypatch):
     """No compiler check or failed compile of this process remembered, before or after."""
-    from nmt.compiled import _Compiled, compile_failure
+    from nmt.runtime.compiled import _Compiled, compile_failure
 
     compile_failure.cache_clear()
     monkeypatch.setattr(_Compiled, "failed", {})
@@ -415,9 +415,9 @@ def test_compiling_runs_eagerly_where_any_process_cannot_compile_and_says_so_onc
     """Under train.compile each process of a job checks (here: ``reasons``, one per process); one
     that cannot compile makes every process train eagerly, said in one line naming the settings
     asked for. Without train.compile nothing is checked."""
-    from nmt import compiled as compiled_module
     from nmt.config import TrainConfig
     from nmt.core.loss import EAGER
+    from nmt.runtime import compiled as compiled_module
 
     tried = []
     monkeypatch.setattr(compiled_module, "compile_failure", lambda device: tried.append(device))
@@ -444,7 +444,7 @@ def test_compiling_runs_eagerly_where_any_process_cannot_compile_and_says_so_onc
 def test_a_step_that_fails_to_compile_runs_eagerly_said_once(monkeypatch, caplog, compile_record):
     """What the check before the first step does not catch fails at the first step: from then
     on the step runs eagerly, with the eager values."""
-    from nmt.compiled import _CompiledStep
+    from nmt.runtime.compiled import _CompiledStep
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Dropout(0.5))
@@ -476,7 +476,7 @@ def records(run_dir):
 
 
 def test_a_second_trainer_on_a_locked_run_directory_is_refused(tmp_path):
-    from nmt.rundir import RunDir
+    from nmt.runs.rundir import RunDir
 
     data = small_corpus(tmp_path, n=40)
     holder = RunDir(tmp_path / "run")
@@ -486,7 +486,7 @@ def test_a_second_trainer_on_a_locked_run_directory_is_refused(tmp_path):
     holder.release()
     # A holder killed with SIGKILL leaves no stuck lock: the kernel drops it with the process.
     script = (
-        f"from nmt.rundir import RunDir; import time; r = RunDir({str(tmp_path / 'run')!r}); "
+        f"from nmt.runs.rundir import RunDir; import time; r = RunDir({str(tmp_path / 'run')!r}); "
         "r.lock(); print('locked', flush=True); time.sleep(60)"
     )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -591,7 +591,7 @@ def test_resume_with_an_edited_config_applies_or_refuses(tmp_path):
 
 
 def test_resume_from_an_averaged_checkpoint_is_refused_before_writing(tmp_path):
-    from nmt.average import average_checkpoints
+    from nmt.tools.average import average_checkpoints
 
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "src", 2))
@@ -653,7 +653,7 @@ def test_an_fp16_update_the_scaler_skips_moves_nothing():
 def test_a_signal_during_validation_stops_it_at_once(tmp_path, monkeypatch):
     import threading
 
-    import nmt.train
+    import nmt.training.train
 
     data = small_corpus(tmp_path, n=40)
 
@@ -661,7 +661,7 @@ def test_a_signal_during_validation_stops_it_at_once(tmp_path, monkeypatch):
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         time.sleep(60)
 
-    monkeypatch.setattr(nmt.train, "validate", slow_validation)
+    monkeypatch.setattr(nmt.training.train, "validate", slow_validation)
     started = time.perf_counter()
     result = train(tiny_run_config(data, tmp_path / "run", 10, validate_every=2))
     assert time.perf_counter() - started < 30
@@ -673,7 +673,7 @@ def test_a_signal_during_validation_stops_it_at_once(tmp_path, monkeypatch):
 def test_a_second_signal_stops_at_once(tmp_path):
     import threading
 
-    from nmt.distributed import Interrupted, StopSignal
+    from nmt.training.distributed import Interrupted, StopSignal
 
     with StopSignal() as signals:
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
@@ -732,18 +732,18 @@ def test_max_epochs_stops_at_the_end_of_the_epoch(tmp_path):
 def test_a_validation_abandoned_by_a_signal_runs_when_the_run_resumes(tmp_path, monkeypatch):
     import threading
 
-    import nmt.train
+    import nmt.training.train
 
     data = small_corpus(tmp_path, n=40)
-    real_validate = nmt.train.validate
+    real_validate = nmt.training.train.validate
 
     def interrupted_validation(*args):
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
         time.sleep(60)
 
-    monkeypatch.setattr(nmt.train, "validate", interrupted_validation)
+    monkeypatch.setattr(nmt.training.train, "validate", interrupted_validation)
     assert train(tiny_run_config(data, tmp_path / "run", 6, validate_every=2))["step"] == 2
-    monkeypatch.setattr(nmt.train, "validate", real_validate)
+    monkeypatch.setattr(nmt.training.train, "validate", real_validate)
     train(
         tiny_run_config(data, tmp_path / "run", 6, validate_every=2),
         resume=True,
@@ -801,8 +801,8 @@ def test_the_result_line_has_every_key_however_the_run_ends(tmp_path, monkeypatc
     step, and said best_bleu -1.0 when no validation ran."""
     import threading
 
-    import nmt.train
-    from nmt.train import RESULT_METRICS
+    import nmt.training.train
+    from nmt.training.train import RESULT_METRICS
 
     data = small_corpus(tmp_path, n=40)
     keys = {
@@ -846,7 +846,7 @@ def test_the_result_line_has_every_key_however_the_run_ends(tmp_path, monkeypatc
         and timed["valid_step"] == timed["step"]
     )
     monkeypatch.setattr(
-        nmt.train,
+        nmt.training.train,
         "validate",
         lambda *args: (
             threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start(),
@@ -934,7 +934,8 @@ def test_a_changed_batch_budget_on_resume_applies_from_the_next_epoch(tmp_path):
 
 
 def test_no_module_imports_a_posix_only_module_unguarded():
-    """rundir.py imported fcntl at the top, so nmt.train could not be imported on Windows."""
+    """rundir.py imported fcntl at the top, so nmt.training.train could not be imported on
+    Windows."""
     import ast
     from pathlib import Path
 
@@ -957,10 +958,10 @@ def test_no_module_imports_a_posix_only_module_unguarded():
 def test_a_system_without_file_locks_runs_unlocked_and_says_so(tmp_path, monkeypatch, caplog):
     import builtins
 
-    import nmt.rundir
+    import nmt.runs.rundir
 
     real_import = builtins.__import__
-    monkeypatch.setattr(nmt.rundir, "fcntl", None)
+    monkeypatch.setattr(nmt.runs.rundir, "fcntl", None)
     monkeypatch.setattr(
         builtins,
         "__import__",
@@ -970,7 +971,7 @@ def test_a_system_without_file_locks_runs_unlocked_and_says_so(tmp_path, monkeyp
             else real_import(name, *a, **k)
         ),
     )
-    run = nmt.rundir.RunDir(tmp_path / "run")
+    run = nmt.runs.rundir.RunDir(tmp_path / "run")
     with caplog.at_level("WARNING", logger="nmt.train"):
         run.lock()
     run.release()
@@ -1035,7 +1036,7 @@ def test_a_nonfinite_gradient_stops_or_skips_as_the_config_says(
 def test_a_loss_that_doubles_from_its_lowest_is_warned_about_once(caplog):
     from types import SimpleNamespace
 
-    from nmt.train import Trainer
+    from nmt.training.train import Trainer
 
     trainer = SimpleNamespace(
         lowest_loss=None, warned_divergence=False, ddp=SimpleNamespace(main=True)
@@ -1273,7 +1274,7 @@ def test_a_run_directory_removed_during_training_ends_in_one_error_naming_it(
     import shutil
 
     from nmt.files import OutputError
-    from nmt.train import Trainer
+    from nmt.training.train import Trainer
 
     data = small_corpus(tmp_path, n=40)
     run, step = tmp_path / "run", Trainer.train_step
@@ -1398,7 +1399,7 @@ def test_a_token_budget_the_device_cannot_hold_is_one_line_naming_what_fits_and_
     from nmt.core.batching import Batch
     from nmt.core.model import Transformer
     from nmt.core.update import Updater
-    from nmt.runtime import check_fits
+    from nmt.runtime.device import check_fits
 
     torch.manual_seed(seed)
     model = Transformer(tiny_config()).train()
@@ -1509,7 +1510,7 @@ def test_a_run_logs_its_first_step_and_first_minute_before_log_every(tmp_path, c
 
 
 def test_the_first_minute_is_logged_once(monkeypatch):
-    from nmt import progress
+    from nmt.runs import progress
 
     now = [100.0]
     monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])

@@ -9,9 +9,15 @@ from hypothesis import strategies as st
 from torch import nn
 
 from nmt.config import ConfigError, DecodeConfig
+from nmt.data.tokenizer import PAD
 from nmt.decode.search import translate_batch
-from nmt.runtime import Int8Linear, PackedLinear, onednn_linear_works, resolve_dtype, to_dtype
-from nmt.tokenizer import PAD
+from nmt.runtime.device import (
+    Int8Linear,
+    PackedLinear,
+    onednn_linear_works,
+    resolve_dtype,
+    to_dtype,
+)
 
 
 def test_int8_quantizes_every_linear_layer_and_keeps_scores_close(model):
@@ -62,9 +68,9 @@ def test_int8_names_its_limits():
 def test_steering_segments_as_the_model_writes_and_heals_a_cut_word():
     from conftest import cached_tokenizer
 
+    from nmt.data.tokenizer import EOS
     from nmt.decode.steering import FRAGMENT_DONE
-    from nmt.steering_text import steering
-    from nmt.tokenizer import EOS
+    from nmt.translation.steering_text import steering
 
     tok = cached_tokenizer(200, lines=2000)
     pieces = tok.tgt_pieces
@@ -96,7 +102,7 @@ def test_a_translation_starts_with_its_prefix_holds_its_terms_and_avoids_its_ban
     from conftest import cached_tokenizer, tiny_config, translate_lines
 
     from nmt.core.model import Transformer
-    from nmt.steering_text import steering
+    from nmt.translation.steering_text import steering
 
     tok = cached_tokenizer(200, lines=2000)
     torch.manual_seed(0)
@@ -228,7 +234,7 @@ def test_float32_on_the_cpu_packs_every_linear_layer_and_decodes_as_the_dense_mo
     rows on, MKL's ``F.linear`` below: both paths are run), the state_dict keeps its names and
     values, and the search keeps the exactness of the production path: cached = recompute =
     tiled, a sentence alone = in a padded batch, and the same hypotheses as the unpacked model."""
-    monkeypatch.setattr("nmt.runtime.PACKED_MIN_ROWS", min_rows)
+    monkeypatch.setattr("nmt.runtime.device.PACKED_MIN_ROWS", min_rows)
     dense = copy.deepcopy(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     packed = to_dtype(model, torch.float32)
@@ -306,8 +312,8 @@ def test_a_prefix_ending_inside_a_word_lets_the_model_finish_it_however_the_frag
 
     from nmt.config import DecodeConfig
     from nmt.core.model import Transformer
-    from nmt.inference import Decoding, Inference
-    from nmt.steering_text import steering
+    from nmt.translation.inference import Decoding, Inference
+    from nmt.translation.steering_text import steering
 
     tok = cached_tokenizer(300, 3000, german=True)
     word, cuts = data.draw(st.sampled_from(_cut_words(tok)))
@@ -340,8 +346,8 @@ def test_text_the_vocabulary_lacks_is_said_and_copied_where_an_unknown_piece_is_
     from conftest import tiny_config, translate_lines
 
     from nmt.core.model import Transformer
-    from nmt.inference import best_strings
-    from nmt.tokenizer import UNK
+    from nmt.data.tokenizer import UNK
+    from nmt.translation.inference import best_strings
 
     tok, vocab = toy_tokenizer, toy_tokenizer.tgt.get_piece_size()
     torch.manual_seed(0)
@@ -375,7 +381,7 @@ def test_per_line_warnings_name_ten_lines_of_a_kind_then_count_the_rest(toy_toke
 
     from nmt.core.model import Transformer
     from nmt.errors import Capped
-    from nmt.inference import Decoding, Inference
+    from nmt.translation.inference import Decoding, Inference
 
     vocab = toy_tokenizer.tgt.get_piece_size()
     torch.manual_seed(0)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from nmt.config import ConfigError, DecodeConfig, config_from_dict
 from nmt.decode.search import translate_batch
 from nmt.fields import looks_like_test_data
-from nmt.tune import Setting, grid, rerank, validation_lines
+from nmt.tools.tune import Setting, grid, rerank, validation_lines
 
 
 @pytest.mark.parametrize("beam", [2, 5])
@@ -188,7 +188,7 @@ def test_a_tie_keeps_the_checkpoints_own_setting_or_the_smallest_beam_and_says_s
     """tune-decode on one sentence tied on every setting and picked the first in grid order."""
     import logging
 
-    from nmt.commands.tune import FEW_SENTENCES, choose
+    from nmt.cli.commands.tune import FEW_SENTENCES, choose
     from nmt.config import DecodeConfig
 
     rows = [

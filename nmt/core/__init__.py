@@ -9,5 +9,5 @@ The search over the model, beam search and sampling, is :mod:`nmt.decode`, the l
 The core imports only torch, NumPy and :mod:`nmt.config`: no files, run directories, serving,
 interop or command line (``tests/test_layers.py`` checks every import against
 ``docs/architecture.md``'s layer table). How it runs on a device (dtype, packing, int8, the
-CPU's dropout masks, CUDA graphs, attention kernels) is applied from :mod:`nmt.runtime`.
+CPU's dropout masks, CUDA graphs, attention kernels) is applied from :mod:`nmt.runtime.device`.
 """

@@ -1,7 +1,7 @@
 """Batches from encoded corpora: token-budget length bucketing and collation.
 
-Reading, cleaning and encoding text live outside the core (:mod:`nmt.corpus`, :mod:`nmt.encoded`).
-Notation:
+Reading, cleaning and encoding text live outside the core (:mod:`nmt.data.corpus`,
+:mod:`nmt.data.encoded`). Notation:
 ``src_len``/``tgt_len`` count pieces plus the one EOS (source) or BOS/EOS (target) that
 :func:`collate` adds; every budget in tokens counts padding.
 """
@@ -18,8 +18,8 @@ from .pieces import BOS, EOS, PAD
 
 
 class Pairs(Protocol):
-    """Encoded sentence pairs (:class:`nmt.encoded.EncodedCorpus` is one): each side's piece ids,
-    without EOS."""
+    """Encoded sentence pairs (:class:`nmt.data.encoded.EncodedCorpus` is one): each side's piece
+    ids, without EOS."""
 
     def src(self, i: int) -> np.ndarray:
         """Pair ``i``'s source piece ids."""
@@ -30,7 +30,7 @@ class Pairs(Protocol):
 
 class Mix(Protocol):
     """How an epoch draws from the corpora of several directions
-    (:class:`nmt.multilingual.DirectionMix`)."""
+    (:class:`nmt.data.multilingual.DirectionMix`)."""
 
     def epoch_examples(self, seed: int, epoch: int) -> np.ndarray:
         """The example indices of ``epoch`` (drawn with replacement), in index order."""
@@ -74,7 +74,7 @@ class TokenBatchSampler:
     remainder is dropped that epoch), so no rank waits for another at an epoch's end.
 
     With ``mix`` (the corpora of several directions, one after another) an epoch is the
-    examples :meth:`~nmt.multilingual.DirectionMix.epoch_examples` draws instead, as many as
+    examples :meth:`~nmt.data.multilingual.DirectionMix.epoch_examples` draws instead, as many as
     the corpora hold together, each direction's share set by a temperature; they are then
     sorted, cut and shuffled the same way, so batches mix directions of similar lengths.
     Every choice is a function of ``seed`` and the epoch, so a resumed run cuts the same batches.

@@ -32,10 +32,11 @@ def beam_rows(keep: Tensor, beam: int) -> Tensor:
 
 @dataclass(frozen=True)
 class OutputColumns:
-    """The target pieces a batch may generate (a vocabulary shortlist, :mod:`nmt.shortlist`):
-    ``ids`` ``(n,)`` sorted target ids out of ``vocab``, and their rows of the output matrix,
-    ``weight`` ``(n, d_model)`` and ``bias`` ``(n,)`` (or None), gathered once per batch from the
-    model's own (float) output matrix: an int8 model's quantized copy of it is not used here."""
+    """The target pieces a batch may generate (a vocabulary shortlist,
+    :mod:`nmt.translation.shortlist`): ``ids`` ``(n,)`` sorted target ids out of ``vocab``, and
+    their rows of the output matrix, ``weight`` ``(n, d_model)`` and ``bias`` ``(n,)`` (or None),
+    gathered once per batch from the model's own (float) output matrix: an int8 model's quantized
+    copy of it is not used here."""
 
     ids: Tensor
     weight: Tensor

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from nmt.config import ModelConfig
+
 from .cache import LayerCache
 
 

@@ -99,7 +99,8 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
 
 class LossPasses:
     """The two passes over ``tokens × vocab`` that :func:`label_smoothed_loss` runs: eager by
-    default; :func:`nmt.compiled.training_loss` gives them compiled (``train.compile_loss``)."""
+    default; :func:`nmt.runtime.compiled.training_loss` gives them compiled
+    (``train.compile_loss``)."""
 
     def __init__(self, rows=rows_pass, gradient=gradient_pass):
         self.rows, self.gradient = rows, gradient

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from ..config import ModelConfig
+from nmt.config import ModelConfig
+
 from .cache import DecoderCache, OutputColumns
 from .layers import DecoderLayer, EncoderLayer, sinusoidal_positions
 from .pieces import PAD
@@ -62,7 +63,7 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.register_buffer("positions", sinusoidal_positions(256, d), persistent=False)
         # An inference-only copy of the tied output matrix: quantized for int8, packed for float32
-        # on a CPU (nmt.runtime.to_dtype).
+        # on a CPU (nmt.runtime.device.to_dtype).
         self.output_projection: nn.Module | None = None
         self.output_bias = nn.Buffer(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
         self.reset_parameters()
@@ -266,7 +267,7 @@ def uninitialised_model(cfg: ModelConfig) -> Transformer:
 
 #: Where a :class:`Transformer`'s state dict shows each size its config names: layers by the
 #: largest index in the names, widths by a dimension of one tensor
-#: (:func:`nmt.checkpoint.size_mismatches` checks a checkpoint's config against them).
+#: (:func:`nmt.runs.checkpoint.size_mismatches` checks a checkpoint's config against them).
 STATE_LAYERS = {"n_encoder_layers": r"encoder\.(\d+)\.", "n_decoder_layers": r"decoder\.(\d+)\."}
 STATE_WIDTHS = {
     "d_model": ("tgt_embed.weight", 1),

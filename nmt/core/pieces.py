@@ -25,7 +25,7 @@ class OutputRules:
     :class:`nmt.decode.restrictions.Restrictions`).
 
     ``unwritable``: ids of pieces whose text holds a character no translation may contain
-    (:data:`nmt.tokenizer.NEVER_OUTPUT`), the byte pieces of such single bytes among them.
+    (:data:`nmt.data.tokenizer.NEVER_OUTPUT`), the byte pieces of such single bytes among them.
     ``byte_values``: per id, the byte a byte piece stands for (``<0x41>`` → 65), -1 for other
     pieces; empty without byte fallback.
     """

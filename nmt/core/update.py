@@ -24,8 +24,8 @@ class Updater:
     """One optimizer update: forward and backward over ``update_freq`` micro-batches, then
     clipping, the Adam step and the schedule (Vaswani et al. 2017, §5.3-5.4).
 
-    :class:`nmt.train.Trainer` and ``scripts/bench_train.py`` both run it. The loss of an update is
-    normalised by the non-pad target tokens of all its micro-batches on all processes
+    :class:`nmt.training.train.Trainer` and ``scripts/bench_train.py`` both run it. The loss of an
+    update is normalised by the non-pad target tokens of all its micro-batches on all processes
     (not averaged per micro-batch), so ``update_freq`` k on one process and k processes
     compute the same gradient. Nothing here reads a device value on the host.
     """
@@ -44,10 +44,10 @@ class Updater:
         (more than 1: the model is wrapped in ``DistributedDataParallel``, whose process group must
         exist); ``loss_fn(logits, target, smoothing) -> LossOutput`` (sums), which benchmarks swap;
         ``context``: entered around each forward pass, for what the device needs
-        (:func:`nmt.runtime.attention_backends`); ``compile_step``: given the module a step runs
-        (the model, or DDP's wrapper of it), what runs it instead, with its ``train()``: the module
-        itself, or it compiled (``train.compile``: :func:`nmt.compiled.compiling`, which gives both
-        ``loss_fn`` and this). ``model.cfg.d_model`` sets the noam scale."""
+        (:func:`nmt.runtime.device.attention_backends`); ``compile_step``: given the module a step
+        runs (the model, or DDP's wrapper of it), what runs it instead, with its ``train()``: the
+        module itself, or it compiled (``train.compile``: :func:`nmt.runtime.compiled.compiling`,
+        which gives both ``loss_fn`` and this). ``model.cfg.d_model`` sets the noam scale."""
         self.model, self.tc, self.device, self.loss_fn, self.context = (
             model,
             tc,
@@ -154,8 +154,9 @@ class Updater:
     def trial(self, batch: Batch) -> None:
         """The forward and backward pass of ``batch`` (host tensors) as a step runs them, with
         nothing kept: the gradients are dropped, the weights, optimizer and schedule untouched (what
-        :func:`nmt.runtime.check_fits` runs to see whether a batch fits in memory). Random draws
-        (dropout) are consumed: a caller that needs them unchanged saves the generators' states."""
+        :func:`nmt.runtime.device.check_fits` runs to see whether a batch fits in memory). Random
+        draws (dropout) are consumed: a caller that needs them unchanged saves the generators'
+        states."""
         batch = batch.to(self.device)
         self.model.train()
         with (

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
-from ..core.pieces import BOS
+from nmt.config import DecodeConfig
+from nmt.core.pieces import BOS
+
 from .candidates import Candidates
 
 
@@ -44,10 +45,10 @@ from .candidates import Candidates
 class Hypothesis:
     """A finished translation: ``tokens`` without BOS/EOS, ``log_prob`` = log P(Y|X) summed
     over the tokens and EOS (nats), ``score`` = ``log_prob / lp(|Y|)``; ``alignment``:
-    ``(source piece, target piece)`` index pairs when asked for (:mod:`nmt.align`); ``unmet``:
-    how many of its sentence's constraints it lacks (see :mod:`nmt.decode.steering`); ``copied``:
-    the source text each of its UNK pieces stands for, in order, when asked for
-    (:func:`nmt.align.copy_unknown`)."""
+    ``(source piece, target piece)`` index pairs when asked for (:mod:`nmt.translation.align`);
+    ``unmet``: how many of its sentence's constraints it lacks (see :mod:`nmt.decode.steering`);
+    ``copied``: the source text each of its UNK pieces stands for, in order, when asked for
+    (:func:`nmt.translation.align.copy_unknown`)."""
 
     tokens: list[int]
     score: float

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..core.pieces import EOS
+from nmt.core.pieces import EOS
 
 
 @dataclass(frozen=True)

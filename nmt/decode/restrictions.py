@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
-from ..core.pieces import BOS, EOS, PAD, UNK, OutputRules
+from nmt.config import DecodeConfig
+from nmt.core.pieces import BOS, EOS, PAD, UNK, OutputRules
+
 from .beams import none_set
 
 
@@ -18,7 +19,7 @@ class Restrictions:
     * EOS before ``decode.min_len`` pieces;
     * byte pieces that would not spell valid UTF-8 (RFC 3629: no stray continuation byte, no
       overlong form, surrogate or code point above U+10FFFF) or would spell a character of
-      :data:`~nmt.tokenizer.NEVER_OUTPUT` (C1 controls, U+2028, U+2029); while a character is
+      :data:`~nmt.data.tokenizer.NEVER_OUTPUT` (C1 controls, U+2028, U+2029); while a character is
       incomplete only its continuation bytes may follow, not EOS or another piece;
     * what a sentence's :class:`~nmt.decode.steering.Steering` says, through the search's
       :class:`~nmt.decode.steering.Steer` (only when a sentence has any): during its prefix only
@@ -26,7 +27,7 @@ class Restrictions:
       after it, no banned phrase and no EOS while a constraint is unmet;
     * at its length limit a hypothesis may only end (this wins over every rule: a character
       cut there is dropped when the output is decoded, see
-      :meth:`nmt.tokenizer.Tokenizer.decode_tgt`, and an unmet constraint is reported).
+      :meth:`nmt.data.tokenizer.Tokenizer.decode_tgt`, and an unmet constraint is reported).
 
     Everything but steering depends only on each hypothesis' last tokens and the step, read on the
     device, and no shape depends on a value: a GPU can capture it in a CUDA graph.

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.pieces import EOS
+from nmt.core.pieces import EOS
+
 from .candidates import Candidates
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from ..core.cache import beam_rows
+from nmt.core.cache import beam_rows
 
 
 class Scorer(Protocol):

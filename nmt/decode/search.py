@@ -30,8 +30,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
-from ..core.pieces import PAD, OutputRules
+from nmt.config import DecodeConfig
+from nmt.core.pieces import PAD, OutputRules
+
 from .beams import Beams, Hypothesis, Ranking
 from .candidates import Best
 from .restrictions import Restrictions
@@ -331,8 +332,8 @@ def translate_batch(
     sentence's prefix, constraints and banned phrases (:class:`Steering`), whose
     length limit then leaves room for at least the prefix and the constraints plus ``max_len_b``.
     ``columns``: sorted target ids ``(n,)`` the batch may generate, a vocabulary shortlist
-    (:meth:`nmt.shortlist.Shortlist.columns`); None (the default, exact) for the whole vocabulary.
-    ``rankings``: see :func:`beam_search`. ``observe``: wraps the step the search runs
+    (:meth:`nmt.translation.shortlist.Shortlist.columns`); None (the default, exact) for the whole
+    vocabulary. ``rankings``: see :func:`beam_search`. ``observe``: wraps the step the search runs
     (``nmt profile``'s timing step).
     """
     models = list(model) if isinstance(model, (list, tuple)) else [model]

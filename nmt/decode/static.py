@@ -36,7 +36,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from ..core.cache import LayerCache
+from nmt.core.cache import LayerCache
 
 log = logging.getLogger("nmt.graphs")
 

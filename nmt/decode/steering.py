@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..core.cache import beam_rows
-from ..core.pieces import EOS, PAD
+from nmt.core.cache import beam_rows
+from nmt.core.pieces import EOS, PAD
+
 from .beams import Candidates
 
 
@@ -40,12 +41,13 @@ class Steering:
     ``prefix``: the pieces allowed at each of the first steps (one piece: it is forced; several:
     any of them, as for a prefix that ends with a space, after which a word starts).
     ``fragment``: after the prefix, a word the output must begin with but may finish as the
-    model spells it (a prefix that ends inside a word, see :func:`nmt.steering_text.steering`), as
-    an automaton over pieces: state ``s`` (0 first) maps each piece allowed there to the next
-    state, or to :data:`FRAGMENT_DONE` once the fragment is written (then anything may follow).
-    ``constraints``: phrases that must each appear, in any order, exactly as these pieces
-    (a hypothesis may end only once all have; Hu et al. 2019). ``bans``: phrases that must
-    never appear as these pieces (beyond the prefix, which the user wrote).
+    model spells it (a prefix that ends inside a word, see
+    :func:`nmt.translation.steering_text.steering`), as an automaton over pieces: state ``s`` (0
+    first) maps each piece allowed there to the next state, or to :data:`FRAGMENT_DONE` once the
+    fragment is written (then anything may follow). ``constraints``: phrases that must each appear,
+    in any order, exactly as these pieces (a hypothesis may end only once all have; Hu et al. 2019).
+    ``bans``: phrases that must never appear as these pieces (beyond the prefix, which the user
+    wrote).
     """
 
     prefix: tuple[tuple[int, ...], ...] = ()
