@@ -18,6 +18,7 @@ no query row is ever fully masked and attention never produces NaN.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -132,7 +133,8 @@ class CrossAttention(nn.Module):
         tgt_len, d_model)``."""
         q = split_heads(self.q(x), self.n_heads)  # (batch*beam, n_heads, tgt_len, head_dim)
         n, h, t, hd = q.shape
-        if beam > 1:
+        if beam > 1:  # a sentence's beams fold into its queries, to share its keys and values:
+            # (batch, beam, n_heads, tgt_len, head_dim) -> (batch, n_heads, beam*tgt_len, head_dim)
             q = (
                 q.view(n // beam, beam, h, t, hd)
                 .transpose(1, 2)
@@ -140,7 +142,7 @@ class CrossAttention(nn.Module):
             )
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=src_mask, dropout_p=p)
-        if beam > 1:
+        if beam > 1:  # unfolded: (batch, n_heads, beam*tgt_len, head_dim) -> (batch*beam, ...)
             y = y.view(n // beam, h, beam, t, hd).transpose(1, 2).reshape(n, h, t, hd)
         return self.out(merge_heads(y))
 
@@ -178,15 +180,12 @@ class Residual(nn.Module):
             pre_norm,
         )
 
-    def before(self, x: Tensor) -> Tensor:
-        """The sublayer's input: ``x`` itself (Post-LN) or normalised (Pre-LN)."""
-        return self.norm(x) if self.pre_norm else x
-
-    def after(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
-        """The residual sum of ``x`` and the dropped-out ``sublayer_out``, normalised after
-        (Post-LN) or not (Pre-LN)."""
-        y = x + self.dropout(sublayer_out)
-        return y if self.pre_norm else self.norm(y)
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """``x`` ``(..., d_model)`` through ``sublayer`` (same shape in, same out) and the residual
+        connection around it, normalised after the sum (Post-LN) or before the sublayer (Pre-LN)."""
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
 
 
 class EncoderLayer(nn.Module):
@@ -204,8 +203,8 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """``x`` ``(batch, src_len, d_model)``, ``mask`` ``(batch, 1, 1, src_len)``."""
-        x = self.res_attn.after(x, self.self_attn(self.res_attn.before(x), mask))
-        return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
+        x = self.res_attn(x, lambda h: self.self_attn(h, mask))
+        return self.res_ffn(x, self.ffn)
 
 
 class DecoderLayer(nn.Module):
@@ -235,9 +234,6 @@ class DecoderLayer(nn.Module):
         is causal over ``x``; with it, ``x`` holds the positions after the cached ones and attends
         to all of them (see :class:`SelfAttention`). ``cross_k``/``cross_v``: ``(batch, n_heads,
         src_len, head_dim)``."""
-        h = self.self_attn(self.res_self.before(x), causal=cache is None, cache=cache)
-        x = self.res_self.after(x, h)
-        x = self.res_cross.after(
-            x, self.cross_attn(self.res_cross.before(x), cross_k, cross_v, src_mask, beam)
-        )
-        return self.res_ffn.after(x, self.ffn(self.res_ffn.before(x)))
+        x = self.res_self(x, lambda h: self.self_attn(h, causal=cache is None, cache=cache))
+        x = self.res_cross(x, lambda h: self.cross_attn(h, cross_k, cross_v, src_mask, beam))
+        return self.res_ffn(x, self.ffn)
