@@ -1478,10 +1478,14 @@ def test_a_client_that_leaves_at_any_point_of_its_request_costs_one_log_line(
     caplog.clear()
     with caplog.at_level(logging.INFO):
         gone, stayed = asyncio.run(main())
+    # what the connection costs; a warning about a line's text (nmt.translate: '00' is text the
+    # toy vocabulary lacks) comes only where the line was translated before the client left
     lines = [
         r.getMessage()
         for r in caplog.records
-        if r.levelno >= logging.INFO and r.name.startswith(("nmt", "uvicorn", "starlette"))
+        if r.levelno >= logging.INFO
+        and r.name.startswith(("nmt", "uvicorn", "starlette"))
+        and r.name != "nmt.translate"
     ]
     assert len(lines) == 2 and all(
         re.fullmatch(r"POST /translate \d{3} \d+ lines \d+ tokens \d+ ms", line) for line in lines
