@@ -53,7 +53,7 @@ def test_average_of_three(tmp_path):
     states = [write(tmp_path / f"c{i}.pt", seed=i) for i in range(3)]
     before = [(tmp_path / f"c{i}.pt").read_bytes() for i in range(3)]
     average_checkpoints([tmp_path / f"c{i}.pt" for i in range(3)], tmp_path / "avg.pt")
-    avg = load_checkpoint(tmp_path / "avg.pt")["model"]
+    avg = load_checkpoint(tmp_path / "avg.pt").payload["model"]
     name = "decoder.0.ffn.fc1.weight"
     torch.testing.assert_close(avg[name], (states[0][name] + states[1][name] + states[2][name]) / 3)
     assert avg["src_embed.weight"].data_ptr() == avg["tgt_embed.weight"].data_ptr()  # still tied
@@ -74,7 +74,7 @@ def test_average_refuses_to_overwrite_an_input(tmp_path):
 def test_average_refuses_different_tokenizers_and_models_before_writing(tmp_path):
     write(tmp_path / "a.pt", 0)
     write(tmp_path / "b.pt", 1)
-    other = load_checkpoint(tmp_path / "b.pt")
+    other = load_checkpoint(tmp_path / "b.pt").payload
     save_checkpoint(
         {**other, "tokenizer": tokenizer_to_tensors(cached_tokenizer(40, lines=200).protos())},
         tmp_path / "tok.pt",
@@ -182,12 +182,13 @@ def test_averaging_refuses_to_replace_a_runs_checkpoint_in_the_python_api_too(tm
     assert (run / "last.pt").read_bytes() == before
     # not in a run directory: any name will do
     average_checkpoints([tmp_path / "a.pt"], tmp_path / "last.pt")
-    assert load_checkpoint(tmp_path / "last.pt")["averaged_from"] == [str(tmp_path / "a.pt")]
+    averaged_from = load_checkpoint(tmp_path / "last.pt").payload["averaged_from"]
+    assert averaged_from == [str(tmp_path / "a.pt")]
     # a relative input is recorded absolute: the record is read from elsewhere (nmt info)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         average_checkpoints([Path("a.pt")], tmp_path / "rel.pt")
-    recorded = load_checkpoint(tmp_path / "rel.pt")["averaged_from"]
+    recorded = load_checkpoint(tmp_path / "rel.pt").payload["averaged_from"]
     assert recorded == [str((tmp_path / "a.pt").resolve())]
     with pytest.raises(ConfigError, match="^last must be at least 1, got 0$"):
         newest_step_checkpoints(run, 0)
@@ -219,7 +220,7 @@ def test_checkpoints_of_two_runs_are_refused_unless_asked(tmp_path):
     ):
         # different weights: identical ones would be one checkpoint given twice
         write(tmp_path / name, seed)
-        payload = load_checkpoint(tmp_path / name)
+        payload = load_checkpoint(tmp_path / name).payload
         save_checkpoint(
             {**payload, "run": {"id": run.replace("/", "-"), "dir": run}}, tmp_path / name
         )
@@ -286,7 +287,7 @@ def _again(original, kind, place):
         again.mkdir()
         shutil.copyfile(original, again / "best.pt")
     else:
-        payload = dict(load_checkpoint(original))
+        payload = dict(load_checkpoint(original).payload)
         if (
             kind == "the same run and step"
         ):  # e.g. converted to another dtype: other bits, the same moment of the same run
@@ -320,7 +321,7 @@ def test_a_checkpoint_given_twice_in_any_form_is_refused_naming_both(
     average_checkpoints(paths, place / "avg.pt")  # each once: the mean
     name = "decoder.0.ffn.fc1.weight"
     torch.testing.assert_close(
-        load_checkpoint(place / "avg.pt")["model"][name], sum(s[name] for s in states) / n
+        load_checkpoint(place / "avg.pt").payload["model"][name], sum(s[name] for s in states) / n
     )
     i = which.draw(st.integers(0, n - 1))
     again = _again(paths[i], kind, place)
@@ -346,7 +347,7 @@ def test_an_average_beside_one_of_its_inputs_is_not_one_checkpoint_twice(tmp_pat
     for step in (100, 200):
         write(tmp_path / f"step_{step}.pt", seed=step, run=RUN, progress={"step": step})
     average_checkpoints([tmp_path / "step_100.pt", tmp_path / "step_200.pt"], tmp_path / "avg.pt")
-    assert load_checkpoint(tmp_path / "avg.pt")["progress"]["step"] == 200
+    assert load_checkpoint(tmp_path / "avg.pt").payload["progress"]["step"] == 200
     mixed = average_checkpoints(
         [tmp_path / "avg.pt", tmp_path / "step_200.pt"], tmp_path / "avg2.pt"
     )

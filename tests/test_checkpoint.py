@@ -68,9 +68,9 @@ def flip_bit(path, offset):
 
 def test_round_trip_records_the_version(tmp_path, protos):
     state = write(tmp_path / "a.pt", protos)
-    payload = load_checkpoint(tmp_path / "a.pt")
-    assert payload["nmt_version"] == __version__
-    model = payload.model
+    loaded = load_checkpoint(tmp_path / "a.pt")
+    assert loaded.payload["nmt_version"] == __version__
+    model = loaded.model
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, state[name])
 
@@ -177,7 +177,7 @@ def test_another_programs_torch_file_is_not_said_to_be_written_by_nmt(tmp_path):
 def test_inconsistent_checkpoints_give_one_line_naming_keys_and_version(tmp_path, protos):
     path = tmp_path / "a.pt"
     state = write(path, protos)
-    payload = load_checkpoint(path)
+    payload = load_checkpoint(path).payload
     save_checkpoint({**payload, "tokenizer": "not tensors"}, path)
     with pytest.raises(
         CheckpointError,
@@ -265,7 +265,7 @@ def test_a_tokenizer_that_is_not_sentencepiece_or_not_the_models_is_refused_by_e
 
     path = tmp_path / "a.pt"
     write(path, protos)
-    payload = load_checkpoint(path)
+    payload = load_checkpoint(path).payload
     save_checkpoint(
         {**payload, "tokenizer": tokenizer_to_tensors({"joint": b"\x00not a model"})}, path
     )
@@ -382,7 +382,7 @@ def test_a_config_larger_than_its_tensors_is_refused_before_anything_is_built(
     tokenizer check, which comes first)."""
     path = tmp_path_factory.mktemp("big") / "a.pt"
     write(path, protos)
-    payload = load_checkpoint(path)
+    payload = load_checkpoint(path).payload
     value = min(MODEL[key] * factor, 2**31 - 4) // 4 * 4  # a multiple of n_heads
     wrong = config_from_dict({"model": {**MODEL, key: value}})
     save_checkpoint({**payload, "config": config_to_dict(wrong)}, path)
@@ -428,7 +428,7 @@ def test_an_entry_of_the_wrong_type_is_named_by_every_reader(
     line naming the entry."""
     path = tmp_path_factory.mktemp("entry") / "a.pt"
     write(path, protos)
-    payload = {**load_checkpoint(path), entry: value}
+    payload = {**load_checkpoint(path).payload, entry: value}
     save_checkpoint(payload, path)
     fine = {
         "progress": dict,
@@ -457,7 +457,7 @@ def test_weights_that_are_not_finite_are_refused_naming_them(tmp_path, protos):
     0."""
     path = tmp_path / "a.pt"
     state = write(path, protos)
-    payload = load_checkpoint(path)
+    payload = load_checkpoint(path).payload
     for bad in (float("nan"), float("inf"), -float("inf")):
         broken = {
             **state,

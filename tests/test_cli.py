@@ -388,7 +388,7 @@ def _earlier_step(run, tmp_path):
     step_2.pt would be."""
     from nmt.runs.checkpoint import load_checkpoint, save_checkpoint
 
-    earlier = dict(load_checkpoint(run / "last.pt"))
+    earlier = dict(load_checkpoint(run / "last.pt").payload)
     earlier["model"] = {
         k: t * 0.5 if t.is_floating_point() else t for k, t in earlier["model"].items()
     }

@@ -151,8 +151,8 @@ def test_two_gloo_processes_equal_one_process_with_update_freq_2(tmp_path, corpu
     assert one.returncode == 0, one.stderr[-3000:]
     assert "compiling the loss failed" not in two.stderr + one.stderr
     a, b = (
-        load_checkpoint(tmp_path / "ddp" / "last.pt"),
-        load_checkpoint(tmp_path / "single" / "last.pt"),
+        load_checkpoint(tmp_path / "ddp" / "last.pt").payload,
+        load_checkpoint(tmp_path / "single" / "last.pt").payload,
     )
     assert a["progress"]["step"] == b["progress"]["step"] == 3
     # Same updates, different summation order: equal to float32 rounding (atol 1e-5).
@@ -168,7 +168,7 @@ def test_run_ending_on_a_validation_step_ends_on_every_rank(tmp_path, corpus):
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     validations = [r["step"] for r in records(run) if "bleu" in r]
     assert validations == [2, 4]  # the final step was validated once, not again at the end
-    assert load_checkpoint(run / "last.pt")["progress"]["step"] == 4
+    assert load_checkpoint(run / "last.pt").payload["progress"]["step"] == 4
 
 
 def test_time_limit_stops_every_rank_at_the_same_step(tmp_path, corpus):
@@ -177,7 +177,7 @@ def test_time_limit_stops_every_rank_at_the_same_step(tmp_path, corpus):
         launch(run, common_args(*corpus, **{"train.max_steps": 100000, "train.max_time_s": 3}))
     )
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
-    last = load_checkpoint(run / "last.pt")
+    last = load_checkpoint(run / "last.pt").payload
     assert 0 < last["progress"]["step"] < 100000
     # validated once, at the end
     assert [r["step"] for r in records(run) if "bleu" in r] == [last["progress"]["step"]]
@@ -189,7 +189,7 @@ def test_max_epochs_stops_every_rank_and_says_epochs(tmp_path, corpus):
         launch(run, common_args(*corpus, **{"train.max_steps": 100000, "train.max_epochs": 1}))
     )
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
-    progress = load_checkpoint(run / "last.pt")["progress"]
+    progress = load_checkpoint(run / "last.pt").payload["progress"]
     assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 0) and 0 < progress[
         "step"
     ] < 100000
@@ -214,7 +214,7 @@ def test_patience_stops_every_rank(tmp_path, corpus):
         )
     )
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:]
-    progress = load_checkpoint(run / "last.pt")["progress"]
+    progress = load_checkpoint(run / "last.pt").payload["progress"]
     assert (progress["step"], progress["bad_validations"]) == (3, 2)
     assert [r["step"] for r in records(run) if "bleu" in r] == [1, 2, 3]
     assert ["early stop" in err for _, err in results] == [True, False]  # said once, by rank 0
@@ -233,7 +233,7 @@ def test_sigterm_to_one_rank_stops_both_after_saving(tmp_path, corpus):
     assert [code for code, _ in results] == [130, 130], (
         results[0][1][-3000:] + results[1][1][-3000:]
     )
-    ckpt = load_checkpoint(run / "last.pt")
+    ckpt = load_checkpoint(run / "last.pt").payload
     assert ckpt["progress"]["step"] == max(r["step"] for r in records(run))
     assert len(ckpt["rng"]) == 2  # one RNG state per process
     assert not [r for r in records(run) if "bleu" in r]  # a signal does not start a validation
@@ -269,8 +269,8 @@ def test_interrupted_and_resumed_equals_uninterrupted_with_two_ranks(tmp_path, c
     resumed = wait(launch(tmp_path / "split", ["--set", "train.max_steps=6"], resume=True))
     assert [c for c, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]
     a, b = (
-        load_checkpoint(tmp_path / "whole" / "last.pt"),
-        load_checkpoint(tmp_path / "split" / "last.pt"),
+        load_checkpoint(tmp_path / "whole" / "last.pt").payload,
+        load_checkpoint(tmp_path / "split" / "last.pt").payload,
     )
     assert a["progress"]["step"] == b["progress"]["step"] == 6
     for name, tensor in a["model"].items():
@@ -330,7 +330,7 @@ def test_with_subword_sampling_rank_0_cuts_every_epoch_for_both(tmp_path, corpus
     steps = {r["step"]: r.get("epoch") for r in records(tmp_path / "ddp") if "loss" in r}
     # an epoch boundary crossed: a second cut, shared too
     assert len(steps) == 12 and steps[12] >= 1
-    cut = load_checkpoint(tmp_path / "ddp" / "last.pt")["subwords"]
+    cut = load_checkpoint(tmp_path / "ddp" / "last.pt").payload["subwords"]
     # every training pair, as rank 0 cut them
     assert cut["epoch"] == steps[12] and len(cut["src_offsets"]) == 101
 

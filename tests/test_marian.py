@@ -388,7 +388,7 @@ def test_a_hub_cache_entry_imports_from_the_snapshot_its_main_ref_names(small_op
         == f"wrote {tmp_path / 'm.pt'}: 16-wide 1+1-layer Marian model, {len(vocab)} pieces, "
         "en→de\n"
     )
-    assert load_checkpoint(tmp_path / "m.pt")["imported_from"]["path"] == str(
+    assert load_checkpoint(tmp_path / "m.pt").payload["imported_from"]["path"] == str(
         entry / "snapshots" / "0123abcd"
     )
 
@@ -680,7 +680,7 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3] and all(
         r["lr"] == 1e-4 for r in records if "loss" in r
     )
-    last = load_checkpoint(run / "last.pt")
+    last = load_checkpoint(run / "last.pt").payload
     assert last["model"]["output_bias"][PAD] == NEVER  # a buffer: never trained
     assert (
         last["subwords"]["epoch"] == last["progress"]["epoch"]
@@ -742,7 +742,7 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
         ],
     )
     assert averaged.exit_code == 0, averaged.output
-    assert load_checkpoint(tmp_path / "avg.pt")["imported_from"]["path"] == str(small_opus)
+    assert load_checkpoint(tmp_path / "avg.pt").payload["imported_from"]["path"] == str(small_opus)
     assert (
         runner.invoke(
             app,
@@ -762,7 +762,7 @@ def test_an_imported_model_fine_tunes_and_every_command_accepts_it(small_opus, t
         app, ["train", "--run-dir", str(run), "--resume", "--set", "train.max_steps=4"]
     )
     assert resumed.exit_code == 0, resumed.output
-    assert load_checkpoint(run / "last.pt")["init_from"]["path"] == str(tmp_path / "m.pt")
+    assert load_checkpoint(run / "last.pt").payload["init_from"]["path"] == str(tmp_path / "m.pt")
 
 
 def test_serve_translates_an_imported_model_as_translate_does(small_opus, tmp_path):

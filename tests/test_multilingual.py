@@ -296,8 +296,8 @@ def test_one_direction_written_as_directions_trains_exactly_as_the_language_pair
     b = train(run_config(data, tmp_path / "listed", 4, {"directions": ["en-de"]}))
     assert a["valid_loss"] == b["valid_loss"] and a["bleu"] == b["bleu"] and "bleu/en-de" not in b
     ca, cb = (
-        load_checkpoint(tmp_path / "pair" / "last.pt"),
-        load_checkpoint(tmp_path / "listed" / "last.pt"),
+        load_checkpoint(tmp_path / "pair" / "last.pt").payload,
+        load_checkpoint(tmp_path / "listed" / "last.pt").payload,
     )
     assert ca["data_key"] == cb["data_key"] and ca["progress"]["batching"] == cb["progress"][
         "batching"
@@ -318,8 +318,8 @@ def test_a_resumed_run_of_two_directions_equals_an_uninterrupted_one(tmp_path):
     )
     assert resumed["step"] == whole["step"] == 12
     a, b = (
-        load_checkpoint(tmp_path / "whole" / "last.pt"),
-        load_checkpoint(tmp_path / "split" / "last.pt"),
+        load_checkpoint(tmp_path / "whole" / "last.pt").payload,
+        load_checkpoint(tmp_path / "split" / "last.pt").payload,
     )
     # crossed an epoch; the temperature cut its batches
     assert a["progress"]["epoch"] >= 1 and a["progress"]["batching"] == [300, 1, 1, 1.5]
@@ -604,7 +604,8 @@ def test_init_from_a_multilingual_checkpoint_keeps_or_replaces_its_languages_who
     data, run, _ = trained
     kept = train(run_config(data, tmp_path / "kept", 2), init_from=run / "last.pt")
     assert kept["step"] == 2 and "bleu/en-up" in kept
-    assert load_checkpoint(tmp_path / "kept" / "last.pt")["config"]["data"]["directions"] == [
+    saved = load_checkpoint(tmp_path / "kept" / "last.pt").payload["config"]
+    assert saved["data"]["directions"] == [
         "en-de",
         "en-up",
     ]
@@ -615,7 +616,7 @@ def test_init_from_a_multilingual_checkpoint_keeps_or_replaces_its_languages_who
         init_from=run / "last.pt",
         overrides=pair,
     )
-    saved = load_checkpoint(tmp_path / "pair" / "last.pt")["config"]["data"]
+    saved = load_checkpoint(tmp_path / "pair" / "last.pt").payload["config"]["data"]
     assert (saved["src_lang"], saved["tgt_lang"]) == ("en", "de") and saved.get(
         "directions"
     ) is None

@@ -76,8 +76,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     )
     assert resumed["step"] == whole["step"] == 14
     a, b = (
-        load_checkpoint(tmp_path / "whole" / "last.pt"),
-        load_checkpoint(tmp_path / "split" / "last.pt"),
+        load_checkpoint(tmp_path / "whole" / "last.pt").payload,
+        load_checkpoint(tmp_path / "split" / "last.pt").payload,
     )
     assert a["progress"]["epoch"] >= 1  # the run crossed an epoch boundary
     position = ("step", "epoch", "batch_in_epoch")
@@ -141,7 +141,7 @@ def test_a_saved_cut_that_does_not_fit_is_said_and_the_epoch_cut_anew(tmp_path, 
     data = small_corpus(tmp_path)
     sampled = ["tokenizer.subword_alpha=0.3"]
     train(overridden(tiny_run_config(data, tmp_path / "run", 3), sampled))
-    payload = load_checkpoint(tmp_path / "run" / "last.pt")
+    payload = load_checkpoint(tmp_path / "run" / "last.pt").payload
     cut = payload["subwords"]
     damages = {
         "no cut": None,
@@ -168,7 +168,6 @@ def test_a_saved_cut_that_does_not_fit_is_said_and_the_epoch_cut_anew(tmp_path, 
         )
         assert result["step"] == steps, what
         assert "is cut anew, so this resume is not exact" in caplog.text, what
-        payload = load_checkpoint(tmp_path / "run" / "last.pt")
 
 
 def test_training_files_changed_during_a_sampled_run_stop_it_at_the_next_cut_keeping_its_steps(
@@ -197,7 +196,7 @@ def test_training_files_changed_during_a_sampled_run_stop_it_at_the_next_cut_kee
         train(
             overridden(tiny_run_config(data, tmp_path / "run", 30), ["tokenizer.subword_alpha=0.3"])
         )
-    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    last = load_checkpoint(tmp_path / "run" / "last.pt").payload
     assert last["progress"]["epoch"] == 1 and last["progress"]["batch_in_epoch"] == 0
     # every step trained is kept
     assert last["progress"]["step"] == max(step_losses(tmp_path / "run"))
@@ -221,7 +220,7 @@ def test_step_checkpoints_keep_last_k(tmp_path):
         "step_5.pt",
         "step_6.pt",
     ]
-    ckpt = load_checkpoint(tmp_path / "run" / "step_6.pt")
+    ckpt = load_checkpoint(tmp_path / "run" / "step_6.pt").payload
     assert ckpt["progress"]["step"] == 6 and "joint" in ckpt["tokenizer"]
 
 
@@ -265,7 +264,7 @@ def test_early_stopping_on_validation_bleu(tmp_path):
         tiny_run_config(data, tmp_path / "run", 50, lr_scale=0.0, validate_every=1, patience=2)
     )
     assert result["step"] == 3
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["bad_validations"] == 2
+    assert load_checkpoint(tmp_path / "run" / "last.pt").payload["progress"]["bad_validations"] == 2
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -274,7 +273,7 @@ def test_mixed_precision_trains_with_finite_loss(tmp_path, precision):
     train(tiny_run_config(data, tmp_path / "run", 4, precision=precision))
     losses = step_losses(tmp_path / "run")
     assert len(losses) == 4 and all(math.isfinite(v) for v in losses.values())
-    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
+    ckpt = load_checkpoint(tmp_path / "run" / "last.pt").payload
     assert "scale" in ckpt["scaler"] if precision == "fp16" else ckpt["scaler"] == {}
 
 
@@ -318,7 +317,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
-    ckpt = load_checkpoint(run / "last.pt")
+    ckpt = load_checkpoint(run / "last.pt").payload
     assert ckpt["progress"]["step"] >= 3
     assert ckpt["progress"]["step"] == max(step_losses(run))  # saved exactly where it stopped
 
@@ -394,7 +393,7 @@ def test_without_a_compiler_train_compile_trains_eagerly_said_once_and_writes_it
     with caplog.at_level("WARNING", logger="nmt"):
         result = train(tiny_run_config(data, tmp_path / "run", 3, compile=True))
     assert result["step"] == 3 and not compiled
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == 3
+    assert load_checkpoint(tmp_path / "run" / "last.pt").payload["progress"]["step"] == 3
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "train.compile: torch.compile cannot compile on cpu" in warning, warning
     assert "no-such-compiler" in warning and "--set train.compile=false" in warning, warning
@@ -560,7 +559,8 @@ def test_a_run_resumes_from_another_working_directory(tmp_path, monkeypatch):
     data = small_corpus(tmp_path, n=40)
     monkeypatch.chdir(tmp_path)
     train(tiny_run_config("data", "run", 2))
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["config"]["data"]["dir"] == str(data)
+    saved = load_checkpoint(tmp_path / "run" / "last.pt").payload["config"]
+    assert saved["data"]["dir"] == str(data)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -666,7 +666,7 @@ def test_a_signal_during_validation_stops_it_at_once(tmp_path, monkeypatch):
     result = train(tiny_run_config(data, tmp_path / "run", 10, validate_every=2))
     assert time.perf_counter() - started < 30
     assert result["interrupted"] and result["step"] == 2
-    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
+    ckpt = load_checkpoint(tmp_path / "run" / "last.pt").payload
     assert ckpt["progress"]["step"] == 2 and ckpt["progress"]["validated_step"] == -1
 
 
@@ -717,7 +717,7 @@ def test_max_epochs_stops_at_the_end_of_the_epoch(tmp_path):
     batches bounded by ``train.max_steps`` train the same losses and say "steps"."""
     data = small_corpus(tmp_path, n=40)
     result = train(tiny_run_config(data, tmp_path / "run", 1000, max_epochs=1))
-    progress = load_checkpoint(tmp_path / "run" / "last.pt")["progress"]
+    progress = load_checkpoint(tmp_path / "run" / "last.pt").payload["progress"]
     assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 0)
     assert {r["epoch"] for r in records(tmp_path / "run") if "loss" in r} == {0}
     assert result["stopped_by"] == "epochs" and 1 < result["step"] == len(
@@ -783,7 +783,7 @@ def test_resume_with_the_command_that_started_the_run(tmp_path):
     assert (
         train(load_config(file, again), resume=True, overrides=again, config_file=file)["step"] == 3
     )
-    assert load_checkpoint(run / "last.pt")["config"]["model"]["d_model"] == 32
+    assert load_checkpoint(run / "last.pt").payload["config"]["model"]["d_model"] == 32
     changed = [
         "model.d_model=64",
         "tokenizer.vocab_size=120",
@@ -877,7 +877,7 @@ def test_resume_applies_changed_optimizer_and_schedule_settings_at_once(tmp_path
         "train.warmup_steps=2",
     ]
     train(tiny_run_config(data, run, 3), resume=True, overrides=changes)
-    (group,) = load_checkpoint(run / "last.pt")["optimizer"]["param_groups"]
+    (group,) = load_checkpoint(run / "last.pt").payload["optimizer"]["param_groups"]
     assert (group["weight_decay"], group["eps"], tuple(group["betas"])) == (0.01, 1e-6, (0.8, 0.95))
     lrs = {r["step"]: r["lr"] for r in records(run) if "lr" in r}
     assert [lrs[k] for k in (1, 2, 3)] == pytest.approx([noam_lr(k, 32, 4) for k in (1, 2, 3)])
@@ -930,7 +930,7 @@ def test_a_changed_batch_budget_on_resume_applies_from_the_next_epoch(tmp_path):
         and resumed[after[0]]["epoch"] == 1
         and resumed[after[0]]["loss"] != by_step[after[0]]["loss"]
     )
-    assert load_checkpoint(split / "last.pt")["progress"]["batching"] == [1200, 1, 1]
+    assert load_checkpoint(split / "last.pt").payload["progress"]["batching"] == [1200, 1, 1]
 
 
 def test_no_module_imports_a_posix_only_module_unguarded():
@@ -1024,7 +1024,7 @@ def test_a_nonfinite_gradient_stops_or_skips_as_the_config_says(
     assert "step 3: the gradients are NaN or infinite" in caplog.text
     if mode == "stop":
         assert result["stopped_by"] == "nonfinite" and result["step"] == 2
-        assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == 2
+        assert load_checkpoint(tmp_path / "run" / "last.pt").payload["progress"]["step"] == 2
     else:
         assert (
             result["stopped_by"] == "steps"
@@ -1053,13 +1053,12 @@ def test_a_loss_that_doubles_from_its_lowest_is_warned_about_once(caplog):
 def test_every_checkpoint_of_a_run_names_the_run_also_after_a_resume(tmp_path):
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "run", 2, save_every=1))
-    first = load_checkpoint(tmp_path / "run" / "step_1.pt")["run"]
+    first = load_checkpoint(tmp_path / "run" / "step_1.pt").payload["run"]
     train(tiny_run_config(data, tmp_path / "run", 2), resume=True, overrides=["train.max_steps=3"])
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["run"] == first and first["dir"] == str(
-        tmp_path / "run"
-    )
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert last.run == first and first["dir"] == str(tmp_path / "run")
     train(tiny_run_config(data, tmp_path / "other", 1))
-    assert load_checkpoint(tmp_path / "other" / "last.pt")["run"]["id"] != first["id"]
+    assert load_checkpoint(tmp_path / "other" / "last.pt").payload["run"]["id"] != first["id"]
 
 
 def overridden(cfg, overrides):
@@ -1076,7 +1075,7 @@ def adam_steps(payload):
 def test_init_from_starts_a_new_run_at_step_1_with_fresh_adam_by_default(tmp_path):
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "base", 3))
-    base = load_checkpoint(tmp_path / "base" / "last.pt")
+    base = load_checkpoint(tmp_path / "base" / "last.pt").payload
     assert adam_steps(base) == [3]
     # lr 0: the weights cannot move, so the new run's weights are the checkpoint's exactly, whatever
     # Adam holds.
@@ -1089,7 +1088,7 @@ def test_init_from_starts_a_new_run_at_step_1_with_fresh_adam_by_default(tmp_pat
         overridden(config, changes), init_from=tmp_path / "base" / "last.pt", overrides=changes
     )
     assert result["step"] == 2 and sorted(step_losses(tmp_path / "tuned")) == [1, 2]
-    tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
+    tuned = load_checkpoint(tmp_path / "tuned" / "last.pt").payload
     assert all(torch.equal(tuned["model"][k], base["model"][k]) for k in base["model"])
     assert (
         adam_steps(tuned) == [2]
@@ -1175,7 +1174,7 @@ def test_a_tokenizer_not_trained_on_the_run_s_text_is_measured_on_it_before_trai
 def test_init_from_keeps_adams_moments_when_asked(tmp_path):
     data = small_corpus(tmp_path, n=40)
     train(tiny_run_config(data, tmp_path / "base", 3))
-    base = load_checkpoint(tmp_path / "base" / "last.pt")
+    base = load_checkpoint(tmp_path / "base" / "last.pt").payload
     config = tiny_run_config(
         data,
         tmp_path / "tuned",
@@ -1186,7 +1185,7 @@ def test_init_from_keeps_adams_moments_when_asked(tmp_path):
         reset_optimizer=False,
     )
     train(config, init_from=tmp_path / "base" / "last.pt")
-    tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
+    tuned = load_checkpoint(tmp_path / "tuned" / "last.pt").payload
     # Adam's own count goes on; the run's starts at 1
     assert adam_steps(tuned) == [4] and tuned["progress"]["step"] == 1
     beta2 = tuned["config"]["train"]["adam_betas"][1]
@@ -1262,7 +1261,7 @@ def test_updates_skipped_in_a_row_stop_the_run_at_the_limit_and_a_made_update_re
     made = pattern.count(True)
     assert result["stopped_by"] == "nonfinite" and result["step"] == made
     assert calls["n"] == len(pattern) + limit  # it stopped at the limit's skipped update, not after
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["step"] == made
+    assert load_checkpoint(tmp_path / "run" / "last.pt").payload["progress"]["step"] == made
 
 
 @pytest.mark.parametrize("at_step", [0, 1, 2])
@@ -1344,7 +1343,7 @@ def test_a_checkpoint_of_another_run_in_the_run_directory_is_named_by_resume_and
     )
     assert _warnings(caplog, lambda: load_checkpoint(run / "best.pt")) == []  # the file, as asked
     train(tiny_run_config(data, other, 3), resume=True, overrides=["train.max_steps=4"])
-    assert load_checkpoint(other / "last.pt")["progress"]["step"] == 4
+    assert load_checkpoint(other / "last.pt").payload["progress"]["step"] == 4
 
 
 def test_another_runs_checkpoint_as_a_run_directorys_only_one_is_refused_on_resume(tmp_path):

@@ -473,7 +473,7 @@ def export_slim(path: str | Path, out: str | Path) -> dict:
     Raises:
         nmt.runs.checkpoint.CheckpointError: ``path`` is not a readable checkpoint.
     """
-    payload = load_checkpoint(path)
+    payload = load_checkpoint(path).payload
     slim = {
         key: payload[key] for key in ("model", "config", "tokenizer", *ORIGIN) if key in payload
     }
@@ -664,12 +664,12 @@ def marian_languages(data) -> tuple[str, str] | None:
     )
 
 
-def _max_positions(payload) -> int:
-    """The position table of ``payload``'s export: an import's own ``max_position_embeddings``;
+def _max_positions(checkpoint) -> int:
+    """The position table of ``checkpoint``'s export: an import's own ``max_position_embeddings``;
     else (nmt's sinusoidal positions have no end) room for the longest line nmt translates,
     ``decode.max_input_pieces`` and EOS, and at least 1024."""
-    imported = payload.get("imported_from", {}).get("max_position_embeddings")
-    return int(imported or max(1024, payload.config.decode.max_input_pieces + 1))
+    imported = checkpoint.payload.get("imported_from", {}).get("max_position_embeddings")
+    return int(imported or max(1024, checkpoint.config.decode.max_input_pieces + 1))
 
 
 def export(
@@ -710,9 +710,9 @@ def export(
         export_slim(checkpoint, out)
         return
     _check_directory(out)
-    payload = load_checkpoint(checkpoint)
-    model, tokenizer, cfg = payload.model, payload.tokenizer, payload.config
-    max_positions = _max_positions(payload)
+    loaded = load_checkpoint(checkpoint)
+    model, tokenizer, cfg = loaded.model, loaded.tokenizer, loaded.config
+    max_positions = _max_positions(loaded)
     languages, tag_list = marian_languages(cfg.data), multilingual.tags(cfg.data)
     try:
         if format == "huggingface":

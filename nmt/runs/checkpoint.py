@@ -10,7 +10,7 @@ the step, the sampler's position and every process's RNG states, so that ``nmt t
 --resume`` continues exactly where the run stopped.
 """
 
-# Size: module at most 450 lines, check_payload() at most 75: one file format written, verified and
+# Size: module at most 455 lines, check_payload() at most 75: one file format written, verified and
 # read (a run directory read as its best.pt, which is checked to be the run's own: nmt.runs.runid);
 # check_payload() states each entry's rule once, a few lines each, in the order the file holds them.
 
@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import re
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt import __version__
-from nmt.config import ConfigError, config_from_dict
-from nmt.core.model import STATE_LAYERS, STATE_WIDTHS, uninitialised_model
-from nmt.data.tokenizer import TokenizerError
+from nmt.config import Config, ConfigError, config_from_dict
+from nmt.core.model import STATE_LAYERS, STATE_WIDTHS, Transformer, uninitialised_model
+from nmt.data.tokenizer import Tokenizer, TokenizerError
 from nmt.data.vocab import tokenizer_from_protos
 from nmt.errors import NmtError
 from nmt.files import atomic_write
@@ -45,27 +46,32 @@ class CheckpointError(NmtError, RuntimeError):
     """A checkpoint is missing, damaged, incomplete, or not one nmt wrote."""
 
 
-class Checkpoint(dict):
-    """A checkpoint read once: its entries (the dict ``torch.load`` read) and what checking them
-    built, which every command shares. ``path``; ``config``: the :class:`~nmt.config.Config`;
-    ``tokenizer``; :attr:`model`: the :class:`~nmt.core.model.Transformer` with the weights,
-    filled on first use (the check built it without filling it: no time or memory until then)."""
+@dataclass
+class Checkpoint:
+    """A checkpoint read once, which every command shares: ``payload``, the entries ``torch.load``
+    read (``model``: the weights, ``config``, ``tokenizer``, ``progress``, and for training the
+    optimizer's and the random generators' states; see :func:`check_payload`), and what checking
+    them built: ``config``, the :class:`~nmt.config.Config`; ``tokenizer``; :attr:`model`, the
+    :class:`~nmt.core.model.Transformer` with the weights, filled on first use (the check built it
+    without filling it: no time or memory until then). ``path``: the file read."""
 
-    def __init__(self, payload: dict[str, Any], path: Path, config, tokenizer, model):
-        super().__init__(payload)
-        self.path, self.config, self.tokenizer, self._model, self._filled = (
-            path,
-            config,
-            tokenizer,
-            model,
-            False,
-        )
+    payload: dict[str, Any]
+    path: Path
+    config: Config
+    tokenizer: Tokenizer
+    _model: Transformer = field(repr=False)
+    _filled: bool = field(default=False, repr=False)
 
     @property
-    def model(self):
+    def run(self) -> dict | None:
+        """The run that wrote it (its ``run`` entry: id and directory), or None (an older nmt's)."""
+        return self.payload.get("run")
+
+    @property
+    def model(self) -> Transformer:
         """The model on the CPU in eval mode, its weights those of the checkpoint."""
         if not self._filled:
-            self._model.load_state_dict(self["model"])
+            self._model.load_state_dict(self.payload["model"])
             self._filled = True
         return self._model.eval()
 
@@ -143,7 +149,7 @@ def load_checkpoint(
         ) from None
     checkpoint = check_payload(payload, path, training)
     if path != given:  # the run directory's best.pt: another run's is named
-        warn_if_not_the_runs(given, path, checkpoint.get("run"))
+        warn_if_not_the_runs(given, path, checkpoint.run)
     return checkpoint
 
 

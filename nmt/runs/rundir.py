@@ -29,7 +29,6 @@ import os
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from nmt.config import (
     PRESETS,
@@ -43,7 +42,7 @@ from nmt.config import (
 from nmt.errors import Key
 from nmt.files import METRICS, RUN_FILE, OutputError, append_line, atomic_write, reason
 
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .runid import not_the_runs, peek, record_run, run_checkpoints, step_checkpoints
 
 log = logging.getLogger("nmt.train")
@@ -186,7 +185,7 @@ class RunDir:
                 Key("train.run_dir"),
             )
 
-    def newest_checkpoint(self) -> tuple[Path, dict[str, Any]]:
+    def newest_checkpoint(self) -> tuple[Path, Checkpoint]:
         """The newest complete checkpoint with training state, loaded; a damaged one is skipped with
         a warning.
 

@@ -81,7 +81,7 @@ def average_checkpoints(paths: list[Path], out: Path, different_runs: bool = Fal
     first = first_path = None
     seen: dict[tuple, Path] = {}
     for path in paths:
-        last = load_checkpoint(path)
+        last = load_checkpoint(path).payload
         _refuse_given_twice(path, last, seen)
         if first is None:
             first, first_path = last, path

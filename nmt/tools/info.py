@@ -37,8 +37,8 @@ def checkpoint_info(path: str | Path) -> dict[str, Any]:
     Raises:
         nmt.runs.checkpoint.CheckpointError: the file is missing or not an nmt checkpoint.
     """
-    payload = load_checkpoint(path)
-    file = payload.path
+    loaded = load_checkpoint(path)
+    file, payload = loaded.path, loaded.payload
     cfg = config_from_dict(payload["config"], str(file))
     parameters = count_parameters(uninitialised_model(cfg.model))
     progress = payload.get("progress", {})

@@ -30,7 +30,7 @@ from nmt.data.tokenizer import Tokenizer, reservoir_sample, tokenizer_from_confi
 from nmt.data.vocab import tokenizer_from_dir
 from nmt.errors import Key
 from nmt.files import atomic_write
-from nmt.runs.checkpoint import load_checkpoint
+from nmt.runs.checkpoint import Checkpoint, load_checkpoint
 from nmt.runs.progress import Progress
 from nmt.runs.rundir import RunDir, absolute_paths, init_config, resume_config
 from nmt.scoring import evaluate
@@ -304,13 +304,13 @@ class Opened:
 
     cfg: Config
     checkpoint: str | None  # the checkpoint resumed from
-    payload: dict | None
+    resumed: Checkpoint | None  # it, read once
     done: dict | None = None  # a resumed run with nothing left to do: step, best_bleu, message
     data: Prepared | None = None
     # init_from (the checkpoint a fine-tuning run started from) and imported_from, kept in every
     # checkpoint
     origin: dict = field(default_factory=dict)
-    init: dict | None = None  # the payload of the checkpoint a new run starts from (--init-from)
+    init: Checkpoint | None = None  # the checkpoint a new run starts from (--init-from)
 
 
 def read_back(
@@ -320,10 +320,10 @@ def read_back(
     back."""
     opened = Opened(config_from_dict(cfg_dict), checkpoint, None, done, origin=origin)
     if not done:
-        opened.payload = load_checkpoint(checkpoint, training=True) if checkpoint else None
+        opened.resumed = load_checkpoint(checkpoint, training=True) if checkpoint else None
         if not checkpoint and "init_from" in origin:
             opened.init = load_checkpoint(origin["init_from"]["path"])
-        tokenizer = opened.payload.tokenizer if opened.payload else tokenizer_from_dir(run.path)
+        tokenizer = opened.resumed.tokenizer if opened.resumed else tokenizer_from_dir(run.path)
         opened.data = prepare(opened.cfg, run.path, tokenizer, write=False)
     return opened
 
@@ -353,11 +353,10 @@ def _open_init(
     # a run directory's best.pt, as translate reads it
     init = load_checkpoint(init_from)
     init_from = init.path
-    step = init.get("progress", {}).get("step")
-    origin = init.get("imported_from")
-    opened = Opened(
-        init_config(init["config"], cfg, overrides, config_file, init_from), None, None, init=init
-    )
+    step = init.payload.get("progress", {}).get("step")
+    origin = init.payload.get("imported_from")
+    settled = init_config(init.payload["config"], cfg, overrides, config_file, init_from)
+    opened = Opened(settled, None, None, init=init)
     log.info(
         "initialised from %s (%s%s): its weights and tokenizer; %s, the schedule and the step "
         "counter start afresh",
@@ -365,7 +364,7 @@ def _open_init(
         f"step {step}" if step is not None else "no step: not trained by nmt",
         f", imported from {origin['path']}" if origin else "",
         "Adam's moments from it"
-        if not cfg.train.reset_optimizer and "optimizer" in init
+        if not cfg.train.reset_optimizer and "optimizer" in init.payload
         else "Adam",
     )
     opened.origin = {"init_from": {"path": str(init_from.absolute()), "step": step}} | (
@@ -394,13 +393,14 @@ def open_run(
     if init_from is not None:
         opened = _open_init(cfg, overrides, config_file, init_from)
     if resume:
-        path, payload = run.newest_checkpoint()
+        path, resumed = run.newest_checkpoint()
+        payload = resumed.payload
         progress = Progress(**payload["progress"])
         log.info("resuming from %s (step %d)", path, progress.step)
         opened = Opened(
             resume_config(payload["config"], overrides, config_file, path),
             str(path),
-            payload,
+            resumed,
             origin={key: payload[key] for key in ("init_from", "imported_from") if key in payload},
         )
         tc = opened.cfg.train
@@ -431,7 +431,7 @@ def open_run(
         run.check_fresh()
     # now, not at the first validation
     evaluate.check_tokenizer(evaluate.config_tokenizer(opened.cfg))
-    given = opened.payload or opened.init
+    given = opened.resumed or opened.init
     tokenizer = given.tokenizer if given else None
     # a resumed run's is its own
     foreign = (

@@ -194,7 +194,7 @@ class Trainer:
         )
         # Which training this is, in every checkpoint and in the directory: nmt average refuses to
         # mix two runs' weights unless asked, and a checkpoint copied in from another run is named.
-        self.run_id = ddp.share(ddp.on_main(lambda: run.hold((opened.payload or {}).get("run"))))
+        self.run_id = ddp.share(ddp.on_main(lambda: run.hold(getattr(opened.resumed, "run", None))))
         self.tokenizer, self.corpus, self.valid = (
             opened.data.tokenizer,
             opened.data.corpus,
@@ -228,10 +228,10 @@ class Trainer:
         self.origin = opened.origin
         # (epoch, seed) and its pairs under tokenizer.subword_alpha
         self._sampled: tuple[tuple[int, int], EncodedCorpus] | None = None
-        if opened.payload:
-            self.restore(opened.payload)
+        if opened.resumed:
+            self.restore(opened.resumed.payload)
         elif opened.init:
-            self.start_from(opened.init)
+            self.start_from(opened.init.payload)
         self._batches: tuple[int, list] = (-1, [])
         self.epoch_batches()  # fewer batches than processes fails here, before any step
         self.window = Window(ddp.device)
@@ -244,7 +244,7 @@ class Trainer:
         self.lowest_loss: tuple[float, int] | None = None
         self.warned_divergence = False
         # the newest validation record, for the result
-        self.last_validation = run.last_validation() if opened.payload else None
+        self.last_validation = run.last_validation() if opened.resumed else None
         self.writer = run.tensorboard(self.progress.step) if ddp.main and tc.tensorboard else None
         self.invocation = Invocation(self.progress.step + 1, time.perf_counter())
         if ddp.main:
