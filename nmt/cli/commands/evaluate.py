@@ -31,6 +31,7 @@ from .options import (
     RUNNING,
     STDIN,
     AllowUnk,
+    Asked,
     BeamSize,
     Device,
     DType,
@@ -49,7 +50,6 @@ from .options import (
     Threads,
     Tokenize,
     check_output,
-    load_translator,
     on_command_line,
     progress_bar,
     setup_logging,
@@ -149,7 +149,7 @@ def evaluate(
     if chosen is not None:
         check_tokenizer(chosen)  # before translating, not after
     if checkpoint:
-        inference, settings = load_translator(ctx, checkpoint, n_best=1)
+        inference, settings = Asked.of(ctx.params, n_best=1).translator(checkpoint)
         from nmt.data.multilingual import target
         from nmt.translation.inference import Decoding
         from nmt.translation.shortlist import Shortlist

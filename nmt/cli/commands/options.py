@@ -7,9 +7,9 @@ import logging
 import sys
 import threading
 import time
-from dataclasses import fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -272,53 +272,65 @@ def check_output(path: Path | None, flag: str = "--output") -> None:
         check_writable(path, flag)
 
 
-def device(ctx: typer.Context):
-    """The torch device and dtype that ``--device``, ``--threads`` and ``--dtype`` ask for (the
-    threads set at once).
+@dataclass(frozen=True)
+class Asked:
+    """What a command's options ask of decoding, as one value built in one place (:meth:`of`):
+    ``decode``, the :class:`~nmt.config.DecodeConfig` fields given (by field name; the rest are the
+    checkpoint's), and where the model runs: ``device``, ``threads``, ``dtype``."""
 
-    Raises:
-        ConfigError: ``--threads`` out of :data:`nmt.config.THREADS`, or a device or dtype this
-            machine lacks.
-    """
-    import torch
+    decode: dict[str, Any] = field(default_factory=dict)
+    device: str = "auto"
+    threads: int = 0
+    dtype: str = "float32"
 
-    from nmt.config import THREADS
-    from nmt.runtime.device import resolve_device, resolve_dtype
+    @classmethod
+    def of(cls, params: dict[str, Any], **fixed) -> Asked:
+        """From a command's parameters (``ctx.params``): each decode option the command has and
+        was given (not None), by the name of the field it sets, then ``fixed``; the running options
+        (:data:`RUNNING`) where the command has them."""
+        given = {name: params[name] for name in DECODE_KEYS if params.get(name) is not None}
+        return cls(given | fixed, **{name: params[name] for name in RUNNING if name in params})
 
-    threads = ctx.params["threads"]
-    if threads not in THREADS:
-        raise ConfigError(f"--threads must be {THREADS} (0 = torch's default), got {threads}")
-    if threads > 0:
-        torch.set_num_threads(threads)
-    dev = resolve_device(ctx.params["device"], "--device")
-    return dev, resolve_dtype(ctx.params["dtype"], dev, "--dtype")
+    def device_and_dtype(self):
+        """The torch device and dtype asked for, the threads set at once.
 
+        Raises:
+            ConfigError: ``--threads`` out of :data:`nmt.config.THREADS`, or a device or dtype
+                this machine lacks.
+        """
+        import torch
 
-def load_translator(ctx: typer.Context, checkpoints: list[Path], **fixed):
-    """The :class:`~nmt.translation.inference.Inference` of the checkpoints (one, or several as an
-    ensemble) on the device and in the dtype asked for, and the decode settings: the first
-    checkpoint's, with the decode options given and ``fixed``.
+        from nmt.config import THREADS
+        from nmt.runtime.device import resolve_device, resolve_dtype
 
-    The command's decode options arrive through ``ctx.params``, by the names of the
-    :class:`~nmt.config.DecodeConfig` fields they set.
+        if self.threads not in THREADS:
+            raise ConfigError(
+                f"--threads must be {THREADS} (0 = torch's default), got {self.threads}"
+            )
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        dev = resolve_device(self.device, "--device")
+        return dev, resolve_dtype(self.dtype, dev, "--dtype")
 
-    Raises:
-        ConfigError: a decode setting out of range or inconsistent (named as its config key,
-            which the command line shows as the flag), or see :func:`device`.
-        nmt.runs.checkpoint.CheckpointError: a checkpoint is missing, damaged or differs in
-        tokenizer.
-    """
-    from nmt.translation.inference import Inference
+    def translator(self, checkpoints: list[Path]):
+        """The :class:`~nmt.translation.inference.Inference` of the checkpoints (one, or several as
+        an ensemble) on the device and in the dtype asked for, and the decode settings: the first
+        checkpoint's with :attr:`decode` applied.
 
-    changes = {
-        name: ctx.params[name] for name in DECODE_KEYS if ctx.params.get(name) is not None
-    } | fixed
-    replace(DecodeConfig(), **changes)  # each value's own range, before anything is loaded
-    dev, dtype = device(ctx)
-    inference = Inference.load(checkpoints, dev, dtype)
-    decode = replace(inference.cfg.decode, **changes)
-    validate(replace(inference.cfg, decode=decode))
-    return inference, decode
+        Raises:
+            ConfigError: a decode setting out of range or inconsistent (named as its config key,
+                which the command line shows as the flag), or see :meth:`device_and_dtype`.
+            nmt.runs.checkpoint.CheckpointError: a checkpoint is missing, damaged or differs in
+                tokenizer.
+        """
+        from nmt.translation.inference import Inference
+
+        replace(DecodeConfig(), **self.decode)  # each value's own range, before anything loads
+        dev, dtype = self.device_and_dtype()
+        inference = Inference.load(checkpoints, dev, dtype)
+        decode = replace(inference.cfg.decode, **self.decode)
+        validate(replace(inference.cfg, decode=decode))
+        return inference, decode
 
 
 #: When a long command says it is still working: seconds after its start, then every last one.

@@ -13,6 +13,7 @@ from nmt.files import check_not_an_input
 from .options import (
     AlignmentLayer,
     AllowUnk,
+    Asked,
     BeamSize,
     Checkpoint,
     Device,
@@ -25,7 +26,6 @@ from .options import (
     Threads,
     TranslateTgtLang,
     check_output,
-    load_translator,
 )
 
 
@@ -83,7 +83,7 @@ def attention(
     from nmt.runs.checkpoint import checkpoint_file
 
     check_not_an_input(out, [("--checkpoint", checkpoint_file(checkpoint))], "--out")
-    inference, settings = load_translator(ctx, [checkpoint])
+    inference, settings = Asked.of(ctx.params).translator([checkpoint])
     from nmt.data.multilingual import target
     from nmt.tools.plot import plot_attention
     from nmt.translation.align import alignment_layer

@@ -11,7 +11,7 @@ import typer
 from nmt.config import BEAM, PRESETS, ConfigError
 from nmt.fields import MAX_INT, Range
 
-from .options import CKPT_HELP, DType, Threads, device, standard_output
+from .options import CKPT_HELP, Asked, DType, Threads, standard_output
 
 WHOLE = Range(1, MAX_INT)
 
@@ -88,8 +88,7 @@ def profile(
             raise ConfigError(f"{flag} must be {allowed}, got {value}")
     if preset is not None and preset not in PRESETS:
         raise ConfigError(f"--preset {preset!r} is not one of {', '.join(PRESETS)}")
-    ctx.params["device"] = device_name
-    dev, torch_dtype = device(ctx)
+    dev, torch_dtype = Asked(device=device_name, threads=threads, dtype=dtype).device_and_dtype()
     if checkpoint is not None:
         model = Inference.load([checkpoint], dev, torch_dtype).model
     else:

@@ -11,8 +11,7 @@ import typer
 
 from nmt.errors import NmtError
 
-from .options import CKPT_HELP, Device, DType, Threads
-from .options import device as running_device
+from .options import CKPT_HELP, Asked, Device, DType, Threads
 
 
 def serve(
@@ -104,7 +103,7 @@ def serve(
     )
     limits.check()
     check_address(host, port)  # before the model loads: a port in use is said in one line, at once
-    dev, torch_dtype = running_device(ctx)
+    dev, torch_dtype = Asked.of(ctx.params).device_and_dtype()
     run_server(Translator.load(checkpoint, dev, torch_dtype), limits, host, port, quiet)
 
 

@@ -20,6 +20,7 @@ from .options import (
     STDIN,
     AlignmentLayer,
     AllowUnk,
+    Asked,
     BeamSize,
     Checkpoints,
     Device,
@@ -39,7 +40,6 @@ from .options import (
     Threads,
     TranslateTgtLang,
     check_output,
-    load_translator,
     progress_bar,
     setup_logging,
     standard_input,
@@ -234,7 +234,7 @@ def translate(
                 "--constraints-file needs beam search: --sampling draws each piece and cannot make "
                 "a sample hold a phrase"
             )
-        inference, settings = load_translator(ctx, checkpoint)
+        inference, settings = Asked.of(ctx.params).translator(checkpoint)
         from nmt.data.multilingual import target
         from nmt.translation.inference import Decoding
         from nmt.translation.shortlist import Shortlist

@@ -17,6 +17,7 @@ from nmt.scoring.evaluate import bleu_tokenizer, check_tokenizer, config_tokeniz
 
 from .options import (
     AllowUnk,
+    Asked,
     Checkpoint,
     Device,
     DType,
@@ -26,7 +27,6 @@ from .options import (
     TgtLang,
     Threads,
     Tokenize,
-    load_translator,
     progress_bar,
     setup_logging,
     standard_output,
@@ -113,7 +113,7 @@ def tune_decode(
     if chosen:
         check_tokenizer(chosen)  # before translating, not after
     standard_output()  # the table goes there: closed, it would be lost
-    inference, decode = load_translator(ctx, [checkpoint])
+    inference, decode = Asked.of(ctx.params).translator([checkpoint])
     from nmt.data.multilingual import target
 
     cfg, tokenizer = inference.cfg, inference.tokenizer
