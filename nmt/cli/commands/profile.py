@@ -17,7 +17,6 @@ WHOLE = Range(1, MAX_INT)
 
 
 def profile(
-    ctx: typer.Context,
     checkpoint: Annotated[
         Path | None, typer.Option("--checkpoint", help=f"{CKPT_HELP} Or give --preset.")
     ] = None,
