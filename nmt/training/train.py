@@ -18,8 +18,9 @@ should stop, finish). Under ``torchrun`` every stop and validate decision is one
 processes agree on (:mod:`nmt.training.distributed`).
 """
 
-# Size: module at most 801 lines, __init__() at most 85: the Trainer is one class whose named steps
-# share one state (progress, batches, model, updater); __init__() builds that state.
+# Size: module at most 815 lines: the Trainer is one class whose named steps share one state
+# (progress, batches, model, updater), and a class split across modules would scatter that state;
+# __init__() builds it from named parts (build_model, restore or start_from, say_what_trains).
 
 from __future__ import annotations
 
@@ -201,21 +202,7 @@ class Trainer:
             opened.data.valid,
         )
         tc = self.cfg.train
-        if tc.threads > 0:
-            torch.set_num_threads(tc.threads)
-        torch.manual_seed(tc.seed)
-        # the device's tricks (nmt.runtime.device)
-        self.model = for_training(Transformer(self.cfg.model).to(ddp.device), ddp.device)
-        # for_training asked already: this says whether it held
-        if ddp.device.type == "cpu" and keep_freed_memory() and ddp.main:
-            log.info(
-                "memory: freed blocks are kept for reuse (glibc mallopt), so large tensors are not "
-                "paged in again every step"
-            )
-        world_size = ddp.world_size if ddp.enabled else 1
-        loss, step = compiling(tc, ddp.device, ddp.gather)  # tried here, before the first step
-        context = functools.partial(attention_backends, ddp.device)
-        self.updater = Updater(self.model, tc, ddp.device, world_size, loss, context, step)
+        self.model, self.updater = self.build_model()
         parts = self.corpus.parts  # one per direction
         self.mix = (
             DirectionMix(parts, self.cfg.data.sampling_temperature) if len(parts) > 1 else None
@@ -248,25 +235,52 @@ class Trainer:
         self.writer = run.tensorboard(self.progress.step) if ddp.main and tc.tensorboard else None
         self.invocation = Invocation(self.progress.step + 1, time.perf_counter())
         if ddp.main:
+            self.say_what_trains()
+
+    def build_model(self) -> tuple[Transformer, Updater]:
+        """The model on the device with its tricks (:func:`nmt.runtime.device.for_training`),
+        seeded by ``train.seed``, and the :class:`~nmt.core.update.Updater` that trains it, with
+        the loss and step :func:`nmt.runtime.compiled.compiling` decides on before the first step;
+        ``train.threads`` set first."""
+        tc, ddp = self.cfg.train, self.ddp
+        if tc.threads > 0:
+            torch.set_num_threads(tc.threads)
+        torch.manual_seed(tc.seed)
+        model = for_training(Transformer(self.cfg.model).to(ddp.device), ddp.device)
+        # for_training asked already: this says whether it held
+        if ddp.device.type == "cpu" and keep_freed_memory() and ddp.main:
             log.info(
-                "model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d "
-                "process(es) × update_freq %d × max_tokens %d",
-                f"{count_parameters(self.model):,}",
-                len(self.corpus),
-                100
-                * self.sampler(self.progress.batching, self.progress.epoch).padding_fraction(
-                    self.progress.epoch, tc.pad_to_multiple
-                ),
-                ddp.world_size,
-                tc.update_freq,
-                tc.max_tokens,
+                "memory: freed blocks are kept for reuse (glibc mallopt), so large tensors are not "
+                "paged in again every step"
             )
-            if self.mix:
-                log.info(
-                    "an epoch draws (data.sampling_temperature %s): %s",
-                    self.mix.temperature,
-                    self.mix.describe([v.direction for v in self.valid]),
-                )
+        world_size = ddp.world_size if ddp.enabled else 1
+        loss, step = compiling(tc, ddp.device, ddp.gather)  # tried here, before the first step
+        context = functools.partial(attention_backends, ddp.device)
+        return model, Updater(model, tc, ddp.device, world_size, loss, context, step)
+
+    def say_what_trains(self) -> None:
+        """Log the model's size, the corpus, the padding share of the batches and the batch
+        budget; with several directions, what an epoch draws from each."""
+        tc, ddp = self.cfg.train, self.ddp
+        log.info(
+            "model: %s parameters; %d training pairs, padding %.1f%% of batch tokens; %d "
+            "process(es) × update_freq %d × max_tokens %d",
+            f"{count_parameters(self.model):,}",
+            len(self.corpus),
+            100
+            * self.sampler(self.progress.batching, self.progress.epoch).padding_fraction(
+                self.progress.epoch, tc.pad_to_multiple
+            ),
+            ddp.world_size,
+            tc.update_freq,
+            tc.max_tokens,
+        )
+        if self.mix:
+            log.info(
+                "an epoch draws (data.sampling_temperature %s): %s",
+                self.mix.temperature,
+                self.mix.describe([v.direction for v in self.valid]),
+            )
 
     def restore(self, payload: dict) -> None:
         """Weights, optimizer, schedule, scaler, position and this process's RNG states from
