@@ -962,8 +962,8 @@ def test_candidates_are_the_best_sums_of_hypothesis_and_token(data, n, beam, voc
     flat = (scores.unsqueeze(2) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
     assert torch.equal(top.scores, flat.topk(2 * beam, dim=1).values)
     finite = torch.isfinite(top.scores)
-    rows = torch.arange(n).unsqueeze(1) * beam + top.beam
+    rows = torch.arange(n).unsqueeze(1) * beam + top.parent
     assert torch.equal(
-        (scores.gather(1, top.beam) + lprobs[rows, top.token])[finite], top.scores[finite]
+        (scores.gather(1, top.parent) + lprobs[rows, top.token])[finite], top.scores[finite]
     )
     assert torch.equal(top.is_eos, (top.token == EOS) & finite)

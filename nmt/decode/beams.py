@@ -274,9 +274,9 @@ class Beams:
         if self.ranking.patience is not None:
             ends &= self.arrived.unsqueeze(1) + ends.long().cumsum(1) <= self.ranking.patience
             self.arrived.add_(ends.sum(1))
-        rows = (torch.arange(n, device=ends.device).unsqueeze(1) * beam + top.beam[:, :beam]).view(
-            -1
-        )
+        rows = (
+            torch.arange(n, device=ends.device).unsqueeze(1) * beam + top.parent[:, :beam]
+        ).view(-1)
         log_probs = top.scores[:, :beam]
         unmet = steer.unmet(rows).view(n, beam) if steer is not None else torch.zeros_like(rows)
         k, width = self.done_scores.size(1), self.tokens.size(1)

@@ -21,11 +21,11 @@ from nmt.core.pieces import EOS
 @dataclass(frozen=True)
 class Candidates:
     """A step's candidate extensions of each sentence, each ``(n, width)``: ``scores``
-    (log-probabilities), ``beam`` (which hypothesis of the sentence), ``token``, ``is_eos`` (ends,
-    and may be set aside as finished)."""
+    (log-probabilities), ``parent`` (which of the sentence's ``beam`` hypotheses it extends, in
+    ``[0, beam)``), ``token``, ``is_eos`` (ends, and may be set aside as finished)."""
 
     scores: Tensor
-    beam: Tensor
+    parent: Tensor
     token: Tensor
     is_eos: Tensor
 
@@ -58,7 +58,7 @@ class Candidates:
         n, width = self.scores.shape
         rank = self.is_eos.long() * width + torch.arange(width, device=self.scores.device)
         chosen = rank.topk(beam, dim=1, largest=False).indices  # (n, beam)
-        back = torch.arange(n, device=chosen.device).unsqueeze(1) * beam + self.beam.gather(
+        back = torch.arange(n, device=chosen.device).unsqueeze(1) * beam + self.parent.gather(
             1, chosen
         )
         return self.scores.gather(1, chosen), back.view(-1), self.token.gather(1, chosen).view(-1)

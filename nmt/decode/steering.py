@@ -242,12 +242,12 @@ class Steer:
         if progress is None:
             return top
         constrained = (progress.lengths.sum(1) > 0).nonzero().squeeze(1).tolist()
-        top = Candidates(*(t.clone() for t in (top.scores, top.beam, top.token, top.is_eos)))
+        top = Candidates(*(t.clone() for t in (top.scores, top.parent, top.token, top.is_eos)))
         for s in constrained:
             row = self._sentence_candidates(s, scores, lprobs)
             width = row[0].numel()
-            top.scores[s], top.beam[s], top.token[s], top.is_eos[s] = float("-inf"), 0, PAD, False
-            for t, value in zip((top.scores, top.beam, top.token, top.is_eos), row):
+            top.scores[s], top.parent[s], top.token[s], top.is_eos[s] = float("-inf"), 0, PAD, False
+            for t, value in zip((top.scores, top.parent, top.token, top.is_eos), row):
                 t[s, :width] = value
         return top
 
