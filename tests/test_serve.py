@@ -341,6 +341,13 @@ def test_lines_of_unknown_characters_or_no_text_are_answered_empty_and_counted(c
     after = client.get("/health").json()["untranslated_lines"]
     # a blank line is not counted
     assert after == {"unknown_only": before["unknown_only"] + 1, "no_text": before["no_text"] + 1}
+    # the per-line warnings are counted there too, past the ten the log names
+    warned = client.get("/health").json()["warned_lines"]
+    assert warned["only text the vocabulary lacks"] >= 1 and warned["no text to translate"] >= 1
+    for _ in range(12):
+        client.post("/translate", json={"text": "the 3 dogs ."})
+    again = client.get("/health").json()["warned_lines"]
+    assert again["text the model's vocabulary lacks"] >= 12
 
 
 def test_health_and_info(client, translator):

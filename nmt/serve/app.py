@@ -382,6 +382,8 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> Starlette: 
                     "unknown_only": translator.skipped["unknown"],
                     "no_text": translator.skipped["no_text"],
                 },
+                # every per-line warning by kind, named in the log or not (nmt.errors.Capped)
+                "warned_lines": dict(translator.inference.said.counts),
             }
         )
 
