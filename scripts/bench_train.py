@@ -196,10 +196,14 @@ def child(args) -> None:
         context=lambda: attention_backends(device),
         compile_step=compile_step,
     )
-    times, first_loss = [], None
+    from torch._dynamo.utils import counters  # graphs torch.compile built (recompiles included)
+
+    times, first_loss, warm_graphs = [], None, None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for i, batch in enumerate(batches):
+        if i == args.warmup:
+            warm_graphs = counters["stats"]["unique_graphs"]
         sync(device)
         t = time.perf_counter()
         out = updater.step([batch])[0]
@@ -242,6 +246,10 @@ def child(args) -> None:
         "matmul_ceiling_tflops": float(f"{ceiling / 1e12:.4g}"),
         "mfu": round(flops / seconds / ceiling, 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # torch.compile's graphs, and those compiled after the warm-up steps: with lengths
+        # bounded (--pad-to-multiple), a step that stopped recompiling shows 0
+        "compiled_graphs": counters["stats"]["unique_graphs"],
+        "recompiles_after_warmup": counters["stats"]["unique_graphs"] - (warm_graphs or 0),
     }
     if args.products:
         record |= product_share(updater, timed[-args.products :])

@@ -347,7 +347,7 @@ def test_compiled_training_step_equals_eager():
             Batch(src, torch.cat([torch.full((len(lengths), 1), 2), tgt[:, :-1]], dim=1), tgt)
         )
 
-    def run(compile_: bool) -> tuple[dict, list[float]]:
+    def run(compile_: bool) -> tuple[dict, list[float], Updater]:
         torch.manual_seed(0)
         model = Transformer(tiny_config(dropout=0.0))
         tc, cpu = TrainConfig(compile=compile_, warmup_steps=2), torch.device("cpu")
@@ -360,14 +360,31 @@ def test_compiled_training_step_equals_eager():
         ).loss.backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
-        return grads, [float(updater.step([b])[0].loss.detach()) for b in batches]
+        return grads, [float(updater.step([b])[0].loss.detach()) for b in batches], updater
 
-    (eager_grads, eager_losses), (compiled_grads, compiled_losses) = run(False), run(True)
+    (eager_grads, eager_losses, _), (compiled_grads, compiled_losses, updater) = (
+        run(False),
+        run(True),
+    )
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-5)
     assert eager_losses[2] != eager_losses[0]  # the updates did something
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, atol=1e-6, rtol=1e-4)
     assert "train.compile" not in _Compiled.failed  # compiled indeed, not the eager fallback
+    # Warmed up (the first shape compiled, the second made the graph dynamic), updates of new
+    # batch sizes and lengths compile nothing more: the step stops recompiling. Sizes stay >= 2,
+    # as train.pad_to_multiple keeps them; torch specialises a dimension of 1.
+    from torch._dynamo.utils import counters
+
+    compiled_before = counters["stats"]["unique_graphs"]
+    for seed, lengths in enumerate(([5, 11, 2, 8], [13, 6], [2, 3, 9, 4, 7]), start=20):
+        src, tgt = (
+            random_sources(lengths, seed=seed),
+            random_sources([n + 1 for n in lengths], seed=seed + 10),
+        )
+        bos = torch.full((len(lengths), 1), 2)
+        updater.step([Batch(src, torch.cat([bos, tgt[:, :-1]], dim=1), tgt)])
+    assert counters["stats"]["unique_graphs"] == compiled_before
 
 
 @pytest.fixture
