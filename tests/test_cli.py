@@ -485,6 +485,11 @@ def test_help_shows_flags_as_flags():
     for command in ["translate", "evaluate", "serve", "tune-decode"]:
         shown = invoke(command, "--help").output
         assert "--checkpoint <path>" in shown and "<list[" not in shown, shown
+    # arguments are named alike in every usage line: upper case, one pair of brackets at most
+    for words in (["average"], ["export"], ["import"], ["info"], ["plot", "metrics"]):
+        usage = invoke(*words, "--help").output.splitlines()[0]
+        arguments = usage.split("[OPTIONS]")[1].strip()
+        assert arguments == arguments.upper() and "[[" not in arguments, usage
 
 
 def _one_line_error(result) -> str:

@@ -12,7 +12,8 @@ from .options import setup_logging
 
 def average(
     checkpoints: Annotated[
-        list[Path] | None, typer.Argument(help="Checkpoints to average (or give --run-dir).")
+        list[Path] | None,
+        typer.Argument(metavar="CHECKPOINT", help="Checkpoints to average (or give --run-dir)."),
     ] = None,
     out: Annotated[
         Path,

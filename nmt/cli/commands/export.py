@@ -14,8 +14,9 @@ def export(
     out: Annotated[
         Path,
         typer.Argument(
+            metavar="OUT",
             help="Where to write: a directory (huggingface, ctranslate2; created if missing) or a "
-            "file (nmt, e.g. model.pt)."
+            "file (nmt, e.g. model.pt).",
         ),
     ],
     checkpoint: Checkpoint,

@@ -17,7 +17,7 @@ def info(
     path: Annotated[
         Path | None,
         typer.Argument(
-            metavar="[CHECKPOINT]",
+            metavar="CHECKPOINT",
             help=f"{CKPT_HELP} Or give it with --checkpoint.",
             show_default=False,
         ),

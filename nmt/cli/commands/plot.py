@@ -30,7 +30,9 @@ from .options import (
 
 
 def metrics(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory with metrics.jsonl.")],
+    run_dir: Annotated[
+        Path, typer.Argument(metavar="RUN_DIR", help="A run directory with metrics.jsonl.")
+    ],
     out: Annotated[
         Path | None,
         typer.Option(
@@ -52,7 +54,9 @@ def metrics(
 
 def attention(
     ctx: typer.Context,
-    sentence: Annotated[str, typer.Argument(help="The source sentence to translate.")],
+    sentence: Annotated[
+        str, typer.Argument(metavar="SENTENCE", help="The source sentence to translate.")
+    ],
     checkpoint: Checkpoint,
     out: Annotated[
         Path,
