@@ -61,12 +61,19 @@ class NmtError(Exception):
         return self.render()
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name where it has none: what a one-line
+    error quotes of an exception from torch, a compiler or a file reader."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class Capped:
     """Warnings about single inputs (a translated line), by kind, logged to ``log``: the first
     :attr:`NAMED` of each kind are logged, naming their input, the rest only counted (a file of
     100,000 lines with digits the vocabulary lacks would otherwise write 100,000 lines to stderr);
-    :meth:`say_unnamed` says how many at the end, or the end of a ``with`` block. Each message is
-    written where it is said, beginning ``warning: ``."""
+    :meth:`say_unnamed` says how many at the end. Each message is written where it is said,
+    beginning ``warning: ``."""
 
     NAMED = 10
 
@@ -81,13 +88,6 @@ class Capped:
             self.log.warning(message, *args)  # the caller's text, "warning: ..."
         elif self.counts[kind] == self.NAMED:
             self.log.warning(message + "; further lines like this are counted, not named", *args)
-
-    def __enter__(self) -> Capped:
-        return self
-
-    def __exit__(self, kind, *_) -> None:
-        if kind is None:  # a run that ended: what was counted is said
-            self.say_unnamed()
 
     def say_unnamed(self) -> None:
         """Log one line per kind with lines counted but not named (at the end of a run)."""

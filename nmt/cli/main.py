@@ -26,7 +26,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from nmt.cli.commands.options import DECODE_KEYS, on_command_line
-from nmt.errors import NmtError
+from nmt.errors import NmtError, first_line
 from nmt.files import reason
 
 from .commands import (
@@ -168,7 +168,7 @@ class Command(TyperCommand):
 
             if not out_of_memory(exc):
                 raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             advice = SMALLER.get(ctx.info_name, "give it less to hold at once")
             typer.echo(
                 f"error: nmt {ctx.info_name} ran out of memory ({first[:200]}); {advice}", err=True

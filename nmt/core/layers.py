@@ -180,12 +180,14 @@ class Residual(nn.Module):
             pre_norm,
         )
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """``x`` ``(..., d_model)`` through ``sublayer`` (same shape in, same out) and the residual
-        connection around it, normalised after the sum (Post-LN) or before the sublayer (Pre-LN)."""
+    def forward(self, x: Tensor, sublayer: Callable[..., Tensor], *args, **kwargs) -> Tensor:
+        """``x`` ``(..., d_model)`` through ``sublayer(x, *args, **kwargs)`` (same shape in, same
+        out) and the residual connection around it, normalised after the sum (Post-LN) or before
+        the sublayer (Pre-LN). The sublayer's own arguments are passed on, not closed over: the
+        decode step builds no function per layer and step."""
         if self.pre_norm:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return x + self.dropout(sublayer(self.norm(x), *args, **kwargs))
+        return self.norm(x + self.dropout(sublayer(x, *args, **kwargs)))
 
 
 class EncoderLayer(nn.Module):
@@ -203,7 +205,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """``x`` ``(batch, src_len, d_model)``, ``mask`` ``(batch, 1, 1, src_len)``."""
-        x = self.res_attn(x, lambda h: self.self_attn(h, mask))
+        x = self.res_attn(x, self.self_attn, mask)
         return self.res_ffn(x, self.ffn)
 
 
@@ -234,6 +236,6 @@ class DecoderLayer(nn.Module):
         is causal over ``x``; with it, ``x`` holds the positions after the cached ones and attends
         to all of them (see :class:`SelfAttention`). ``cross_k``/``cross_v``: ``(batch, n_heads,
         src_len, head_dim)``."""
-        x = self.res_self(x, lambda h: self.self_attn(h, causal=cache is None, cache=cache))
-        x = self.res_cross(x, lambda h: self.cross_attn(h, cross_k, cross_v, src_mask, beam))
+        x = self.res_self(x, self.self_attn, causal=cache is None, cache=cache)
+        x = self.res_cross(x, self.cross_attn, cross_k, cross_v, src_mask, beam)
         return self.res_ffn(x, self.ffn)

@@ -36,7 +36,7 @@ from nmt.config import (
 )
 from nmt.data.tokenizer import BOS, PAD, TAG, UNK, TokenizerError
 from nmt.data.vocab import MarianTokenizer
-from nmt.errors import Key
+from nmt.errors import Key, first_line
 from nmt.fields import LANGUAGE
 
 from .marian import MarianError, Rows, from_marian
@@ -146,10 +146,7 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
             ) from None
         # safetensors, torch and zipfile raise several types for damaged files
         except Exception as exc:
-            raise MarianError(
-                f"{file}: cannot read the weights "
-                f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
-            ) from None
+            raise MarianError(f"{file}: cannot read the weights ({first_line(exc)})") from None
         if not isinstance(part, dict) or not all(
             isinstance(v, torch.Tensor) for v in part.values()
         ):

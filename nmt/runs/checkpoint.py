@@ -29,7 +29,7 @@ from nmt.config import Config, ConfigError, config_from_dict
 from nmt.core.model import STATE_LAYERS, STATE_WIDTHS, Transformer, uninitialised_model
 from nmt.data.tokenizer import Tokenizer, TokenizerError
 from nmt.data.vocab import tokenizer_from_protos
-from nmt.errors import NmtError
+from nmt.errors import NmtError, first_line
 from nmt.files import atomic_write
 
 from .progress import Progress
@@ -145,17 +145,12 @@ def load_checkpoint(
                 "values (not written by nmt)"
             ) from None
         raise CheckpointError(
-            f"{path} is not an nmt checkpoint: a zip archive torch cannot read ({_first_line(exc)})"
+            f"{path} is not an nmt checkpoint: a zip archive torch cannot read ({first_line(exc)})"
         ) from None
     checkpoint = check_payload(payload, path, training)
     if path != given:  # the run directory's best.pt: another run's is named
         warn_if_not_the_runs(given, path, checkpoint.run)
     return checkpoint
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _verify_archive(path: Path) -> None:
@@ -172,7 +167,7 @@ def _verify_archive(path: Path) -> None:
     except Exception as exc:
         size = path.stat().st_size
         raise CheckpointError(
-            f"damaged checkpoint: {path} ({_first_line(exc)}; {size:,} bytes, probably truncated "
+            f"damaged checkpoint: {path} ({first_line(exc)}; {size:,} bytes, probably truncated "
             "or overwritten)"
         ) from None
     if bad is not None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from nmt.core.loss import EAGER, LossPasses, gradient_pass, rows_pass
+from nmt.errors import first_line
 
 from .device import out_of_memory
 
@@ -68,11 +69,6 @@ def compile_failure(device: str) -> str | None:
     return said if done.returncode == 1 else f"the check ended with code {done.returncode}: {said}"
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 class _Compiled:
     """``fn`` compiled by ``torch.compile`` (dynamic in the token count), run eagerly from the first
     failure to compile or run it on, which is said once in one line per setting."""
@@ -90,7 +86,7 @@ class _Compiled:
             except Exception as exc:
                 if out_of_memory(exc):
                     raise
-                self.failed[self.setting] = _first_line(exc)
+                self.failed[self.setting] = first_line(exc)
                 log.warning(
                     "warning: %s: compiling %s failed (%s); it runs eagerly",
                     self.setting,

@@ -164,13 +164,13 @@ def evaluate(
         # before translating, not after
         check_line_counts(len(sources), "source lines", references, ref_names)
         allowed = Shortlist.read(shortlist, tokenizer) if shortlist is not None else None
-        with progress_bar(quiet, total=len(sources)) as bar, inference.said:
+        with progress_bar(quiet, total=len(sources)) as bar:
             decoding = Decoding(
                 settings, src_prefix=goal.src_prefix, shortlist=allowed, replace_unk=replace_unk
             )
-            hyps = inference.best_strings(
-                inference.translate(sources, decoding, progress=bar.update)
-            )
+            # one buffer, streamed: its end says the lines warned of but not named
+            ((_, results),) = inference.stream([sources], decoding, progress=bar.update)
+            hyps = inference.best_strings(results)
         if output is not None:
             atomic_write(output, "".join(h + "\n" for h in hyps))
     else:
