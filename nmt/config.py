@@ -370,6 +370,12 @@ class TrainConfig(Checked):
         "torch.compile the loss's two passes over tokens x vocab (fused: no float32 copies of the "
         "logits; eager, said once, where compiling fails)",
     )
+    loss_chunk_tokens: int = setting(
+        0,
+        "project and score this many target tokens at a time, holding chunk x vocab logits "
+        "instead of tokens x vocab, their gradients formed as each chunk is scored; 0: all at once",
+        AT_LEAST_0,
+    )
     pad_to_multiple: int = setting(
         1,
         "round each batch's lengths up to a multiple of this (8: a GPU's tensor-core tiles, fewer "

@@ -3,6 +3,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nmt.core.loss import label_smoothed_loss
 
@@ -137,7 +139,7 @@ def compiled(monkeypatch):
     from nmt.runtime.compiled import _Compiled, training_loss
 
     monkeypatch.setattr(_Compiled, "failed", {})
-    return training_loss(TrainConfig(compile_loss=True))
+    return training_loss(TrainConfig(compile_loss=True), torch.device("cpu")).passes
 
 
 def test_the_compiled_loss_gives_the_eager_values_and_gradients(compiled):
@@ -179,6 +181,166 @@ def test_the_loss_is_compiled_only_when_asked():
     from nmt.core.loss import EAGER
     from nmt.runtime.compiled import _Compiled, training_loss
 
-    assert training_loss(TrainConfig()) is EAGER
-    asked = training_loss(TrainConfig(compile_loss=True))
+    cpu = torch.device("cpu")
+    assert training_loss(TrainConfig(), cpu).passes is EAGER
+    asked = training_loss(TrainConfig(compile_loss=True), cpu).passes
     assert isinstance(asked.rows, _Compiled) and isinstance(asked.gradient, _Compiled)
+
+
+def projection_case(vocab: int, tokens: int, d_model: int = 16, bias: bool = True, seed: int = 0):
+    """A model-like head (tied matrix ``tgt_embed.weight`` and ``output_bias``), decoder states
+    ``(2, tokens, d_model)`` and targets with some PAD."""
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.nn.Parameter(torch.randn(vocab, d_model, generator=g))
+    head = SimpleNamespace(
+        tgt_embed=SimpleNamespace(weight=weight),
+        output_bias=torch.randn(vocab, generator=g) if bias else None,
+    )
+    head.project = lambda h: F.linear(h, weight, head.output_bias)
+    states = torch.randn(2, tokens, d_model, generator=g).requires_grad_()
+    target = torch.randint(1, vocab, (2, tokens), generator=g)
+    target[1, tokens // 2 :] = 0  # PAD: contributes nothing
+    return head, states, target
+
+
+def loss_and_grads(loss_fn, head, states, target, autocast=None):
+    with torch.autocast("cpu", dtype=autocast or torch.float32, enabled=autocast is not None):
+        out = loss_fn(states, target, 0.1, head)
+    grads = torch.autograd.grad(out.loss * 0.7, (states, head.tgt_embed.weight))
+    return out, grads
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    vocab=st.integers(3, 70),
+    tokens=st.integers(1, 13),
+    chunk=st.integers(1, 40),
+    multiple=st.sampled_from([1, 8, 64]),
+    bias=st.booleans(),
+)
+def test_the_chunked_projection_gives_the_whole_projections_values_and_gradients(
+    vocab, tokens, chunk, multiple, bias
+):
+    """Any chunk size (one token, a ragged last chunk, more than all tokens) and any padding of
+    the output matrix: the loss, the NLL and the gradients of the states and of the output matrix
+    are those of projecting all tokens at once, to float32's rounding."""
+    from nmt.core.loss import ProjectedLoss
+
+    head, states, target = projection_case(vocab, tokens, bias=bias)
+    whole, whole_grads = loss_and_grads(ProjectedLoss(), head, states, target)
+    out, grads = loss_and_grads(ProjectedLoss(chunk, vocab_multiple=multiple), head, states, target)
+    torch.testing.assert_close(out.loss, whole.loss, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out.nll, whole.nll, rtol=1e-5, atol=1e-4)
+    assert int(out.n_tokens) == int(whole.n_tokens) == int((target != 0).sum())
+    for ours, reference in zip(grads, whole_grads):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # validation: no gradients formed, the same values
+        scored = ProjectedLoss(chunk, vocab_multiple=multiple)(states, target, 0.1, head)
+    torch.testing.assert_close(scored.loss, whole.loss, rtol=1e-5, atol=1e-4)
+
+
+def test_the_chunked_projection_under_bf16_autocast_matches_the_whole_one():
+    """Under autocast the chunks are projected in bfloat16 as the whole projection is; the output
+    matrix's gradient is summed over chunks in float32, so it differs from the whole product's
+    by bfloat16's rounding, no more."""
+    from nmt.core.loss import ProjectedLoss
+
+    head, states, target = projection_case(300, 40, d_model=32)
+    whole, whole_grads = loss_and_grads(ProjectedLoss(), head, states, target, torch.bfloat16)
+    out, grads = loss_and_grads(
+        ProjectedLoss(16, vocab_multiple=64), head, states, target, torch.bfloat16
+    )
+    torch.testing.assert_close(out.loss, whole.loss, rtol=1e-4, atol=1e-3)
+    assert grads[0].dtype == states.dtype and grads[1].dtype == torch.float32
+    for ours, reference in zip(grads, whole_grads):
+        torch.testing.assert_close(ours, reference, rtol=2e-2, atol=2e-2 * reference.abs().max())
+
+
+def test_the_chunked_projection_never_holds_tokens_times_vocab():
+    """No tensor written while scoring 60 tokens 8 at a time, forward and backward, is larger
+    than a chunk's logits (8 × the padded vocabulary) or the output matrix: the whole logits
+    (60 × 100) never exist, in any dtype. The whole projection writes them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nmt.core.loss import ProjectedLoss
+
+    class Largest(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    head, states, target = projection_case(100, 30, d_model=8)  # 60 tokens
+    for loss_fn, bound in ((ProjectedLoss(8, vocab_multiple=64), 8 * 128), (ProjectedLoss(), None)):
+        with Largest() as seen:
+            loss_and_grads(loss_fn, head, states, target)
+        if bound:
+            assert seen.numel == bound
+        else:
+            assert seen.numel >= 60 * 100
+
+
+def test_the_padded_columns_of_the_output_matrix_are_never_scored():
+    """Padding the output matrix to a multiple of 64 leaves the vocabulary as it was: each token's
+    loss is that of the unpadded 37 classes (ε spread over 35 of them), whatever the padded
+    columns would have scored, and they get no gradient."""
+    from nmt.core.loss import ProjectedLoss
+
+    head, states, target = projection_case(37, 5, d_model=4, bias=False)
+    plain = ProjectedLoss(3)(states, target, 0.1, head)
+    padded, (_, grad_weight) = loss_and_grads(
+        ProjectedLoss(3, vocab_multiple=64), head, states, target
+    )
+    assert grad_weight.shape == (37, 4)
+    torch.testing.assert_close(padded.loss, plain.loss, rtol=1e-6, atol=1e-5)
+
+
+def test_a_chunk_size_below_zero_is_refused():
+    from nmt.core.loss import ProjectedLoss
+
+    with pytest.raises(ValueError, match="chunk_tokens must be at least 0"):
+        ProjectedLoss(-1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    vocab=st.integers(3, 60),
+    smoothing=st.sampled_from([0.0, 0.1, 0.3]),
+    bias=st.booleans(),
+    seed=st.integers(0, 5),
+)
+def test_a_cross_entropy_smoothed_over_all_classes_gives_nmts_loss_with_one_logit_gap(
+    vocab, smoothing, bias, seed, monkeypatch
+):
+    """The benchmark's Liger-Kernel engine: PyTorch's (and Liger's) smoothing spreads ε over all
+    ``V`` classes, nmt's over the ``V − 2`` that are neither the reference nor PAD. With ε' = εV/(V
+    − 2) and ε/(V − 2) · (z_PAD − z_ref) added per token the two are equal, value and gradients
+    (checked here with PyTorch's cross entropy, the kernel's CPU twin)."""
+    from pathlib import Path
+
+    from nmt.core.loss import ProjectedLoss
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    from bench_train import torch_cross_entropy, uniform_smoothing_loss
+
+    head, states, target = projection_case(vocab, 7, bias=bias, seed=seed)
+
+    def twin(states, target, smoothing, model):
+        return uniform_smoothing_loss(states, target, smoothing, model, torch_cross_entropy)
+
+    with torch.autocast("cpu", enabled=False):
+        ours = ProjectedLoss()(states, target, smoothing, head)
+        theirs = twin(states, target, smoothing, head)
+    torch.testing.assert_close(theirs.loss, ours.loss, rtol=1e-5, atol=1e-4)
+    grads = torch.autograd.grad(ours.loss, (states, head.tgt_embed.weight))
+    twin_grads = torch.autograd.grad(theirs.loss, (states, head.tgt_embed.weight))
+    for a, b in zip(twin_grads, grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -141,3 +141,125 @@ def label_smoothed_loss(
         logits.reshape(-1, logits.size(-1)), flat_target, smoothing, pad_id, passes
     )
     return LossOutput(loss.sum(), nll.sum(), (flat_target != pad_id).sum())
+
+
+def _chunked(
+    states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    smoothing: float,
+    pad_id: int,
+    chunk_tokens: int,
+    vocab_multiple: int,
+    passes: LossPasses,
+    gradients: bool,
+):
+    """Summed loss and NLL of ``states`` ``(tokens, d_model)`` projected by ``weight`` ``(vocab,
+    d_model)`` (and ``bias``), ``chunk_tokens`` rows at a time, in the autocast dtype where autocast
+    is on (as :func:`torch.nn.functional.linear` would compute the logits), else ``states``'.
+    With ``gradients`` also those of the summed loss with respect to ``states`` (their dtype) and
+    ``weight`` (float32, accumulated over the chunks), else None for both."""
+    device = states.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else states.dtype
+    vocab = weight.size(0)
+    padded = -(-vocab // vocab_multiple) * vocab_multiple
+    with torch.autocast(device, enabled=False):
+        w = F.pad(weight.to(dtype), (0, 0, 0, padded - vocab))  # rows of zeros: never read
+        b = None if bias is None else F.pad(bias.to(dtype), (0, padded - vocab))
+        h = states.to(dtype)
+        loss = torch.zeros((), device=states.device)
+        nll = torch.zeros((), device=states.device)
+        grad_states = torch.empty_like(states) if gradients else None
+        grad_weight = torch.zeros(padded, w.size(1), device=w.device) if gradients else None
+        for start in range(0, h.size(0), chunk_tokens):
+            h_c, t_c = h[start : start + chunk_tokens], target[start : start + chunk_tokens]
+            z = F.linear(h_c, w, b)[:, :vocab]  # the padded columns are cut before the softmax
+            loss_c, nll_c, kept = passes.rows(z, t_c, smoothing, pad_id)
+            loss += loss_c.sum()
+            nll += nll_c.sum()
+            if gradients:
+                ones = torch.ones_like(loss_c)
+                g = passes.gradient(
+                    z if kept.dim() == 1 else None, kept, t_c, ones, smoothing, pad_id, dtype
+                )
+                g = F.pad(g, (0, padded - vocab))
+                grad_states[start : start + chunk_tokens] = g @ w
+                grad_weight += g.t() @ h_c
+    return loss, nll, grad_states, None if grad_weight is None else grad_weight[:vocab]
+
+
+class _ChunkedProjectionLoss(torch.autograd.Function):
+    """The output projection and the label-smoothed loss together (:class:`ProjectedLoss`): the
+    gradients are formed chunk by chunk in the forward pass, when each chunk's logits are at
+    hand, and the backward pass only scales them by the upstream gradient of the summed loss
+    (as Liger-Kernel's fused linear cross entropy does)."""
+
+    @staticmethod
+    def forward(ctx, states, weight, bias, target, smoothing, pad_id, chunk, multiple, passes):
+        loss, nll, grad_states, grad_weight = _chunked(
+            states, weight, bias, target, smoothing, pad_id, chunk, multiple, passes, True
+        )
+        ctx.save_for_backward(grad_states, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
+        grad_states, grad_weight = ctx.saved_tensors
+        return (
+            grad_states * grad_loss.to(grad_states.dtype),
+            (grad_weight * grad_loss).to(ctx.weight_dtype),
+            *(None,) * 7,
+        )
+
+
+class ProjectedLoss:
+    """The output projection and :func:`label_smoothed_loss` of a
+    :class:`~nmt.core.model.Transformer` from its decoder states: what
+    :class:`~nmt.core.update.Updater` and validation score with.
+
+    ``chunk_tokens`` 0 projects all tokens at once (``tokens × vocab`` logits, then
+    :func:`label_smoothed_loss`). A positive ``chunk_tokens`` never holds more than ``chunk_tokens
+    × vocab`` logits (and the same in float32 for the softmax): each chunk is projected, scored and,
+    when gradients are needed, turned into its gradients with respect to the states and the
+    output matrix at once (:class:`_ChunkedProjectionLoss`). The values are those of the whole
+    projection up to float rounding (the output matrix's gradient is summed over chunks in
+    float32). ``vocab_multiple`` pads the output matrix with rows of zeros to a multiple of it for
+    the products (64: a GPU's tensor-core tiles); the padded columns are cut from the logits
+    before the softmax, so they get no probability, no smoothing mass and no gradient, and the
+    model's vocabulary, and so what it can generate, is unchanged. ``passes``: how each chunk's
+    passes run (:class:`LossPasses`).
+
+    Raises:
+        ValueError: ``chunk_tokens`` below 0 or ``vocab_multiple`` below 1.
+    """
+
+    def __init__(self, chunk_tokens: int = 0, passes: LossPasses = EAGER, vocab_multiple: int = 1):
+        if chunk_tokens < 0 or vocab_multiple < 1:
+            raise ValueError(
+                f"chunk_tokens must be at least 0 and vocab_multiple at least 1, got "
+                f"{chunk_tokens} and {vocab_multiple}"
+            )
+        self.chunk_tokens, self.passes, self.vocab_multiple = chunk_tokens, passes, vocab_multiple
+
+    def __call__(
+        self, states: Tensor, target: Tensor, smoothing: float, model, pad_id: int = PAD
+    ) -> LossOutput:
+        """Sums over the non-pad targets of ``target`` ``(batch, tgt_len)`` for decoder states
+        ``states`` ``(batch, tgt_len, d_model)`` of ``model`` (its tied output matrix
+        ``tgt_embed.weight`` and ``output_bias``)."""
+        if self.chunk_tokens == 0:
+            logits = model.project(states)  # in the autocast dtype, where autocast is on
+            with torch.autocast(states.device.type, enabled=False):
+                return label_smoothed_loss(logits, target, smoothing, pad_id, self.passes)
+        flat_states = states.reshape(-1, states.size(-1))
+        flat_target = target.reshape(-1)
+        weight, bias = model.tgt_embed.weight, model.output_bias
+        args = (smoothing, pad_id, self.chunk_tokens, self.vocab_multiple, self.passes)
+        if torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad):
+            loss, nll = _ChunkedProjectionLoss.apply(flat_states, weight, bias, flat_target, *args)
+        else:
+            loss, nll, _, _ = _chunked(flat_states, weight, bias, flat_target, *args, False)
+        return LossOutput(loss, nll, (flat_target != pad_id).sum())

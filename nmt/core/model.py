@@ -139,11 +139,14 @@ class Transformer(nn.Module):
             x = layer(x, *layer.cross_attn.memory_kv(memory), src_mask)
         return self.decoder_norm(x)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
         """Logits ``(batch, tgt_len, vocab)`` for ``src`` ``(batch, src_len)`` and ``tgt_in``
-        ``(batch, tgt_len)``."""
+        ``(batch, tgt_len)``; with ``project`` False the decoder states ``(batch, tgt_len,
+        d_model)`` before the output projection (for :class:`nmt.core.loss.ProjectedLoss`, which
+        projects them itself)."""
         memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask)
+        states = self.decode_states(tgt_in, memory, src_mask)
+        return self.project(states) if project else states
 
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Every decoder layer's cross-attention probabilities while teacher-forcing ``tgt_in``

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .batching import Batch
-from .loss import LossOutput, label_smoothed_loss
+from .loss import LossOutput, ProjectedLoss
 from .model import Transformer
 from .schedule import build_scheduler
 
@@ -36,13 +36,15 @@ class Updater:
         tc,
         device: torch.device,
         world_size: int = 1,
-        loss_fn=label_smoothed_loss,
+        loss_fn=None,
         context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         compile_step: Callable[[torch.nn.Module], Callable] = lambda module: module,
     ):
         """``tc``: the :class:`~nmt.config.TrainConfig`; ``world_size``: processes training together
         (more than 1: the model is wrapped in ``DistributedDataParallel``, whose process group must
-        exist); ``loss_fn(logits, target, smoothing) -> LossOutput`` (sums), which benchmarks swap;
+        exist); ``loss_fn(states, target, smoothing, model) -> LossOutput`` (sums) of what the
+        module returns for ``(src, tgt_in, project=False)``: a :class:`~nmt.core.loss.ProjectedLoss`
+        (the default, whole logits), or what a benchmark swaps in;
         ``context``: entered around each forward pass, for what the device needs
         (:func:`nmt.runtime.device.attention_backends`); ``compile_step``: given the module a step
         runs (the model, or DDP's wrapper of it), what runs it instead, with its ``train()``: the
@@ -52,7 +54,7 @@ class Updater:
             model,
             tc,
             device,
-            loss_fn,
+            loss_fn or ProjectedLoss(),
             context,
         )
         # fused: one kernel for all parameters instead of a Python loop over them (17% of a CPU
@@ -125,8 +127,8 @@ class Updater:
                     ),
                     self.context(),  # the backward pass runs the kernels the forward pass chose
                 ):
-                    logits = self.trained(batch.src, batch.tgt_in)
-                out = self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing)
+                    states = self.trained(batch.src, batch.tgt_in, project=False)
+                    out = self.loss(states, batch)
                 self.scaler.scale(out.loss * scale).backward()
             outs.append(out)
         self.last_lr = self.optimizer.param_groups[0]["lr"]
@@ -168,9 +170,13 @@ class Updater:
             self.context(),
         ):
             # the model itself: DDP's wrapper would wait for the other processes
-            logits = self.model(batch.src, batch.tgt_in)
-        self.loss_fn(logits, batch.tgt_out, self.tc.label_smoothing).loss.backward()
+            out = self.loss(self.model(batch.src, batch.tgt_in, project=False), batch)
+        out.loss.backward()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def loss(self, states, batch: Batch) -> LossOutput:
+        """``loss_fn`` of the module's output ``states`` for ``batch`` (on the device)."""
+        return self.loss_fn(states, batch.tgt_out, self.tc.label_smoothing, self.model)
 
     def _gradients_finite(self) -> bool:
         """Clip the gradients (``clip_norm``) and say whether their norm is finite. The norm is the

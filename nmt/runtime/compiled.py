@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from nmt.core.loss import EAGER, LossPasses, gradient_pass, rows_pass
+from nmt.core.loss import EAGER, LossPasses, ProjectedLoss, gradient_pass, rows_pass
 from nmt.errors import first_line
 
 from .device import out_of_memory
@@ -79,10 +79,10 @@ class _Compiled:
     def __init__(self, fn):
         self.fn, self.compiled = fn, torch.compile(fn, dynamic=True)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         if self.setting not in self.failed:
             try:
-                return self.compiled(*args)
+                return self.compiled(*args, **kwargs)
             except Exception as exc:
                 if out_of_memory(exc):
                     raise
@@ -93,7 +93,7 @@ class _Compiled:
                     self.what,
                     self.failed[self.setting],
                 )
-        return self.fn(*args)
+        return self.fn(*args, **kwargs)
 
 
 class _CompiledStep(_Compiled):
@@ -112,16 +112,21 @@ def _as_is(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def training_loss(tc) -> LossPasses:
+def training_loss(tc, device: torch.device, passes: LossPasses | None = None) -> ProjectedLoss:
     """The loss an :class:`~nmt.core.update.Updater` trains with under ``tc`` (the
-    :class:`~nmt.config.TrainConfig`): :func:`~nmt.core.loss.label_smoothed_loss`, with
-    ``compile_loss`` its two passes over ``tokens × vocab`` compiled, each fused into one read of
-    the logits (and one write of their gradient) instead of eager's float32 copies. The values
+    :class:`~nmt.config.TrainConfig`) on ``device``: the output projection and
+    :func:`~nmt.core.loss.label_smoothed_loss`, ``loss_chunk_tokens`` target tokens at a time
+    (0: all), the output matrix padded to a multiple of 64 rows for the products on a GPU
+    (:class:`~nmt.core.loss.ProjectedLoss`); with ``compile_loss`` the two passes over each
+    ``tokens × vocab`` compiled, each fused into one read of the logits (and one write of their
+    gradient) instead of eager's float32 copies, unless ``passes`` says how they run. The values
     are the eager ones up to rounding."""
-    if not tc.compile_loss:
-        return EAGER
-    log.info("train.compile_loss: compiling the loss; the first steps take longer")
-    return LossPasses(_Compiled(rows_pass), _Compiled(gradient_pass))
+    if passes is None and tc.compile_loss:
+        log.info("train.compile_loss: compiling the loss; the first steps take longer")
+        passes = LossPasses(_Compiled(rows_pass), _Compiled(gradient_pass))
+    return ProjectedLoss(
+        tc.loss_chunk_tokens, passes or EAGER, vocab_multiple=64 if device.type == "cuda" else 1
+    )
 
 
 def training_step(tc) -> Callable[[torch.nn.Module], Callable]:
@@ -135,7 +140,7 @@ def training_step(tc) -> Callable[[torch.nn.Module], Callable]:
 
 def compiling(
     tc, device: torch.device, gather: Callable[[str | None], list] = lambda reason: [reason]
-) -> tuple[LossPasses, Callable[[torch.nn.Module], Callable]]:
+) -> tuple[ProjectedLoss, Callable[[torch.nn.Module], Callable]]:
     """The loss and the step wrapper an :class:`~nmt.core.update.Updater` trains with under
     ``tc`` (:func:`training_loss`, :func:`training_step`), decided before the first step: where
     ``compile`` asks for ``torch.compile`` and it cannot compile on ``device``
@@ -157,5 +162,5 @@ def compiling(
                 failures[0],
                 " ".join(f"--set train.{name}=false" for name in asked),
             )
-            return EAGER, _as_is
-    return training_loss(tc), training_step(tc)
+            return training_loss(tc, device, EAGER), _as_is
+    return training_loss(tc, device), training_step(tc)

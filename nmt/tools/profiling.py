@@ -375,7 +375,6 @@ def profile_train(cfg: ModelConfig, shape: Shape, device: torch.device) -> dict:
     """
     from nmt.config import TrainConfig
     from nmt.core.batching import Batch
-    from nmt.core.loss import label_smoothed_loss
     from nmt.core.update import Updater
     from nmt.data.tokenizer import BOS, EOS
 
@@ -410,8 +409,7 @@ def profile_train(cfg: ModelConfig, shape: Shape, device: torch.device) -> dict:
         states = model.decode_states(on_device.tgt_in, memory, mask)
     states.requires_grad_(True)
     with timer.part("output projection + loss"):
-        out = label_smoothed_loss(model.project(states), on_device.tgt_out, 0.1)
-        out.loss.backward()
+        updater.loss(states, on_device).loss.backward()
     model.zero_grad(set_to_none=True)
     seconds = dict(timer.seconds)
     total = seconds["total"]

@@ -13,7 +13,7 @@ import torch
 
 from nmt.config import Config
 from nmt.core.batching import TokenBatchSampler, collate
-from nmt.core.loss import label_smoothed_loss
+from nmt.core.loss import ProjectedLoss
 from nmt.core.model import Transformer
 from nmt.data.encoded import EncodedCorpus
 from nmt.data.multilingual import mean_validation
@@ -69,11 +69,11 @@ def validate_direction(
     sampler = TokenBatchSampler(
         valid.corpus.src_lengths, valid.corpus.tgt_lengths, cfg.train.max_tokens, seed=0
     )
+    # as training scores, chunked as it is (the loss's passes eager: no gradients here)
+    loss, smoothing = ProjectedLoss(cfg.train.loss_chunk_tokens), cfg.train.label_smoothing
     for indices in sampler.epoch_batches(0):
         batch = collate(valid.corpus, indices).to(device)
-        out = label_smoothed_loss(
-            model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing
-        )
+        out = loss(model(batch.src, batch.tgt_in, project=False), batch.tgt_out, smoothing, model)
         loss_sum += float(out.loss)
         nll_sum += float(out.nll)
         n_tokens += int(out.n_tokens)
