@@ -10,8 +10,11 @@ run cut short keeps what it measured:
   env       GPU, torch and CUDA versions; the bf16 matrix-product rate measured now (the
             ceiling for MFU); which scaled_dot_product_attention backends accept nmt's
             masks, and their times
-  train     scripts/bench_train.py: `base` in bf16, nmt and Hugging Face MarianMTModel on
-            the same batches: target tokens/s, step time, peak memory, MFU against env's rate
+  train     scripts/bench_train.py, the speed table: `base` in bf16 at 25k, 40k and 80k tokens
+            a batch, nmt eager and compiled with each loss kernel (whole logits, chunks,
+            Liger-Kernel's), Hugging Face MarianMTModel and Eole on the same batches: target
+            tokens/s, step time, peak memory, recompiles after warm-up, MFU against env's rate
+            and by 6·N against the card's peak
   decode    scripts/bench_decode.py: random `base` in bf16, beam 5, 25 forced pieces, 1, 32,
             64 and 128 sentences a batch: nmt, Hugging Face generate, CTranslate2 float16
   multi30k  ``nmt train -c configs/multi30k_gpu.yaml`` for at most 5 minutes, then the
@@ -74,6 +77,13 @@ REQUIRED = {
     "tqdm": "tqdm",
 }
 OPTIONAL = {"transformers": "transformers", "ctranslate2": "ctranslate2"}
+# The GPU run's training table besides: Liger-Kernel's fused loss (Triton, so a GPU's) and the
+# second peer, Eole (installed without its serving and data dependencies, scripts/eole_engine.py).
+# Looked for and installed where missing, never required: an engine without its package records
+# an error and the table goes on.
+GPU_PEERS = {"liger_kernel": "liger-kernel", "eole": "eole", "pyonmttok": "pyonmttok"}
+# What --prepare fetches without dependencies (versions that install beside torch 2.13).
+PEER_WHEELS = ["ctranslate2", "liger-kernel", "eole==0.6.4", "pyonmttok==1.38.1"]
 
 
 @dataclass(frozen=True)
@@ -99,21 +109,27 @@ class Plan:
 GPU = Plan(
     device="cuda",
     budget_s=480,
-    limits_s={"env": 45, "train": 130, "decode": 170},
+    limits_s={"env": 45, "train": 260, "decode": 170},
     matmul_size=8192,
+    # the speed table: each engine's process runs the three budgets in turn, lengths rounded to
+    # multiples of 8 (bounded shapes: the compiled step stops recompiling after its warm-up)
     train_args=[
         "--preset",
         "base",
         "--max-tokens",
-        "40000",
+        "40000,80000,25000",
         "--steps",
-        "30",
+        "12",
         "--warmup",
-        "5",
+        "4",
         "--threads",
         "4",
+        "--pad-to-multiple",
+        "8",
+        "--chunk-tokens",
+        "8192",
         "--profile-steps",
-        "3",
+        "2",
     ],
     # nmt: the production path (the search's whole step of fixed shapes, one CUDA graph a step) in
     # bf16 and fp16; nmt-dynamic: the dynamic cache, what a failed capture falls back to; every
@@ -139,7 +155,9 @@ GPU = Plan(
         "nmt,nmt@float16,ct2-float16,nmt-dynamic,hf",
     ],
     multi30k_sets=[],
-    train_engines="nmt,hf,nmt-compile-loss,nmt-compile",
+    # eager then compiled × nmt's whole logits, its chunks, Liger-Kernel's fused loss; the peers
+    # early, so that a call cut short still compares
+    train_engines="nmt,hf,nmt-chunked,nmt-liger,eole,nmt-compile-chunked,nmt-compile",
     multi30k_train_s=300,
     multi30k_reserve_s=75,
 )
@@ -163,6 +181,8 @@ DRY = Plan(
         "1",
         "--vocab-size",
         DRY_VOCAB,
+        "--chunk-tokens",
+        "128",
     ],
     # ct2-int8: a CPU has no float16 kernels in CTranslate2; the conversion is quantised just the
     # same.
@@ -210,6 +230,8 @@ DRY = Plan(
     multi30k_train_s=120,
     multi30k_reserve_s=240,
     eval_lines=16,
+    # the GPU's loss kernels, their CPU twins: nmt's chunks, Liger's formula on PyTorch's loss
+    train_engines="nmt,nmt-chunked,nmt-liger,hf",
     threads=1,
 )
 
@@ -385,20 +407,22 @@ def child_env(site: Path | None, threads: int = 0) -> dict[str, str]:
 # --------------------------------------------------------------------------- setup
 
 
-def missing_modules(site: Path | None) -> list[str]:
-    """Distributions whose modules cannot be imported (looked up, not imported)."""
+def missing_modules(site: Path | None, peers: bool = False) -> list[str]:
+    """Distributions whose modules cannot be imported (looked up, not imported); with ``peers``
+    those of ``GPU_PEERS`` too."""
     if site and str(site) not in sys.path:
         sys.path.insert(0, str(site))
     importlib.invalidate_caches()
     return [
         dist
-        for module, dist in {**REQUIRED, **OPTIONAL}.items()
+        for module, dist in {**REQUIRED, **OPTIONAL, **(GPU_PEERS if peers else {})}.items()
         if importlib.util.find_spec(module) is None
     ]
 
 
-def setup(work: Path, results: Results) -> Path | None:
-    """Install what is missing, the shortest way; returns the folder wheels went into, if any.
+def setup(work: Path, results: Results, peers: bool = False) -> Path | None:
+    """Install what is missing (with ``peers``, ``GPU_PEERS`` too), the shortest way; returns the
+    folder wheels went into, if any.
 
     Raises:
         SystemExit: (code 2) a module every step needs is still missing afterwards.
@@ -409,7 +433,7 @@ def setup(work: Path, results: Results) -> Path | None:
         "python": sys.executable,
         "python_version": sys.version.split()[0],
     }
-    missing = missing_modules(None)
+    missing = missing_modules(None, peers)
     record["missing"] = missing
     site = None
     wheels = sorted((GPU_DATA / "wheels").glob("*.whl"))
@@ -451,7 +475,7 @@ def setup(work: Path, results: Results) -> Path | None:
         record["install_status"] = status
         if tail:
             record["install_error"] = tail
-    still = missing_modules(site)
+    still = missing_modules(site, peers)
     record.update(still_missing=still, seconds=round(time.monotonic() - started, 1))
     record["status"] = "failed" if set(still) & set(REQUIRED.values()) else "ok"
     results.add(record)
@@ -943,8 +967,10 @@ def select_and_score(
 
 
 def prepare(source: str | None, python_version: str) -> None:
-    """Copy Multi30k into gpu_data/multi30k and fetch the wheels the GPU machine lacks
-    (CTranslate2; its image has torch and transformers) into gpu_data/wheels."""
+    """Copy Multi30k into gpu_data/multi30k and fetch the wheels the GPU machine lacks into
+    gpu_data/wheels: CTranslate2 and ``GPU_PEERS`` (its image has torch, Triton and
+    transformers), each without dependencies (eole's would pull another torch), and pydantic
+    with its own (eole's configs need it)."""
     src = Path(source or os.environ.get("MULTI30K") or ROOT.parent / "shared" / "data" / "multi30k")
     if not (src / "train.en.gz").is_file():
         fail(f"{src} holds no Multi30k (train.en.gz); pass --data DIR")
@@ -971,7 +997,6 @@ def prepare(source: str | None, python_version: str) -> None:
         "pip",
         "download",
         "-q",
-        "--no-deps",
         "--only-binary=:all:",
         "--python-version",
         python_version,
@@ -980,9 +1005,9 @@ def prepare(source: str | None, python_version: str) -> None:
         *platforms,
         "-d",
         str(wheels),
-        "ctranslate2",
     ]
-    subprocess.run(cmd, check=True)
+    subprocess.run([*cmd, "--no-deps", *PEER_WHEELS], check=True)
+    subprocess.run([*cmd, "pydantic>=2"], check=True)
     size = sum(p.stat().st_size for p in GPU_DATA.rglob("*") if p.is_file())
     print(
         f"gpu_data: {size / 2**20:.1f} MiB ({dest}, "
@@ -1003,12 +1028,17 @@ def summary(lines: list[dict]) -> str:
                 f"matmul {r['bf16_matmul_tflops']} TFLOP/s"
             )
         for e in r.get("records", []):
-            if r["step"] == "train" and "engine" in e:
+            if r["step"] == "train" and "tgt_tokens_per_s" in e:
+                six_n = f" (6N {e['mfu_6n']:.1%})" if e.get("mfu_6n") is not None else ""
                 out.append(
-                    f"train {e['engine']:<6} {e['tgt_tokens_per_s']:>12,.0f} tgt tok/s  step "
-                    f"{e['step_time_s']} s  MFU {e['mfu']:.1%}  "
-                    f"{e.get('cuda_max_allocated_mb', e['peak_rss_mb'])} MB"
+                    f"train {e['engine']:<19} {e['max_tokens']:>6} tok/batch "
+                    f"{e['tgt_tokens_per_s']:>10,.0f} tgt tok/s  step {e['step_time_s']} s  "
+                    f"MFU {e['mfu']:.1%}{six_n}  "
+                    f"{e.get('cuda_max_allocated_mb', e['peak_rss_mb'])} MB  "
+                    f"recompiles {e.get('recompiles_after_warmup', 0)}"
                 )
+            elif r["step"] == "train" and "ratios" in e:
+                out += [f"train {k}: {v}" for k, v in e["ratios"].items() if "products" not in k]
             elif r["step"] == "decode" and "sentences_per_s" in e:
                 memory = (
                     f"  peak {e['cuda_max_allocated_bytes'] / 2**30:.2f} GiB"
@@ -1159,7 +1189,7 @@ def main() -> None:
         flush=True,
     )
 
-    site = setup(work, results)
+    site = setup(work, results, peers=not args.dry_run)
     results.env = child_env(site, plan.threads)
     budget_s = args.budget_s or plan.budget_s
     deadline = time.monotonic() + budget_s

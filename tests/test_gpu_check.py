@@ -194,7 +194,14 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
         )
 
     engines = {r["engine"]: r for r in train["records"] if "engine" in r}
-    assert set(engines) == {"nmt", "hf"}
+    assert set(engines) == {"nmt", "nmt-chunked", "nmt-liger", "hf"}
+    # the GPU's loss kernels' CPU twins score the first batch as nmt's whole logits do
+    for twin in ("nmt-chunked", "nmt-liger"):
+        assert engines[twin]["first_step_loss"] == pytest.approx(
+            engines["nmt"]["first_step_loss"], rel=1e-5
+        )
+    assert engines["nmt-chunked"]["loss_kernel"] == "nmt, chunks of 128"
+    assert all(r["mfu_6n"] is None for r in engines.values())  # a CPU has no published peak
     for r in engines.values():
         assert (
             r["precision"] == "bf16"
