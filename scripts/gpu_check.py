@@ -716,6 +716,12 @@ def step_sweep(
     return record
 
 
+def decode_words(decode: dict) -> str:
+    """A chosen decoding setting in words: "length α 1.5, exact"."""
+    rule = f"patience {decode['patience']:g}" if decode.get("patience") else "exact"
+    return f"{decode['length_normalization']} α {decode['length_penalty']:g}, {rule}"
+
+
 def sweep_summary(r: dict) -> list[str]:
     """The sweep record's lines of the summary: each configuration's curve, and the chosen one's
     test scores."""
@@ -734,7 +740,10 @@ def sweep_summary(r: dict) -> list[str]:
         tests = "; ".join(
             f"{k} BLEU {v['bleu']} chrF {v['chrf']}" for k, v in selection.get("tests", {}).items()
         )
-        out.append(f"  chosen on val: {r['chosen']} ({selection['selected']}): {tests}")
+        out.append(
+            f"  chosen on val: {r['chosen']} ({selection['selected']}, "
+            f"{decode_words(selection['decode'])}): {tests}"
+        )
     return out
 
 
@@ -887,6 +896,11 @@ def sdpa_probe(device, small: bool) -> dict:
     return out
 
 
+# What the selection tries on val besides the checkpoint's own decoding setting (the grid of
+# scripts/train_recipe.sh, which chose patience 1 α 2.0 on the CPU recipe; None: the exact rule).
+DECODE_GRID = {"normalizations": ["length"], "alphas": [1.0, 1.5, 2.0], "patiences": [None, 1]}
+
+
 def select_and_score(
     run_dir: Path,
     data_dir: Path,
@@ -897,15 +911,17 @@ def select_and_score(
     last: int = 5,
 ) -> dict:
     """Average the newest ``last`` step checkpoints, keep that or best.pt (whichever has the
-    higher val BLEU), and score its translations of each test split (``test_split``,
-    comma-separated),
-    once: the multi30k step's second half."""
+    higher val BLEU), choose its length normalisation, α and stopping rule (exact or patience 1)
+    on val too (``DECODE_GRID``: the exact search ranks differently from the one the recipe's α
+    was first chosen under), and score its translations of each test split (``test_split``,
+    comma-separated) once: the multi30k step's second half."""
     import torch
 
     from nmt.data.corpus import find_split_file, read_lines
     from nmt.runs.runid import step_checkpoints
     from nmt.scoring.evaluate import score
     from nmt.tools.average import average_checkpoints
+    from nmt.tools.tune import grid, tune_decode
     from nmt.translation.inference import Decoding, Inference
 
     device = torch.device(device_name)
@@ -914,9 +930,9 @@ def select_and_score(
         text = read_lines(find_split_file(data_dir, split, lang))
         return text[:eval_lines] if eval_lines else text
 
-    def bleu(path: Path, split: str, cache: str = "auto") -> dict:
+    def bleu(path: Path, split: str, cache: str = "auto", **chosen_decode) -> dict:
         inference = Inference.load([path], device)
-        decode = replace(inference.cfg.decode, cache=cache)
+        decode = replace(inference.cfg.decode, cache=cache, **chosen_decode)
         sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
         sync()
         start = time.perf_counter()
@@ -932,11 +948,25 @@ def select_and_score(
         candidates["average"] = run_dir / "average.pt"
     valid = {name: bleu(path, valid_split)["bleu"] for name, path in candidates.items()}
     chosen = max(valid, key=valid.get)
+    inference = Inference.load([candidates[chosen]], device)
+    own = inference.cfg.decode
+    settings = grid(
+        [own.beam_size],
+        [
+            own.length_normalization,
+            *(n for n in DECODE_GRID["normalizations"] if n != own.length_normalization),
+        ],
+        [own.length_penalty, *(a for a in DECODE_GRID["alphas"] if a != own.length_penalty)],
+        [own.patience, *(p for p in DECODE_GRID["patiences"] if p != own.patience)],
+    )
+    rows = tune_decode(inference, lines(valid_split, "en"), lines(valid_split, "de"), own, settings)
+    best_row = max(rows, key=lambda row: row["bleu"])  # ties: the first, the config's own first
+    decode = {k: best_row[k] for k in ("length_normalization", "length_penalty", "patience")}
     splits = test_split.split(",")  # scored once each, the chosen checkpoint only
-    tests = {split: bleu(candidates[chosen], split) for split in splits}
+    tests = {split: bleu(candidates[chosen], split, **decode) for split in splits}
     test_split, test = splits[0], tests[splits[0]]
     # the same search with the dynamic cache: the same BLEU, in its time
-    dynamic = bleu(candidates[chosen], test_split, "dynamic")
+    dynamic = bleu(candidates[chosen], test_split, "dynamic", **decode)
     return {
         "tests": {
             split: {
@@ -949,6 +979,9 @@ def select_and_score(
         "averaged": [p.name for p in steps] if "average" in candidates else [],
         "valid_bleu": {k: round(v, 2) for k, v in valid.items()},
         "selected": chosen,
+        # chosen on val: the checkpoint's own setting first, then the grid's
+        "decode": decode,
+        "decode_valid_bleu": {decode_words(r): round(r["bleu"], 2) for r in rows},
         "test_split": test_split,
         "test_lines": len(lines(test_split, "en")),
         "test_bleu": round(test["bleu"], 2),
@@ -1059,7 +1092,8 @@ def summary(lines: list[dict]) -> str:
             )
             out.append(
                 f"multi30k: {r.get('steps')} steps in {r.get('train_seconds', 0):.0f} s, "
-                f"{r['selected']}: {r['test_split']} BLEU {r['test_bleu']} chrF {r['test_chrf']} "
+                f"{r['selected']} ({decode_words(r['decode'])}): {r['test_split']} BLEU "
+                f"{r['test_bleu']} chrF {r['test_chrf']} "
                 f"in {r.get('test_decode_s')} s "
                 f"(dynamic cache: BLEU {r.get('test_bleu_dynamic_cache')} in "
                 f"{r.get('test_decode_s_dynamic_cache')} s){'; ' + others if others else ''}"

@@ -155,7 +155,7 @@ def test_data_falls_back_to_the_toy_corpus_only_in_a_dry_run(
 
 
 @pytest.mark.slow
-def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
+def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path, gpu_check):
     """scripts/gpu_check.sh --dry-run: one result line per step, in order, each ok, with the figures
     the GPU run reports."""
     out = tmp_path / "results.jsonl"
@@ -247,6 +247,13 @@ def test_dry_run_runs_every_step_of_the_gpu_run(tmp_path):
     )
     assert "tok:13a" in m30k["bleu_signature"]
     assert m30k["test_bleu_dynamic_cache"] == m30k["test_bleu"] and m30k["test_decode_s"] > 0
+    # the decoding setting chosen on val: the recipe's own (length α 0.6, patience 1) first, then
+    # α 0.6, 1.0, 1.5, 2.0 × patience 1 and the exact rule: 8 settings, the best kept
+    tried = m30k["decode_valid_bleu"]
+    assert len(tried) == 8 and next(iter(tried)) == "length α 0.6, patience 1"
+    assert "length α 2, exact" in tried
+    chosen = gpu_check.decode_words(m30k["decode"])
+    assert tried[chosen] == max(tried.values())
 
 
 @pytest.mark.slow
