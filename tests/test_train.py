@@ -398,6 +398,54 @@ def compile_record(monkeypatch):
     compile_failure.cache_clear()
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_updates_with_the_loss_in_chunks_equal_those_with_the_whole_logits(precision):
+    """train.loss_chunk_tokens changes how the loss is computed, not what is learned: scored 5
+    target tokens at a time, a model's first gradients are those of the whole logits, and three
+    updates (Adam, the noam rate, clipping) give the same losses, to float rounding (bf16: to its
+    rounding of the output matrix's gradient, summed per chunk). Weights are not compared: Adam
+    scales the rounding noise of gradients that are nearly 0 (the key biases, whose gradient is 0
+    in exact arithmetic) up to steps of the learning rate's size."""
+    from conftest import random_sources, tiny_config
+
+    from nmt.config import TrainConfig
+    from nmt.core.batching import Batch
+    from nmt.core.model import Transformer
+    from nmt.core.update import Updater
+    from nmt.runtime.compiled import compiling
+
+    batches = []
+    for seed, lengths in enumerate(([3, 7, 5], [9, 2], [4, 4, 6, 1])):
+        src = random_sources(lengths, seed=seed)
+        tgt = random_sources([n + 1 for n in lengths], seed=seed + 10)
+        bos = torch.full((len(lengths), 1), 2)
+        batches.append(Batch(src, torch.cat([bos, tgt[:, :-1]], dim=1), tgt))
+
+    def run(chunk: int):
+        torch.manual_seed(0)
+        model = Transformer(tiny_config(dropout=0.0))
+        tc = TrainConfig(warmup_steps=2, loss_chunk_tokens=chunk, precision=precision)
+        loss_fn, step = compiling(tc, torch.device("cpu"))
+        assert loss_fn.chunk_tokens == chunk
+        updater = Updater(model, tc, torch.device("cpu"), loss_fn=loss_fn, compile_step=step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            first = batches[0]
+            out = updater.loss(model(first.src, first.tgt_in, project=False), first)
+        out.loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        return grads, [float(updater.step([b])[0].loss.detach()) for b in batches]
+
+    (whole_grads, whole), (grads, chunked) = run(0), run(5)
+    tolerance = 1e-5 if precision == "fp32" else 1e-2
+    assert chunked == pytest.approx(whole, rel=tolerance)
+    assert whole[2] != whole[0]  # the updates did something
+    for name, grad in whole_grads.items():
+        scale = float(grad.abs().max())
+        bound = 1e-5 * scale if precision == "fp32" else 2e-2 * scale
+        torch.testing.assert_close(grads[name], grad, rtol=0, atol=bound + 1e-12)
+
+
 def test_without_a_compiler_train_compile_trains_eagerly_said_once_and_writes_its_checkpoint(
     tmp_path, monkeypatch, caplog, compile_record
 ):
