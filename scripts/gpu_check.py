@@ -1084,6 +1084,18 @@ def summary(lines: list[dict]) -> str:
                 )
             elif "error" in e:
                 out.append(f"{r['step']} {e.get('engine', '')}: error {e['error']}")
+        table = [e for e in r.get("records", []) if r["step"] == "train" and "engine" in e]
+        fastest = max(
+            (e for e in table if e["engine"].startswith("nmt") and "tgt_tokens_per_s" in e),
+            key=lambda e: e["tgt_tokens_per_s"],
+            default=None,
+        )
+        if fastest:  # every nmt engine computes nmt's loss: the fastest is the default to take
+            out.append(
+                f"train fastest nmt setting: {fastest['engine']} ({fastest['loss_kernel']}) at "
+                f"{fastest['max_tokens']} tokens a batch, {fastest['tgt_tokens_per_s']:,.0f} "
+                "tgt tok/s"
+            )
         if r["step"] == "multi30k" and "test_bleu" in r:
             others = "; ".join(
                 f"{k} BLEU {v['bleu']}"
