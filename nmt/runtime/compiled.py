@@ -116,8 +116,8 @@ def training_loss(tc, device: torch.device, passes: LossPasses | None = None) ->
     """The loss an :class:`~nmt.core.update.Updater` trains with under ``tc`` (the
     :class:`~nmt.config.TrainConfig`) on ``device``: the output projection and
     :func:`~nmt.core.loss.label_smoothed_loss`, ``loss_chunk_tokens`` target tokens at a time
-    (0: all), the output matrix padded to a multiple of 64 rows for the products on a GPU
-    (:class:`~nmt.core.loss.ProjectedLoss`); with ``compile_loss`` the two passes over each
+    (0: all; in chunks on a GPU the output matrix is padded to a multiple of 64 rows for the
+    products: :class:`~nmt.core.loss.ProjectedLoss`); with ``compile_loss`` the two passes over each
     ``tokens × vocab`` compiled, each fused into one read of the logits (and one write of their
     gradient) instead of eager's float32 copies, unless ``passes`` says how they run. The values
     are the eager ones up to rounding."""
