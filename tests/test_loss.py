@@ -344,3 +344,23 @@ def test_a_cross_entropy_smoothed_over_all_classes_gives_nmts_loss_with_one_logi
     twin_grads = torch.autograd.grad(theirs.loss, (states, head.tgt_embed.weight))
     for a, b in zip(twin_grads, grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_float16_chunks_sum_the_output_matrix_gradient_without_overflow():
+    """Under float16 autocast a chunk's gradients are formed before the loss scale applies, so
+    the output matrix's gradient, a sum over the chunk's tokens, is taken in float32: here 12,000
+    tokens whose states share a component of 8 give about 95,000 in one entry, past float16's
+    65,504. It is finite and equals float32's."""
+    from nmt.core.loss import ProjectedLoss
+
+    head, states, target = projection_case(10, 8000, d_model=4, bias=False)
+    with torch.no_grad():
+        states[..., 0] = 8.0
+        head.tgt_embed.weight[5, 0] = 3.0  # piece 5 is predicted everywhere, mostly wrongly
+    target[target == 5] = 6
+    reference, (_, grad_reference) = loss_and_grads(ProjectedLoss(), head, states, target)
+    out, (_, grad) = loss_and_grads(ProjectedLoss(16384), head, states, target, torch.float16)
+    assert abs(float(grad_reference[5, 0])) / 0.7 > 65504  # an entry float16 cannot hold
+    assert torch.isfinite(grad).all()
+    torch.testing.assert_close(grad, grad_reference, rtol=1e-2, atol=1e-2 * 65504)
+    torch.testing.assert_close(out.loss, reference.loss, rtol=1e-2, atol=1.0)

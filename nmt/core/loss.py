@@ -185,7 +185,10 @@ def _chunked(
                 )
                 g = F.pad(g, (0, padded - vocab))
                 grad_states[start : start + chunk_tokens] = g @ w
-                grad_weight += g.t() @ h_c
+                # summed over a chunk's tokens before any loss scale applies: float16's range
+                # would overflow (or flush small entries) where a scaled whole product would not
+                wide = dtype == torch.float16
+                grad_weight += g.t().float() @ h_c.float() if wide else g.t() @ h_c
     return loss, nll, grad_states, None if grad_weight is None else grad_weight[:vocab]
 
 
