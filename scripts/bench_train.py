@@ -1,15 +1,21 @@
 #!/usr/bin/env python
-r"""Training throughput: nmt's update step against Hugging Face's MarianMTModel, with MFU.
+r"""Training throughput: nmt's update step against Hugging Face's MarianMTModel and Eole, with MFU.
 
 Each engine runs in its own process on the same batches: Multi30k train encoded with a
 joint 8,000-piece BPE model, cut by nmt's token-budget sampler (``--max-tokens``, padding
-included), the first ``--warmup + --steps`` batches of epoch 0 (then epoch 1, ...). Both engines
-start from the same weights (the Marian model is nmt's export, which computes the same function) and
-use fused Adam and the noam schedule. Each uses its own toolkit's label smoothing (ε 0.1):
-nmt's fused loss, and transformers' ``LabelSmoother`` (what ``Seq2SeqTrainer`` runs with
-``label_smoothing_factor``); HF's spreads ε over all ``V`` classes, nmt's over ``V − 2``.
-Engines run in turn ``--rounds`` times and the fastest run of each is reported (this
-machine's speed drifts by up to 15%). Prints one JSON line per engine, then the ratios.
+included; several budgets, comma-separated, run in turn in each process), the first ``--warmup +
+--steps`` batches of epoch 0 (then epoch 1, ...). nmt and Hugging Face start from the same
+weights (the Marian model is nmt's export, which computes the same function); Eole builds its
+own Transformer of the same sizes (Pre-LN, ``scripts/eole_engine.py``). All use fused Adam and
+the noam schedule through nmt's update step. Each uses its own toolkit's label smoothing (ε
+0.1): nmt's loss (whole logits, chunks with ``nmt-chunked``, Liger-Kernel's fused kernel made
+to compute it with ``nmt-liger``), transformers' ``LabelSmoother`` (what ``Seq2SeqTrainer``
+runs with ``label_smoothing_factor``) and Eole's ``LossCompute``; HF's and Eole's spread ε over
+all ``V`` classes, nmt's over ``V − 2``. Engines run in turn ``--rounds`` times and the fastest
+run of each is reported (this machine's speed drifts by up to 15%). Prints one JSON line per
+engine and budget, then the ratios to Hugging Face and Eole at each budget; an engine that
+cannot run prints an error line and the others go on (the exit status is 1 only when one of
+nmt's failed).
 On a CPU the nmt engines keep freed memory for reuse (glibc ``mallopt``, ``nmt/memory.py``), as
 ``nmt train`` does; ``hf`` runs with glibc's defaults, as a Hugging Face script would, and
 ``hf-heap`` with the same setting as nmt (``freed_memory_kept`` in each record).
@@ -26,7 +32,11 @@ sentences, ``S`` source and ``T`` target positions, width ``d``, ``d_ff``, vocab
 
 and a training step is 3× that (backward = 2× forward). Causal self-attention is counted
 in full, as the CPU kernels compute it. MFU is achieved FLOP/s over the rate of a large
-square matrix product in the training dtype measured in the same process.
+square matrix product in the training dtype measured in the same process. ``mfu_6n`` is the
+common rule instead: 6 FLOPs per parameter per token it sees (the encoder's and the source
+embedding per source token, the decoder's and the output matrix per target token; padding
+not counted) against the card's published dense bf16 peak (``PEAK_BF16_TFLOPS``; None on a
+CPU).
 
 Example (CPU, 2 threads)::
 
