@@ -364,3 +364,38 @@ def test_float16_chunks_sum_the_output_matrix_gradient_without_overflow():
     assert torch.isfinite(grad).all()
     torch.testing.assert_close(grad, grad_reference, rtol=1e-2, atol=1e-2 * 65504)
     torch.testing.assert_close(out.loss, reference.loss, rtol=1e-2, atol=1.0)
+
+
+def test_chunks_that_fail_on_an_untested_device_give_way_to_the_whole_logits_said_once(
+    monkeypatch, caplog
+):
+    """On a device the tests do not run (a GPU) a failure of the chunks is said once, in one
+    line, and the loss scores the whole logits from then on: the values the path that ran
+    before gives. On a CPU chunks are what the tests check, so none of this is in the way."""
+    from nmt.config import TrainConfig
+    from nmt.core import loss as loss_module
+    from nmt.core.loss import ProjectedLoss
+    from nmt.runtime.compiled import _ChunksOrWhole, training_loss
+
+    tc = TrainConfig(loss_chunk_tokens=4)
+    assert type(training_loss(tc, torch.device("cpu"))) is ProjectedLoss
+    on_gpu = training_loss(tc, torch.device("cuda"))
+    assert isinstance(on_gpu, _ChunksOrWhole) and on_gpu.vocab_multiple == 64
+    assert type(training_loss(TrainConfig(), torch.device("cuda"))) is ProjectedLoss
+
+    def broken(*args):
+        raise RuntimeError("no kernel image for this device\nmore")
+
+    monkeypatch.setattr(loss_module._ChunkedProjectionLoss, "apply", broken)
+    falling = _ChunksOrWhole(4)
+    head, states, target = projection_case(20, 9)
+    whole, whole_grads = loss_and_grads(ProjectedLoss(), head, states, target)
+    with caplog.at_level("WARNING", logger="nmt.runtime"):
+        for _ in range(2):
+            out, grads = loss_and_grads(falling, head, states, target)
+    assert out.loss.item() == whole.loss.item()
+    for ours, reference in zip(grads, whole_grads):
+        torch.testing.assert_close(ours, reference, rtol=0, atol=0)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("warning: train.loss_chunk_tokens: scoring in chunks failed on cpu")
+    assert "(no kernel image for this device)" in warning

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from nmt.core.loss import EAGER, LossPasses, ProjectedLoss, gradient_pass, rows_pass
+from nmt.core.pieces import PAD
 from nmt.errors import first_line
 
 from .device import out_of_memory
@@ -112,6 +113,30 @@ def _as_is(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+class _ChunksOrWhole(ProjectedLoss):
+    """A :class:`~nmt.core.loss.ProjectedLoss` in chunks on a device its chunks have not been run
+    on by the tests (any but a CPU): from the first failure on, it scores the whole logits, said
+    once in one line. A failure can only come in the forward pass, which does all the work."""
+
+    failed: str | None = None  # why the chunks failed, once they have
+
+    def __call__(self, states, target, smoothing, model, pad_id: int = PAD):
+        if self.failed is None:
+            try:
+                return super().__call__(states, target, smoothing, model, pad_id)
+            except Exception as exc:
+                if out_of_memory(exc):
+                    raise
+                self.failed = first_line(exc)
+                log.warning(
+                    "warning: train.loss_chunk_tokens: scoring in chunks failed on %s (%s); the "
+                    "loss scores the whole logits from now on",
+                    states.device.type,
+                    self.failed,
+                )
+        return ProjectedLoss(0, self.passes)(states, target, smoothing, model, pad_id)
+
+
 def training_loss(tc, device: torch.device, passes: LossPasses | None = None) -> ProjectedLoss:
     """The loss an :class:`~nmt.core.update.Updater` trains with under ``tc`` (the
     :class:`~nmt.config.TrainConfig`) on ``device``: the output projection and
@@ -120,11 +145,13 @@ def training_loss(tc, device: torch.device, passes: LossPasses | None = None) ->
     products: :class:`~nmt.core.loss.ProjectedLoss`); with ``compile_loss`` the two passes over each
     ``tokens × vocab`` compiled, each fused into one read of the logits (and one write of their
     gradient) instead of eager's float32 copies, unless ``passes`` says how they run. The values
-    are the eager ones up to rounding."""
+    are the eager ones up to rounding. In chunks on a device other than a CPU, a failure of the
+    chunks makes it score the whole logits, said once (:class:`_ChunksOrWhole`)."""
     if passes is None and tc.compile_loss:
         log.info("train.compile_loss: compiling the loss; the first steps take longer")
         passes = LossPasses(_Compiled(rows_pass), _Compiled(gradient_pass))
-    return ProjectedLoss(
+    tested = device.type == "cpu" or tc.loss_chunk_tokens == 0
+    return (ProjectedLoss if tested else _ChunksOrWhole)(
         tc.loss_chunk_tokens, passes or EAGER, vocab_multiple=64 if device.type == "cuda" else 1
     )
 
