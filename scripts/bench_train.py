@@ -150,8 +150,8 @@ def uniform_smoothing_loss(states, target, smoothing: float, model, cross_entrop
     loss = cross_entropy(weight, model.output_bias, h, t, wider)
     keep = t != PAD
     # z_PAD − z_ref (the output bias, if any, enters both): the logits' difference in float32
-    rows = weight.float()[torch.where(keep, t, PAD)]
-    gap = (h.float() * (weight.float()[PAD] - rows)).sum(-1)
+    w = weight.float()
+    gap = (h.float() * (w[PAD] - w[torch.where(keep, t, PAD)])).sum(-1)
     if model.output_bias is not None:
         gap = gap + model.output_bias[PAD] - model.output_bias[t]
     loss = loss + smoothing / (vocab - 2) * torch.where(keep, gap, 0.0).sum()

@@ -111,10 +111,19 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("loss", ["eager", "compiled"])
+LOSSES = {
+    "eager": {},
+    "compiled": {"train.compile_loss": "true"},
+    # the output matrix's gradient comes from outside the forward pass DDP wraps
+    "chunks": {"train.loss_chunk_tokens": "7"},
+}
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
 def test_two_gloo_processes_equal_one_process_with_update_freq_2(tmp_path, corpus, loss):
-    """Also with the loss's passes compiled (train.compile_loss) in every process."""
-    args = common_args(*corpus, **({"train.compile_loss": "true"} if loss == "compiled" else {}))
+    """Also with the loss's passes compiled (train.compile_loss), and with the loss in chunks
+    (train.loss_chunk_tokens), in every process."""
+    args = common_args(*corpus, **LOSSES[loss])
     env_cmd = [
         sys.executable,
         "-m",

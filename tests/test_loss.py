@@ -387,13 +387,16 @@ def test_chunks_that_fail_on_an_untested_device_give_way_to_the_whole_logits_sai
         raise RuntimeError("no kernel image for this device\nmore")
 
     monkeypatch.setattr(loss_module._ChunkedProjectionLoss, "apply", broken)
+    monkeypatch.setattr(_ChunksOrWhole, "failed", None)  # (once a process: restored after)
     falling = _ChunksOrWhole(4)
     head, states, target = projection_case(20, 9)
     whole, whole_grads = loss_and_grads(ProjectedLoss(), head, states, target)
     with caplog.at_level("WARNING", logger="nmt.runtime"):
         for _ in range(2):
             out, grads = loss_and_grads(falling, head, states, target)
-    assert out.loss.item() == whole.loss.item()
+        # another one (validation's): the whole logits at once, nothing said again
+        again, _ = loss_and_grads(_ChunksOrWhole(8), head, states, target)
+    assert out.loss.item() == whole.loss.item() == again.loss.item()
     for ours, reference in zip(grads, whole_grads):
         torch.testing.assert_close(ours, reference, rtol=0, atol=0)
     (warning,) = [r.getMessage() for r in caplog.records]

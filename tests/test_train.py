@@ -398,14 +398,17 @@ def compile_record(monkeypatch):
     compile_failure.cache_clear()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_updates_with_the_loss_in_chunks_equal_those_with_the_whole_logits(precision):
+@pytest.mark.parametrize(
+    "precision, vocabularies", [("fp32", "joint"), ("bf16", "joint"), ("fp32", "separate")]
+)
+def test_updates_with_the_loss_in_chunks_equal_those_with_the_whole_logits(precision, vocabularies):
     """train.loss_chunk_tokens changes how the loss is computed, not what is learned: scored 5
     target tokens at a time, a model's first gradients are those of the whole logits, and three
     updates (Adam, the noam rate, clipping) give the same losses, to float rounding (bf16: to its
-    rounding of the output matrix's gradient, summed per chunk). Weights are not compared: Adam
-    scales the rounding noise of gradients that are nearly 0 (the key biases, whose gradient is 0
-    in exact arithmetic) up to steps of the learning rate's size."""
+    rounding of the output matrix's gradient, summed per chunk), with one joint vocabulary and
+    with separate ones (the target embedding alone is the output matrix). Weights are not
+    compared: Adam scales the rounding noise of gradients that are nearly 0 (the key biases,
+    whose gradient is 0 in exact arithmetic) up to steps of the learning rate's size."""
     from conftest import random_sources, tiny_config
 
     from nmt.config import TrainConfig
@@ -423,7 +426,9 @@ def test_updates_with_the_loss_in_chunks_equal_those_with_the_whole_logits(preci
 
     def run(chunk: int):
         torch.manual_seed(0)
-        model = Transformer(tiny_config(dropout=0.0))
+        separate = {"share_embeddings": False, "tgt_vocab_size": 45}
+        sizes = separate if vocabularies == "separate" else {}
+        model = Transformer(tiny_config(dropout=0.0, **sizes))
         tc = TrainConfig(warmup_steps=2, loss_chunk_tokens=chunk, precision=precision)
         loss_fn, step = compiling(tc, torch.device("cpu"))
         assert loss_fn.chunk_tokens == chunk

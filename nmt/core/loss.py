@@ -163,15 +163,17 @@ def _chunked(
     device = states.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else states.dtype
     vocab = weight.size(0)
-    padded = -(-vocab // vocab_multiple) * vocab_multiple
+    pad = -vocab % vocab_multiple  # rows of zeros for the products, cut before the softmax
     with torch.autocast(device, enabled=False):
-        w = F.pad(weight.to(dtype), (0, 0, 0, padded - vocab))  # rows of zeros: never read
-        b = None if bias is None else F.pad(bias.to(dtype), (0, padded - vocab))
+        w = weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        if pad:  # (F.pad copies even when it adds nothing: only where there is padding)
+            w, b = F.pad(w, (0, 0, 0, pad)), None if b is None else F.pad(b, (0, pad))
         h = states.to(dtype)
         loss = torch.zeros((), device=states.device)
         nll = torch.zeros((), device=states.device)
         grad_states = torch.empty_like(states) if gradients else None
-        grad_weight = torch.zeros(padded, w.size(1), device=w.device) if gradients else None
+        grad_weight = torch.zeros_like(w, dtype=torch.float32) if gradients else None
         for start in range(0, h.size(0), chunk_tokens):
             h_c, t_c = h[start : start + chunk_tokens], target[start : start + chunk_tokens]
             z = F.linear(h_c, w, b)[:, :vocab]  # the padded columns are cut before the softmax
@@ -183,7 +185,8 @@ def _chunked(
                 g = passes.gradient(
                     z if kept.dim() == 1 else None, kept, t_c, ones, smoothing, pad_id, dtype
                 )
-                g = F.pad(g, (0, padded - vocab))
+                if pad:
+                    g = F.pad(g, (0, pad))
                 grad_states[start : start + chunk_tokens] = g @ w
                 # summed over a chunk's tokens before any loss scale applies: float16's range
                 # would overflow (or flush small entries) where a scaled whole product would not

@@ -145,8 +145,7 @@ class Transformer(nn.Module):
         d_model)`` before the output projection (for :class:`nmt.core.loss.ProjectedLoss`, which
         projects them itself)."""
         memory, src_mask = self.encode(src)
-        states = self.decode_states(tgt_in, memory, src_mask)
-        return self.project(states) if project else states
+        return (self.decode if project else self.decode_states)(tgt_in, memory, src_mask)
 
     def cross_attention(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Every decoder layer's cross-attention probabilities while teacher-forcing ``tgt_in``

@@ -116,23 +116,24 @@ def _as_is(module: torch.nn.Module) -> torch.nn.Module:
 class _ChunksOrWhole(ProjectedLoss):
     """A :class:`~nmt.core.loss.ProjectedLoss` in chunks on a device its chunks have not been run
     on by the tests (any but a CPU): from the first failure on, it scores the whole logits, said
-    once in one line. A failure can only come in the forward pass, which does all the work."""
+    once in one line, for training and validation alike. A failure can only come in the forward
+    pass, which does all the work."""
 
-    failed: str | None = None  # why the chunks failed, once they have
+    failed: str | None = None  # why the chunks failed in this process, once they have
 
     def __call__(self, states, target, smoothing, model, pad_id: int = PAD):
-        if self.failed is None:
+        if _ChunksOrWhole.failed is None:
             try:
                 return super().__call__(states, target, smoothing, model, pad_id)
             except Exception as exc:
                 if out_of_memory(exc):
                     raise
-                self.failed = first_line(exc)
+                _ChunksOrWhole.failed = first_line(exc)
                 log.warning(
                     "warning: train.loss_chunk_tokens: scoring in chunks failed on %s (%s); the "
                     "loss scores the whole logits from now on",
                     states.device.type,
-                    self.failed,
+                    _ChunksOrWhole.failed,
                 )
         return ProjectedLoss(0, self.passes)(states, target, smoothing, model, pad_id)
 

@@ -13,11 +13,12 @@ import torch
 
 from nmt.config import Config
 from nmt.core.batching import TokenBatchSampler, collate
-from nmt.core.loss import ProjectedLoss
+from nmt.core.loss import EAGER
 from nmt.core.model import Transformer
 from nmt.data.encoded import EncodedCorpus
 from nmt.data.multilingual import mean_validation
 from nmt.data.tokenizer import Tokenizer
+from nmt.runtime.compiled import training_loss
 from nmt.scoring import evaluate
 from nmt.translation.inference import Decoding, Inference
 
@@ -70,7 +71,7 @@ def validate_direction(
         valid.corpus.src_lengths, valid.corpus.tgt_lengths, cfg.train.max_tokens, seed=0
     )
     # as training scores, chunked as it is (the loss's passes eager: no gradients here)
-    loss, smoothing = ProjectedLoss(cfg.train.loss_chunk_tokens), cfg.train.label_smoothing
+    loss, smoothing = training_loss(cfg.train, device, EAGER), cfg.train.label_smoothing
     for indices in sampler.epoch_batches(0):
         batch = collate(valid.corpus, indices).to(device)
         out = loss(model(batch.src, batch.tgt_in, project=False), batch.tgt_out, smoothing, model)
